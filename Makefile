@@ -1,0 +1,89 @@
+# needle course companion. The two set-up commands are `make lab` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+# Marker files: the environment is (re)installed when pyproject.toml changes,
+# the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
+INSTALLED := $(VENV)/.needle-installed
+BUILT     := $(VENV)/.needle-built
+SOURCES   := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh)
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
+             --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider --color=no
+NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
+             --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
+
+.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench data clean help
+
+help:
+	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
+	@echo "make test       set up if needed, then run every test and every notebook (nbval)"
+	@echo "make notebooks  regenerate each .ipynb from its .py and re-execute it"
+	@echo "make figures    re-execute the notebooks, saving figures/*.png"
+	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
+	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make clean      remove build products (keeps .venv and data/)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(INSTALLED): $(PY) pyproject.toml environment.yml
+	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy
+	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation -e ".[dev]"
+	@touch $(INSTALLED) $(BUILT)
+	@echo "needle: environment ready in $(VENV)"
+
+$(BUILT): $(INSTALLED) $(SOURCES)
+	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	@touch $(BUILT)
+	@echo "needle: compiled modules rebuilt"
+
+build: $(BUILT)
+
+lab: $(BUILT)
+	@echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)"
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: test-unit test-notebooks
+
+test-unit: $(BUILT)
+	$(PY) -m pytest tests -n 2 -q
+
+test-notebooks: $(BUILT)
+	$(NBVAL) -q $(NOTEBOOKS)
+
+notebooks: $(BUILT)
+	@for py in notebooks/[0-9]*.py; do \
+	  echo "== $$py"; \
+	  $(BIN)/jupytext --to ipynb --update $$py -q || exit 1; \
+	  env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $${py%.py}.ipynb || exit 1; \
+	done
+
+# One notebook: make notebook NB=notebooks/05_ndarray.py
+notebook: $(BUILT)
+	$(BIN)/jupytext --to ipynb --update $(NB) -q
+	env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $(basename $(NB)).ipynb
+
+figures: $(BUILT)
+	@mkdir -p figures
+	@for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb"; \
+	  out=$$(mktemp -d); \
+	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
+	    jupyter nbconvert --to notebook --execute --output-dir $$out $$nb >/dev/null || exit 1; \
+	  rm -rf $$out; \
+	done
+	@ls figures
+
+bench: $(BUILT)
+	$(PY) -m benchmarks
+
+data: $(INSTALLED)
+	$(PY) -m needle.data.download --all --root data
+
+clean:
+	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
+	rm -f needle/backend_ndarray/*.so needle/apps/*.so $(BUILT)
+	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

@@ -1,0 +1,33 @@
+"""Chooses the array library behind needle's tensors.
+
+``NEEDLE_BACKEND=nd`` (the default) uses needle's own strided :class:`NDArray` with the compiled
+CPU and CUDA device modules; ``NEEDLE_BACKEND=np`` uses plain numpy arrays as ``NDArray``. Any
+other value raises ``RuntimeError`` at import.
+"""
+import os
+
+BACKEND = os.environ.get("NEEDLE_BACKEND", "nd")
+
+if BACKEND == "nd":
+    from . import backend_ndarray as array_api
+    from .backend_ndarray import (
+        BackendDevice as Device,
+        all_devices,
+        cpu,
+        cpu_numpy,
+        cuda,
+        default_device,
+    )
+
+    NDArray = array_api.NDArray
+elif BACKEND == "np":
+    import numpy as array_api
+
+    from .backend_numpy import Device, all_devices, cpu, cpu_numpy, cuda, default_device
+
+    NDArray = array_api.ndarray
+else:
+    raise RuntimeError(f"Unknown needle array backend {BACKEND!r}: set NEEDLE_BACKEND to 'nd' or 'np'")
+
+__all__ = ["BACKEND", "array_api", "NDArray", "Device", "all_devices", "cpu", "cpu_numpy", "cuda",
+           "default_device"]

@@ -1,0 +1,35 @@
+"""Shared fixtures: the devices every suite is parametrised over, and the data folder."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import needle as ndl
+
+_ALL = {"cpu": ndl.cpu(), "cuda": ndl.cuda(), "cpu_numpy": ndl.cpu_numpy()}
+
+
+def device_params(names=("cpu", "cuda", "cpu_numpy")):
+    """pytest params for each named device, skipped (with the reason) when it is not enabled.
+
+    Under NEEDLE_BACKEND=np only cpu() exists: the others are dropped, not skipped.
+    """
+    params = []
+    for name in names:
+        if ndl.BACKEND == "np" and name != "cpu":
+            continue
+        dev = _ALL[name] if ndl.BACKEND == "nd" else ndl.cpu()
+        marks = [] if dev.enabled() else [pytest.mark.skip(reason=f"{name}() is not enabled here")]
+        params.append(pytest.param(dev, id=name, marks=marks))
+    return params
+
+
+DEVICES = device_params()
+
+# Real data beside the checkout (../shared/data): used where present, skipped where absent.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    np.random.seed(0)
