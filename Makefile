@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
+# Tests never write into the tree (no __pycache__ from test runs).
+export PYTHONDONTWRITEBYTECODE := 1
 # Marker files: the environment is (re)installed when pyproject.toml changes,
 # the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
 INSTALLED := $(VENV)/.needle-installed
@@ -48,8 +50,13 @@ lab: $(BUILT)
 
 test: test-unit test-notebooks
 
+# The autograd/op/nn suites run a second time on the plain-numpy backend (NEEDLE_BACKEND=np).
+BOTH_BACKENDS = $(wildcard tests/test_autograd*.py tests/test_ops*.py tests/test_init.py \
+                  tests/test_nn_*.py tests/test_optim.py tests/test_data.py tests/test_mlp_resnet.py)
+
 test-unit: $(BUILT)
-	$(PY) -m pytest tests -n 2 -q
+	$(PY) -m pytest tests -n 2 -q -p no:cacheprovider
+	NEEDLE_BACKEND=np $(PY) -m pytest -n 2 -q -p no:cacheprovider $(BOTH_BACKENDS)
 
 test-notebooks: $(BUILT)
 	$(NBVAL) -q $(NOTEBOOKS)

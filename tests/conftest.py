@@ -3,8 +3,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
 
 import needle as ndl
+
+# Tests never write into the tree: no hypothesis example database.
+settings.register_profile("needle", database=None, deadline=None)
+settings.load_profile("needle")
 
 _ALL = {"cpu": ndl.cpu(), "cuda": ndl.cuda(), "cpu_numpy": ndl.cpu_numpy()}
 
