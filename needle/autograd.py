@@ -1,0 +1,420 @@
+"""Core data structures: the computational graph and reverse-mode automatic differentiation.
+
+A :class:`Value` is a node of the graph: the :class:`Op` that produced it, its ``inputs`` and
+the array it holds (``cached_data``). A :class:`Tensor` holds one array, a
+:class:`TensorTuple` a tuple of arrays. Ops compute on raw arrays (``compute``) and give their
+vector-Jacobian product with needle ops (``gradient``), so a gradient is itself a differentiable
+graph and second derivatives work.
+"""
+from __future__ import annotations
+
+from functools import reduce
+from operator import add
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy
+
+import needle
+
+from .backend_selection import NDArray, array_api, cpu, default_device
+
+# When True, ops build the graph without computing; ``realize_cached_data()`` computes.
+LAZY_MODE = False
+# Number of live Values: +1 in ``Value._init``, -1 in ``Value.__del__``.
+TENSOR_COUNTER = 0
+
+
+class Op:
+    """An operator: ``compute`` works on raw arrays, ``gradient`` is its vector-Jacobian product."""
+
+    def __call__(self, *args):
+        raise NotImplementedError()
+
+    def compute(self, *args: Tuple[NDArray]):
+        """Forward pass on raw arrays (NDArray or numpy): returns the output array(s)."""
+        raise NotImplementedError()
+
+    def gradient(self, out_grad: "Value", node: "Value") -> Union["Value", Tuple["Value"]]:
+        """The adjoint of each input given ``out_grad``, the adjoint of ``node`` (this op's output).
+
+        Written with needle ops, so the returned gradients are differentiable themselves.
+        """
+        raise NotImplementedError()
+
+    def gradient_as_tuple(self, out_grad: "Value", node: "Value") -> Tuple["Value"]:
+        """``gradient`` always returned as a tuple (one entry per input)."""
+        output = self.gradient(out_grad, node)
+        if isinstance(output, tuple):
+            return output
+        if isinstance(output, list):
+            return tuple(output)
+        return (output,)
+
+
+class TensorOp(Op):
+    """An op whose output is a Tensor."""
+
+    def __call__(self, *args):
+        return Tensor.make_from_op(self, args)
+
+
+class TensorTupleOp(Op):
+    """An op whose output is a TensorTuple."""
+
+    def __call__(self, *args):
+        return TensorTuple.make_from_op(self, args)
+
+
+class Value:
+    """A node of the computational graph."""
+
+    op: Optional[Op]
+    inputs: List["Value"]
+    cached_data: NDArray
+    requires_grad: bool
+
+    def realize_cached_data(self):
+        """The node's array, computed from its inputs on first use and cached."""
+        if self.cached_data is not None:
+            return self.cached_data
+        self.cached_data = self.op.compute(*[x.realize_cached_data() for x in self.inputs])
+        return self.cached_data
+
+    def is_leaf(self) -> bool:
+        """True for a node made by no op (a constant or a variable)."""
+        return self.op is None
+
+    def __del__(self):
+        global TENSOR_COUNTER
+        TENSOR_COUNTER -= 1
+
+    def _init(self, op: Optional[Op], inputs: List["Value"], *, num_outputs: int = 1,
+              cached_data: List[object] = None, requires_grad: Optional[bool] = None) -> None:
+        global TENSOR_COUNTER
+        TENSOR_COUNTER += 1
+        if requires_grad is None:
+            requires_grad = any(x.requires_grad for x in inputs)
+        self.op = op
+        self.inputs = inputs
+        self.num_outputs = num_outputs
+        self.cached_data = cached_data
+        self.requires_grad = requires_grad
+        self.grad = None
+
+    @classmethod
+    def make_const(cls, data, *, requires_grad: bool = False):
+        """A leaf holding ``data`` (an array), with no history."""
+        value = cls.__new__(cls)
+        value._init(None, [], cached_data=data, requires_grad=requires_grad)
+        return value
+
+    @classmethod
+    def make_from_op(cls, op: Op, inputs: List["Value"]):
+        """The node ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed."""
+        value = cls.__new__(cls)
+        value._init(op, inputs)
+        if not LAZY_MODE:
+            if not value.requires_grad:
+                return value.detach()
+            value.realize_cached_data()
+        return value
+
+
+class TensorTuple(Value):
+    """A tuple of tensors (not nested): the output of a TensorTupleOp such as ``split``."""
+
+    def __len__(self) -> int:
+        return len(self.realize_cached_data())
+
+    def __getitem__(self, index: int) -> "Tensor":
+        n = len(self)
+        if not isinstance(index, (int, numpy.integer)) or not -n <= index < n:
+            raise IndexError(f"TensorTuple index {index!r} is out of range for length {n}")
+        return needle.ops.tuple_get_item(self, int(index) % n)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def tuple(self) -> tuple:
+        """The components as a Python tuple of Tensors."""
+        return tuple(x for x in self)
+
+    def __repr__(self) -> str:
+        return "needle.TensorTuple" + str(self.tuple())
+
+    def __str__(self) -> str:
+        return self.__repr__()
+
+    def __add__(self, other: "TensorTuple") -> "TensorTuple":
+        """Component-wise sum of two tuples of the same length."""
+        if not isinstance(other, TensorTuple):
+            raise TypeError(f"can only add a TensorTuple to a TensorTuple, got {type(other).__name__}")
+        if len(self) != len(other):
+            raise ValueError(f"cannot add TensorTuples of lengths {len(self)} and {len(other)}")
+        return needle.ops.make_tuple(*[self[i] + other[i] for i in range(len(self))])
+
+    def detach(self) -> "TensorTuple":
+        """A TensorTuple sharing the arrays, with no history."""
+        return TensorTuple.make_const(self.realize_cached_data())
+
+
+def _full(shape, value: float, dtype, device):
+    """A raw array of ``shape`` filled with ``value`` (the backend's array type)."""
+    if array_api is numpy:
+        return numpy.full(shape, value, dtype=dtype)
+    return device.full(tuple(shape), value, dtype=dtype)
+
+
+def _squeezed(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
+class Tensor(Value):
+    """An n-dimensional array with autograd.
+
+    ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` copies ``array`` (a numpy
+    array, nested list, NDArray or Tensor) to ``device`` (default: ``default_device()``). On the
+    numpy backend ``dtype=None`` keeps numpy's dtype (as in the course); on the NDArray backend
+    every array is float32.
+    """
+
+    grad: "Tensor"
+
+    def __init__(self, array, *, device=None, dtype=None, requires_grad: bool = True, **kwargs):
+        if array_api is numpy and device is not None and device != cpu():
+            raise ValueError(f"device {device} is not available with NEEDLE_BACKEND=np: use cpu()")
+        if isinstance(array, Tensor):
+            if device is None:
+                device = array.device
+            if dtype is None:
+                dtype = array.dtype
+            if device == array.device and dtype == array.dtype:
+                cached_data = array.realize_cached_data()
+            else:  # copy through numpy
+                cached_data = Tensor._array_from_numpy(array.numpy(), device=device, dtype=dtype)
+        else:
+            if device is None:  # an NDArray stays where it is (an extension); else the default
+                device = array.device if isinstance(array, NDArray) and array_api is not numpy \
+                    else default_device()
+            cached_data = Tensor._array_from_numpy(array, device=device, dtype=dtype)
+        self._init(None, [], cached_data=cached_data, requires_grad=requires_grad)
+
+    @staticmethod
+    def _array_from_numpy(numpy_array, device, dtype):
+        """A backend array copied from ``numpy_array`` onto ``device``."""
+        if array_api is numpy:
+            return numpy.array(numpy_array, dtype=dtype)
+        return array_api.array(numpy_array, device=device, dtype=dtype)
+
+    @staticmethod
+    def make_from_op(op: Op, inputs: List["Value"]) -> "Tensor":
+        """The tensor ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed."""
+        tensor = Tensor.__new__(Tensor)
+        tensor._init(op, inputs)
+        if not LAZY_MODE:
+            if not tensor.requires_grad:
+                return tensor.detach()
+            tensor.realize_cached_data()
+        return tensor
+
+    @staticmethod
+    def make_const(data, requires_grad: bool = False) -> "Tensor":
+        """A leaf tensor holding ``data`` (an array, or the array of a Tensor), sharing it."""
+        tensor = Tensor.__new__(Tensor)
+        tensor._init(None, [],
+                     cached_data=data if not isinstance(data, Tensor) else data.realize_cached_data(),
+                     requires_grad=requires_grad)
+        return tensor
+
+    @property
+    def data(self) -> "Tensor":
+        """A detached tensor sharing this tensor's array (no history, requires_grad=False)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        """Replace this tensor's array with ``value``'s (no graph is recorded).
+
+        ``value`` must have the same dtype and device, and the same shape or one differing only
+        by size-1 dimensions (e.g. (n,) into a (1, n) bias), which is reshaped to this shape.
+        """
+        if not isinstance(value, Tensor):
+            raise TypeError(f"Tensor.data must be set to a Tensor, got {type(value).__name__}")
+        if value.dtype != self.dtype:
+            raise TypeError(f"cannot assign data of dtype {value.dtype} to a tensor of dtype "
+                            f"{self.dtype}")
+        if value.device != self.device:
+            raise ValueError(f"cannot assign data on device {value.device} to a tensor on device "
+                             f"{self.device}")
+        array = value.realize_cached_data()
+        if tuple(value.shape) != tuple(self.shape):
+            if _squeezed(value.shape) != _squeezed(self.shape):
+                raise ValueError(f"cannot assign data of shape {tuple(value.shape)} to a tensor of "
+                                 f"shape {tuple(self.shape)}")
+            if array_api is not numpy:
+                array = array.compact()
+            array = array.reshape(tuple(self.shape))
+        self.cached_data = array
+
+    def detach(self) -> "Tensor":
+        """A new leaf tensor sharing the array, cut from the graph."""
+        return Tensor.make_const(self.realize_cached_data())
+
+    @property
+    def shape(self) -> tuple:
+        return self.realize_cached_data().shape
+
+    @property
+    def dtype(self):
+        return self.realize_cached_data().dtype
+
+    @property
+    def device(self):
+        data = self.realize_cached_data()
+        if array_api is numpy:  # numpy arrays always sit on the cpu
+            return cpu()
+        return data.device
+
+    def backward(self, out_grad: Optional["Tensor"] = None) -> None:
+        """Reverse mode from this tensor: sets ``.grad`` on every node it depends on.
+
+        ``out_grad`` (same shape as self) defaults to ones.
+        """
+        if out_grad is None:
+            out_grad = Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
+        elif not isinstance(out_grad, Tensor):
+            raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
+        elif tuple(out_grad.shape) != tuple(self.shape):
+            raise ValueError(f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
+                             f"{tuple(self.shape)}")
+        compute_gradient_of_variables(self, out_grad)
+
+    def __repr__(self) -> str:
+        return "needle.Tensor(" + str(self.realize_cached_data()) + ")"
+
+    def __str__(self) -> str:
+        return self.realize_cached_data().__str__()
+
+    def numpy(self) -> numpy.ndarray:
+        """A numpy copy of the array."""
+        data = self.realize_cached_data()
+        if array_api is numpy:
+            return numpy.array(data)
+        return data.numpy()
+
+    # ---- operators --------------------------------------------------------------------------
+    def __add__(self, other):
+        if isinstance(other, Tensor):
+            return needle.ops.EWiseAdd()(self, other)
+        return needle.ops.AddScalar(other)(self)
+
+    def __mul__(self, other):
+        if isinstance(other, Tensor):
+            return needle.ops.EWiseMul()(self, other)
+        return needle.ops.MulScalar(other)(self)
+
+    def __pow__(self, other):
+        if isinstance(other, Tensor):
+            return needle.ops.EWisePow()(self, other)
+        return needle.ops.PowerScalar(other)(self)
+
+    def __sub__(self, other):
+        if isinstance(other, Tensor):
+            return needle.ops.EWiseAdd()(self, needle.ops.Negate()(other))
+        return needle.ops.AddScalar(-other)(self)
+
+    def __rsub__(self, other):
+        """``other - self`` for a scalar ``other`` (an extension: the course has no __rsub__)."""
+        return needle.ops.AddScalar(other)(needle.ops.Negate()(self))
+
+    def __truediv__(self, other):
+        if isinstance(other, Tensor):
+            return needle.ops.EWiseDiv()(self, other)
+        return needle.ops.DivScalar(other)(self)
+
+    def __rtruediv__(self, other):
+        """``other / self`` for a scalar ``other`` (an extension)."""
+        return needle.ops.MulScalar(other)(needle.ops.PowerScalar(-1)(self))
+
+    def __matmul__(self, other):
+        return needle.ops.MatMul()(self, other)
+
+    def matmul(self, other):
+        return needle.ops.MatMul()(self, other)
+
+    def sum(self, axes=None):
+        return needle.ops.Summation(axes)(self)
+
+    def broadcast_to(self, shape):
+        return needle.ops.BroadcastTo(shape)(self)
+
+    def reshape(self, shape):
+        return needle.ops.Reshape(shape)(self)
+
+    def __neg__(self):
+        return needle.ops.Negate()(self)
+
+    def transpose(self, axes=None):
+        return needle.ops.Transpose(axes)(self)
+
+    __radd__ = __add__
+    __rmul__ = __mul__
+
+
+def compute_gradient_of_variables(output_tensor: Value, out_grad: Value) -> None:
+    """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for every node.
+
+    Walks ``reversed(find_topo_sort([output_tensor]))``; a node's adjoint is the sum of the
+    contributions of every consumer (every path). Inputs that do not require grad get none.
+    """
+    node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
+    for node in reversed(find_topo_sort([output_tensor])):
+        grads = node_to_output_grads_list.pop(node, None)
+        if grads is None:  # no path to the output needs this node
+            continue
+        node.grad = sum_node_list(grads)
+        if node.is_leaf():
+            continue
+        for inp, grad in zip(node.inputs, node.op.gradient_as_tuple(node.grad, node)):
+            if inp.requires_grad:
+                node_to_output_grads_list.setdefault(inp, []).append(grad)
+
+
+def find_topo_sort(node_list: List[Value]) -> List[Value]:
+    """Nodes reachable from ``node_list`` in topological order (inputs before consumers).
+
+    The order is that of a post-order depth-first search starting from each node of
+    ``node_list`` in turn and visiting ``inputs`` left to right, each node once.
+    """
+    visited: set = set()
+    topo_order: List[Value] = []
+    for node in node_list:
+        topo_sort_dfs(node, visited, topo_order)
+    return topo_order
+
+
+def topo_sort_dfs(node: Value, visited: set, topo_order: List[Value]) -> None:
+    """Post-order DFS from ``node``: appends every unvisited node after all its inputs.
+
+    Iterative (an explicit stack), so deep graphs such as long RNN unrolls do not hit Python's
+    recursion limit; the order equals that of the recursive definition.
+    """
+    if node in visited:
+        return
+    visited.add(node)
+    stack = [(node, iter(node.inputs))]
+    while stack:
+        current, children = stack[-1]
+        for child in children:
+            if child not in visited:
+                visited.add(child)
+                stack.append((child, iter(child.inputs)))
+                break
+        else:
+            stack.pop()
+            topo_order.append(current)
+
+
+def sum_node_list(node_list: List[Value]) -> Value:
+    """The sum of the values in ``node_list`` (with needle's ``+``)."""
+    return reduce(add, node_list)
