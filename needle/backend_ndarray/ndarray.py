@@ -137,7 +137,8 @@ def _as_float32_numpy(other) -> np.ndarray:
         raise TypeError(
             f"cannot convert data of dtype {arr.dtype} ({type(other).__name__}) to a float32 NDArray"
         )
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+    return np.asarray(arr, dtype=np.float32, order="C")
 
 
 class NDArray:
@@ -391,6 +392,12 @@ class NDArray:
             if other.shape != view.shape:
                 other = other.broadcast_to(view.shape)
             src = other.compact()
+            if src._handle is view._handle:
+                # The source is (a view of) the destination buffer: a kernel writing while it
+                # reads could see its own writes, so copy first (numpy does the same).
+                src = NDArray.make(src.shape, device=self.device)
+                self.device.compact(other._handle, src._handle, other.shape, other.strides,
+                                    other._offset)
             self.device.ewise_setitem(src._handle, view._handle, view.shape, view.strides,
                                       view._offset)
         else:
@@ -439,7 +446,9 @@ class NDArray:
     def __rtruediv__(self, other):
         if isinstance(other, NDArray):
             return other / self
-        return (self ** -1.0) * other if other != 1 else self ** -1.0
+        numerator = NDArray.make(self.shape, device=self.device)
+        numerator.fill(_scalar(other))
+        return numerator / self
 
     def __neg__(self):
         return self * (-1)
@@ -545,7 +554,10 @@ class NDArray:
             out = NDArray.make(out_shape, device=self.device)
             return view, out
         axes = axis if isinstance(axis, tuple) else (axis,)
-        axes = tuple(sorted({_norm_axis(a, self.ndim) for a in axes}))
+        normalized = [_norm_axis(a, self.ndim) for a in axes]
+        if len(set(normalized)) != len(normalized):
+            raise ValueError(f"duplicate axis in {axis} for an array of shape {self.shape}")
+        axes = tuple(sorted(normalized))
         keep = [a for a in range(self.ndim) if a not in axes]
         view = self.permute(tuple(keep) + axes)
         reduce_size = prod(self.shape[a] for a in axes)

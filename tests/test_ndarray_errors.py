@@ -1,0 +1,300 @@
+"""Bad input to NDArray raises a Python exception whose message names the problem (hw3).
+
+Each check runs on every enabled device: validation happens in Python before any kernel runs,
+so no device may crash, corrupt memory or silently broadcast.
+"""
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle import backend_ndarray as nd
+
+from conftest import DEVICES
+
+pytestmark = pytest.mark.ndarray
+if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
+    pytest.skip("the NDArray suite runs with NEEDLE_BACKEND=nd", allow_module_level=True)
+
+
+def arange(shape, device) -> nd.NDArray:
+    return nd.array(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", [
+    lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b,
+    lambda a, b: a.maximum(b), lambda a, b: a == b, lambda a, b: a >= b, lambda a, b: a != b,
+    lambda a, b: a < b,
+], ids=["add", "sub", "mul", "div", "maximum", "eq", "ge", "ne", "lt"])
+def test_ewise_shape_mismatch(device, op):
+    a, b = arange((2, 3), device), arange((3, 2), device)
+    with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(3, 2\)"):
+        op(a, b)
+    c = arange((1, 3), device)  # no implicit broadcasting either
+    with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(1, 3\)"):
+        op(a, c)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_scalar_operands(device):
+    a = arange((2,), device)
+    with pytest.raises(TypeError, match="expected a number or an NDArray, got str"):
+        a + "1"
+    with pytest.raises(TypeError, match="got ndarray"):
+        a * np.ones(2)
+    with pytest.raises(TypeError, match="scalar exponent"):
+        a ** a
+    with pytest.raises(TypeError, match="got str"):
+        a[0] = "x"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reshape_errors(device):
+    a = arange((2, 3), device)
+    with pytest.raises(ValueError, match=r"cannot reshape .*\(2, 3\).*6 elements.*\(4, 2\)"):
+        a.reshape((4, 2))
+    with pytest.raises(ValueError, match="non-compact"):
+        a.permute((1, 0)).reshape((6,))
+    with pytest.raises(ValueError, match="non-compact"):
+        a[:, 1:].reshape((4,))
+    with pytest.raises(ValueError, match="only one dimension can be -1"):
+        a.reshape((-1, -1))
+    with pytest.raises(ValueError, match=r"cannot infer -1 in shape \(4, -1\)"):
+        a.reshape((4, -1))
+    with pytest.raises(ValueError, match="negative dimension"):
+        a.reshape((-2, -3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_permute_errors(device):
+    a = arange((2, 3), device)
+    with pytest.raises(ValueError, match=r"\(0, 0\) is not a permutation"):
+        a.permute((0, 0))
+    with pytest.raises(ValueError, match="is not a permutation"):
+        a.permute((0,))
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        a.permute((0, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_broadcast_errors(device):
+    a = arange((2, 3), device)
+    with pytest.raises(ValueError, match=r"cannot broadcast shape \(2, 3\) to \(4, 3\).*size 2"):
+        a.broadcast_to((4, 3))
+    with pytest.raises(ValueError, match=r"cannot broadcast shape \(2, 3\) to \(2, 1\)"):
+        a.broadcast_to((2, 1))
+    with pytest.raises(ValueError, match="fewer dimensions"):
+        a.broadcast_to((3,))
+    b = arange((2, 2), device)
+    with pytest.raises(ValueError, match=r"cannot broadcast shape \(2, 2\) to \(1, 3\)"):
+        a[:1, :] = b  # __setitem__ broadcasts the source to the view
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_index_errors(device):
+    a = arange((3, 4), device)
+    with pytest.raises(IndexError, match="index 3 is out of range for dimension 0 of size 3"):
+        a[3]
+    with pytest.raises(IndexError, match="index -5 is out of range for dimension 1 of size 4"):
+        a[0, -5]
+    with pytest.raises(IndexError, match="slice start 5 is out of range for dimension 1"):
+        a[:, 5:]
+    with pytest.raises(IndexError, match="slice start -4 is out of range for dimension 0"):
+        a[-4:]
+    with pytest.raises(IndexError, match="slice stop 7 is out of range for dimension 1 of size 4"):
+        a[:, 1:7]
+    with pytest.raises(IndexError, match="slice stop -9 is out of range"):
+        a[:-9]
+    with pytest.raises(IndexError, match=r"too many indices \(3\)"):
+        a[0, 0, 0]
+    with pytest.raises(TypeError, match="indices must be ints or slices, got float"):
+        a[1.0]
+    with pytest.raises(TypeError, match="got bool"):
+        a[True]
+    with pytest.raises(IndexError, match="index 3 is out of range"):
+        a[3] = 1.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("step", [-1, -2, 0])
+def test_non_positive_step(device, step):
+    a = arange((5,), device)
+    with pytest.raises(ValueError, match=f"slice step must be positive, got {step}"):
+        a[::step]
+    with pytest.raises(ValueError, match="step must be positive"):
+        a[::step] = 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_errors(device):
+    a, b = arange((2, 3), device), arange((2, 3), device)
+    with pytest.raises(ValueError, match=r"inner sizes differ: \(2, 3\) @ \(2, 3\)"):
+        a @ b
+    with pytest.raises(ValueError, match=r"2-D operands, got shapes \(6,\) and \(6,\)"):
+        a.reshape((6,)) @ b.reshape((6,))
+    with pytest.raises(ValueError, match=r"2-D operands, got shapes \(1, 2, 3\) and \(3, 2\)"):
+        a.reshape((1, 2, 3)) @ b.reshape((3, 2))
+    with pytest.raises(TypeError, match="needs an NDArray operand, got float"):
+        a @ 2.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_reduction_axis_errors(device, op):
+    a = arange((2, 3), device)
+    with pytest.raises(ValueError, match="axis 2 is out of range for an array with 2 dimensions"):
+        getattr(a, op)(axis=2)
+    with pytest.raises(ValueError, match="axis -3 is out of range"):
+        getattr(a, op)(axis=-3)
+    with pytest.raises(ValueError, match="axis 5 is out of range"):
+        getattr(a, op)(axis=(0, 5))
+    with pytest.raises(ValueError, match=r"duplicate axis in \(1, -1\)"):
+        getattr(a, op)(axis=(1, -1))
+    with pytest.raises(TypeError, match="axis must be an int, got 1.0"):
+        getattr(a, op)(axis=1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_of_empty_axis(device):
+    with pytest.raises(ValueError, match="max of an empty axis"):
+        nd.empty((2, 0), device=device).max(axis=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("data,pattern", [
+    (["a", "b"], "dtype <U1"),
+    (np.array(["1.0", "2.0"]), "dtype <U3"),
+    ([{"x": 1}, 2], "dtype object"),
+    (np.array([None, 1.0], dtype=object), "dtype object"),
+    ([[1.0, 2.0], [3.0]], "cannot convert list"),
+    ([1 + 2j], "dtype complex128"),
+], ids=["str-list", "str-array", "dict", "object-array", "ragged", "complex"])
+def test_data_that_is_not_float32(device, data, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        nd.array(data, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dtype_other_than_float32(device):
+    with pytest.raises(TypeError, match="only float32, got dtype 'float64'"):
+        nd.array([1.0], dtype="float64", device=device)
+    with pytest.raises(TypeError, match="only float32, got dtype 'int32'"):
+        nd.empty((2,), dtype="int32", device=device)
+    with pytest.raises(TypeError, match="only float32"):
+        device.full((2,), 1.0, dtype="float16")
+    with pytest.raises(ValueError, match=r"negative dimension in shape \(2, -1\)"):
+        nd.empty((2, -1), device=device)
+
+
+def _device_pairs():
+    """Distinct enabled devices, plus a device with the numpy module under another name."""
+    enabled = [p.values[0] for p in DEVICES if not p.marks]
+    other = nd.BackendDevice("other_numpy", nd.ndarray_backend_numpy)
+    pairs = [(a, b) for a in enabled for b in enabled if a != b]
+    pairs += [(a, other) for a in enabled]
+    return [pytest.param(a, b, id=f"{a.name}-{b.name}") for a, b in pairs]
+
+
+@pytest.mark.parametrize("dev_a,dev_b", _device_pairs())
+def test_mixing_devices(dev_a, dev_b):
+    a, b = arange((2, 2), dev_a), arange((2, 2), dev_b)
+    pattern = rf"different devices: {dev_a.name}\(\) and {dev_b.name}\(\)"
+    for op in (lambda: a + b, lambda: a * b, lambda: a.maximum(b), lambda: a == b, lambda: a @ b):
+        with pytest.raises(ValueError, match=pattern):
+            op()
+    with pytest.raises(ValueError, match=pattern):
+        a[0] = b[0]
+    np.testing.assert_array_equal(a.numpy(), [[0, 1], [2, 3]])  # nothing was written
+
+
+@pytest.mark.skipif(not ndl.cpu().enabled(), reason="cpu() is not enabled here")
+def test_mixing_cpu_and_cpu_numpy():
+    a = nd.array([1.0, 2.0], device=ndl.cpu())
+    b = nd.array([1.0, 2.0], device=ndl.cpu_numpy())
+    with pytest.raises(ValueError, match=r"different devices: cpu\(\) and cpu_numpy\(\)"):
+        a + b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_as_strided_errors(device):
+    a = arange((12,), device)
+    with pytest.raises(ValueError, match=r"reaches element 12, beyond the buffer of 12"):
+        a.as_strided((4, 4), (3, 1))
+    with pytest.raises(ValueError, match=r"offset 5 reaches element 12"):
+        a[5:].as_strided((2, 4), (4, 1))
+    with pytest.raises(ValueError, match="negative strides"):
+        a.as_strided((3,), (-1,))
+    with pytest.raises(ValueError, match="differ in length"):
+        a.as_strided((3, 4), (4,))
+    assert a.as_strided((0, 100), (100, 1)).shape == (0, 100)  # empty views touch nothing
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pad_errors(device):
+    a = arange((2, 3), device)
+    with pytest.raises(ValueError, match="one non-negative .* pair per dimension"):
+        a.pad(((1, 1),))
+    with pytest.raises(ValueError, match="non-negative"):
+        a.pad(((1, 1), (-1, 0)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flip_axis_errors(device):
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        arange((2, 3), device).flip((2,))
+
+
+# ---- the device modules themselves ----------------------------------------------------------
+# NDArray validates before calling a kernel; the modules check again at the Python/C++ border,
+# so a direct call with inconsistent sizes raises instead of reading or writing out of bounds.
+# The patterns accept each module's wording; each names the function and the sizes involved.
+# A view outside its buffer is an IndexError on cpu() and cpu_numpy(), a ValueError on cuda().
+OUTSIDE_BUFFER = (IndexError, ValueError)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_rejects_inconsistent_sizes(device):
+    mod = device.mod
+    a, b, out = mod.Array(12), mod.Array(2), mod.Array(12)
+    mod.fill(a, 1.0)
+    with pytest.raises(ValueError, match=r"ewise_add: .*\b2 elements"):
+        mod.ewise_add(a, b, out)
+    with pytest.raises(ValueError, match=r"scalar_mul: .*12 elements.*\b2\b"):
+        mod.scalar_mul(a, 2.0, b)
+    with pytest.raises(ValueError, match=r"ewise_exp: .*\b2 elements.*12"):
+        mod.ewise_exp(b, out)
+    with pytest.raises(ValueError, match=r"matmul: a .*\b15\b"):
+        mod.matmul(a, a, out, 5, 3, 4)
+    with pytest.raises(ValueError, match=r"matmul: out .*\b16\b"):
+        mod.matmul(a, a, out, 4, 3, 4)
+    with pytest.raises(ValueError, match=r"reduce_sum: .*need.? 15.* 12"):
+        mod.reduce_sum(a, mod.Array(5), 3)
+    with pytest.raises(ValueError, match=r"reduce_max: .*reduce_size.* 0"):
+        mod.reduce_max(a, b, 0)
+    with pytest.raises(ValueError, match=r"from_numpy: .*numpy array has 3 elements.*\b2\b"):
+        mod.from_numpy(np.ones(3, np.float32), b)
+    with pytest.raises(ValueError, match=r"compact: .*(6 elements.*12|12 elements.*6)"):
+        mod.compact(a, out, (2, 3), (3, 1), 0)
+    with pytest.raises(ValueError, match=r"ewise_setitem: .*(2 elements.*12|12 elements.*2)"):
+        mod.ewise_setitem(a, out, (2,), (1,), 0)
+    np.testing.assert_array_equal(mod.to_numpy(a, (12,), (1,), 0), np.ones(12))  # a intact
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_rejects_views_outside_the_buffer(device):
+    mod = device.mod
+    a, out = mod.Array(4), mod.Array(6)
+    with pytest.raises(OUTSIDE_BUFFER,
+                       match=r"compact.*view with shape \(2, 3\).*outside the buffer of 4"):
+        mod.compact(a, out, (2, 3), (3, 1), 0)
+    with pytest.raises(OUTSIDE_BUFFER, match=r"to_numpy: .*offset 2.*outside the buffer of 4"):
+        mod.to_numpy(a, (3,), (1,), 2)
+    with pytest.raises(OUTSIDE_BUFFER, match=r"to_numpy: .*outside the buffer"):
+        mod.to_numpy(a, (3,), (-1,), 1)  # a negative stride walking below element 0
+    with pytest.raises(OUTSIDE_BUFFER, match=r"scalar_setitem.*outside the buffer of 4"):
+        mod.scalar_setitem(5, 0.0, a, (5,), (1,), 0)
+    with pytest.raises(OUTSIDE_BUFFER, match=r"ewise_setitem.*outside the buffer of 4"):
+        mod.ewise_setitem(out, a, (2, 3), (2, 1), 0)
+    with pytest.raises(ValueError, match="Array size must be non-negative, got -1"):
+        mod.Array(-1)
+    assert mod.to_numpy(a, (0, 9), (9, 1), 100).shape == (0, 9)  # empty views read nothing

@@ -1,0 +1,356 @@
+"""NDArray arithmetic, comparisons, reductions, matmul, flip and pad against numpy (hw3).
+
+Inputs come in three memory layouts (compact, a permuted view, a strided slice with an offset)
+so every op is also checked on the ``compact()`` path it takes before calling a kernel.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import needle as ndl
+from needle import backend_ndarray as nd
+
+from conftest import DEVICES
+
+pytestmark = pytest.mark.ndarray
+if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
+    pytest.skip("the NDArray suite runs with NEEDLE_BACKEND=nd", allow_module_level=True)
+
+SETTINGS = settings(deadline=None, max_examples=30,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+SEEDS = st.integers(0, 2**32 - 1)
+SHAPES = st.lists(st.integers(1, 4), min_size=0, max_size=4).map(tuple)
+SHAPES_NONEMPTY = st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple)
+LAYOUTS = st.sampled_from(["compact", "permuted", "sliced"])
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def rand(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def make(x: np.ndarray, device, layout: str) -> nd.NDArray:
+    """An NDArray holding ``x`` in the given memory layout."""
+    if layout == "compact":
+        return nd.array(x, device=device)
+    if layout == "permuted":  # the reversed-axes view of a transposed copy
+        t = nd.array(np.array(x.transpose(), order="C"), device=device)
+        return t.permute(tuple(reversed(range(x.ndim))))
+    # every other element of a larger buffer, starting one element in
+    big = np.full(tuple(2 * n + 1 for n in x.shape), np.nan, dtype=np.float32)
+    big[(slice(1, None, 2),) * x.ndim] = x
+    view = nd.array(big, device=device)[(slice(1, None, 2),) * x.ndim]
+    assert view.shape == x.shape
+    return view
+
+
+# ---- element-wise ----------------------------------------------------------------------------
+def _cmp(f):
+    return lambda x, y: f(x, y).astype(np.float32)
+
+
+BINARY = {
+    "add": (lambda a, b: a + b, np.add),
+    "sub": (lambda a, b: a - b, np.subtract),
+    "mul": (lambda a, b: a * b, np.multiply),
+    "truediv": (lambda a, b: a / b, np.divide),
+    "maximum": (lambda a, b: a.maximum(b), np.maximum),
+    "maximum_fn": (nd.maximum, np.maximum),
+    "eq": (lambda a, b: a == b, _cmp(np.equal)),
+    "ne": (lambda a, b: a != b, _cmp(np.not_equal)),
+    "ge": (lambda a, b: a >= b, _cmp(np.greater_equal)),
+    "gt": (lambda a, b: a > b, _cmp(np.greater)),
+    "le": (lambda a, b: a <= b, _cmp(np.less_equal)),
+    "lt": (lambda a, b: a < b, _cmp(np.less)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(BINARY))
+@given(shape=SHAPES, seed=SEEDS, layouts=st.tuples(LAYOUTS, LAYOUTS))
+@settings(SETTINGS, max_examples=15)
+def test_ewise_binary(device, name, shape, seed, layouts):
+    ours, theirs = BINARY[name]
+    rng = np.random.default_rng(seed)
+    if name in ("eq", "ne", "ge", "gt", "le", "lt", "maximum", "maximum_fn"):
+        # few distinct values, so ties are common
+        x = rng.integers(-1, 2, shape).astype(np.float32)
+        y = rng.integers(-1, 2, shape).astype(np.float32)
+    else:
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = rng.standard_normal(shape).astype(np.float32)
+        if name == "truediv":
+            y = np.where(y < 0, y - 0.5, y + 0.5).astype(np.float32)
+    a, b = make(x, device, layouts[0]), make(y, device, layouts[1])
+    out = ours(a, b)
+    assert out.shape == x.shape and out.device == device and out.is_compact()
+    result = out.numpy()
+    assert result.dtype == np.float32
+    np.testing.assert_allclose(result, theirs(x, y), **TOL)
+    np.testing.assert_array_equal(a.numpy(), x)  # inputs untouched
+
+
+SCALAR = {
+    "add": (lambda a, s: a + s, lambda x, s: x + s),
+    "radd": (lambda a, s: s + a, lambda x, s: s + x),
+    "sub": (lambda a, s: a - s, lambda x, s: x - s),
+    "rsub": (lambda a, s: s - a, lambda x, s: s - x),
+    "mul": (lambda a, s: a * s, lambda x, s: x * s),
+    "rmul": (lambda a, s: s * a, lambda x, s: s * x),
+    "truediv": (lambda a, s: a / s, lambda x, s: x / s),
+    "rtruediv": (lambda a, s: s / a, lambda x, s: s / x),
+    "maximum": (lambda a, s: a.maximum(s), np.maximum),
+    "eq": (lambda a, s: a == s, _cmp(np.equal)),
+    "ne": (lambda a, s: a != s, _cmp(np.not_equal)),
+    "ge": (lambda a, s: a >= s, _cmp(np.greater_equal)),
+    "gt": (lambda a, s: a > s, _cmp(np.greater)),
+    "le": (lambda a, s: a <= s, _cmp(np.less_equal)),
+    "lt": (lambda a, s: a < s, _cmp(np.less)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(SCALAR))
+@given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
+       scalar=st.sampled_from([-2, -1, 0, 1, 3]) | st.floats(-3, 3, width=32))
+@settings(SETTINGS, max_examples=15)
+def test_scalar_ops(device, name, shape, seed, layout, scalar):
+    ours, theirs = SCALAR[name]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, shape).astype(np.float32)  # integers: ties with the scalar
+    x += rng.choice(np.array([0, 0.5], np.float32), shape)
+    if name == "truediv" and abs(scalar) < 0.1:
+        scalar = 2.0
+    if name == "rtruediv":
+        x = np.where(x == 0, 1.5, x).astype(np.float32)
+    out = ours(make(x, device, layout), scalar)
+    assert out.shape == x.shape and out.is_compact()
+    np.testing.assert_allclose(out.numpy(), np.asarray(theirs(x, np.float32(scalar)),
+                                                      dtype=np.float32), **TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
+       exponent=st.sampled_from([0, 1, 2, 3, 0.5, -1, 1.5, -2.0]))
+@SETTINGS
+def test_scalar_power(device, shape, seed, layout, exponent):
+    x = np.abs(rand(seed, shape)) + np.float32(0.1)
+    out = make(x, device, layout) ** exponent
+    np.testing.assert_allclose(out.numpy(), x ** np.float32(exponent), rtol=1e-5, atol=1e-6)
+
+
+UNARY = {
+    "neg": (lambda a: -a, np.negative),
+    "log": (lambda a: a.log(), np.log),
+    "exp": (lambda a: a.exp(), np.exp),
+    "tanh": (lambda a: a.tanh(), np.tanh),
+    "log_fn": (nd.log, np.log),
+    "exp_fn": (nd.exp, np.exp),
+    "tanh_fn": (nd.tanh, np.tanh),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(UNARY))
+@given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS)
+@settings(SETTINGS, max_examples=15)
+def test_unary(device, name, shape, seed, layout):
+    ours, theirs = UNARY[name]
+    x = 2 * rand(seed, shape)
+    if name.startswith("log"):
+        x = np.abs(x) + np.float32(1e-3)
+    out = ours(make(x, device, layout))
+    assert out.shape == x.shape
+    np.testing.assert_allclose(out.numpy(), theirs(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_by_hand(device):
+    a = nd.array([[1.0, -2.0], [0.0, 4.0]], device=device)
+    b = nd.array([[3.0, -2.0], [1.0, 2.0]], device=device)
+    np.testing.assert_array_equal((a + b).numpy(), [[4, -4], [1, 6]])
+    np.testing.assert_array_equal((a / b).numpy(), np.float32([[1 / 3, 1], [0, 2]]))
+    np.testing.assert_array_equal((2 - a).numpy(), [[1, 4], [2, -2]])
+    np.testing.assert_array_equal((8 / b).numpy(), np.float32([[8 / 3, -4], [8, 4]]))
+    np.testing.assert_array_equal((a == b).numpy(), [[0, 1], [0, 0]])
+    np.testing.assert_array_equal((a > b).numpy(), [[0, 0], [0, 1]])
+    np.testing.assert_array_equal((a ** 2).numpy(), [[1, 4], [0, 16]])
+    np.testing.assert_array_equal(a.maximum(0).numpy(), [[1, 0], [0, 4]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_on_empty_arrays(device):
+    a = nd.empty((0, 3), device=device)
+    for out in (a + a, a * 2, a.exp(), a == 1.0, a.maximum(a)):
+        assert out.shape == (0, 3)
+    assert (2 - a).shape == (0, 3)
+
+
+# ---- reductions ------------------------------------------------------------------------------
+@st.composite
+def reduction_case(draw):
+    shape = draw(SHAPES_NONEMPTY)
+    n = len(shape)
+    axis = draw(
+        st.none()
+        | st.integers(-n, n - 1)
+        | st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True).map(tuple)
+    )
+    return shape, axis, draw(st.booleans())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["sum", "max", "sum_fn"])
+@given(case=reduction_case(), seed=SEEDS, layout=LAYOUTS)
+@SETTINGS
+def test_reductions(device, op, case, seed, layout):
+    shape, axis, keepdims = case
+    x = rand(seed, shape)
+    a = make(x, device, layout)
+    if op == "sum_fn":
+        out = nd.sum(a, axis=axis, keepdims=keepdims)
+    else:
+        out = getattr(a, op)(axis=axis, keepdims=keepdims)
+    expected = getattr(np, op[:3])(x.astype(np.float64), axis=axis, keepdims=keepdims)
+    if axis is None and not keepdims:
+        expected = np.reshape(expected, (1,))  # the course's convention for a full reduction
+    assert out.shape == expected.shape
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_by_hand(device):
+    a = nd.array(np.arange(24, dtype=np.float32).reshape(2, 3, 4), device=device)
+    assert a.sum().shape == (1,) and a.sum().numpy()[0] == 276
+    assert a.sum(keepdims=True).shape == (1, 1, 1)
+    np.testing.assert_array_equal(a.sum(axis=1).numpy(), [[12, 15, 18, 21], [48, 51, 54, 57]])
+    np.testing.assert_array_equal(a.max(axis=2, keepdims=True).numpy().reshape(-1),
+                                  [3, 7, 11, 15, 19, 23])
+    np.testing.assert_array_equal(a.max(axis=(0, 2)).numpy(), [15, 19, 23])
+    np.testing.assert_array_equal(a.sum(axis=-1).numpy(), [[6, 22, 38], [54, 70, 86]])
+    z = nd.empty((2, 0), device=device)
+    np.testing.assert_array_equal(z.sum(axis=1).numpy(), [0, 0])
+    assert z.sum(axis=0).shape == (0,)
+
+
+# ---- matmul ----------------------------------------------------------------------------------
+def tile_of(device) -> int:
+    return getattr(device.mod, "__tile_size__", 4)
+
+
+@st.composite
+def matmul_sizes(draw, tile: int):
+    def size():
+        return draw(st.sampled_from([1, tile - 1, tile, tile + 1, 2 * tile, 3 * tile])
+                    | st.integers(1, 3 * tile + 1))
+    if draw(st.booleans()):  # every size a multiple of the tile: the tiled path where it exists
+        return tuple(tile * draw(st.integers(1, 4)) for _ in range(3))
+    return size(), size(), size()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), seed=SEEDS, layouts=st.tuples(LAYOUTS, LAYOUTS))
+@SETTINGS
+def test_matmul(device, data, seed, layouts):
+    m, n, p = data.draw(matmul_sizes(tile_of(device)))
+    x, y = rand(seed, (m, n)), rand(seed + 1, (n, p))
+    out = make(x, device, layouts[0]) @ make(y, device, layouts[1])
+    assert out.shape == (m, p) and out.is_compact()
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,p", [(1, 7, 1), (7, 1, 5), (1, 1, 1), (1, 16, 8), (16, 1, 16),
+                                   (8, 8, 8), (32, 64, 16), (64, 64, 64), (33, 17, 9),
+                                   (3, 0, 4)])
+def test_matmul_shapes(device, m, n, p):
+    x, y = rand(0, (m, n)), rand(1, (n, p))
+    out = nd.array(x, device=device) @ nd.array(y, device=device)
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+class RecordingModule:
+    """Forwards to a device module, recording which matmul kernel NDArray calls.
+
+    Over the numpy module it adds a numpy ``matmul_tiled`` with tile 4 in the protocol's
+    layout (a is (m/t, n/t, t, t) tiles, b (n/t, p/t, t, t), out (m/t, p/t, t, t)), so
+    NDArray's tiling is checked even where no compiled module is built.
+    """
+
+    def __init__(self, mod):
+        self._mod = mod
+        self.calls = []
+        self._numpy_tiled = mod is nd.ndarray_backend_numpy
+        if self._numpy_tiled:
+            self.__tile_size__ = 4
+
+    def _matmul_tiled_numpy(self, a, b, out, m, n, p):
+        t = self.__tile_size__
+        ta = a.array.reshape(m // t, n // t, t, t)
+        tb = b.array.reshape(n // t, p // t, t, t)
+        out.array[:] = np.einsum("ikab,kjbc->ijac", ta, tb).reshape(-1)
+
+    def __getattr__(self, name):
+        if name == "matmul_tiled" and self._numpy_tiled:
+            kernel = self._matmul_tiled_numpy
+        else:
+            kernel = getattr(self._mod, name)  # AttributeError where the module lacks it
+        if name not in ("matmul", "matmul_tiled"):
+            return kernel
+
+        def record(*args):
+            self.calls.append(name)
+            return kernel(*args)
+
+        return record
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (1, 1, 0), (2, 0, 2)],
+                         ids=["1-1-1", "2-3-1", "3-2-4", "p-off", "n-off"])
+def test_matmul_uses_tiled_kernel_exactly_when_sizes_divide_the_tile(device, mult):
+    spy = RecordingModule(device.mod)
+    dev = nd.BackendDevice(device.name, spy)
+    t = getattr(spy, "__tile_size__", 4)
+    m, n, p = (t * k if k else t + 1 for k in mult)
+    x, y = rand(2, (m, n)), rand(3, (n, p))
+    y_view = nd.array(np.array(y.T, order="C"), device=dev).permute((1, 0))  # non-compact
+    out = nd.array(x, device=dev) @ y_view
+    tiled = hasattr(spy, "matmul_tiled") and all(mult)
+    assert spy.calls == (["matmul_tiled"] if tiled else ["matmul"])
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+# ---- flip and pad ----------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), shape=SHAPES_NONEMPTY, seed=SEEDS, layout=LAYOUTS)
+@SETTINGS
+def test_flip(device, data, shape, seed, layout):
+    axes = tuple(data.draw(st.lists(st.integers(0, len(shape) - 1), unique=True)))
+    x = rand(seed, shape)
+    a = make(x, device, layout)
+    out = a.flip(axes) if data.draw(st.booleans()) else nd.flip(a, axes)
+    assert out.is_compact() and out._handle.ptr() != a._handle.ptr()
+    np.testing.assert_array_equal(out.numpy(), np.flip(x, axes))
+    np.testing.assert_array_equal(a.numpy(), x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flip_by_hand(device):
+    a = nd.array(np.arange(6, dtype=np.float32).reshape(2, 3), device=device)
+    np.testing.assert_array_equal(a.flip(1).numpy(), [[2, 1, 0], [5, 4, 3]])
+    np.testing.assert_array_equal(a.flip((0, 1)).numpy(), [[5, 4, 3], [2, 1, 0]])
+    np.testing.assert_array_equal(a[:, 1:].flip(0).numpy(), [[4, 5], [1, 2]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(data=st.data(), shape=SHAPES, seed=SEEDS, layout=LAYOUTS)
+@SETTINGS
+def test_pad(device, data, shape, seed, layout):
+    pads = tuple((data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))) for _ in shape)
+    x = rand(seed, shape)
+    out = make(x, device, layout).pad(pads)
+    expected = np.pad(x, pads) if pads else x  # np.pad rejects the empty pad list of a 0-d array
+    np.testing.assert_array_equal(out.numpy(), expected)
