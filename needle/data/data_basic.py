@@ -103,5 +103,8 @@ class DataLoader:
         sample = self.dataset[indices]
         if not isinstance(sample, (tuple, list)):
             sample = (sample,)
-        return tuple(Tensor(np.asarray(field), device=self.device, dtype=self.dtype)
+        # Data needs no adjoint (requires_grad=False, unlike the course's default): ops can then
+        # skip gradients nobody reads, e.g. the input gradient of a network's first conv.
+        return tuple(Tensor(np.asarray(field), device=self.device, dtype=self.dtype,
+                            requires_grad=False)
                      for field in sample)

@@ -191,15 +191,13 @@ class Conv(TensorOp):
         # s - 1 rows/columns being zeros.
         G = dilate(out_grad, (1, 2), s - 1) if s > 1 else out_grad
 
-        # dX: full convolution of G with the flipped kernel (channels swapped), then crop the
-        # padding p (and any trailing rows the strided forward pass never reached).
-        W_flip = transpose(flip(Wt, (0, 1)), (2, 3))  # (KH, KW, C_out, C_in)
-        if KH == KW:
-            full = conv(G, W_flip, stride=1, padding=KH - 1)
-        else:  # non-square kernels only arise when differentiating a weight gradient
-            full = conv(_PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
-                        W_flip, stride=1, padding=0)
-        grad_X = _crop(full, (0, p, p, 0), (N, H, W, C_in))
+        if X.requires_grad:
+            grad_X = self._input_gradient(G, Wt, (N, H, W, C_in))
+        else:
+            # A network's input images need no adjoint; the full convolution below would be
+            # the most expensive product of a ResNet-9 step.
+            from .. import init
+            grad_X = init.zeros(*X.shape, device=X.device, dtype=X.dtype)
 
         # dW: correlate the padded input with G, batch and channels exchanged:
         # (C_in, Hp, Wp, N) * (Ho', Wo', N, C_out) -> (C_in, >=KH, >=KW, C_out).
@@ -212,6 +210,20 @@ class Conv(TensorOp):
         gW = _crop(gW, (0, 0, 0, 0), (C_in, KH, KW, C_out))
         grad_W = transpose(transpose(gW, (0, 1)), (1, 2))    # (KH, KW, C_in, C_out)
         return grad_X, grad_W
+
+
+    def _input_gradient(self, G: Tensor, Wt: Tensor, in_shape) -> Tensor:
+        """dX: full convolution of G with the flipped kernel (channels swapped), then the
+        padding p (and any trailing rows the strided forward pass never reached) cropped."""
+        KH, KW = Wt.shape[0], Wt.shape[1]
+        p = self.padding
+        W_flip = transpose(flip(Wt, (0, 1)), (2, 3))  # (KH, KW, C_out, C_in)
+        if KH == KW:
+            full = conv(G, W_flip, stride=1, padding=KH - 1)
+        else:  # non-square kernels only arise when differentiating a weight gradient
+            full = conv(_PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
+                        W_flip, stride=1, padding=0)
+        return _crop(full, (0, p, p, 0), in_shape)
 
 
 def _crop(x: Tensor, starts, lengths) -> Tensor:
