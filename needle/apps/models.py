@@ -1,0 +1,57 @@
+"""The course's model zoo (hw4): ResNet9 for CIFAR-10 images, and the language models."""
+from __future__ import annotations
+
+import needle as ndl
+import needle.nn as nn
+
+from .language_model import LanguageModel
+
+__all__ = ["ConvBN", "ResNet9", "LanguageModel"]
+
+
+class ConvBN(ndl.nn.Module):
+    """Conv(a, b, k, stride=s) -> BatchNorm2d(b) -> ReLU; (N, a, H, W) -> (N, b, H', W')."""
+
+    def __init__(self, a: int, b: int, k: int, s: int, device=None, dtype: str = "float32"):
+        super().__init__()
+        self.conv = nn.Conv(a, b, k, stride=s, device=device, dtype=dtype)
+        self.bn = nn.BatchNorm2d(b, device=device, dtype=dtype)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: ndl.Tensor) -> ndl.Tensor:
+        return self.relu(self.bn(self.conv(x)))
+
+
+class ResNet9(ndl.nn.Module):
+    """hw4's ResNet-9: (N, 3, 32, 32) images -> (N, 10) logits; 431,946 parameters.
+
+    ConvBN(3,16,7,4), ConvBN(16,32,3,2), Residual(ConvBN(32,32,3,1), ConvBN(32,32,3,1)),
+    ConvBN(32,64,3,2), ConvBN(64,128,3,2), Residual(ConvBN(128,128,3,1) x 2), Flatten,
+    Linear(128,128), ReLU, Linear(128,10). The strides take 32x32 down to 1x1 before Flatten.
+    """
+
+    def __init__(self, device=None, dtype: str = "float32"):
+        super().__init__()
+        self.device = device
+        self.dtype = dtype
+        kw = dict(device=device, dtype=dtype)
+        self.model = nn.Sequential(
+            ConvBN(3, 16, 7, 4, **kw),
+            ConvBN(16, 32, 3, 2, **kw),
+            nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **kw), ConvBN(32, 32, 3, 1, **kw))),
+            ConvBN(32, 64, 3, 2, **kw),
+            ConvBN(64, 128, 3, 2, **kw),
+            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **kw),
+                                      ConvBN(128, 128, 3, 1, **kw))),
+            nn.Flatten(),
+            nn.Linear(128, 128, **kw),
+            nn.ReLU(),
+            nn.Linear(128, 10, **kw),
+        )
+
+    def forward(self, x: ndl.Tensor) -> ndl.Tensor:
+        """Logits (N, 10) for images ``x`` of shape (N, 3, 32, 32)."""
+        if len(x.shape) != 4 or tuple(x.shape[1:]) != (3, 32, 32):
+            raise ValueError(f"ResNet9 expects images of shape (N, 3, 32, 32), "
+                             f"got {tuple(x.shape)}")
+        return self.model(x)
