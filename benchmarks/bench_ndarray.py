@@ -1,0 +1,114 @@
+"""NDArray on the compiled ``cpu()`` device against numpy: matmul, element-wise ops, compact
+and reductions, each timed through the NDArray API (so NDArray's own Python work and copies
+count), as the median of repeats.
+
+Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` and, separately, as
+the device kernel called on prepared buffers; the rest in billions of elements per second.
+The last column is needle's throughput over numpy's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import needle.backend_ndarray as nd
+from benchmarks.common import Table, measure
+
+MATMUL_SIZES = [(1024, 1024, 1024), (1000, 1023, 997), (72, 73, 74), (256, 256, 256),
+                (2048, 2048, 2048)]
+ELEMENTS = 1 << 22  # 4M float32: 16 MiB per array
+REPEATS = 7
+
+
+def bench_matmul(device) -> Table:
+    """GFLOP/s of ``A @ B`` for NDArrays on ``device`` beside numpy's ``a @ b``."""
+    rng = np.random.default_rng(0)
+    table = Table("matmul (float32)", "GFLOP/s")
+    for m, n, p in MATMUL_SIZES:
+        a = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal((n, p), dtype=np.float32)
+        A, B = nd.NDArray(a, device=device), nd.NDArray(b, device=device)
+        np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+        flops = 2.0 * m * n * p
+        repeats = REPEATS if m * n * p < 2e9 else 5
+        t_nd = measure(lambda: A @ B, repeats=repeats)
+        t_np = measure(lambda: a @ b, repeats=repeats)
+        table.add(f"{m}x{n} @ {n}x{p}", flops / t_nd / 1e9, flops / t_np / 1e9)
+    return table
+
+
+def bench_matmul_kernel(device) -> Table:
+    """GFLOP/s of the device's matmul called directly on compact buffers (no NDArray work)."""
+    rng = np.random.default_rng(0)
+    table = Table("matmul kernel alone: device.matmul on prepared buffers", "GFLOP/s")
+    for m, n, p in MATMUL_SIZES:
+        a = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal((n, p), dtype=np.float32)
+        A, B = nd.NDArray(a, device=device), nd.NDArray(b, device=device)
+        out = nd.NDArray.make((m, p), device=device)
+        flops = 2.0 * m * n * p
+        repeats = REPEATS if m * n * p < 2e9 else 5
+        t_nd = measure(lambda: device.matmul(A._handle, B._handle, out._handle, m, n, p),
+                       repeats=repeats)
+        t_np = measure(lambda: a @ b, repeats=repeats)
+        table.add(f"{m}x{n} @ {n}x{p}", flops / t_nd / 1e9, flops / t_np / 1e9)
+    return table
+
+
+def bench_elementwise(device) -> Table:
+    """Billions of elements per second for element-wise, scalar, compact and reduction ops."""
+    rng = np.random.default_rng(1)
+    side = int(np.sqrt(ELEMENTS))
+    x = rng.standard_normal((side, side), dtype=np.float32)
+    y = rng.standard_normal((side, side), dtype=np.float32)
+    pos = np.abs(x) + np.float32(0.5)
+    X, Y, P = (nd.NDArray(v, device=device) for v in (x, y, pos))
+    XT = X.permute((1, 0))
+    cases = [
+        ("add", lambda: X + Y, lambda: x + y),
+        ("mul", lambda: X * Y, lambda: x * y),
+        ("div", lambda: X / Y, lambda: x / y),
+        ("maximum", lambda: X.maximum(Y), lambda: np.maximum(x, y)),
+        ("scalar add", lambda: X + 1.5, lambda: x + np.float32(1.5)),
+        ("scalar mul", lambda: X * 1.5, lambda: x * np.float32(1.5)),
+        ("scalar power 2", lambda: X ** 2, lambda: x ** 2),
+        ("scalar power 1.5", lambda: P ** 1.5, lambda: pos ** np.float32(1.5)),
+        ("exp", lambda: X.exp(), lambda: np.exp(x)),
+        ("log", lambda: P.log(), lambda: np.log(pos)),
+        ("tanh", lambda: X.tanh(), lambda: np.tanh(x)),
+        ("compact of a transpose", lambda: XT.compact(), lambda: np.ascontiguousarray(x.T)),
+        ("compact of a flip", lambda: X.flip((0, 1)), lambda: np.ascontiguousarray(x[::-1, ::-1])),
+        ("sum (all)", lambda: X.sum(), lambda: x.sum()),
+        ("max (all)", lambda: X.max(), lambda: x.max()),
+        ("sum (axis=1)", lambda: X.sum(axis=1), lambda: x.sum(axis=1)),
+        ("max (axis=1)", lambda: X.max(axis=1), lambda: x.max(axis=1)),
+    ]
+    table = Table(f"element-wise, compact, reductions ({side}x{side} float32)", "Gelem/s")
+    for name, f_nd, f_np in cases:
+        with np.errstate(all="ignore"):
+            np.testing.assert_allclose(np.asarray(f_nd().numpy()).reshape(-1),
+                                       np.asarray(f_np()).reshape(-1), rtol=1e-4, atol=1e-2,
+                                       err_msg=name)
+        t_nd = measure(f_nd, repeats=REPEATS)
+        t_np = measure(f_np, repeats=REPEATS)
+        table.add(name, ELEMENTS / t_nd / 1e9, ELEMENTS / t_np / 1e9)
+    return table
+
+
+def main() -> None:
+    device = nd.cpu()
+    if not device.enabled():
+        print("cpu() is not built: nothing to benchmark (run `make build`)")
+        return
+    mod = device.mod
+    print(f"needle cpu(): matmul kernel {getattr(mod, '__matmul_kernel__', '?')}, "
+          f"tile {mod.__tile_size__}, {mod.num_threads() if hasattr(mod, 'num_threads') else '?'} "
+          f"threads; medians of {REPEATS} repeats\n")
+    bench_matmul(device).print()
+    print()
+    bench_matmul_kernel(device).print()
+    print()
+    bench_elementwise(device).print()
+
+
+if __name__ == "__main__":
+    main()
