@@ -11,9 +11,8 @@ kernels trust the shapes, strides and offsets they receive.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
-import operator
-from functools import reduce
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -33,7 +32,7 @@ except ImportError:  # built without nvcc
 
 def prod(x: Iterable[int]) -> int:
     """Product of the integers in ``x`` (1 for an empty sequence)."""
-    return reduce(operator.mul, x, 1)
+    return math.prod(x)
 
 
 class BackendDevice:
@@ -63,14 +62,18 @@ class BackendDevice:
                 f"device {self.name}() is not available: its backend module was not built or "
                 "no hardware is visible (check device.enabled())"
             )
-        return getattr(mod, name)
+        value = getattr(mod, name)
+        self.__dict__[name] = value  # later look-ups skip __getattr__
+        return value
 
     def enabled(self) -> bool:
-        """True when the module is built and, for CUDA, a GPU is visible."""
-        if self.mod is None:
-            return False
-        is_available = getattr(self.mod, "is_available", None)
-        return bool(is_available()) if is_available is not None else True
+        """True when the module is built and, for CUDA, a GPU is visible (asked once)."""
+        enabled = self.__dict__.get("_enabled")
+        if enabled is None:
+            is_available = getattr(self.mod, "is_available", None)
+            enabled = self.mod is not None and (is_available is None or bool(is_available()))
+            self._enabled = enabled
+        return enabled
 
     def _check(self) -> None:
         if not self.enabled():
@@ -98,24 +101,30 @@ class BackendDevice:
         return arr
 
 
+# One object per device: enabled() is asked once, and `device == cpu()` stays cheap.
+_CUDA = BackendDevice("cuda", ndarray_backend_cuda)
+_CPU_NUMPY = BackendDevice("cpu_numpy", ndarray_backend_numpy)
+_CPU = BackendDevice("cpu", ndarray_backend_cpu)
+
+
 def cuda() -> BackendDevice:
     """The CUDA device (``enabled()`` is False without the module or a GPU)."""
-    return BackendDevice("cuda", ndarray_backend_cuda)
+    return _CUDA
 
 
 def cpu_numpy() -> BackendDevice:
     """The numpy reference device."""
-    return BackendDevice("cpu_numpy", ndarray_backend_numpy)
+    return _CPU_NUMPY
 
 
 def cpu() -> BackendDevice:
     """The compiled C++ CPU device."""
-    return BackendDevice("cpu", ndarray_backend_cpu)
+    return _CPU
 
 
 def default_device() -> BackendDevice:
     """The device ``NDArray(...)`` uses when none is given: ``cpu_numpy()`` (the course's choice)."""
-    return cpu_numpy()
+    return _CPU_NUMPY
 
 
 def all_devices() -> list[BackendDevice]:
@@ -172,8 +181,9 @@ class NDArray:
         self._handle = other._handle
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def compact_strides(shape: Sequence[int]) -> tuple[int, ...]:
-        """Row-major strides (in elements) of ``shape``."""
+        """Row-major strides (in elements) of ``shape`` (a tuple; cached: called on every op)."""
         stride = 1
         res = []
         for i in range(1, len(shape) + 1):
@@ -184,18 +194,18 @@ class NDArray:
     @staticmethod
     def make(shape, strides=None, device=None, handle=None, offset: int = 0) -> "NDArray":
         """An NDArray over ``handle`` (a fresh buffer of prod(shape) elements when None)."""
-        array = NDArray.__new__(NDArray)
-        array._shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in array._shape):
-            raise ValueError(f"negative dimension in shape {array._shape}")
-        array._strides = NDArray.compact_strides(array._shape) if strides is None else tuple(strides)
+        # Called for every result and view: kept lean (validation lives in the public methods).
+        array = object.__new__(NDArray)
+        array._shape = shape = tuple(map(int, shape))
+        array._strides = NDArray.compact_strides(shape) if strides is None else tuple(strides)
         array._offset = int(offset)
-        array._device = device if device is not None else default_device()
+        array._device = device = device if device is not None else default_device()
         if handle is None:
-            array._device._check()
-            array._handle = array._device.Array(prod(array._shape))
-        else:
-            array._handle = handle
+            if shape and min(shape) < 0:
+                raise ValueError(f"negative dimension in shape {shape}")
+            device._check()
+            handle = device.Array(math.prod(shape))
+        array._handle = handle
         return array
 
     # ---- properties ------------------------------------------------------------------------
@@ -518,10 +528,10 @@ class NDArray:
                 and m % tile == 0 and n % tile == 0 and p % tile == 0 and m * n * p > 0):
 
             def tiled(a: NDArray, t: int) -> NDArray:
-                return a.as_strided(
-                    (a.shape[0] // t, a.shape[1] // t, t, t),
-                    (a.shape[1] * t, t, a.shape[1], 1),
-                )
+                # In bounds by construction: skips as_strided's extent check.
+                rows, cols = a.shape
+                return NDArray.make((rows // t, cols // t, t, t), strides=(cols * t, t, cols, 1),
+                                    device=a.device, handle=a._handle, offset=a._offset)
 
             a = tiled(self.compact(), tile).compact()
             b = tiled(other.compact(), tile).compact()
