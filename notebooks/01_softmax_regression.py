@@ -33,12 +33,9 @@
 # %%
 from pathlib import Path
 import time
-import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
-
-warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets
 
 import needle as ndl
 from needle.apps import simple_ml as sm

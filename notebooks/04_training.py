@@ -28,13 +28,10 @@
 
 # %%
 from pathlib import Path
-import warnings
 
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 import numpy as np
-
-warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets
 
 import needle as ndl
 import needle.nn as nn
