@@ -332,8 +332,8 @@ assert abs(flops / minimum_loads - 682.67) < 0.01
 gemm_h = source("ndarray_backend_cpu_gemm.h")
 CPU_CONFIGS = {
     name: dict(MR=int(mr), NR=int(nr), KC=int(kc), MC=int(mc))
-    for mr, nr, kc, mc, _nc, name in re.findall(
-        r"constexpr int MR = (\d+), NR = (\d+);\s*#define NEEDLE_GEMM_DEFAULTS (\d+), (\d+), (\d+)"
+    for mr, nr, kc, mc, name in re.findall(
+        r"constexpr int MR = (\d+), NR = (\d+);\s*constexpr idx_t kDefaultKC = (\d+), kDefaultMC = (\d+);"
         r"\s*constexpr const char\* kKernelName = \"([\w-]+)\";", gemm_h)
 }
 ISA = {"avx512": (32, 16), "avx2-fma": (16, 8)}  # (vector registers, floats per register)
