@@ -163,7 +163,7 @@ def torch_step():
         loss = torch.nn.functional.cross_entropy(lin(out.reshape(SEQ * BATCH, HIDDEN)), y)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -178,16 +178,20 @@ def main(argv=None) -> None:
     ids, target = data()
     np_model = NumpyLSTMLM(needle_step(enabled_devices()[0])[1])
     t_np = measure(lambda: np_model.step(ids, target), repeats=args.repeat, warmup=1) * 1e3
+    needle_ms = {}
+    for dev in enabled_devices():
+        step, model = needle_step(dev)
+        check_reference(model, dev)
+        needle_ms[dev] = measure(step, repeats=args.repeat, warmup=1) * 1e3
+    # PyTorch last: its idle OpenMP workers keep spinning for a while after each call and
+    # would steal the second core from whatever is timed next.
     ref = torch_step()
     t_torch = measure(ref, repeats=args.repeat, warmup=1) * 1e3 if ref else None
     vs_numpy = Table("ms per step; ratio = numpy time / needle time (above 1: needle faster)",
                      "ms", reference="numpy", higher_is_better=False)
     vs_torch = Table("ms per step; ratio = PyTorch time / needle time", "ms",
                      reference="PyTorch", higher_is_better=False)
-    for dev in enabled_devices():
-        step, model = needle_step(dev)
-        check_reference(model, dev)
-        t = measure(step, repeats=args.repeat, warmup=1) * 1e3
+    for dev, t in needle_ms.items():
         vs_numpy.add(f"needle {dev}", t, t_np)
         if t_torch:
             vs_torch.add(f"needle {dev}", t, t_torch)
