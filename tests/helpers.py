@@ -120,3 +120,20 @@ def away_from_zero(shape, rng=None, margin: float = 0.1) -> np.ndarray:
     mag = rng.uniform(margin, 1.0, size=shape)
     sign = np.where(rng.uniform(size=shape) < 0.5, -1.0, 1.0)
     return mag * sign
+
+
+def float32_tensor(a, device, requires_grad: bool = True) -> ndl.Tensor:
+    """A float32 needle tensor from array-like ``a`` (the modules' own dtype, on any backend)."""
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
+
+
+def central_difference(fn, x, eps: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar function ``fn`` at ``x`` (evaluated in float64)."""
+    x = np.asarray(x, dtype=np.float64)
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        g[idx] = (fn(xp) - fn(xm)) / (2 * eps)
+    return g

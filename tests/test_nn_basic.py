@@ -12,26 +12,15 @@ import pytest
 import needle as ndl
 from needle import nn
 from conftest import DEVICES
+from helpers import central_difference, float32_tensor
 
 pytestmark = pytest.mark.nn
 
 F32 = np.float32
 
 
-def T(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=F32), device=device, requires_grad=requires_grad)
-
-
-def fd_grad(fn, x, eps=1e-6):
-    """Central differences of the scalar function ``fn`` at float64 ``x``."""
-    x = np.asarray(x, dtype=np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += eps
-        xm[idx] -= eps
-        g[idx] = (fn(xp) - fn(xm)) / (2 * eps)
-    return g
+T = float32_tensor
+fd_grad = central_difference
 
 
 def backward_weighted(out, w, device):
