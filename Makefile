@@ -44,7 +44,14 @@ $(BUILT): $(INSTALLED) $(SOURCES)
 
 build: $(BUILT)
 
-lab: $(BUILT)
+# Jupytext's notebook view is the default for .py files, so the lecture sources open as notebooks.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+$(LAB_OVERRIDES): $(INSTALLED)
+	@mkdir -p $(dir $@)
+	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $@
+
+lab: $(BUILT) $(LAB_OVERRIDES)
 	@echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)"
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
 
