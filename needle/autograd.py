@@ -88,6 +88,11 @@ class Value:
         global TENSOR_COUNTER
         TENSOR_COUNTER -= 1
 
+    def _make_leaf(self) -> None:
+        """Drop the history of a computed node (what ``detach`` gives, without a new object)."""
+        self.op = None
+        self.inputs = []
+
     def _init(self, op: Optional[Op], inputs: List["Value"], *, num_outputs: int = 1,
               cached_data: List[object] = None, requires_grad: Optional[bool] = None) -> None:
         global TENSOR_COUNTER
@@ -114,9 +119,9 @@ class Value:
         value = cls.__new__(cls)
         value._init(op, inputs)
         if not LAZY_MODE:
-            if not value.requires_grad:
-                return value.detach()
             value.realize_cached_data()
+            if not value.requires_grad:
+                value._make_leaf()
         return value
 
 
@@ -212,9 +217,9 @@ class Tensor(Value):
         tensor = Tensor.__new__(Tensor)
         tensor._init(op, inputs)
         if not LAZY_MODE:
-            if not tensor.requires_grad:
-                return tensor.detach()
             tensor.realize_cached_data()
+            if not tensor.requires_grad:
+                tensor._make_leaf()
         return tensor
 
     @staticmethod

@@ -108,16 +108,19 @@ class SGD(Optimizer):
             g = self._grad(i, p)
             if g is None:
                 continue
+            # Raw arrays: the same float32 arithmetic the Tensor ops would do, without building
+            # (and discarding) a graph node per operation.
+            g, w = g.realize_cached_data(), p.realize_cached_data()
             if wd:
-                g = g + wd * p.data
+                g = g + w * wd
             if beta:
                 prev = self.u.get(i)
                 # u starts at 0, and beta·0 + (1-beta)·g is exactly (1-beta)·g
-                u = (1 - beta) * g if prev is None else beta * prev + (1 - beta) * g
+                u = g * (1 - beta) if prev is None else prev * beta + g * (1 - beta)
                 self.u[i] = u
             else:
                 u = g
-            p.data = p.data - u * lr
+            p.data = Tensor.make_const(w - u * lr)
 
 
 class Adam(Optimizer):
@@ -154,13 +157,15 @@ class Adam(Optimizer):
             g = self._grad(i, p)
             if g is None:
                 continue
+            g, w = g.realize_cached_data(), p.realize_cached_data()
             if wd:
-                g = g + wd * p.data
-            if i not in self.m:
-                self.m[i] = ndl.init.zeros(*p.shape, device=p.device, dtype=p.dtype)
-                self.v[i] = ndl.init.zeros(*p.shape, device=p.device, dtype=p.dtype)
-            self.m[i] = b1 * self.m[i] + (1 - b1) * g
-            self.v[i] = b2 * self.v[i] + (1 - b2) * g ** 2
-            m_hat = self.m[i] / (1 - b1 ** self.t)
-            v_hat = self.v[i] / (1 - b2 ** self.t)
-            p.data = p.data - lr * m_hat / (v_hat ** 0.5 + eps)
+                g = g + w * wd
+            if i in self.m:
+                m = self.m[i] * b1 + g * (1 - b1)
+                v = self.v[i] * b2 + (g ** 2) * (1 - b2)
+            else:  # moments start at 0: b·0 + (1-b)·x is exactly (1-b)·x
+                m, v = g * (1 - b1), (g ** 2) * (1 - b2)
+            self.m[i], self.v[i] = m, v
+            m_hat = m / (1 - b1 ** self.t)
+            v_hat = v / (1 - b2 ** self.t)
+            p.data = Tensor.make_const(w - (m_hat * lr) / (v_hat ** 0.5 + eps))
