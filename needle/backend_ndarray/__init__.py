@@ -20,4 +20,4 @@ from .ndarray import (
     sum,
     tanh,
 )
-from .ndarray import ndarray_backend_cpu, ndarray_backend_cuda, ndarray_backend_numpy
+from .device import ndarray_backend_cpu, ndarray_backend_cuda, ndarray_backend_numpy
