@@ -1,5 +1,11 @@
 """Shared fixtures: the devices every suite is parametrised over, and the data folder."""
+import os
+import tempfile
 from pathlib import Path
+
+# Tests never write into the tree: hypothesis keeps its caches in the temp directory.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      str(Path(tempfile.gettempdir()) / "needle-hypothesis"))
 
 import numpy as np
 import pytest
