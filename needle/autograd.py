@@ -156,11 +156,23 @@ class TensorTuple(Value):
             raise TypeError(f"can only add a TensorTuple to a TensorTuple, got {type(other).__name__}")
         if len(self) != len(other):
             raise ValueError(f"cannot add TensorTuples of lengths {len(self)} and {len(other)}")
-        return needle.ops.make_tuple(*[self[i] + other[i] for i in range(len(self))])
+        parts = []
+        for i in range(len(self)):
+            a, b = self[i], other[i]
+            # Adjoints routed through tuple_get_item are mostly zeros: adding them is exact
+            # (x + 0 == x), so skip the arithmetic instead of doing it len(tuple)² times.
+            parts.append(b if is_zero_adjoint(a) else a if is_zero_adjoint(b) else a + b)
+        return needle.ops.make_tuple(*parts)
 
     def detach(self) -> "TensorTuple":
         """A TensorTuple sharing the arrays, with no history."""
         return TensorTuple.make_const(self.realize_cached_data())
+
+
+def is_zero_adjoint(value: Value) -> bool:
+    """True for the all-zero constant adjoints that ``tuple_get_item`` sends to the components
+    it did not select (marked ``_zero_adjoint``)."""
+    return getattr(value, "_zero_adjoint", False)
 
 
 def _full(shape, value: float, dtype, device):

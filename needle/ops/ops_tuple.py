@@ -45,12 +45,18 @@ class TupleGetItem(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         parts = node.inputs[0].realize_cached_data()
+        zeros = {}  # one zero constant per shape/dtype/device, shared by the other components
         in_grad = []
         for i, value in enumerate(parts):
-            if i != self.index:
-                in_grad.append(Tensor.make_const(_full(value.shape, 0.0, value.dtype, _device(value))))
-            else:
+            if i == self.index:
                 in_grad.append(out_grad)
+                continue
+            key = (tuple(value.shape), str(value.dtype), str(_device(value)))
+            if key not in zeros:
+                zero = Tensor.make_const(_full(value.shape, 0.0, value.dtype, _device(value)))
+                zero._zero_adjoint = True  # lets TensorTuple.__add__ skip adding it
+                zeros[key] = zero
+            in_grad.append(zeros[key])
         return MakeTensorTuple()(*in_grad)
 
 
