@@ -223,25 +223,12 @@ class Tensor(Value):
             return numpy.array(numpy_array, dtype=dtype)
         return array_api.array(numpy_array, device=device, dtype=dtype)
 
-    @staticmethod
-    def make_from_op(op: Op, inputs: List["Value"]) -> "Tensor":
-        """The tensor ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed."""
-        tensor = Tensor.__new__(Tensor)
-        tensor._init(op, inputs)
-        if not LAZY_MODE:
-            tensor.realize_cached_data()
-            if not tensor.requires_grad:
-                tensor._make_leaf()
-        return tensor
-
-    @staticmethod
-    def make_const(data, requires_grad: bool = False) -> "Tensor":
+    @classmethod
+    def make_const(cls, data, requires_grad: bool = False) -> "Tensor":
         """A leaf tensor holding ``data`` (an array, or the array of a Tensor), sharing it."""
-        tensor = Tensor.__new__(Tensor)
-        tensor._init(None, [],
-                     cached_data=data if not isinstance(data, Tensor) else data.realize_cached_data(),
-                     requires_grad=requires_grad)
-        return tensor
+        if isinstance(data, Tensor):
+            data = data.realize_cached_data()
+        return super().make_const(data, requires_grad=requires_grad)
 
     @property
     def data(self) -> "Tensor":

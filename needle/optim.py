@@ -8,7 +8,7 @@ in the parameter list.
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional
+from typing import Iterable, List
 
 import numpy as np
 
@@ -68,19 +68,26 @@ class Optimizer:
                     p.grad = p.grad.detach() * coef
         return total
 
-    def _grad(self, i: int, p: Tensor) -> Optional[Tensor]:
-        """p.grad as a detached tensor of p's dtype and device (None when there is none)."""
+    def _arrays(self, i: int, p: Tensor, weight_decay: float):
+        """(g, θ) as raw arrays, g = p.grad + weight_decay·θ in p's dtype and device; None
+        when p has no gradient.
+
+        Updates work on raw arrays: the same float32 arithmetic the Tensor ops would do,
+        without building (and discarding) a graph node per operation.
+        """
         g = p.grad
         if g is None:
             return None
         if tuple(g.shape) != tuple(p.shape):
             raise ValueError(f"{type(self).__name__}: parameter {i} has shape {p.shape} but its "
                              f"grad has shape {g.shape}")
-        g = g.detach()
         if g.dtype != p.dtype or g.device != p.device:
             g = Tensor(g.numpy().astype(p.dtype), device=p.device, dtype=p.dtype,
                        requires_grad=False)
-        return g
+        g, w = g.realize_cached_data(), p.realize_cached_data()
+        if weight_decay:
+            g = g + w * weight_decay
+        return g, w
 
 
 class SGD(Optimizer):
@@ -105,14 +112,10 @@ class SGD(Optimizer):
         """One SGD update of every parameter that has a gradient."""
         lr, beta, wd = float(self.lr), float(self.momentum), float(self.weight_decay)
         for i, p in enumerate(self.params):
-            g = self._grad(i, p)
-            if g is None:
+            arrays = self._arrays(i, p, wd)
+            if arrays is None:
                 continue
-            # Raw arrays: the same float32 arithmetic the Tensor ops would do, without building
-            # (and discarding) a graph node per operation.
-            g, w = g.realize_cached_data(), p.realize_cached_data()
-            if wd:
-                g = g + w * wd
+            g, w = arrays
             if beta:
                 prev = self.u.get(i)
                 # u starts at 0, and beta·0 + (1-beta)·g is exactly (1-beta)·g
@@ -154,12 +157,10 @@ class Adam(Optimizer):
         lr, b1, b2 = float(self.lr), float(self.beta1), float(self.beta2)
         eps, wd = float(self.eps), float(self.weight_decay)
         for i, p in enumerate(self.params):
-            g = self._grad(i, p)
-            if g is None:
+            arrays = self._arrays(i, p, wd)
+            if arrays is None:
                 continue
-            g, w = g.realize_cached_data(), p.realize_cached_data()
-            if wd:
-                g = g + w * wd
+            g, w = arrays
             if i in self.m:
                 m = self.m[i] * b1 + g * (1 - b1)
                 v = self.v[i] * b2 + (g ** 2) * (1 - b2)

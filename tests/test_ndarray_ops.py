@@ -5,30 +5,21 @@ so every op is also checked on the ``compact()`` path it takes before calling a 
 """
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import needle as ndl
 from needle import backend_ndarray as nd
 
 from conftest import DEVICES
+from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
     pytest.skip("the NDArray suite runs with NEEDLE_BACKEND=nd", allow_module_level=True)
 
-SETTINGS = settings(deadline=None, max_examples=30,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
-SEEDS = st.integers(0, 2**32 - 1)
-SHAPES = st.lists(st.integers(1, 4), min_size=0, max_size=4).map(tuple)
-SHAPES_NONEMPTY = st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple)
 LAYOUTS = st.sampled_from(["compact", "permuted", "sliced"])
 TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-def rand(seed: int, shape) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def make(x: np.ndarray, device, layout: str) -> nd.NDArray:

@@ -48,17 +48,21 @@ def _dilated_slices(shape, axes, dilation: int):
                  for i in range(len(shape)))
 
 
-class Dilate(TensorOp):
-    """Insert ``dilation`` zeros after each element along ``axes`` (after the last one too).
-
-    A size-n axis becomes n·(dilation + 1); e.g. [1, 2] with dilation 1 -> [1, 0, 2, 0].
-    """
+class _DilationOp(TensorOp):
+    """Shared constructor of Dilate and UnDilate: ``axes`` and a non-negative ``dilation``."""
 
     def __init__(self, axes: tuple, dilation: int):
         if int(dilation) != dilation or dilation < 0:
             raise ValueError(f"dilation must be a non-negative integer, got {dilation!r}")
         self.axes = axes
         self.dilation = int(dilation)
+
+
+class Dilate(_DilationOp):
+    """Insert ``dilation`` zeros after each element along ``axes`` (after the last one too).
+
+    A size-n axis becomes n·(dilation + 1); e.g. [1, 2] with dilation 1 -> [1, 0, 2, 0].
+    """
 
     def compute(self, a: NDArray):
         axes = _check_axes(self.axes, a.ndim, "dilate")
@@ -78,14 +82,8 @@ def dilate(a: Tensor, axes: tuple, dilation: int) -> Tensor:
     return Dilate(axes, dilation)(a)
 
 
-class UnDilate(TensorOp):
+class UnDilate(_DilationOp):
     """Keep every (dilation + 1)-th element along ``axes``: the inverse of :class:`Dilate`."""
-
-    def __init__(self, axes: tuple, dilation: int):
-        if int(dilation) != dilation or dilation < 0:
-            raise ValueError(f"dilation must be a non-negative integer, got {dilation!r}")
-        self.axes = axes
-        self.dilation = int(dilation)
 
     def compute(self, a: NDArray):
         axes = _check_axes(self.axes, a.ndim, "undilate")
