@@ -14,18 +14,11 @@ from tqdm import tqdm
 import needle as ndl
 import needle.nn as nn
 
+from .training_utils import loss_module, model_device, on_device
+
 __all__ = ["epoch_general_cifar10", "train_cifar10", "evaluate_cifar10"]
 
 
-def _loss_module(loss_fn) -> nn.Module:
-    """An instance of ``loss_fn``: the course passes a class to train/evaluate, an instance to
-    epoch_general_cifar10; both are accepted everywhere."""
-    return loss_fn() if isinstance(loss_fn, type) else loss_fn
-
-
-def _model_device(model: nn.Module):
-    params = model.parameters()
-    return params[0].device if params else None
 
 
 def epoch_general_cifar10(dataloader, model: nn.Module, loss_fn=nn.SoftmaxLoss(),
@@ -43,19 +36,17 @@ def epoch_general_cifar10(dataloader, model: nn.Module, loss_fn=nn.SoftmaxLoss()
     curves).
     """
     np.random.seed(4)
-    loss_fn = _loss_module(loss_fn)
+    loss_fn = loss_module(loss_fn)
     if opt is None:
         model.eval()
     else:
         model.train()
-    device = _model_device(model)
+    device = model_device(model)
     correct, total_loss, n_seen = 0, 0.0, 0
     bar = tqdm(dataloader, disable=not progress, leave=False,
                desc="train" if opt is not None else "eval")
     for i, (X, y) in enumerate(bar):
-        if device is not None and X.device != device:
-            X = ndl.Tensor(X, device=device, requires_grad=False)
-            y = ndl.Tensor(y, device=device, requires_grad=False)
+        X, y = on_device(X, device), on_device(y, device)
         if opt is not None:
             opt.reset_grad()
         out = model(X)
@@ -92,7 +83,7 @@ def train_cifar10(model: nn.Module, dataloader, n_epochs: int = 1,
     if isinstance(n_epochs, bool) or not isinstance(n_epochs, (int, np.integer)) or n_epochs < 1:
         raise ValueError(f"train_cifar10: n_epochs must be a positive int, got {n_epochs!r}")
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
-    loss = _loss_module(loss_fn)
+    loss = loss_module(loss_fn)
     for _ in range(n_epochs):
         avg_acc, avg_loss = epoch_general_cifar10(dataloader, model, loss_fn=loss, opt=opt,
                                                   progress=progress, callback=callback)
@@ -103,5 +94,5 @@ def evaluate_cifar10(model: nn.Module, dataloader, loss_fn=nn.SoftmaxLoss, *,
                      progress: bool = True):
     """Evaluate ``model`` (eval mode, no updates) over ``dataloader``: (avg_acc, avg_loss)."""
     np.random.seed(4)
-    return epoch_general_cifar10(dataloader, model, loss_fn=_loss_module(loss_fn), opt=None,
+    return epoch_general_cifar10(dataloader, model, loss_fn=loss_module(loss_fn), opt=None,
                                  progress=progress)

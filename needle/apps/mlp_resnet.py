@@ -14,6 +14,8 @@ from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidge
 import needle as ndl
 import needle.nn as nn
 
+from .training_utils import model_device, on_device
+
 __all__ = ["ResidualBlock", "MLPResNet", "epoch", "train_mnist", "PROGRESS"]
 
 PROGRESS = True  # default for the ``progress`` keyword of epoch() and train_mnist()
@@ -51,13 +53,6 @@ def MLPResNet(dim: int, hidden_dim: int = 100, num_blocks: int = 3, num_classes:
     )
 
 
-def _to_device(t: ndl.Tensor, device) -> ndl.Tensor:
-    """``t`` on ``device`` (the DataLoader's tensors live on the default device)."""
-    if device is None or t.device == device:
-        return t
-    return ndl.Tensor(t.numpy(), device=device, requires_grad=False)
-
-
 def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = None, *,
           progress: Optional[bool] = None) -> Tuple[float, float]:
     """One pass over ``dataloader``: returns (error rate over all samples, mean of batch losses).
@@ -72,8 +67,7 @@ def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = Non
         model.eval()
     else:
         model.train()
-    params = model.parameters()
-    device = params[0].device if params else None
+    device = model_device(model)
     loss_fn = nn.SoftmaxLoss()
     losses, errors, seen = [], 0, 0
     show = PROGRESS if progress is None else progress
@@ -81,7 +75,7 @@ def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = Non
                disable=not show, leave=False,
                desc="train" if opt is not None else "eval")
     for X, y in bar:
-        X, y = _to_device(X, device), _to_device(y, device)
+        X, y = on_device(X, device), on_device(y, device)
         logits = model(X)
         loss = loss_fn(logits, y)
         if opt is not None:
@@ -121,9 +115,11 @@ def train_mnist(batch_size: int = 100, epochs: int = 10, optimizer=ndl.optim.Ada
                     f"needle.data.write_digits_idx({str(data_dir)!r}) for the offline digits")
     train_data = ndl.data.MNISTDataset(*map(str, files["train"]))
     test_data = ndl.data.MNISTDataset(*map(str, files["test"]))
-    train_loader = ndl.data.DataLoader(train_data, batch_size, shuffle=True)
-    test_loader = ndl.data.DataLoader(test_data, batch_size)
     model = MLPResNet(train_data.images.shape[1], hidden_dim)
+    # Batches are made on the model's device, not copied there one by one.
+    device = model_device(model)
+    train_loader = ndl.data.DataLoader(train_data, batch_size, shuffle=True, device=device)
+    test_loader = ndl.data.DataLoader(test_data, batch_size, device=device)
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
     show = PROGRESS if progress is None else progress
     for _ in tqdm(range(epochs), disable=not show, desc="epochs"):

@@ -14,6 +14,8 @@ import needle as ndl
 import needle.nn as nn
 from needle.data.datasets.ptb_dataset import get_batch
 
+from .training_utils import loss_module
+
 __all__ = ["epoch_general_ptb", "train_ptb", "evaluate_ptb", "detach_state"]
 
 
@@ -96,7 +98,7 @@ def train_ptb(model: nn.Module, data: np.ndarray, seq_len: int = 40, n_epochs: i
     if isinstance(n_epochs, bool) or not isinstance(n_epochs, (int, np.integer)) or n_epochs < 1:
         raise ValueError(f"n_epochs must be a positive integer, got {n_epochs!r}")
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
-    loss = loss_fn()
+    loss = loss_module(loss_fn)
     acc = avg_loss = None
     for _ in tqdm(range(n_epochs), disable=not progress, leave=False, desc="epochs"):
         acc, avg_loss = epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=loss, opt=opt,
@@ -113,5 +115,6 @@ def evaluate_ptb(model: nn.Module, data: np.ndarray, seq_len: int = 40, loss_fn=
     Returns (avg_acc, avg_loss); exp(avg_loss) is the perplexity.
     """
     np.random.seed(4)
-    return epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=loss_fn(), opt=None,
+    return epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=loss_module(loss_fn),
+                             opt=None,
                              device=device, dtype=dtype, progress=progress)

@@ -296,14 +296,12 @@ class Embedding(Module):
             raise TypeError(f"Embedding expects a needle Tensor of ids, got {type(x).__name__}")
         if len(x.shape) != 2:
             raise ValueError(f"Embedding expects ids of shape (seq_len, bs), got {tuple(x.shape)}")
-        ids = x.numpy()
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings
-                         or not np.all(ids == np.round(ids))):
-            bad = ids[(ids < 0) | (ids >= self.num_embeddings) | (ids != np.round(ids))]
-            raise IndexError(f"Embedding ids must be integers in [0, {self.num_embeddings}), "
-                             f"got {bad.flat[0]!r}")
         seq_len, bs = x.shape
-        one_hot = init.one_hot(self.num_embeddings, x, device=self.weight.device,
-                               dtype=self.weight.dtype)
+        try:  # one_hot validates the labels
+            one_hot = init.one_hot(self.num_embeddings, x, device=self.weight.device,
+                                   dtype=self.weight.dtype)
+        except ValueError as exc:
+            raise IndexError(f"Embedding ids must be integers in [0, {self.num_embeddings}): "
+                             f"{exc}") from exc
         out = one_hot.reshape((seq_len * bs, self.num_embeddings)) @ self.weight
         return out.reshape((seq_len, bs, self.embedding_dim))

@@ -46,11 +46,10 @@ class MultiHeadAttention(Module):
         self.dropout = Dropout(dropout)
 
     def create_causal_mask(self, i: int, j: int, device):
-        """The additive mask (1, 1, i, j): 0 on and below the diagonal j - i, -max above it."""
+        """The additive mask Tensor (1, 1, i, j): 0 on and below the diagonal j - i, -max above."""
         mask = -np.finfo(np.float32).max * np.triu(np.ones((1, 1, i, j), dtype=np.float32),
                                                    j - i + 1)
-        return Tensor(mask, device=device, dtype="float32",
-                      requires_grad=False).realize_cached_data()
+        return Tensor(mask, device=device, dtype="float32", requires_grad=False)
 
     def matmul(self, a: Tensor, b_transpose: Tensor) -> Tensor:
         """Batched a @ b_transposeᵀ: (..., n, d) and (..., m, d) → (..., n, m)."""
@@ -83,8 +82,7 @@ class MultiHeadAttention(Module):
                              f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}")
         logits = self.matmul(q, k) / float(np.sqrt(q_dim))
         if self.causal:
-            mask = Tensor(self.create_causal_mask(queries_len, keys_values_len, q.device),
-                          device=q.device, dtype=q.dtype, requires_grad=False)
+            mask = self.create_causal_mask(queries_len, keys_values_len, q.device)
             logits = logits + mask.broadcast_to(logits.shape)
         probs = self.dropout(self.softmax(logits))
         result = ops.matmul(probs, v)

@@ -8,18 +8,11 @@ convolutions of flipped, dilated tensors, so it is differentiable itself.
 """
 from __future__ import annotations
 
-from typing import Tuple
 
 import numpy
 
 from ..autograd import NDArray, Tensor, TensorOp
 from .ops_mathematic import _NUMPY, _compact, _norm_axes, _reshape, _zeros, transpose
-
-
-def _check_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
-    if isinstance(axes, (int, numpy.integer)):
-        axes = (axes,)
-    return _norm_axes(tuple(axes), ndim, what)
 
 
 class Flip(TensorOp):
@@ -29,7 +22,7 @@ class Flip(TensorOp):
         self.axes = axes
 
     def compute(self, a: NDArray):
-        axes = _check_axes(self.axes, a.ndim, "flip")
+        axes = _norm_axes(self.axes, a.ndim, "flip")
         if _NUMPY:
             return numpy.flip(a, axes).copy()
         return a.flip(axes)
@@ -65,7 +58,7 @@ class Dilate(_DilationOp):
     """
 
     def compute(self, a: NDArray):
-        axes = _check_axes(self.axes, a.ndim, "dilate")
+        axes = _norm_axes(self.axes, a.ndim, "dilate")
         if self.dilation == 0:
             return a
         shape = tuple(d * (self.dilation + 1) if i in axes else d for i, d in enumerate(a.shape))
@@ -86,7 +79,7 @@ class UnDilate(_DilationOp):
     """Keep every (dilation + 1)-th element along ``axes``: the inverse of :class:`Dilate`."""
 
     def compute(self, a: NDArray):
-        axes = _check_axes(self.axes, a.ndim, "undilate")
+        axes = _norm_axes(self.axes, a.ndim, "undilate")
         if self.dilation == 0:
             return a
         view = a[_dilated_slices(a.shape, axes, self.dilation)]
@@ -189,13 +182,9 @@ class Conv(TensorOp):
         # s - 1 rows/columns being zeros.
         G = dilate(out_grad, (1, 2), s - 1) if s > 1 else out_grad
 
-        if X.requires_grad:
-            grad_X = self._input_gradient(G, Wt, (N, H, W, C_in))
-        else:
-            # A network's input images need no adjoint; the full convolution below would be
-            # the most expensive product of a ResNet-9 step.
-            from .. import init
-            grad_X = init.zeros(*X.shape, device=X.device, dtype=X.dtype)
+        # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
+        # images the full convolution would be the most expensive product of a ResNet-9 step.
+        grad_X = self._input_gradient(G, Wt, (N, H, W, C_in)) if X.requires_grad else None
 
         # dW: correlate the padded input with G, batch and channels exchanged:
         # (C_in, Hp, Wp, N) * (Ho', Wo', N, C_out) -> (C_in, >=KH, >=KW, C_out).
