@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, measure
+from benchmarks.common import Table, enabled_devices, measure
 from needle.apps.language_model import LanguageModel
 
 try:  # optional oracle; the benchmark never needs it
@@ -25,10 +25,6 @@ except ImportError:
     torch = None
 
 SEQ, BATCH, EMBED, HIDDEN, VOCAB, LR = 20, 20, 200, 200, 1000, 0.1
-
-
-def enabled_devices() -> list:
-    return [d for d in (ndl.cpu(), ndl.cuda(), ndl.cpu_numpy()) if d.enabled()]
 
 
 def data(seed: int = 0):

@@ -16,13 +16,11 @@ it with the others.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table
+from benchmarks.common import Table, measure
 from needle.apps import mlp_resnet
 
 try:  # optional oracle; the benchmark never needs it
@@ -39,15 +37,6 @@ def data(samples: int):
     X, y = ndl.data.load_digits_mnist_like(28)
     idx = np.random.RandomState(0).randint(0, len(y), size=samples)
     return X[idx], y[idx]
-
-
-def _median_time(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 # ---- the numpy reference ----------------------------------------------------------------------
@@ -247,8 +236,9 @@ def main(argv=None) -> None:
     ref = NumpyMLPResNet(weights_from_needle(model))
     opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
     loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), BATCH, shuffle=True, device=device)
-    t_needle = _median_time(lambda: mlp_resnet.epoch(loader, model, opt, progress=False), args.repeats)
-    t_numpy = _median_time(lambda: ref.epoch(X, y), args.repeats)
+    t_needle = measure(lambda: mlp_resnet.epoch(loader, model, opt, progress=False),
+                       repeats=args.repeats, warmup=1, min_sample_s=0)
+    t_numpy = measure(lambda: ref.epoch(X, y), repeats=args.repeats, warmup=1, min_sample_s=0)
 
     table = Table("MLP-ResNet training epoch", "s", reference="numpy", higher_is_better=False)
     table.add(str(device), t_needle, t_numpy)
@@ -257,7 +247,7 @@ def main(argv=None) -> None:
     if run_torch is None:
         print("PyTorch is not installed: no PyTorch comparison")
         return
-    t_torch = _median_time(run_torch, args.repeats)
+    t_torch = measure(run_torch, repeats=args.repeats, warmup=1, min_sample_s=0)
     torch_table = Table("MLP-ResNet training epoch", "s", reference="pytorch", higher_is_better=False)
     torch_table.add(str(device), t_needle, t_torch)
     torch_table.print()

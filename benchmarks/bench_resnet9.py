@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, measure
+from benchmarks.common import Table, enabled_devices, measure
 from needle.apps.models import ConvBN, ResNet9
 
 try:  # optional oracle; the benchmark never needs it
@@ -36,10 +36,6 @@ BATCH = 32
 # larger 3x3 layer where the matmul dominates
 CONV_CASES = [(32, 32, 32, 3, 16, 7, 4, 3), (32, 8, 8, 16, 32, 3, 2, 1),
               (32, 4, 4, 32, 32, 3, 1, 1), (32, 32, 32, 32, 32, 3, 1, 1)]
-
-
-def enabled_devices() -> list:
-    return [d for d in (ndl.cpu(), ndl.cuda(), ndl.cpu_numpy()) if d.enabled()]
 
 
 # ---- numpy reference ---------------------------------------------------------------------------

@@ -178,3 +178,10 @@ def machine_info() -> list[str]:
     if note:
         lines.append(note)
     return lines
+
+
+def enabled_devices() -> list:
+    """needle's devices that can run here: cpu(), cuda() with a GPU, cpu_numpy()."""
+    import needle as ndl
+
+    return [d for d in (ndl.cpu(), ndl.cuda(), ndl.cpu_numpy()) if d.enabled()]

@@ -542,7 +542,7 @@ assert tiled_buf[:8].tolist() == [0, 1, 6, 7, 2, 3, 8, 9]
 
 # %%
 T = mod.__tile_size__
-assert T == constant(cpu_cc, r"constexpr idx_t TILE = (\d+);") == 8
+assert T == constant(gemm_h, r"constexpr idx_t kFastTile = (\d+);") == 8
 
 
 def to_tiles(x: nd.NDArray) -> nd.NDArray:

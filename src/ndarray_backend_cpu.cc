@@ -23,7 +23,8 @@ namespace needle_cpu {
 
 namespace py = pybind11;
 
-constexpr idx_t TILE = 8;
+// matmul_tiled packs straight from the tile layout only for the engine's tile size.
+constexpr idx_t TILE = gemm::kFastTile;
 // Element-wise loops and reductions use every thread above this many elements (memory
 // bound), or above kParallelMath for the compute-bound ones; threads claim kGrain at a time.
 constexpr idx_t kParallelEwise = idx_t(1) << 18;
@@ -406,7 +407,8 @@ Matrix products, C (m, p) = A (m, n) @ B (n, p):
   matmul_naive  the textbook (i, j, k) triple loop, for comparison (an extension).
 exp, log and tanh use vectorised Cephes polynomials (within 2 ulp of the exact result).
 
-Large kernels (matmul from about 128^3, element-wise ops and copies from about 256K elements)
+Large kernels (matmul from about 128^3, element-wise ops from about 256K elements, copies from
+about 128K)
 share their work with a pool of helper threads: OMP_NUM_THREADS threads in all, else one per
 CPU (num_threads() says how many). The calling thread always works too and never waits for a
 helper that has not started, so a busy machine costs no more than one thread would. In a

@@ -268,7 +268,8 @@ inline bool view_may_self_overlap(const View& v) {
 // The view of out = a[0:size] (row-major).
 inline void setitem_from(const float* a, float* out, const View& v) {
   if (v.size == 0) return;
-  if (short_rows(v) && !view_may_self_overlap(v)) {
+  const bool overlap = view_may_self_overlap(v);
+  if (short_rows(v) && !overlap) {
     const idx_t w = v.shape.back();
     dispatch_row_width(w, [&](auto W) {
       for_short_rows(v, true, [out, a, w, W](idx_t r, idx_t off) {
@@ -277,7 +278,7 @@ inline void setitem_from(const float* a, float* out, const View& v) {
     });
     return;
   }
-  for_runs_parallel(v, !view_may_self_overlap(v), [&](idx_t pos, idx_t off, idx_t n, idx_t s) {
+  for_runs_parallel(v, !overlap, [&](idx_t pos, idx_t off, idx_t n, idx_t s) {
     const float* src = a + pos;
     float* dst = out + off;
     if (s == 1) {
