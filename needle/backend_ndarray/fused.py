@@ -1,0 +1,2 @@
+"""Fused kernels at the NDArray level (softmax cross-entropy, Layer/BatchNorm, LSTM cell,
+in-place SGD/Adam updates): validate NDArrays, allocate outputs, call the device module."""

@@ -1,0 +1,1 @@
+"""The numpy reference device module's fused kernels (see protocol.py), over its Array buffers."""

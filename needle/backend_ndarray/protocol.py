@@ -1,0 +1,193 @@
+"""The device-module protocol: what every NDArray device module provides.
+
+A *device module* implements storage and kernels for one device. needle has three: the numpy
+reference module (``ndarray_backend_numpy``, device ``cpu_numpy()``), the compiled C++ module
+(``ndarray_backend_cpu``, ``cpu()``) and the compiled CUDA module (``ndarray_backend_cuda``,
+``cuda()``). :class:`needle.backend_ndarray.NDArray` validates every argument in Python and then
+calls these functions; the conformance suite (``tests/test_device_protocol.py``) checks all three
+modules against numpy, values and errors.
+
+Conventions
+-----------
+* Every buffer is an ``Array`` of float32 elements. Sizes, strides and offsets count elements.
+* A *view* of a buffer is ``(strides, offset)`` together with a ``shape``: element
+  ``(i_0, ..., i_{k-1})`` lives at ``offset + sum(i_j * strides[j])``. Strides may be 0
+  (broadcast) or negative (flip).
+* Outputs are *compact*: a row-major buffer holding exactly ``prod(shape)`` elements, allocated
+  by the caller. An output never overlaps an input unless a function says so.
+* Op codes index the op tables ``__binary_ops__``, ``__unary_ops__`` and ``__reduce_ops__``,
+  which are identical, name for name and in order, in every module (the compiled modules take
+  them from ``src/ndarray_ops.h``).
+
+Error policy (all layers of needle)
+-----------------------------------
+* ``TypeError``: a value of the wrong kind (a string where a number belongs, a list where an
+  ``Array`` belongs, an unsupported dtype).
+* ``ValueError``: a value of the right kind that is wrong — sizes that disagree, a view that
+  leaves its buffer, a negative dimension, an unknown op code, the max of an empty axis.
+* ``IndexError``: subscripts only (``NDArray.__getitem__`` with an index out of range).
+* ``RuntimeError``: the device cannot run (module not built, no GPU, a CUDA failure).
+* ``MemoryError``: an allocation the machine cannot satisfy.
+
+The functions below marked *(course)* are the device functions of the course's hw3, with the
+course's signatures (compact operands). The others are this project's extensions, which the
+NDArray uses on its fast paths: strided operands, reductions over any trailing axes, batched and
+transposed matrix products, and fused kernels for the composites a training step repeats.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, Tuple
+
+import numpy as np
+
+# The op tables, in op-code order. src/ndarray_ops.h lists the same names in the same order.
+BINARY_OPS: Tuple[str, ...] = ("add", "sub", "mul", "div", "power", "maximum", "minimum",
+                               "eq", "ne", "lt", "le", "gt", "ge")
+UNARY_OPS: Tuple[str, ...] = ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")
+REDUCE_OPS: Tuple[str, ...] = ("sum", "max")
+
+Shape = Sequence[int]
+Strides = Sequence[int]
+
+
+class Array(Protocol):
+    """A flat float32 buffer: ``Array(size)`` allocates ``size`` elements (uninitialised)."""
+
+    size: int
+
+    def ptr(self) -> int:
+        """The address of the first element (for identity checks in tests)."""
+
+
+class DeviceModule(Protocol):
+    """The functions and attributes of a device module (see the module docstring)."""
+
+    __device_name__: str
+    __binary_ops__: Tuple[str, ...]
+    __unary_ops__: Tuple[str, ...]
+    __reduce_ops__: Tuple[str, ...]
+
+    def Array(self, size: int) -> Array:
+        """A new buffer of ``size`` float32 elements. ValueError for a negative size,
+        MemoryError when it cannot be allocated."""
+
+    # ---- memory (course) ---------------------------------------------------------------
+    def to_numpy(self, a: Array, shape: Shape, strides: Strides, offset: int) -> np.ndarray:
+        """A new numpy float32 array of ``shape`` holding the view of ``a``."""
+
+    def from_numpy(self, a: np.ndarray, out: Array) -> None:
+        """Copy the float32 array ``a`` (row-major order) into ``out`` (same size)."""
+
+    def fill(self, out: Array, val: float) -> None:
+        """Set every element of ``out`` to ``val``."""
+
+    def compact(self, a: Array, out: Array, shape: Shape, strides: Strides, offset: int) -> None:
+        """``out`` (compact, prod(shape)) = the view of ``a``."""
+
+    def ewise_setitem(self, a: Array, out: Array, shape: Shape, strides: Strides,
+                      offset: int) -> None:
+        """The view of ``out`` = the compact ``a`` (prod(shape) elements, row-major)."""
+
+    def scalar_setitem(self, size: int, val: float, out: Array, shape: Shape, strides: Strides,
+                       offset: int) -> None:
+        """Every element of the view of ``out`` (``size`` = prod(shape) elements) = ``val``."""
+
+    # ---- element-wise on compact operands (course) -------------------------------------
+    # ewise_add/mul/div/maximum/eq/ge(a, b, out) and scalar_add/mul/div/power/maximum/eq/ge
+    # (a, val, out) over out.size elements of compact buffers of equal size;
+    # ewise_log/exp/tanh(a, out).
+
+    # ---- element-wise on strided operands ----------------------------------------------
+    def ewise_binary(self, op: int, a: Array, a_strides: Strides, a_offset: int, b: Array,
+                     b_strides: Strides, b_offset: int, out: Array, shape: Shape) -> None:
+        """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b), both views of
+        ``shape`` (broadcast operands have stride 0)."""
+
+    def ewise_scalar(self, op: int, a: Array, a_strides: Strides, a_offset: int, val: float,
+                     out: Array, shape: Shape, reverse: bool) -> None:
+        """``out`` = BINARY_OPS[op](view of a, val), or BINARY_OPS[op](val, view of a) when
+        ``reverse`` (``2 - x``, ``2 / x``, ``2 ** x``)."""
+
+    def ewise_unary(self, op: int, a: Array, a_strides: Strides, a_offset: int, out: Array,
+                    shape: Shape) -> None:
+        """``out`` = UNARY_OPS[op](view of a)."""
+
+    # ---- reductions ----------------------------------------------------------------------
+    def reduce(self, op: int, a: Array, shape: Shape, strides: Strides, offset: int, keep: int,
+               out: Array) -> None:
+        """``out`` (compact, prod(shape[:keep])) = REDUCE_OPS[op] over the trailing axes
+        ``shape[keep:]`` of the view of ``a``. The caller orders the axes (a permuted view costs
+        nothing); the kernel chooses the loop order. An empty reduced extent gives 0 for sum
+        and is a ValueError for max."""
+
+    # course: reduce_sum / reduce_max(a, out, reduce_size): out[j] = op of the compact
+    # a[j * reduce_size : (j + 1) * reduce_size].
+
+    # ---- matrix products -----------------------------------------------------------------
+    def matmul_strided(self, a: Array, a_strides: Strides, a_offset: int, b: Array,
+                       b_strides: Strides, b_offset: int, out: Array, batch: int, m: int, n: int,
+                       p: int) -> None:
+        """``out`` (compact, (batch, m, p)) = A[k] @ B[k] for k < batch, where
+        ``A[k][i, j] = a[a_offset + k*a_strides[0] + i*a_strides[1] + j*a_strides[2]]`` (m × n)
+        and likewise B (n × p). A transposed operand is the same buffer with swapped strides
+        (BLAS's trans flag); a batch stride of 0 shares one matrix across the batch. n == 0
+        gives zeros."""
+
+    # course: matmul(a, b, out, m, n, p) on compact row-major operands;
+    # matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
+    # result in the (rows/T, cols/T, T, T) tiled layout, T = __tile_size__.
+
+    # ---- fused kernels (compact operands; the caller guarantees sizes) --------------------
+    def softmax_xent(self, logits: Array, labels: Array, rows: int, cols: int, loss: Array,
+                     probs: Array) -> None:
+        """Per row r of ``logits`` (rows × cols) and integer-valued ``labels[r]`` in [0, cols):
+        ``loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]`` and ``probs[r] =
+        softmax(logits[r])``. A logit of -inf has probability 0 and contributes nothing. A
+        label out of range is a ValueError."""
+
+    def layernorm_fwd(self, x: Array, w: Array, b: Array, rows: int, cols: int, eps: float,
+                      y: Array, xhat: Array, rstd: Array) -> None:
+        """Normalise each row of ``x`` (rows × cols): ``xhat = (x - mean) * rstd`` with
+        ``rstd = 1 / sqrt(var + eps)`` (biased variance), ``y = xhat * w + b`` (w, b: cols).
+        ``xhat`` (rows × cols) and ``rstd`` (rows) are kept for the backward pass."""
+
+    def layernorm_bwd(self, dy: Array, xhat: Array, rstd: Array, w: Array, rows: int, cols: int,
+                      dx: Array, dw: Array, db: Array) -> None:
+        """The exact gradients of :meth:`layernorm_fwd`: ``dx`` (rows × cols), ``dw`` and
+        ``db`` (cols, summed over rows)."""
+
+    def batchnorm_fwd(self, x: Array, w: Array, b: Array, rows: int, cols: int, eps: float,
+                      y: Array, xhat: Array, rstd: Array, mean: Array, var: Array) -> None:
+        """Normalise each column of ``x`` (rows × cols) over the rows (the batch): as
+        :meth:`layernorm_fwd` with rows and columns exchanged; also writes the batch ``mean``
+        and biased ``var`` (cols) for the running statistics. rows must be ≥ 1."""
+
+    def batchnorm_bwd(self, dy: Array, xhat: Array, rstd: Array, w: Array, rows: int, cols: int,
+                      dx: Array, dw: Array, db: Array) -> None:
+        """The exact gradients of :meth:`batchnorm_fwd` (``dw``, ``db``: cols)."""
+
+    def lstm_cell_fwd(self, gates: Array, c_prev: Array, batch: int, hidden: int, h: Array,
+                      c: Array, act: Array, tanh_c: Array) -> None:
+        """One LSTM step from the gate pre-activations ``gates`` (batch × 4·hidden, in the order
+        i, f, g, o): ``act`` = (σ(i), σ(f), tanh(g), σ(o)) (batch × 4·hidden), ``c = σ(f)·c_prev +
+        σ(i)·tanh(g)``, ``tanh_c = tanh(c)``, ``h = σ(o)·tanh_c`` (each batch × hidden)."""
+
+    def lstm_cell_bwd(self, dh: Array, dc: Array, act: Array, c_prev: Array, tanh_c: Array,
+                      batch: int, hidden: int, dgates: Array, dc_prev: Array) -> None:
+        """The exact gradients of :meth:`lstm_cell_fwd` given the adjoints ``dh`` and ``dc`` of
+        its outputs: ``dgates`` (batch × 4·hidden) and ``dc_prev`` (batch × hidden)."""
+
+    def sgd_update(self, param: Array, grad: Array, buf: Array, lr: float, momentum: float,
+                   weight_decay: float) -> None:
+        """In place, over param.size elements: ``g = grad + weight_decay·param``;
+        ``buf = momentum·buf + (1 - momentum)·g``; ``param -= lr·buf`` (the course's form)."""
+
+    def adam_update(self, param: Array, grad: Array, m: Array, v: Array, lr: float,
+                    beta1: float, beta2: float, eps: float, weight_decay: float,
+                    step: int) -> None:
+        """In place: ``g = grad + weight_decay·param``; ``m = β1·m + (1-β1)·g``;
+        ``v = β2·v + (1-β2)·g²``; ``param -= lr · m̂ / (sqrt(v̂) + eps)`` with the bias
+        corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
+
+
+__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS"]

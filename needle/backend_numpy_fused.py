@@ -1,0 +1,2 @@
+"""Fused kernels for ``NEEDLE_BACKEND=np`` (plain numpy arrays), with the same names and
+results as ``needle.backend_ndarray.fused``."""
