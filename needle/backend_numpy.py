@@ -91,3 +91,4 @@ def default_device() -> CPUDevice:
 def all_devices() -> list:
     """Every device this backend knows: only ``cpu()``."""
     return [_CPU]
+from .backend_numpy_fused import *  # noqa: F401,F403  (the fused functions on numpy arrays)
