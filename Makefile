@@ -59,7 +59,8 @@ test: test-unit test-notebooks
 
 # The autograd/op/nn suites run a second time on the plain-numpy backend (NEEDLE_BACKEND=np).
 BOTH_BACKENDS = $(wildcard tests/test_autograd*.py tests/test_ops*.py tests/test_init.py \
-                  tests/test_nn_*.py tests/test_optim.py tests/test_data.py tests/test_mlp_resnet.py)
+                  tests/test_nn_*.py tests/test_optim.py tests/test_data.py tests/test_mlp_resnet.py \
+                  tests/test_fused.py tests/test_course_api.py)
 
 test-unit: $(BUILT)
 	$(PY) -m pytest tests -n 2 -q -p no:cacheprovider

@@ -45,3 +45,13 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 @pytest.fixture(autouse=True)
 def _seed():
     np.random.seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run only with NEEDLE_SLOW=1 (they stay out of `make test`'s budget)."""
+    if os.environ.get("NEEDLE_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set NEEDLE_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
