@@ -30,8 +30,8 @@ def test_ewise_shape_mismatch(device, op):
     a, b = arange((2, 3), device), arange((3, 2), device)
     with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(3, 2\)"):
         op(a, b)
-    c = arange((1, 3), device)  # no implicit broadcasting either
-    with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(1, 3\)"):
+    c = arange((4, 1, 2), device)  # numpy's broadcasting rules: trailing 3 vs 2 do not broadcast
+    with pytest.raises(ValueError, match=r"shapes \(1, 2, 3\) and \(4, 1, 2\)"):
         op(a, c)
 
 
@@ -42,8 +42,10 @@ def test_bad_scalar_operands(device):
         a + "1"
     with pytest.raises(TypeError, match="got ndarray"):
         a * np.ones(2)
-    with pytest.raises(TypeError, match="scalar exponent"):
-        a ** a
+    with pytest.raises(TypeError, match="expected a number or an NDArray, got str"):
+        a ** "2"
+    with pytest.raises(TypeError, match="got complex"):
+        a + 1j
     with pytest.raises(TypeError, match="got str"):
         a[0] = "x"
 
@@ -130,10 +132,10 @@ def test_matmul_errors(device):
     a, b = arange((2, 3), device), arange((2, 3), device)
     with pytest.raises(ValueError, match=r"inner sizes differ: \(2, 3\) @ \(2, 3\)"):
         a @ b
-    with pytest.raises(ValueError, match=r"2-D operands, got shapes \(6,\) and \(6,\)"):
+    with pytest.raises(ValueError, match=r"at least 2 dimensions, got shapes \(6,\) and \(6,\)"):
         a.reshape((6,)) @ b.reshape((6,))
-    with pytest.raises(ValueError, match=r"2-D operands, got shapes \(1, 2, 3\) and \(3, 2\)"):
-        a.reshape((1, 2, 3)) @ b.reshape((3, 2))
+    with pytest.raises(ValueError, match=r"batch dimensions .*shapes \(2,\) and \(3,\)"):
+        arange((2, 2, 3), device) @ arange((3, 3, 2), device)
     with pytest.raises(TypeError, match="needs an NDArray operand, got float"):
         a @ 2.0
 
@@ -248,8 +250,8 @@ def test_flip_axis_errors(device):
 # NDArray validates before calling a kernel; the modules check again at the Python/C++ border,
 # so a direct call with inconsistent sizes raises instead of reading or writing out of bounds.
 # The patterns accept each module's wording; each names the function and the sizes involved.
-# A view outside its buffer is an IndexError on cpu() and cpu_numpy(), a ValueError on cuda().
-OUTSIDE_BUFFER = (IndexError, ValueError)
+# A view outside its buffer is a ValueError on every device (one error policy).
+OUTSIDE_BUFFER = ValueError
 
 
 @pytest.mark.parametrize("device", DEVICES)

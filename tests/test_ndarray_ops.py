@@ -263,11 +263,11 @@ def test_matmul_shapes(device, m, n, p):
 
 
 class RecordingModule:
-    """Forwards to a device module, recording which matmul kernel NDArray calls.
+    """Forwards to a device module, recording the name and arguments of every kernel call.
 
     Over the numpy module it adds a numpy ``matmul_tiled`` with tile 4 in the protocol's
     layout (a is (m/t, n/t, t, t) tiles, b (n/t, p/t, t, t), out (m/t, p/t, t, t)), so
-    NDArray's tiling is checked even where no compiled module is built.
+    NDArray's tiled exhibit is checked even where no compiled module is built.
     """
 
     def __init__(self, mod):
@@ -288,11 +288,11 @@ class RecordingModule:
             kernel = self._matmul_tiled_numpy
         else:
             kernel = getattr(self._mod, name)  # AttributeError where the module lacks it
-        if name not in ("matmul", "matmul_tiled"):
+        if name.startswith("__") or name == "Array" or not callable(kernel):
             return kernel
 
         def record(*args):
-            self.calls.append(name)
+            self.calls.append((name, args))
             return kernel(*args)
 
         return record
@@ -301,17 +301,42 @@ class RecordingModule:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (1, 1, 0), (2, 0, 2)],
                          ids=["1-1-1", "2-3-1", "3-2-4", "p-off", "n-off"])
-def test_matmul_uses_tiled_kernel_exactly_when_sizes_divide_the_tile(device, mult):
+def test_matmul_is_one_strided_call_on_the_operands_own_buffers(device, mult):
     spy = RecordingModule(device.mod)
     dev = nd.BackendDevice(device.name, spy)
     t = getattr(spy, "__tile_size__", 4)
     m, n, p = (t * k if k else t + 1 for k in mult)
     x, y = rand(2, (m, n)), rand(3, (n, p))
-    y_view = nd.array(np.array(y.T, order="C"), device=dev).permute((1, 0))  # non-compact
-    out = nd.array(x, device=dev) @ y_view
-    tiled = hasattr(spy, "matmul_tiled") and all(mult)
-    assert spy.calls == (["matmul_tiled"] if tiled else ["matmul"])
+    y_view = nd.array(np.array(y.T, order="C"), device=dev).permute((1, 0))  # transposed
+    a = nd.array(x, device=dev)
+    spy.calls.clear()
+    out = a @ y_view
+    assert [name for name, _ in spy.calls] == ["matmul_strided"]
+    args = spy.calls[0][1]
+    # no copies: both operands are passed as their own buffers, the transpose as strides
+    assert args[0] is a._handle and args[3] is y_view._handle
+    assert tuple(args[4]) == (0, 1, n) and tuple(args[7:]) == (1, m, n, p)
     np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4)])
+def test_matmul_tiled_exhibit(device, mult):
+    spy = RecordingModule(device.mod)
+    dev = nd.BackendDevice(device.name, spy)
+    if not hasattr(spy, "matmul_tiled"):
+        with pytest.raises(RuntimeError, match="no tiled matmul"):
+            nd.array(np.ones((4, 4)), device=dev).matmul_tiled(nd.array(np.ones((4, 4)), device=dev))
+        return
+    t = spy.__tile_size__
+    m, n, p = (t * k for k in mult)
+    x, y = rand(2, (m, n)), rand(3, (n, p))
+    y_view = nd.array(np.array(y.T, order="C"), device=dev).permute((1, 0))  # non-compact
+    out = nd.matmul_tiled(nd.array(x, device=dev), y_view)
+    assert "matmul_tiled" in [name for name, _ in spy.calls]
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="multiples of the tile size"):
+        nd.array(x, device=dev).matmul_tiled(nd.array(rand(4, (n, p + 1)), device=dev))
 
 
 # ---- flip and pad ----------------------------------------------------------------------------

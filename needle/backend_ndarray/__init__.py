@@ -1,4 +1,7 @@
-"""needle's strided NDArray and its device modules (numpy, compiled C++ CPU, compiled CUDA)."""
+"""needle's strided NDArray and its device modules (numpy, compiled C++ CPU, compiled CUDA).
+
+The device-module contract is ``protocol.py``; docs/array_layer.md describes the layer.
+"""
 from .ndarray import (
     BackendDevice,
     NDArray,
@@ -9,14 +12,24 @@ from .ndarray import (
     cpu_numpy,
     cuda,
     default_device,
+    default_tensor_device,
     empty,
     exp,
     flip,
     full,
     log,
+    matmul,
+    matmul_tiled,
+    max,
     maximum,
+    minimum,
+    pad,
+    permute,
     prod,
+    relu,
     reshape,
+    sigmoid,
+    sqrt,
     sum,
     tanh,
 )

@@ -3,37 +3,51 @@
 ``cpu()`` is the compiled C++ module, ``cuda()`` the compiled CUDA module (``enabled()`` is
 False where it was not built or no GPU is visible), ``cpu_numpy()`` the numpy reference module.
 Each is one object, so ``enabled()`` is asked once and comparisons stay cheap.
+
+Two defaults (docs/array_layer.md, "Default devices"):
+
+* :func:`default_device` is the course's: ``cpu_numpy()``, used by ``NDArray(x)`` and the
+  module functions (``array``, ``empty``, ``full``) when no device is given.
+* :func:`default_tensor_device` is needle's: the compiled ``cpu()`` when it is built, else
+  ``cpu_numpy()``; ``Tensor`` and ``init`` use it so that everything lands on one device.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import ndarray_backend_numpy
+from . import ndarray_backend_numpy, protocol
+
+_REBUILD = "rebuild it with `make build` (or `pip install -e .`)"
 
 try:
     from . import ndarray_backend_cpu
-except ImportError:  # not compiled: cpu() reports enabled() == False
+    _CPU_IMPORT_ERROR = None
+except ImportError as exc:  # not compiled, or compiled for another Python / machine
     ndarray_backend_cpu = None
+    _CPU_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 try:
     from . import ndarray_backend_cuda
-except ImportError:  # built without nvcc
+    _CUDA_IMPORT_ERROR = None
+except ImportError as exc:  # built without nvcc
     ndarray_backend_cuda = None
+    _CUDA_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 
 class BackendDevice:
-    """A device: a name plus the module implementing the device protocol (API.md §8).
+    """A device: a name plus the module implementing the device protocol (``protocol.py``).
 
-    Devices compare equal by name; attribute access forwards to the module, so
-    ``device.ewise_add`` is the module's kernel.
+    Devices compare equal by name; attribute access forwards to the module (and is cached on
+    the device), so ``device.ewise_binary`` is the module's kernel.
     """
 
-    def __init__(self, name: str, mod):
+    def __init__(self, name: str, mod, import_error: str | None = None):
         self.name = name
         self.mod = mod
+        self._import_error = import_error
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, BackendDevice) and self.name == other.name
+        return self is other or (isinstance(other, BackendDevice) and self.name == other.name)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -42,15 +56,23 @@ class BackendDevice:
         return self.name + "()"
 
     def __getattr__(self, name: str):
+        if name in ("mod", "_import_error", "_enabled"):  # before __init__ (copy, pickle)
+            raise AttributeError(name)
         mod = self.__dict__.get("mod")
         if mod is None:
-            raise RuntimeError(
-                f"device {self.name}() is not available: its backend module was not built or "
-                "no hardware is visible (check device.enabled())"
-            )
-        value = getattr(mod, name)
+            raise RuntimeError(self._why_disabled())
+        value = getattr(mod, name, None)
+        if value is None:
+            value = _transitional(mod, name)  # AttributeError when not a protocol function
         self.__dict__[name] = value  # later look-ups skip __getattr__
         return value
+
+    def _why_disabled(self) -> str:
+        if self.mod is None:
+            reason = f"its compiled module failed to import ({self._import_error})" \
+                if self._import_error else "its module is not built"
+            return f"device {self.name}() is not enabled: {reason}; {_REBUILD}"
+        return f"device {self.name}() is not enabled: no GPU is visible on this machine"
 
     def enabled(self) -> bool:
         """True when the module is built and, for CUDA, a GPU is visible (asked once)."""
@@ -63,7 +85,18 @@ class BackendDevice:
 
     def _check(self) -> None:
         if not self.enabled():
-            raise RuntimeError(f"device {self.name}() is not enabled on this machine")
+            raise RuntimeError(self._why_disabled())
+
+    def cache_info(self) -> dict | None:
+        """The module's buffer-cache report (cap, bytes held, hits...) or None if it keeps none."""
+        info = getattr(self.mod, "cache_info", None)
+        return None if info is None else info()
+
+    def cache_clear(self) -> None:
+        """Release every buffer the module's cache holds (no-op for a module without one)."""
+        clear = getattr(self.mod, "cache_clear", None)
+        if clear is not None:
+            clear()
 
     def randn(self, *shape, dtype: str = "float32") -> "NDArray":
         """Standard normal samples from numpy's global RNG, moved to this device."""
@@ -81,20 +114,58 @@ class BackendDevice:
         return NDArray(np.eye(n, dtype=dtype)[np.asarray(i, dtype=np.int64)], device=self)
 
     def empty(self, shape, dtype: str = "float32") -> "NDArray":
+        """An uninitialised float32 array of ``shape`` on this device."""
         from .ndarray import NDArray
         _check_dtype(dtype)
         return NDArray.make(tuple(shape), device=self)
 
     def full(self, shape, fill_value: float, dtype: str = "float32") -> "NDArray":
+        """A float32 array of ``shape`` filled with ``fill_value`` on this device."""
         arr = self.empty(shape, dtype)
         arr.fill(fill_value)
         return arr
 
 
+# ---- transitional: a compiled module built before the strided protocol ------------------------
+# Position of the output buffer of each strided protocol function.
+_OUT_ARG = {"ewise_binary": 7, "ewise_scalar": 5, "ewise_unary": 4, "reduce": 6,
+            "matmul_strided": 6}
+_TABLES = {"__binary_ops__": protocol.BINARY_OPS, "__unary_ops__": protocol.UNARY_OPS,
+           "__reduce_ops__": protocol.REDUCE_OPS}
+
+
+def _transitional(mod, name: str):
+    """For a compiled module that predates the strided functions (an old build), the numpy
+    module's function run on copies of its buffers; AttributeError for any other name."""
+    if name in _TABLES:
+        return _TABLES[name]
+    if name not in _OUT_ARG:
+        raise AttributeError(f"module {mod.__name__} has no attribute {name!r}")
+    ref, out_pos, np_mod = getattr(ndarray_backend_numpy, name), _OUT_ARG[name], \
+        ndarray_backend_numpy
+
+    def copy_in(a):
+        if not isinstance(a, mod.Array):
+            return a
+        r = np_mod.Array(a.size)
+        if a.size:
+            r.array[:] = mod.to_numpy(a, (a.size,), (1,), 0)
+        return r
+
+    def call(*args):
+        refs = [copy_in(a) for a in args]
+        ref(*refs)
+        if args[out_pos].size:
+            mod.from_numpy(refs[out_pos].array, args[out_pos])
+
+    call.__name__ = name
+    return call
+
+
 # One object per device: enabled() is asked once, and `device == cpu()` stays cheap.
-_CUDA = BackendDevice("cuda", ndarray_backend_cuda)
+_CUDA = BackendDevice("cuda", ndarray_backend_cuda, _CUDA_IMPORT_ERROR)
 _CPU_NUMPY = BackendDevice("cpu_numpy", ndarray_backend_numpy)
-_CPU = BackendDevice("cpu", ndarray_backend_cpu)
+_CPU = BackendDevice("cpu", ndarray_backend_cpu, _CPU_IMPORT_ERROR)
 
 
 def cuda() -> BackendDevice:
@@ -115,6 +186,12 @@ def cpu() -> BackendDevice:
 def default_device() -> BackendDevice:
     """The device ``NDArray(...)`` uses when none is given: ``cpu_numpy()`` (the course's choice)."""
     return _CPU_NUMPY
+
+
+def default_tensor_device() -> BackendDevice:
+    """The device needle's ``Tensor`` and ``init`` use when none is given: the compiled
+    ``cpu()`` when it is built and enabled, else ``cpu_numpy()``."""
+    return _CPU if _CPU.enabled() else _CPU_NUMPY
 
 
 def all_devices() -> list[BackendDevice]:

@@ -3,10 +3,13 @@
 An :class:`NDArray` is a flat float32 buffer (a device module's ``Array``) plus ``shape``,
 ``strides`` (in elements) and ``offset``. Views — ``reshape``, ``permute``, ``broadcast_to``,
 slicing, ``as_strided`` — build a new NDArray over the same buffer without copying; ``compact``
-copies a view into row-major order when a kernel needs contiguous memory.
+copies a view into row-major order.
 
-All argument checking happens here, in Python, before a device module is called: the compiled
-kernels trust the shapes, strides and offsets they receive.
+The kernels take strided operands (``protocol.py``): element-wise ops read broadcast (stride 0),
+permuted and sliced views directly, reductions run over a permuted view, and ``@`` passes
+transposed and batched operands as strides. What stays in Python is the bookkeeping — shapes,
+broadcasting, axis normalisation and every argument check — done once per call, before a
+device module runs; the compiled kernels trust what they receive.
 """
 from __future__ import annotations
 
@@ -25,15 +28,35 @@ from .device import (
     cpu_numpy,
     cuda,
     default_device,
+    default_tensor_device,
     ndarray_backend_cpu,
     ndarray_backend_cuda,
     ndarray_backend_numpy,
 )
+from .protocol import BINARY_OPS, REDUCE_OPS, UNARY_OPS
+
+# Op codes, looked up once (the tables are identical in every device module).
+_ADD, _SUB, _MUL, _DIV, _POW, _MAXIMUM, _MINIMUM, _EQ, _NE, _LT, _LE, _GT, _GE = (
+    BINARY_OPS.index(n) for n in ("add", "sub", "mul", "div", "power", "maximum", "minimum",
+                                  "eq", "ne", "lt", "le", "gt", "ge"))
+_NEG, _ABS, _SQRT, _EXP, _LOG, _TANH, _SIGMOID, _RELU = (
+    UNARY_OPS.index(n) for n in ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu"))
+_SUM, _MAX = (REDUCE_OPS.index(n) for n in ("sum", "max"))
 
 
 def prod(x: Iterable[int]) -> int:
     """Product of the integers in ``x`` (1 for an empty sequence)."""
     return math.prod(x)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compact_strides(shape: tuple) -> tuple:
+    stride = 1
+    res = []
+    for n in reversed(shape):
+        res.append(stride)
+        stride *= n
+    return tuple(reversed(res))
 
 
 def _as_float32_numpy(other) -> np.ndarray:
@@ -49,6 +72,29 @@ def _as_float32_numpy(other) -> np.ndarray:
     return np.asarray(arr, dtype=np.float32, order="C")
 
 
+def _new(shape: tuple, device: BackendDevice) -> "NDArray":
+    """A fresh compact array (internal: ``shape`` is a tuple of non-negative ints and
+    ``device`` is enabled, since an array already lives there)."""
+    array = object.__new__(NDArray)
+    array._shape = shape
+    array._strides = _compact_strides(shape)
+    array._offset = 0
+    array._device = device
+    array._handle = device.Array(math.prod(shape))
+    return array
+
+
+def _view(base: "NDArray", shape: tuple, strides: tuple, offset: int) -> "NDArray":
+    """A view of ``base``'s buffer (internal: the caller guarantees it stays inside)."""
+    array = object.__new__(NDArray)
+    array._shape = shape
+    array._strides = strides
+    array._offset = offset
+    array._device = base._device
+    array._handle = base._handle
+    return array
+
+
 class NDArray:
     """A strided float32 array on a device.
 
@@ -56,16 +102,17 @@ class NDArray:
     sequence of numbers) to ``device`` (default :func:`default_device`).
     """
 
+    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "__weakref__")
+
     def __init__(self, other, device: BackendDevice | None = None):
         if isinstance(other, NDArray):
-            if device is None:
-                device = other.device
-            self._init(other.to(device) + 0.0)  # a compact copy
+            src = other.to(device) if device is not None else other
+            self._init(src._copy() if src is other else src)
         elif isinstance(other, np.ndarray) or not hasattr(other, "_handle"):
             device = device if device is not None else default_device()
             array = _as_float32_numpy(other)
             device._check()
-            result = self.make(array.shape, device=device)
+            result = _new(array.shape, device)
             if array.size:
                 device.from_numpy(array, result._handle)
             self._init(result)
@@ -79,32 +126,26 @@ class NDArray:
         self._device = other._device
         self._handle = other._handle
 
-    @staticmethod
-    @functools.lru_cache(maxsize=4096)
-    def compact_strides(shape: Sequence[int]) -> tuple[int, ...]:
-        """Row-major strides (in elements) of ``shape`` (a tuple; cached: called on every op)."""
-        stride = 1
-        res = []
-        for i in range(1, len(shape) + 1):
-            res.append(stride)
-            stride *= shape[-i]
-        return tuple(res[::-1])
+    compact_strides = staticmethod(_compact_strides)
+    compact_strides.__doc__ = "Row-major strides (in elements) of the tuple ``shape`` (cached)."
 
     @staticmethod
     def make(shape, strides=None, device=None, handle=None, offset: int = 0) -> "NDArray":
         """An NDArray over ``handle`` (a fresh buffer of prod(shape) elements when None)."""
-        # Called for every result and view: kept lean (validation lives in the public methods).
-        array = object.__new__(NDArray)
-        array._shape = shape = tuple(map(int, shape))
-        array._strides = NDArray.compact_strides(shape) if strides is None else tuple(strides)
-        array._offset = int(offset)
-        array._device = device = device if device is not None else default_device()
+        shape = tuple(map(int, shape))
+        device = device if device is not None else default_device()
         if handle is None:
             if shape and min(shape) < 0:
                 raise ValueError(f"negative dimension in shape {shape}")
             device._check()
-            handle = device.Array(math.prod(shape))
-        array._handle = handle
+            array = _new(shape, device)
+        else:
+            array = object.__new__(NDArray)
+            array._shape = shape
+            array._device = device
+            array._handle = handle
+        array._strides = _compact_strides(shape) if strides is None else tuple(strides)
+        array._offset = int(offset)
         return array
 
     # ---- properties ------------------------------------------------------------------------
@@ -130,7 +171,7 @@ class NDArray:
 
     @property
     def size(self) -> int:
-        return prod(self._shape)
+        return math.prod(self._shape)
 
     @property
     def flat(self) -> "NDArray":
@@ -146,44 +187,46 @@ class NDArray:
     # ---- memory ----------------------------------------------------------------------------
     def fill(self, value: float) -> None:
         """Set every element of the buffer to ``value`` (in place)."""
-        self._device.fill(self._handle, float(value))
+        self._device.fill(self._handle, _scalar(value))
 
     def to(self, device: BackendDevice) -> "NDArray":
         """This array on ``device`` (self when already there)."""
-        if device == self.device:
+        if device == self._device:
             return self
         return NDArray(self.numpy(), device=device)
 
     def numpy(self) -> np.ndarray:
         """A numpy copy with this array's shape."""
-        if self.size == 0:
+        if 0 in self._shape:
             return np.zeros(self._shape, dtype=np.float32)
-        return self.device.to_numpy(self._handle, self._shape, self._strides, self._offset)
+        return self._device.to_numpy(self._handle, self._shape, self._strides, self._offset)
 
     def is_compact(self) -> bool:
         """Row-major strides and the buffer holds exactly these elements."""
-        return (
-            self._strides == self.compact_strides(self._shape)
-            and prod(self.shape) == self._handle.size
-        )
+        return (self._strides == _compact_strides(self._shape)
+                and math.prod(self._shape) == self._handle.size)
+
+    def _copy(self) -> "NDArray":
+        out = _new(self._shape, self._device)
+        if 0 not in self._shape:
+            self._device.compact(self._handle, out._handle, self._shape, self._strides,
+                                 self._offset)
+        return out
 
     def compact(self) -> "NDArray":
         """Self if compact, else a row-major copy."""
-        if self.is_compact():
-            return self
-        out = NDArray.make(self.shape, device=self.device)
-        if out.size:
-            self.device.compact(self._handle, out._handle, self.shape, self.strides, self._offset)
-        return out
+        return self if self.is_compact() else self._copy()
 
     def as_strided(self, shape, strides) -> "NDArray":
         """A view with the given shape and strides over the same buffer (and offset).
 
         Raises ValueError when an element of the view would fall outside the buffer.
         """
-        shape, strides = tuple(shape), tuple(strides)
+        shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
         if len(shape) != len(strides):
             raise ValueError(f"as_strided: shape {shape} and strides {strides} differ in length")
+        if any(n < 0 for n in shape):
+            raise ValueError(f"as_strided: negative dimension in shape {shape}")
         if any(s < 0 for s in strides):
             raise ValueError(f"as_strided: negative strides {strides} are not supported")
         if prod(shape) > 0:
@@ -193,8 +236,7 @@ class NDArray:
                     f"as_strided: shape {shape} with strides {strides} and offset {self._offset} "
                     f"reaches element {last}, beyond the buffer of {self._handle.size}"
                 )
-        return NDArray.make(shape, strides=strides, device=self.device, handle=self._handle,
-                            offset=self._offset)
+        return _view(self, shape, strides, self._offset)
 
     # ---- views -----------------------------------------------------------------------------
     def reshape(self, new_shape) -> "NDArray":
@@ -208,38 +250,28 @@ class NDArray:
                 f"cannot reshape a non-compact array (shape {self.shape}, strides {self.strides}) "
                 "without copying: call .compact() first"
             )
-        return NDArray.make(new_shape, device=self.device, handle=self._handle)
+        return _view(self, new_shape, _compact_strides(new_shape), 0)
 
     def permute(self, new_axes) -> "NDArray":
         """A view with the axes reordered: dimension i of the result is ``new_axes[i]`` of self."""
-        new_axes = tuple(new_axes)
-        if sorted(_norm_axis(a, self.ndim) for a in new_axes) != list(range(self.ndim)):
+        new_axes = tuple(_norm_axis(a, self.ndim) for a in new_axes)
+        if sorted(new_axes) != list(range(self.ndim)):
             raise ValueError(f"permute: {new_axes} is not a permutation of the {self.ndim} axes of "
                              f"an array of shape {self.shape}")
-        new_axes = tuple(_norm_axis(a, self.ndim) for a in new_axes)
-        return NDArray.make(
-            tuple(self.shape[a] for a in new_axes),
-            strides=tuple(self.strides[a] for a in new_axes),
-            device=self.device, handle=self._handle, offset=self._offset,
-        )
+        return _view(self, tuple(self._shape[a] for a in new_axes),
+                     tuple(self._strides[a] for a in new_axes), self._offset)
 
     def broadcast_to(self, new_shape) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
         new_shape = tuple(int(s) for s in new_shape)
+        if new_shape == self._shape:
+            return _view(self, new_shape, self._strides, self._offset)
+        if any(s < 0 for s in new_shape):
+            raise ValueError(f"cannot broadcast shape {self.shape} to {new_shape}: negative "
+                             "dimension")
         if len(new_shape) < self.ndim:
             raise ValueError(f"cannot broadcast shape {self.shape} to fewer dimensions {new_shape}")
-        lead = len(new_shape) - self.ndim
-        strides = [0] * lead
-        for old, new, stride in zip(self.shape, new_shape[lead:], self.strides):
-            if old == new:
-                strides.append(stride)
-            elif old == 1:
-                strides.append(0)
-            else:
-                raise ValueError(f"cannot broadcast shape {self.shape} to {new_shape}: "
-                                 f"dimension of size {old} is not 1 and differs from {new}")
-        return NDArray.make(new_shape, strides=tuple(strides), device=self.device,
-                            handle=self._handle, offset=self._offset)
+        return _view(self, new_shape, _broadcast_strides(self, new_shape), self._offset)
 
     def process_slice(self, sl: slice, dim: int) -> slice:
         """Normalise a slice of dimension ``dim``: non-negative start/stop, positive step.
@@ -288,214 +320,283 @@ class NDArray:
         offset = self._offset + builtins.sum(st * s.start for st, s in zip(self.strides, slices))
         if prod(shape) == 0:
             offset = self._offset
-        return NDArray.make(shape, strides=strides, device=self.device, handle=self._handle,
-                            offset=offset)
+        return _view(self, shape, strides, offset)
 
     def __setitem__(self, idxs, other) -> None:
         """Assign a scalar, or an NDArray of the view's shape (or broadcastable to it)."""
         view = self.__getitem__(idxs)
-        if view.size == 0:
-            return
         if isinstance(other, NDArray):
             self._check_device(other)
             if other.shape != view.shape:
                 other = other.broadcast_to(view.shape)
+            if view.size == 0:
+                return
             src = other.compact()
             if src._handle is view._handle:
-                # The source is (a view of) the destination buffer: a kernel writing while it
-                # reads could see its own writes, so copy first (numpy does the same).
-                src = NDArray.make(src.shape, device=self.device)
-                self.device.compact(other._handle, src._handle, other.shape, other.strides,
-                                    other._offset)
-            self.device.ewise_setitem(src._handle, view._handle, view.shape, view.strides,
-                                      view._offset)
+                # The source is the destination buffer itself: a kernel writing while it reads
+                # could see its own writes, so copy first (numpy does the same).
+                src = other._copy()
+            self._device.ewise_setitem(src._handle, view._handle, view._shape, view._strides,
+                                       view._offset)
         else:
-            self.device.scalar_setitem(view.size, _scalar(other), view._handle, view.shape,
-                                       view.strides, view._offset)
+            value = _scalar(other)
+            if view.size:
+                self._device.scalar_setitem(view.size, value, view._handle, view._shape,
+                                            view._strides, view._offset)
 
     # ---- element-wise and scalar ops ---------------------------------------------------------
     def _check_device(self, other: "NDArray") -> None:
-        if other.device != self.device:
+        if other._device != self._device:
             raise ValueError(f"arrays are on different devices: {self.device} and {other.device}")
 
+    def _binary(self, other, op: int, reverse: bool = False) -> "NDArray":
+        """BINARY_OPS[op](self, other) for an NDArray (broadcast with numpy's rules) or a
+        scalar ``other``; (other, self) when ``reverse``."""
+        dev = self._device
+        if isinstance(other, NDArray):
+            if other._device is not dev:
+                self._check_device(other)
+            shape = self._shape
+            if other._shape == shape:
+                a_strides, b_strides = self._strides, other._strides
+            else:
+                shape = _broadcast_shapes(self._shape, other._shape, "operands")
+                a_strides = _broadcast_strides(self, shape)
+                b_strides = _broadcast_strides(other, shape)
+            out = _new(shape, dev)
+            if 0 not in shape:
+                dev.ewise_binary(op, self._handle, a_strides, self._offset, other._handle,
+                                 b_strides, other._offset, out._handle, shape)
+            return out
+        value = _scalar(other)
+        shape = self._shape
+        out = _new(shape, dev)
+        if 0 not in shape:
+            dev.ewise_scalar(op, self._handle, self._strides, self._offset, value, out._handle,
+                             shape, reverse)
+        return out
+
+    def _unary(self, op: int) -> "NDArray":
+        shape = self._shape
+        out = _new(shape, self._device)
+        if 0 not in shape:
+            self._device.ewise_unary(op, self._handle, self._strides, self._offset, out._handle,
+                                     shape)
+        return out
+
     def ewise_or_scalar(self, other, ewise_func, scalar_func) -> "NDArray":
-        """Apply ``ewise_func`` when ``other`` is an NDArray of the same shape, else ``scalar_func``."""
-        out = NDArray.make(self.shape, device=self.device)
+        """The course's dispatch: ``ewise_func(a, b, out)`` on compact operands of one shape
+        when ``other`` is an NDArray, else ``scalar_func(a, val, out)`` (kept for notebooks and
+        exercises; needle's own ops use the strided kernels)."""
+        out = _new(self._shape, self._device)
         if isinstance(other, NDArray):
             self._check_device(other)
             if self.shape != other.shape:
-                raise ValueError(f"operands could not be combined element-wise: shapes {self.shape} "
-                                 f"and {other.shape} differ (broadcast explicitly first)")
+                raise ValueError(f"operands could not be combined element-wise: shapes "
+                                 f"{self.shape} and {other.shape} differ")
             if out.size:
                 ewise_func(self.compact()._handle, other.compact()._handle, out._handle)
-        else:
-            if out.size:
-                scalar_func(self.compact()._handle, _scalar(other), out._handle)
+        elif out.size:
+            scalar_func(self.compact()._handle, _scalar(other), out._handle)
         return out
 
     def __add__(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_add, self.device.scalar_add)
+        return self._binary(other, _ADD)
 
-    __radd__ = __add__
+    def __radd__(self, other):
+        return self._binary(other, _ADD, True)
 
     def __sub__(self, other):
-        return self + (-other)
+        return self._binary(other, _SUB)
 
     def __rsub__(self, other):
-        return other + (-self)
+        return self._binary(other, _SUB, True)
 
     def __mul__(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_mul, self.device.scalar_mul)
+        return self._binary(other, _MUL)
 
-    __rmul__ = __mul__
+    def __rmul__(self, other):
+        return self._binary(other, _MUL, True)
 
     def __truediv__(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_div, self.device.scalar_div)
+        return self._binary(other, _DIV)
 
     def __rtruediv__(self, other):
-        if isinstance(other, NDArray):
-            return other / self
-        numerator = NDArray.make(self.shape, device=self.device)
-        numerator.fill(_scalar(other))
-        return numerator / self
-
-    def __neg__(self):
-        return self * (-1)
+        return self._binary(other, _DIV, True)
 
     def __pow__(self, other):
-        if isinstance(other, NDArray):
-            raise TypeError("NDArray ** NDArray is not supported: only a scalar exponent")
-        return self._unary(lambda a, out: self.device.scalar_power(a, _scalar(other), out))
+        """Element-wise power with a scalar or NDArray exponent (broadcast)."""
+        return self._binary(other, _POW)
 
-    def maximum(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_maximum, self.device.scalar_maximum)
+    def __rpow__(self, other):
+        return self._binary(other, _POW, True)
 
-    # comparisons return 1.0 / 0.0 floats
+    def maximum(self, other) -> "NDArray":
+        """Element-wise maximum with an NDArray (broadcast) or scalar; NaN propagates."""
+        return self._binary(other, _MAXIMUM)
+
+    def minimum(self, other) -> "NDArray":
+        """Element-wise minimum with an NDArray (broadcast) or scalar; NaN propagates."""
+        return self._binary(other, _MINIMUM)
+
+    # IEEE comparisons (false with NaN, except !=), each one kernel; results are 1.0 / 0.0.
     def __eq__(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_eq, self.device.scalar_eq)
-
-    def __ge__(self, other):
-        return self.ewise_or_scalar(other, self.device.ewise_ge, self.device.scalar_ge)
+        return self._binary(other, _EQ)
 
     def __ne__(self, other):
-        return 1 - (self == other)
-
-    def __gt__(self, other):
-        return (self >= other) * (self != other)
+        return self._binary(other, _NE)
 
     def __lt__(self, other):
-        return 1 - (self >= other)
+        return self._binary(other, _LT)
 
     def __le__(self, other):
-        return 1 - (self > other)
+        return self._binary(other, _LE)
+
+    def __gt__(self, other):
+        return self._binary(other, _GT)
+
+    def __ge__(self, other):
+        return self._binary(other, _GE)
 
     __hash__ = None
 
-    def _unary(self, func) -> "NDArray":
-        out = NDArray.make(self.shape, device=self.device)
-        if out.size:
-            func(self.compact()._handle, out._handle)
-        return out
+    def __neg__(self):
+        return self._unary(_NEG)
 
-    def log(self):
-        return self._unary(self.device.ewise_log)
+    def __abs__(self):
+        return self._unary(_ABS)
 
-    def exp(self):
-        return self._unary(self.device.ewise_exp)
+    def abs(self) -> "NDArray":
+        """Element-wise absolute value."""
+        return self._unary(_ABS)
 
-    def tanh(self):
-        return self._unary(self.device.ewise_tanh)
+    def sqrt(self) -> "NDArray":
+        """Element-wise square root (NaN below 0)."""
+        return self._unary(_SQRT)
+
+    def log(self) -> "NDArray":
+        """Element-wise natural logarithm."""
+        return self._unary(_LOG)
+
+    def exp(self) -> "NDArray":
+        """Element-wise exponential."""
+        return self._unary(_EXP)
+
+    def tanh(self) -> "NDArray":
+        """Element-wise hyperbolic tangent."""
+        return self._unary(_TANH)
+
+    def sigmoid(self) -> "NDArray":
+        """Element-wise logistic function 1 / (1 + exp(-x))."""
+        return self._unary(_SIGMOID)
+
+    def relu(self) -> "NDArray":
+        """Element-wise max(x, 0) (NaN stays NaN)."""
+        return self._unary(_RELU)
 
     # ---- matrix multiplication ---------------------------------------------------------------
     def __matmul__(self, other: "NDArray") -> "NDArray":
-        """2-D matrix product (m, n) @ (n, p) -> (m, p).
+        """Matrix product with numpy's matmul rules for operands of 2 or more dimensions:
+        (..., m, n) @ (..., n, p) -> (..., m, p), the batch dimensions broadcast.
 
-        When the device has ``matmul_tiled`` and every size is a multiple of its
-        ``__tile_size__``, both operands are first laid out as contiguous tiles.
+        One call to the device's ``matmul_strided``: transposed, sliced and broadcast operands
+        are passed as strides, without copies (a batch that no single stride describes, such
+        as (2, 3) broadcast from (3,), is made compact first).
         """
         if not isinstance(other, NDArray):
             raise TypeError(f"matmul needs an NDArray operand, got {type(other).__name__}")
-        self._check_device(other)
-        if self.ndim != 2 or other.ndim != 2:
-            raise ValueError(f"matmul needs 2-D operands, got shapes {self.shape} and {other.shape}")
-        if self.shape[1] != other.shape[0]:
+        if other._device is not self._device:
+            self._check_device(other)
+        if len(self._shape) < 2 or len(other._shape) < 2:
+            raise ValueError(f"matmul needs operands of at least 2 dimensions, got shapes "
+                             f"{self.shape} and {other.shape}")
+        m, n = self._shape[-2:]
+        p = other._shape[-1]
+        if other._shape[-2] != n:
             raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
-        m, n, p = self.shape[0], self.shape[1], other.shape[1]
-
-        tile = getattr(self.device.mod, "__tile_size__", None)
-        if (hasattr(self.device.mod, "matmul_tiled") and tile
-                and m % tile == 0 and n % tile == 0 and p % tile == 0 and m * n * p > 0):
-
-            def tiled(a: NDArray, t: int) -> NDArray:
-                # In bounds by construction: skips as_strided's extent check.
-                rows, cols = a.shape
-                return NDArray.make((rows // t, cols // t, t, t), strides=(cols * t, t, cols, 1),
-                                    device=a.device, handle=a._handle, offset=a._offset)
-
-            a = tiled(self.compact(), tile).compact()
-            b = tiled(other.compact(), tile).compact()
-            out = NDArray.make((a.shape[0], b.shape[1], tile, tile), device=self.device)
-            self.device.matmul_tiled(a._handle, b._handle, out._handle, m, n, p)
-            return out.permute((0, 2, 1, 3)).compact().reshape((m, p))
-
-        out = NDArray.make((m, p), device=self.device)
-        if out.size:
-            if n == 0:
-                out.fill(0.0)
-            else:
-                self.device.matmul(self.compact()._handle, other.compact()._handle, out._handle,
-                                   m, n, p)
+        if len(self._shape) == 2 and len(other._shape) == 2:
+            batch_shape, batch = (), 1
+            a_strides, b_strides = (0,) + self._strides, (0,) + other._strides
+            a, b = self, other
+        else:
+            batch_shape = _broadcast_shapes(self._shape[:-2], other._shape[:-2],
+                                            "matmul batch dimensions of")
+            batch = prod(batch_shape)
+            a, a_strides = _batched(self, batch_shape)
+            b, b_strides = _batched(other, batch_shape)
+        out = _new(batch_shape + (m, p), self._device)
+        if batch and m and p:
+            self._device.matmul_strided(a._handle, a_strides, a._offset, b._handle, b_strides,
+                                        b._offset, out._handle, batch, m, n, p)
         return out
 
+    def matmul_tiled(self, other: "NDArray") -> "NDArray":
+        """The lecture's tiled product of 2-D arrays: both operands are copied into the
+        (rows/T, cols/T, T, T) tiled layout, multiplied tile by tile by the device's
+        ``matmul_tiled`` and copied back (T = the device's ``__tile_size__``; every size must
+        be a multiple of it). An exhibit: ``@`` is the fast route."""
+        if not isinstance(other, NDArray):
+            raise TypeError(f"matmul_tiled needs an NDArray operand, got {type(other).__name__}")
+        self._check_device(other)
+        mod = self._device.mod
+        tile = getattr(mod, "__tile_size__", None)
+        if not hasattr(mod, "matmul_tiled") or not tile:
+            raise RuntimeError(f"device {self.device} has no tiled matmul kernel")
+        if self.ndim != 2 or other.ndim != 2 or self.shape[1] != other.shape[0]:
+            raise ValueError(f"matmul_tiled needs 2-D operands (m, n) @ (n, p), got shapes "
+                             f"{self.shape} and {other.shape}")
+        m, n, p = self.shape[0], self.shape[1], other.shape[1]
+        if m % tile or n % tile or p % tile or m * n * p == 0:
+            raise ValueError(f"matmul_tiled needs positive sizes that are multiples of the tile "
+                             f"size {tile}, got m={m}, n={n}, p={p}")
+
+        def tiled(x: NDArray) -> NDArray:
+            rows, cols = x.shape
+            return _view(x, (rows // tile, cols // tile, tile, tile),
+                         (cols * tile, tile, cols, 1), x._offset)._copy()
+
+        a, b = tiled(self.compact()), tiled(other.compact())
+        out = _new((m // tile, p // tile, tile, tile), self._device)
+        self._device.matmul_tiled(a._handle, b._handle, out._handle, m, n, p)
+        return out.permute((0, 2, 1, 3))._copy().reshape((m, p))
+
     # ---- reductions --------------------------------------------------------------------------
-    def reduce_view_out(self, axis, keepdims: bool = False):
-        """The compact view whose last axis is reduced, and the output array.
-
-        ``axis`` is None (all elements), an int, or a tuple of ints (an extension: the
-        course's NDArray takes one axis).
-        """
-        if isinstance(axis, tuple) and len(axis) == 0:
-            axis = None
-        if axis is None:
-            view = self.compact().reshape((1,) * (self.ndim - 1) + (self.size,)) if self.ndim else \
-                self.compact().reshape((1,))
-            out_shape = (1,) * self.ndim if keepdims else (1,)
-            out = NDArray.make(out_shape, device=self.device)
-            return view, out
-        axes = axis if isinstance(axis, tuple) else (axis,)
-        normalized = [_norm_axis(a, self.ndim) for a in axes]
-        if len(set(normalized)) != len(normalized):
-            raise ValueError(f"duplicate axis in {axis} for an array of shape {self.shape}")
-        axes = tuple(sorted(normalized))
-        keep = [a for a in range(self.ndim) if a not in axes]
-        view = self.permute(tuple(keep) + axes)
-        reduce_size = prod(self.shape[a] for a in axes)
-        view = view.compact().reshape(tuple(self.shape[a] for a in keep) + (reduce_size,))
+    def _reduce(self, op: int, axis, keepdims: bool) -> "NDArray":
+        shape, ndim = self._shape, len(self._shape)
+        if axis is None or axis == ():
+            if 0 in shape and op == _MAX:
+                raise ValueError(f"max of an empty axis has no identity (shape {shape}, all axes)")
+            out = _new((1,) * ndim if keepdims else (1,), self._device)
+            self._device.reduce(op, self._handle, shape, self._strides, self._offset, 0,
+                                out._handle)
+            return out
+        axes = _norm_axes(axis, ndim, shape)
+        keep = [a for a in range(ndim) if a not in axes]
+        order = keep + sorted(axes)
+        view_shape = tuple(shape[a] for a in order)
+        kept_shape = view_shape[:len(keep)]
         if keepdims:
-            out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+            out_shape = tuple(1 if a in axes else shape[a] for a in range(ndim))
         else:
-            out_shape = tuple(self.shape[a] for a in keep)
-        out = NDArray.make(out_shape, device=self.device)
-        return view, out
-
-    def _reduce(self, kernel, axis, keepdims, empty_value):
-        view, out = self.reduce_view_out(axis, keepdims=keepdims)
-        if out.size:
-            if view.shape[-1] == 0:
-                if empty_value is None:
-                    raise ValueError("max of an empty axis has no identity")
-                out.fill(empty_value)
-            else:
-                kernel(view.compact()._handle, out._handle, view.shape[-1])
+            out_shape = kept_shape
+        out = _new(out_shape, self._device)
+        if 0 not in kept_shape:
+            if op == _MAX and 0 in view_shape:
+                raise ValueError(f"max of an empty axis has no identity (shape {shape}, axis {axis})")
+            self._device.reduce(op, self._handle, view_shape,
+                                tuple(self._strides[a] for a in order), self._offset,
+                                len(keep), out._handle)
         return out
 
     def sum(self, axis=None, keepdims: bool = False) -> "NDArray":
-        """Sum over ``axis`` (None: all elements, shape (1,) or all-ones with keepdims)."""
-        return self._reduce(self.device.reduce_sum, axis, keepdims, 0.0)
+        """Sum over ``axis`` (None: all elements, shape (1,) or all-ones with keepdims; an int
+        or a tuple of ints, negative counting from the end)."""
+        return self._reduce(_SUM, axis, keepdims)
 
     def max(self, axis=None, keepdims: bool = False) -> "NDArray":
-        """Maximum over ``axis`` (None: all elements)."""
-        return self._reduce(self.device.reduce_max, axis, keepdims, None)
+        """Maximum over ``axis`` (as :meth:`sum`); NaN propagates; an empty axis is a
+        ValueError."""
+        return self._reduce(_MAX, axis, keepdims)
 
     # ---- flip and pad ------------------------------------------------------------------------
     def flip(self, axes) -> "NDArray":
@@ -510,14 +611,9 @@ class NDArray:
             if self.shape[a] > 0:
                 offset += (self.shape[a] - 1) * strides[a]
             strides[a] = -strides[a]
-        # A negative-stride view is only ever handed to compact(), whose kernels take
-        # signed strides; it never escapes this method.
-        view = NDArray.make(self.shape, strides=tuple(strides), device=self.device,
-                            handle=self._handle, offset=offset)
-        out = NDArray.make(self.shape, device=self.device)
-        if out.size:
-            self.device.compact(view._handle, out._handle, view.shape, view.strides, view._offset)
-        return out
+        # A negative-stride view is only ever handed to the copy, whose kernels take signed
+        # strides; it never escapes this method.
+        return _view(self, self._shape, tuple(strides), offset)._copy()
 
     def pad(self, axes) -> "NDArray":
         """Zero padding: ``axes`` is one (before, after) pair per dimension."""
@@ -525,17 +621,16 @@ class NDArray:
         if len(axes) != self.ndim or any(len(a) != 2 or min(a) < 0 for a in axes):
             raise ValueError(f"pad needs one non-negative (before, after) pair per dimension of "
                              f"shape {self.shape}, got {axes}")
-        out = NDArray.make(tuple(s + a + b for s, (a, b) in zip(self.shape, axes)),
-                           device=self.device)
+        out = _new(tuple(s + a + b for s, (a, b) in zip(self.shape, axes)), self._device)
         out.fill(0.0)
         out[tuple(slice(a, a + s) for s, (a, _) in zip(self.shape, axes))] = self
         return out
 
 
 def _scalar(value) -> float:
-    if isinstance(value, (bool, np.bool_)):
+    if type(value) is float or type(value) is int:
         return float(value)
-    if isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (bool, np.bool_, int, float, np.integer, np.floating)):
         return float(value)
     raise TypeError(f"expected a number or an NDArray, got {type(value).__name__}")
 
@@ -546,6 +641,76 @@ def _norm_axis(axis, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for an array with {ndim} dimensions")
     return int(axis) % ndim
+
+
+def _norm_axes(axis, ndim: int, shape) -> set:
+    """The set of non-negative axes named by an int or a tuple/list of ints (no duplicates)."""
+    if isinstance(axis, (tuple, list)):
+        axes = [_norm_axis(a, ndim) for a in axis]
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"duplicate axis in {tuple(axis)} for an array of shape {shape}")
+        return set(axes)
+    return {_norm_axis(axis, ndim)}
+
+
+def _broadcast_shapes(a: tuple, b: tuple, what: str) -> tuple:
+    """numpy's broadcast of two shapes; ValueError naming both when they do not broadcast."""
+    if len(a) < len(b):
+        a = (1,) * (len(b) - len(a)) + a
+    elif len(b) < len(a):
+        b = (1,) * (len(a) - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ValueError(f"{what} could not be broadcast together: shapes {a} and {b}")
+    return tuple(out)
+
+
+def _broadcast_strides(x: NDArray, shape: tuple) -> tuple:
+    """Strides of ``x`` viewed with the (broadcast) ``shape``: 0 along new and stretched axes."""
+    lead = len(shape) - len(x._shape)
+    strides = [0] * lead
+    for old, new, stride in zip(x._shape, shape[lead:], x._strides):
+        if old == new:
+            strides.append(stride)
+        elif old == 1:
+            strides.append(0)
+        else:
+            raise ValueError(f"cannot broadcast shape {x.shape} to {shape}: "
+                             f"dimension of size {old} is not 1 and differs from {new}")
+    return tuple(strides)
+
+
+def _batch_stride(shape: tuple, strides: tuple):
+    """The one stride that walks the batch dimensions ``shape`` in row-major order, or None
+    when no single stride does (dimensions of size 1 are free)."""
+    stride = expected = None
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 1:
+            continue
+        if stride is None:
+            stride = s
+        elif s != expected:
+            return None
+        expected = s * n
+    return 0 if stride is None else stride
+
+
+def _batched(x: NDArray, batch_shape: tuple):
+    """``x`` broadcast to ``batch_shape`` + its last two dimensions, as (array, (batch stride,
+    row stride, column stride)); compact first only when no single batch stride exists."""
+    full = batch_shape + x._shape[-2:]
+    strides = _broadcast_strides(x, full)
+    stride = _batch_stride(batch_shape, strides[:-2])
+    if stride is None:
+        x = _view(x, full, strides, x._offset)._copy()
+        strides = x._strides
+        stride = _batch_stride(batch_shape, strides[:-2])
+    return x, (stride,) + strides[-2:]
 
 
 def _normalize_shape(shape, size: int) -> tuple[int, ...]:
@@ -564,7 +729,7 @@ def _normalize_shape(shape, size: int) -> tuple[int, ...]:
     return shape
 
 
-# ---- module functions (the course's array_api) -------------------------------------------------
+# ---- module functions (the course's array_api, plus the methods added above) -------------------
 def array(a, dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
     """A float32 NDArray copy of ``a`` on ``device``."""
     _check_dtype(dtype)
@@ -572,43 +737,98 @@ def array(a, dtype: str = "float32", device: BackendDevice | None = None) -> NDA
 
 
 def empty(shape, dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
+    """An uninitialised float32 array of ``shape``."""
     device = device if device is not None else default_device()
     return device.empty(shape, dtype)
 
 
 def full(shape, fill_value: float, dtype: str = "float32",
          device: BackendDevice | None = None) -> NDArray:
+    """A float32 array of ``shape`` filled with ``fill_value``."""
     device = device if device is not None else default_device()
     return device.full(shape, fill_value, dtype)
 
 
 def broadcast_to(array: NDArray, new_shape) -> NDArray:
+    """``array`` viewed with ``new_shape`` (numpy's broadcasting rules; stride 0, no copy)."""
     return array.broadcast_to(new_shape)
 
 
 def reshape(array: NDArray, new_shape) -> NDArray:
+    """A view of the compact ``array`` with ``new_shape``."""
     return array.reshape(new_shape)
 
 
+def permute(array: NDArray, new_axes) -> NDArray:
+    """A view of ``array`` with its axes reordered."""
+    return array.permute(new_axes)
+
+
 def maximum(a: NDArray, b) -> NDArray:
+    """Element-wise maximum of ``a`` and an NDArray or scalar ``b`` (broadcast)."""
     return a.maximum(b)
 
 
+def minimum(a: NDArray, b) -> NDArray:
+    """Element-wise minimum of ``a`` and an NDArray or scalar ``b`` (broadcast)."""
+    return a.minimum(b)
+
+
 def log(a: NDArray) -> NDArray:
+    """Element-wise natural logarithm."""
     return a.log()
 
 
 def exp(a: NDArray) -> NDArray:
+    """Element-wise exponential."""
     return a.exp()
 
 
 def tanh(a: NDArray) -> NDArray:
+    """Element-wise hyperbolic tangent."""
     return a.tanh()
 
 
+def sqrt(a: NDArray) -> NDArray:
+    """Element-wise square root."""
+    return a.sqrt()
+
+
+def sigmoid(a: NDArray) -> NDArray:
+    """Element-wise logistic function."""
+    return a.sigmoid()
+
+
+def relu(a: NDArray) -> NDArray:
+    """Element-wise max(x, 0)."""
+    return a.relu()
+
+
 def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
+    """Sum of ``a`` over ``axis`` (None, an int or a tuple of ints)."""
     return a.sum(axis=axis, keepdims=keepdims)
 
 
+def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
+    """Maximum of ``a`` over ``axis`` (None, an int or a tuple of ints)."""
+    return a.max(axis=axis, keepdims=keepdims)
+
+
+def matmul(a: NDArray, b: NDArray) -> NDArray:
+    """``a @ b`` (numpy's matmul rules for operands of 2 or more dimensions)."""
+    return a @ b
+
+
+def matmul_tiled(a: NDArray, b: NDArray) -> NDArray:
+    """The lecture's tiled product of 2-D arrays (see :meth:`NDArray.matmul_tiled`)."""
+    return a.matmul_tiled(b)
+
+
 def flip(a: NDArray, axes) -> NDArray:
+    """A copy of ``a`` reversed along ``axes``."""
     return a.flip(axes)
+
+
+def pad(a: NDArray, axes) -> NDArray:
+    """``a`` zero-padded by one (before, after) pair per dimension."""
+    return a.pad(axes)

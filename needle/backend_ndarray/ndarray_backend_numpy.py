@@ -1,26 +1,79 @@
 """The reference device module (``cpu_numpy()``): the device protocol written with numpy.
 
 Every function takes flat ``Array`` buffers plus shape/strides/offset, exactly like the compiled
-CPU and CUDA modules, so NDArray's logic is exercised identically on all three. It is slow and
-meant as an oracle and a readable specification of the protocol, including its checks: like
-the compiled modules, every function rejects buffers whose sizes do not fit (ValueError) and
-views reaching outside their buffer (IndexError), naming the function and the sizes.
+CPU and CUDA modules (see ``protocol.py`` for the contract), so NDArray's logic is exercised
+identically on all three. It is slow and meant as an oracle and a readable specification of the
+protocol, including its checks: a wrong kind of argument is a TypeError; buffers whose sizes do
+not fit, views reaching outside their buffer, negative sizes and unknown op codes are
+ValueErrors naming the function and the numbers.
 """
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
 __device_name__ = "cpu_numpy"
 _datatype = np.float32
 _datetype_size = np.dtype(_datatype).itemsize
+# Largest element count of any buffer or view (the compiled modules' kMaxElements).
+_MAX_ELEMENTS = 1 << 50
+
+
+def _f32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+# The op tables: one numpy expression per op, in op-code order (protocol.BINARY_OPS ...).
+# Semantics are numpy's float32 (IEEE): comparisons with NaN are false except `ne`,
+# maximum/minimum/max propagate NaN. Adding an op is one line here.
+_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "power": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": lambda a, b: _f32(np.equal(a, b)),
+    "ne": lambda a, b: _f32(np.not_equal(a, b)),
+    "lt": lambda a, b: _f32(np.less(a, b)),
+    "le": lambda a, b: _f32(np.less_equal(a, b)),
+    "gt": lambda a, b: _f32(np.greater(a, b)),
+    "ge": lambda a, b: _f32(np.greater_equal(a, b)),
+}
+_UNARY = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sigmoid": lambda a: _f32(1.0) / (_f32(1.0) + np.exp(-a)),
+    "relu": lambda a: np.where((a > 0) | np.isnan(a), a, _f32(0.0)),
+}
+# (function over axes, identity for an empty extent or None when an empty extent is an error)
+_REDUCE = {
+    "sum": (np.sum, 0.0),
+    "max": (np.max, None),
+}
+__binary_ops__ = tuple(_BINARY)
+__unary_ops__ = tuple(_UNARY)
+__reduce_ops__ = tuple(_REDUCE)
+_BINARY_FUNCS = tuple(_BINARY.values())
+_UNARY_FUNCS = tuple(_UNARY.values())
+_REDUCE_FUNCS = tuple(_REDUCE.values())
 
 
 class Array:
     """A flat float32 buffer of ``size`` elements."""
 
     def __init__(self, size: int):
+        size = _int("Array", "size", size)
         if size < 0:
             raise ValueError(f"Array size must be non-negative, got {size}")
+        if size > _MAX_ELEMENTS:
+            raise ValueError(f"Array: size {size} is too large (at most {_MAX_ELEMENTS} elements)")
         self.array = np.empty(size, dtype=np.float32)
 
     @property
@@ -32,25 +85,77 @@ class Array:
         return self.array.ctypes.data
 
 
+# ---- argument checks (the numpy twin of src/ndarray_checks.h) ---------------------------------
+def _int(fn: str, what: str, v) -> int:
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {what} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{fn}: {what} must be an int, got {type(v).__name__}") from None
+
+
+def _ints(fn: str, what: str, seq) -> tuple:
+    if not isinstance(seq, (tuple, list)):
+        raise TypeError(f"{fn}: {what} must be a tuple or list of ints, got {type(seq).__name__}")
+    return tuple(_int(fn, what, v) for v in seq)
+
+
+def _float(fn: str, what: str, v) -> float:
+    if isinstance(v, (str, bytes, complex, np.complexfloating)) or not hasattr(v, "__float__"):
+        raise TypeError(f"{fn}: {what} must be a float, got {type(v).__name__}")
+    return float(v)
+
+
+def _buf(fn: str, what: str, a) -> "Array":
+    if not isinstance(a, Array):
+        raise TypeError(f"{fn}: {what} must be an Array of this module, got {type(a).__name__}")
+    return a
+
+
+def _op(fn: str, op, table) -> int:
+    op = _int(fn, "op", op)
+    if not 0 <= op < len(table):
+        raise ValueError(f"{fn}: unknown op code {op} (valid: 0..{len(table) - 1})")
+    return op
+
+
+def _shape_size(fn: str, shape: tuple) -> int:
+    size = 1
+    for n in shape:
+        if n < 0:
+            raise ValueError(f"{fn}: negative dimension in shape {shape}")
+        size *= n
+    if size > _MAX_ELEMENTS:
+        raise ValueError(f"{fn}: shape {shape} has too many elements")
+    return size
+
+
 def _check_view(fn: str, buf: Array, shape, strides, offset) -> int:
-    """The number of elements of the view; IndexError if it reaches outside ``buf``."""
-    shape, strides = tuple(shape), tuple(strides)
+    """The number of elements of the view; ValueError if it reaches outside ``buf``."""
+    shape, strides = _ints(fn, "shape", shape), _ints(fn, "strides", strides)
+    offset = _int(fn, "offset", offset)
     if len(shape) != len(strides):
         raise ValueError(f"{fn}: shape {shape} and strides {strides} differ in length")
-    if any(n < 0 for n in shape):
-        raise ValueError(f"{fn}: negative dimension in shape {shape}")
-    size = int(np.prod(shape, dtype=np.int64))
+    size = _shape_size(fn, shape)
     if size:
         lo = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
         hi = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
         if lo < 0 or hi >= buf.size:
-            raise IndexError(f"{fn}: view with shape {shape}, strides {strides} and offset "
+            raise ValueError(f"{fn}: view with shape {shape}, strides {strides} and offset "
                              f"{offset} reaches elements [{lo}, {hi}], outside the buffer of "
                              f"{buf.size} elements")
     return size
 
 
+def _check_out(fn: str, out: Array, size: int) -> None:
+    if out.size != size:
+        raise ValueError(f"{fn}: out has {out.size} elements, expected {size}")
+
+
 def _check_sizes(fn: str, out: Array, *inputs: Array) -> None:
+    for a in (out,) + inputs:
+        _buf(fn, "buffer", a)
     if any(a.size != out.size for a in inputs):
         sizes = " and ".join(str(a.size) for a in inputs)
         raise ValueError(f"{fn}: input{'s' if len(inputs) > 1 else ''} of {sizes} elements but "
@@ -60,54 +165,164 @@ def _check_sizes(fn: str, out: Array, *inputs: Array) -> None:
 def _view(a: Array, shape, strides, offset) -> np.ndarray:
     # as_strided from the buffer's start: negative strides (flip) reach below `offset`
     return np.lib.stride_tricks.as_strided(
-        a.array[offset:], shape, tuple(s * _datetype_size for s in strides)
+        a.array[offset:], tuple(shape), tuple(s * _datetype_size for s in strides)
     )
 
 
+# ---- memory (course) --------------------------------------------------------------------------
 def to_numpy(a: Array, shape, strides, offset) -> np.ndarray:
     """A copy of the strided view (shape, strides in elements, offset) of ``a``."""
+    _buf("to_numpy", "a", a)
     _check_view("to_numpy", a, shape, strides, offset)
     return _view(a, shape, strides, offset).copy()
 
 
 def from_numpy(a: np.ndarray, out: Array) -> None:
     """Copy the numpy array ``a`` (any shape, row-major order) into ``out``."""
+    _buf("from_numpy", "out", out)
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"from_numpy: a must be a numpy array, got {type(a).__name__}")
     if a.size != out.size:
         raise ValueError(f"from_numpy: numpy array has {a.size} elements but out has {out.size}")
-    out.array[:] = a.flatten()
+    out.array[:] = a.ravel()
 
 
 def fill(out: Array, val: float) -> None:
-    out.array.fill(val)
+    """Set every element of ``out`` to ``val``."""
+    _buf("fill", "out", out).array.fill(_float("fill", "val", val))
 
 
 def compact(a: Array, out: Array, shape, strides, offset) -> None:
     """Write the strided view of ``a`` into ``out`` in row-major order."""
+    _buf("compact", "a", a), _buf("compact", "out", out)
     size = _check_view("compact", a, shape, strides, offset)
-    if size != out.size:
-        raise ValueError(f"compact: shape {tuple(shape)} has {size} elements but out has "
-                         f"{out.size}")
-    out.array[:] = _view(a, shape, strides, offset).flatten()
+    _check_out("compact", out, size)
+    if size:
+        out.array[:] = _view(a, shape, strides, offset).ravel()
 
 
 def ewise_setitem(a: Array, out: Array, shape, strides, offset) -> None:
     """Write compact ``a`` into the strided view of ``out``."""
+    _buf("ewise_setitem", "a", a), _buf("ewise_setitem", "out", out)
     size = _check_view("ewise_setitem", out, shape, strides, offset)
     if size != a.size:
         raise ValueError(f"ewise_setitem: shape {tuple(shape)} has {size} elements but the "
                          f"source has {a.size}")
-    _view(out, shape, strides, offset)[...] = a.array.reshape(shape)
+    if size:
+        _view(out, shape, strides, offset)[...] = a.array.reshape(tuple(shape))
 
 
 def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset) -> None:
     """Set every element of the strided view of ``out`` (``size`` elements) to ``val``."""
+    size = _int("scalar_setitem", "size", size)
+    val = _float("scalar_setitem", "val", val)
+    _buf("scalar_setitem", "out", out)
     view_size = _check_view("scalar_setitem", out, shape, strides, offset)
     if view_size != size:
         raise ValueError(f"scalar_setitem: size {size} does not match shape {tuple(shape)} "
                          f"({view_size} elements)")
-    _view(out, shape, strides, offset)[...] = val
+    if size:
+        _view(out, shape, strides, offset)[...] = val
 
 
+# ---- element-wise on strided operands ---------------------------------------------------------
+def ewise_binary(op: int, a: Array, a_strides, a_offset: int, b: Array, b_strides, b_offset: int,
+                 out: Array, shape) -> None:
+    """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b)."""
+    fn = "ewise_binary"
+    op = _op(fn, op, _BINARY_FUNCS)
+    _buf(fn, "a", a), _buf(fn, "b", b), _buf(fn, "out", out)
+    size = _check_view(fn, a, shape, a_strides, a_offset)
+    _check_view(fn, b, shape, b_strides, b_offset)
+    _check_out(fn, out, size)
+    if size:
+        with np.errstate(all="ignore"):
+            out.array.reshape(tuple(shape))[...] = _BINARY_FUNCS[op](
+                _view(a, shape, a_strides, a_offset), _view(b, shape, b_strides, b_offset))
+
+
+def ewise_scalar(op: int, a: Array, a_strides, a_offset: int, val: float, out: Array, shape,
+                 reverse: bool) -> None:
+    """``out`` = BINARY_OPS[op](view of a, val), or (val, view of a) when ``reverse``."""
+    fn = "ewise_scalar"
+    op = _op(fn, op, _BINARY_FUNCS)
+    val = np.float32(_float(fn, "val", val))
+    _buf(fn, "a", a), _buf(fn, "out", out)
+    size = _check_view(fn, a, shape, a_strides, a_offset)
+    _check_out(fn, out, size)
+    if size:
+        x = _view(a, shape, a_strides, a_offset)
+        with np.errstate(all="ignore"):
+            r = _BINARY_FUNCS[op](val, x) if reverse else _BINARY_FUNCS[op](x, val)
+        out.array.reshape(tuple(shape))[...] = r
+
+
+def ewise_unary(op: int, a: Array, a_strides, a_offset: int, out: Array, shape) -> None:
+    """``out`` = UNARY_OPS[op](view of a)."""
+    fn = "ewise_unary"
+    op = _op(fn, op, _UNARY_FUNCS)
+    _buf(fn, "a", a), _buf(fn, "out", out)
+    size = _check_view(fn, a, shape, a_strides, a_offset)
+    _check_out(fn, out, size)
+    if size:
+        with np.errstate(all="ignore"):
+            out.array.reshape(tuple(shape))[...] = _UNARY_FUNCS[op](
+                _view(a, shape, a_strides, a_offset))
+
+
+# ---- reductions -------------------------------------------------------------------------------
+def reduce(op: int, a: Array, shape, strides, offset: int, keep: int, out: Array) -> None:
+    """``out`` (prod(shape[:keep])) = REDUCE_OPS[op] over the axes ``shape[keep:]`` of the view."""
+    fn = "reduce"
+    op = _op(fn, op, _REDUCE_FUNCS)
+    _buf(fn, "a", a), _buf(fn, "out", out)
+    _check_view(fn, a, shape, strides, offset)
+    shape = tuple(shape)
+    keep = _int(fn, "keep", keep)
+    if not 0 <= keep <= len(shape):
+        raise ValueError(f"{fn}: keep {keep} is outside [0, {len(shape)}] for shape {shape}")
+    kept = _shape_size(fn, shape[:keep])
+    _check_out(fn, out, kept)
+    if not kept:
+        return
+    func, identity = _REDUCE_FUNCS[op]
+    if _shape_size(fn, shape[keep:]) == 0:
+        if identity is None:
+            raise ValueError(f"{fn}: {__reduce_ops__[op]} over an empty extent {shape[keep:]} "
+                             "has no identity")
+        out.array.fill(identity)
+        return
+    out.array[:] = func(_view(a, shape, strides, offset),
+                        axis=tuple(range(keep, len(shape)))).ravel()
+
+
+# ---- matrix products --------------------------------------------------------------------------
+def matmul_strided(a: Array, a_strides, a_offset: int, b: Array, b_strides, b_offset: int,
+                   out: Array, batch: int, m: int, n: int, p: int) -> None:
+    """``out`` (compact, (batch, m, p)) = A[k] @ B[k] over strided (batch, m, n), (batch, n, p)."""
+    fn = "matmul_strided"
+    batch, m, n, p = (_int(fn, w, v) for w, v in zip("bmnp", (batch, m, n, p)))
+    if min(batch, m, n, p) < 0:
+        raise ValueError(f"{fn}: negative size in batch={batch}, m={m}, n={n}, p={p}")
+    _buf(fn, "a", a), _buf(fn, "b", b), _buf(fn, "out", out)
+    for what, strides in (("a_strides", a_strides), ("b_strides", b_strides)):
+        if len(_ints(fn, what, strides)) != 3:
+            raise ValueError(f"{fn}: {what} must hold 3 strides (batch, row, column), "
+                             f"got {tuple(strides)}")
+    _check_view(fn, a, (batch, m, n), a_strides, a_offset)
+    _check_view(fn, b, (batch, n, p), b_strides, b_offset)
+    size = _shape_size(fn, (batch, m, p))
+    _check_out(fn, out, size)
+    if size:
+        if n == 0:
+            out.array.fill(0.0)
+            return
+        out.array.reshape(batch, m, p)[...] = np.matmul(
+            _view(a, (batch, m, n), a_strides, a_offset),
+            _view(b, (batch, n, p), b_strides, b_offset))
+
+
+# ---- element-wise on compact operands (course) ------------------------------------------------
 def ewise_add(a, b, out):
     _check_sizes("ewise_add", out, a, b)
     out.array[:] = a.array + b.array
@@ -115,7 +330,7 @@ def ewise_add(a, b, out):
 
 def scalar_add(a, val, out):
     _check_sizes("scalar_add", out, a)
-    out.array[:] = a.array + val
+    out.array[:] = a.array + np.float32(_float("scalar_add", "val", val))
 
 
 def ewise_mul(a, b, out):
@@ -125,22 +340,25 @@ def ewise_mul(a, b, out):
 
 def scalar_mul(a, val, out):
     _check_sizes("scalar_mul", out, a)
-    out.array[:] = a.array * val
+    out.array[:] = a.array * np.float32(_float("scalar_mul", "val", val))
 
 
 def ewise_div(a, b, out):
     _check_sizes("ewise_div", out, a, b)
-    out.array[:] = a.array / b.array
+    with np.errstate(all="ignore"):
+        out.array[:] = a.array / b.array
 
 
 def scalar_div(a, val, out):
     _check_sizes("scalar_div", out, a)
-    out.array[:] = a.array / val
+    with np.errstate(all="ignore"):
+        out.array[:] = a.array / np.float32(_float("scalar_div", "val", val))
 
 
 def scalar_power(a, val, out):
     _check_sizes("scalar_power", out, a)
-    out.array[:] = a.array**val
+    with np.errstate(all="ignore"):
+        out.array[:] = a.array ** np.float32(_float("scalar_power", "val", val))
 
 
 def ewise_maximum(a, b, out):
@@ -150,37 +368,39 @@ def ewise_maximum(a, b, out):
 
 def scalar_maximum(a, val, out):
     _check_sizes("scalar_maximum", out, a)
-    out.array[:] = np.maximum(a.array, val)
+    out.array[:] = np.maximum(a.array, np.float32(_float("scalar_maximum", "val", val)))
 
 
 def ewise_eq(a, b, out):
     _check_sizes("ewise_eq", out, a, b)
-    out.array[:] = (a.array == b.array).astype(np.float32)
+    out.array[:] = a.array == b.array
 
 
 def scalar_eq(a, val, out):
     _check_sizes("scalar_eq", out, a)
-    out.array[:] = (a.array == val).astype(np.float32)
+    out.array[:] = a.array == np.float32(_float("scalar_eq", "val", val))
 
 
 def ewise_ge(a, b, out):
     _check_sizes("ewise_ge", out, a, b)
-    out.array[:] = (a.array >= b.array).astype(np.float32)
+    out.array[:] = a.array >= b.array
 
 
 def scalar_ge(a, val, out):
     _check_sizes("scalar_ge", out, a)
-    out.array[:] = (a.array >= val).astype(np.float32)
+    out.array[:] = a.array >= np.float32(_float("scalar_ge", "val", val))
 
 
 def ewise_log(a, out):
     _check_sizes("ewise_log", out, a)
-    out.array[:] = np.log(a.array)
+    with np.errstate(all="ignore"):
+        out.array[:] = np.log(a.array)
 
 
 def ewise_exp(a, out):
     _check_sizes("ewise_exp", out, a)
-    out.array[:] = np.exp(a.array)
+    with np.errstate(all="ignore"):
+        out.array[:] = np.exp(a.array)
 
 
 def ewise_tanh(a, out):
@@ -190,7 +410,11 @@ def ewise_tanh(a, out):
 
 def matmul(a, b, out, m, n, p):
     """out (m, p) = a (m, n) @ b (n, p), all compact."""
+    m, n, p = (_int("matmul", w, v) for w, v in zip("mnp", (m, n, p)))
+    if min(m, n, p) < 0:
+        raise ValueError(f"matmul: negative size in m={m}, n={n}, p={p}")
     for what, buf, count in (("a", a, m * n), ("b", b, n * p), ("out", out, m * p)):
+        _buf("matmul", what, buf)
         if count > buf.size:
             raise ValueError(f"matmul: {what} needs {count} elements for m={m}, n={n}, p={p} "
                              f"but has {buf.size}")
@@ -198,21 +422,29 @@ def matmul(a, b, out, m, n, p):
     out.array[: m * p] = product.reshape(-1)
 
 
-def _check_reduce(fn: str, a: Array, out: Array, reduce_size: int) -> None:
+def _check_reduce(fn: str, a: Array, out: Array, reduce_size: int) -> int:
+    _buf(fn, "a", a), _buf(fn, "out", out)
+    reduce_size = _int(fn, "reduce_size", reduce_size)
     if reduce_size <= 0:
         raise ValueError(f"{fn}: reduce_size must be positive, got {reduce_size}")
     if out.size * reduce_size > a.size:
         raise ValueError(f"{fn}: out has {out.size} elements, reducing {reduce_size} each needs "
                          f"{out.size * reduce_size} but a has {a.size}")
+    return reduce_size
 
 
 def reduce_max(a, out, reduce_size):
     """Max over consecutive blocks of ``reduce_size`` elements of compact ``a``."""
-    _check_reduce("reduce_max", a, out, reduce_size)
+    reduce_size = _check_reduce("reduce_max", a, out, reduce_size)
     out.array[:] = a.array[: out.array.size * reduce_size].reshape(-1, reduce_size).max(axis=1)
 
 
 def reduce_sum(a, out, reduce_size):
     """Sum over consecutive blocks of ``reduce_size`` elements of compact ``a``."""
-    _check_reduce("reduce_sum", a, out, reduce_size)
+    reduce_size = _check_reduce("reduce_sum", a, out, reduce_size)
     out.array[:] = a.array[: out.array.size * reduce_size].reshape(-1, reduce_size).sum(axis=1)
+
+
+# The fused kernels (protocol.py, "fused kernels") live in their own file; imported last so
+# that file may import this module's Array and helpers.
+from .ndarray_backend_numpy_fused import *  # noqa: E402,F401,F403
