@@ -62,13 +62,78 @@ def _apply_to_chw(dataset: Dataset, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=np.float32)
 
 
+class _Refused(pickle.UnpicklingError):
+    """A pickle asked for something a CIFAR-10 batch never holds."""
+
+
+def _latin1_encode(text: str, encoding: str) -> bytes:
+    """``_codecs.encode`` as Python 3 pickles bytes at protocol 2, restricted to latin-1."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise _Refused(f"refused _codecs.encode({type(text).__name__}, {encoding!r}): pickle "
+                       f"stores bytes only as latin-1 text")
+    return text.encode("latin1")
+
+
+def _numpy_pickle_globals() -> dict:
+    """(module, name) -> object for every global a pickled numpy array may refer to.
+
+    numpy 1.x writes ``numpy.core.*`` and numpy 2.x ``numpy._core.*``; protocol 5 uses
+    ``numeric._frombuffer`` for contiguous arrays, older protocols ``multiarray._reconstruct``;
+    numpy scalars use ``multiarray.scalar``. The objects come from the installed numpy (found
+    through its own reducers), so either spelling loads without touching the deprecated
+    ``numpy.core`` alias.
+    """
+    reconstruct = np.zeros(1).__reduce__()[0]
+    frombuffer = np.zeros(1).__reduce_ex__(5)[0]
+    scalar = np.uint8(0).__reduce__()[0]
+    table = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+             ("_codecs", "encode"): _latin1_encode}
+    for core in ("numpy.core", "numpy._core"):
+        table[(f"{core}.multiarray", "_reconstruct")] = reconstruct
+        table[(f"{core}.multiarray", "scalar")] = scalar
+        table[(f"{core}.numeric", "_frombuffer")] = frombuffer
+    return table
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what a CIFAR-10 batch holds.
+
+    Dicts, lists, tuples, str/bytes and numbers need no globals; the only globals admitted are
+    numpy's array, dtype and scalar reconstruction (and latin-1 ``_codecs.encode``, which
+    Python 3 uses for bytes at protocol 2). Any other global (``os.system``, ``builtins.eval``,
+    a class with a ``__reduce__``) raises ``pickle.UnpicklingError`` naming it, before anything
+    could call it.
+    """
+
+    _ALLOWED = _numpy_pickle_globals()
+
+    def find_class(self, module: str, name: str):
+        """The admitted object for ``module.name``; UnpicklingError for anything else."""
+        try:
+            return self._ALLOWED[(module, name)]
+        except KeyError:
+            raise _Refused(
+                f"refused global {module}.{name}: a CIFAR-10 batch holds only dicts, lists, "
+                f"str/bytes, ints and numpy arrays") from None
+
+    def persistent_load(self, pid):
+        raise _Refused("refused a persistent id: a CIFAR-10 batch has none")
+
+
 def _load_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """Read one CIFAR-10 python batch: (X uint8 (n, 3072), y int64 (n,)), validated."""
+    """Read one CIFAR-10 python batch: (X uint8 (n, 3072), y int64 (n,)), validated.
+
+    The pickle is read with :class:`_CifarUnpickler`, so a batch that refers to anything but
+    numpy's array reconstruction raises ValueError naming the file and the refused global,
+    and nothing in it runs.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"CIFAR-10 batch file {path!r} does not exist")
     try:
         with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+            batch = _CifarUnpickler(f, encoding="bytes").load()
+    except _Refused as e:
+        raise ValueError(f"CIFAR-10 batch {path!r} is unsafe, not loaded: {e}") from e
     except Exception as e:  # truncated or not a pickle at all: say which file
         raise ValueError(f"CIFAR-10 batch {path!r} is not a readable python pickle "
                          f"({type(e).__name__}: {e})") from e
@@ -103,7 +168,10 @@ class CIFAR10Dataset(Dataset):
     Attributes: ``X`` float32 (N, 3, 32, 32) with pixels divided by 255, ``y`` int64 (N,).
     ``p`` is kept for the course's signature and not used. A malformed batch (missing file or
     key, wrong row size, label count mismatch, truncated or non-pickle file) raises
-    ``FileNotFoundError``/``ValueError`` naming the file and the problem.
+    ``FileNotFoundError``/``ValueError`` naming the file and the problem. Unlike the course's
+    ``pickle.load``, batches are read with an unpickler that admits only dicts, lists,
+    str/bytes, numbers and numpy arrays: a pickle referring to any other class or function
+    (code that would run on load) raises ValueError naming the file and that global.
     """
 
     def __init__(self, base_folder: str, train: bool, p: Optional[float] = 0.5,

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 import zlib
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import BinaryIO, List, Optional, Tuple
 
 import numpy as np
 
@@ -39,49 +40,101 @@ _IDX_CODES = {np.dtype(v).newbyteorder("="): k for k, v in _IDX_TYPES.items()}
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
 
 
-def _read_bytes(filename: str | Path) -> bytes:
-    """The file's content, gunzipped when it starts with the gzip magic bytes."""
-    path = Path(filename)
-    if not path.is_file():
-        raise FileNotFoundError(f"IDX file not found: {path}")
-    raw = path.read_bytes()
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as exc:  # truncated or corrupt gzip stream
-        raise ValueError(f"{path} is not a valid gzip file (truncated or corrupt): {exc}") from exc
+# Deflate expands one compressed byte into at most about 1032 bytes; a gzip file of n bytes can
+# therefore hold at most this many times n bytes of data (headers only make it less).
+_GZIP_MAX_RATIO = 1032
+_CHUNK = 1 << 20
+
+
+def _idx_error(path: Path, problem: str) -> ValueError:
+    return ValueError(f"IDX file {str(path)!r}: {problem}")
+
+
+def _read_up_to(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes from ``f`` (fewer only at the end of the stream)."""
+    parts, got = [], 0
+    while got < n:
+        part = f.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def _read_idx_stream(f: BinaryIO, path: Path, expected_magic: Optional[int],
+                     file_size: int, gzipped: bool) -> np.ndarray:
+    """Parse an IDX stream: header first, then exactly the data the header declares.
+
+    A raw file's data must fill the rest of its ``file_size`` bytes exactly; a gzipped file of
+    ``file_size`` bytes cannot hold more than ``_GZIP_MAX_RATIO`` times that. Sizes are Python
+    ints, so no product wraps, and nothing is allocated before the header passes these bounds.
+    """
+    head = _read_up_to(f, 4)
+    if len(head) < 4:
+        what = "is empty" if not head else f"holds only {len(head)} byte(s)"
+        raise _idx_error(path, f"{what}; an IDX file starts with a 4-byte magic number")
+    magic = int.from_bytes(head, "big")
+    code, ndim = head[2], head[3]
+    if head[:2] != b"\0\0" or code not in _IDX_TYPES or ndim == 0:
+        raise _idx_error(path, f"bad IDX magic number {magic} (0x{magic:08x}); expected 0x0000 "
+                               "followed by a type code and a dimension count")
+    if expected_magic is not None and magic != expected_magic:
+        raise _idx_error(path, f"magic number {magic}, expected {expected_magic} "
+                               f"({'images' if expected_magic == IMAGES_MAGIC else 'labels'})")
+    dims = _read_up_to(f, 4 * ndim)
+    if len(dims) < 4 * ndim:
+        raise _idx_error(path, f"truncated header: {ndim} dimension sizes need {4 * ndim} "
+                               f"bytes, found {len(dims)}")
+    shape = tuple(int.from_bytes(dims[4 * i:4 * i + 4], "big") for i in range(ndim))
+    dtype = np.dtype(_IDX_TYPES[code])
+    nbytes = math.prod(shape) * dtype.itemsize
+    capacity = _GZIP_MAX_RATIO * file_size if gzipped else file_size - 4 - 4 * ndim
+    if not gzipped and nbytes != capacity:
+        what = "truncated" if nbytes > capacity else "longer than its header says"
+        raise _idx_error(path, f"{what}: shape {shape} needs {nbytes} bytes of data, "
+                               f"found {capacity}")
+    if nbytes > capacity:
+        raise _idx_error(path, f"header declares shape {shape}, {nbytes} bytes of data, more "
+                               f"than the file can hold ({capacity} bytes at most)")
+    buf = np.empty(nbytes, dtype=np.uint8)
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        n = f.readinto(view[got:got + _CHUNK])
+        if not n:
+            raise _idx_error(path, f"truncated: shape {shape} needs {nbytes} bytes of data, "
+                                   f"found {got}")
+        got += n
+    if f.read(1):  # also makes gzip check the stream's CRC and length
+        raise _idx_error(path, f"longer than its header says: data continues past the "
+                               f"{nbytes} bytes of shape {shape}")
+    return buf.view(dtype).reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
 def read_idx(filename: str | Path, expected_magic: Optional[int] = None) -> np.ndarray:
     """Read an IDX file (raw or gzipped) into a numpy array of its stored dtype and shape.
 
-    Raises ValueError naming the file when the magic number is malformed or differs from
-    ``expected_magic``, or when the data is shorter or longer than the header's sizes.
+    Streams the file: the header is checked before any data is read or decompressed, sizes are
+    bounded by what the file can hold, and at most the declared data is decompressed. Raises
+    FileNotFoundError for a missing file and ValueError naming the file for an empty file, a
+    malformed magic number or one differing from ``expected_magic``, a truncated header, data
+    shorter or longer than the header's sizes, and a truncated or corrupt gzip stream.
     """
-    data = _read_bytes(filename)
-    if len(data) < 4:
-        raise ValueError(f"{filename} is truncated: {len(data)} bytes, too short for an IDX header")
-    magic = int.from_bytes(data[:4], "big")
-    zero, code, ndim = int.from_bytes(data[:2], "big"), data[2], data[3]
-    if zero != 0 or code not in _IDX_TYPES or ndim == 0:
-        raise ValueError(f"{filename}: bad IDX magic number {magic} (0x{magic:08x}); expected "
-                         "0x0000 followed by a type code and a dimension count")
-    if expected_magic is not None and magic != expected_magic:
-        raise ValueError(f"{filename}: bad magic number {magic}, expected {expected_magic} "
-                         f"({'images' if expected_magic == IMAGES_MAGIC else 'labels'})")
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise ValueError(f"{filename} is truncated: header needs {header} bytes, found {len(data)}")
-    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(_IDX_TYPES[code])
-    expected = int(np.prod(shape)) * dtype.itemsize
-    found = len(data) - header
-    if found != expected:
-        what = "truncated" if found < expected else "longer than its header says"
-        raise ValueError(f"{filename} is {what}: shape {shape} needs {expected} bytes of data, "
-                         f"found {found}")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    path = Path(filename)
+    if not path.is_file():
+        raise FileNotFoundError(f"IDX file not found: {path}")
+    size = path.stat().st_size
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        if not gzipped:
+            return _read_idx_stream(raw, path, expected_magic, size, gzipped=False)
+        try:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                return _read_idx_stream(f, path, expected_magic, size, gzipped=True)
+        except (EOFError, OSError, zlib.error) as exc:  # truncated or corrupt gzip stream
+            raise _idx_error(path, f"not a valid gzip file (truncated or corrupt): "
+                                   f"{exc}") from exc
 
 
 def write_idx(filename: str | Path, array: np.ndarray) -> Path:

@@ -47,7 +47,8 @@ class Corpus:
     """``base_dir/train.txt`` and ``base_dir/test.txt`` as lists of ids (``train``, ``test``).
 
     Each line becomes ``line.split() + ['<eos>']``; ``max_lines`` reads at most that many
-    lines of each file. Both files share one ``dictionary``, filled train first.
+    lines of each file. Both files share one ``dictionary``, filled train first. A missing
+    file raises FileNotFoundError, a file that is not UTF-8 ValueError naming it and the line.
     """
 
     def __init__(self, base_dir: str, max_lines: Optional[int] = None):
@@ -67,13 +68,29 @@ class Corpus:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Corpus: missing file {path!r}")
         ids = []
-        with open(path, "r", encoding="utf-8") as f:
-            for n, line in enumerate(f):
-                if max_lines is not None and n >= max_lines:
-                    break
-                for word in line.split() + ["<eos>"]:
-                    ids.append(self.dictionary.add_word(word))
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                for n, line in enumerate(f):
+                    if max_lines is not None and n >= max_lines:
+                        break
+                    for word in line.split() + ["<eos>"]:
+                        ids.append(self.dictionary.add_word(word))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"Corpus: {path!r} is not UTF-8 text: {_where_not_utf8(path)}"
+                             ) from exc
         return ids
+
+
+def _where_not_utf8(path: str) -> str:
+    """Where the first byte sequence that is not UTF-8 sits in ``path``: line, column, bytes."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"line {lineno}, byte {e.start + 1} of the line "
+                        f"({raw[e.start:e.end]!r}: {e.reason})")
+    return "an invalid byte sequence"
 
 
 def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32") -> np.ndarray:
