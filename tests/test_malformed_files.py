@@ -292,3 +292,12 @@ def test_non_utf8_corpus_names_the_file_and_line(tmp_path, bad_file):
     message = str(info.value)
     assert str(tmp_path / bad_file) in message
     assert "UTF-8" in message and "line 2" in message
+
+
+def test_non_utf8_bytes_past_max_lines_are_never_read(tmp_path):
+    """Only the lines asked for are decoded: a bad byte after them does not matter."""
+    (tmp_path / "train.txt").write_bytes(b"a b\nc\n" + "caf\u00e9\n".encode("latin-1"))
+    (tmp_path / "test.txt").write_bytes(b"d\n")
+    corpus = ndl.data.Corpus(str(tmp_path), max_lines=2)
+    assert [corpus.dictionary.idx2word[i] for i in corpus.train] == ["a", "b", "<eos>", "c",
+                                                                     "<eos>"]

@@ -48,6 +48,18 @@ def test_corpus_tokenises_like_the_course(tmp_path):
     assert Corpus(base, max_lines=0).train == []
 
 
+@pytest.mark.parametrize("text", [b"a b\nc\r\nd\re\n\nf", b"x\r", b"x\r\n\r\ny z",
+                                  b"a\rb\r\rc\n", b"", "na\u00efve caf\u00e9\n".encode()])
+def test_corpus_lines_are_those_open_reads(tmp_path, text):
+    """Line ends as Python's text mode reads them (\\n, \\r\\n and a lone \\r all end a line)."""
+    (tmp_path / "train.txt").write_bytes(text)
+    (tmp_path / "test.txt").write_bytes(b"")
+    c = Corpus(str(tmp_path))
+    with open(tmp_path / "train.txt", encoding="utf-8") as f:
+        words = [w for line in f for w in line.split() + ["<eos>"]]
+    assert [c.dictionary.idx2word[i] for i in c.train] == words
+
+
 def test_corpus_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         Corpus(str(tmp_path / "missing"))

@@ -13,9 +13,10 @@ can beat the perplexity exp(H) on this text; :func:`grammar_entropy_rate` return
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,29 +69,35 @@ class Corpus:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Corpus: missing file {path!r}")
         ids = []
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                for n, line in enumerate(f):
-                    if max_lines is not None and n >= max_lines:
-                        break
-                    for word in line.split() + ["<eos>"]:
-                        ids.append(self.dictionary.add_word(word))
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"Corpus: {path!r} is not UTF-8 text: {_where_not_utf8(path)}"
-                             ) from exc
+        for line in itertools.islice(_text_lines(path), max_lines):
+            for word in line.split() + ["<eos>"]:
+                ids.append(self.dictionary.add_word(word))
         return ids
 
 
-def _where_not_utf8(path: str) -> str:
-    """Where the first byte sequence that is not UTF-8 sits in ``path``: line, column, bytes."""
+def _text_lines(path: str) -> Iterator[str]:
+    """The lines of UTF-8 file ``path`` as ``open(path)`` gives them (universal newlines).
+
+    Decodes line by line, so a bad byte after the lines a caller reads is never reached; a
+    line that is not UTF-8 raises ValueError naming the file, the line and the byte.
+    """
+    lineno = 0
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for raw in f:  # binary lines end at b"\n", so "\r\n" never straddles two of them
             try:
-                raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return (f"line {lineno}, byte {e.start + 1} of the line "
-                        f"({raw[e.start:e.end]!r}: {e.reason})")
-    return "an invalid byte sequence"
+                line = lineno + raw[:e.start].replace(b"\r\n", b"\n").count(b"\r") + 1
+                raise ValueError(f"Corpus: {path!r} is not UTF-8 text: line {line} holds "
+                                 f"{raw[e.start:e.end]!r} ({e.reason})") from e
+            pieces = text.replace("\r\n", "\n").split("\r")
+            for k, piece in enumerate(pieces):
+                if k < len(pieces) - 1:
+                    piece += "\n"
+                elif not piece:
+                    continue
+                lineno += 1
+                yield piece
 
 
 def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32") -> np.ndarray:
