@@ -292,8 +292,9 @@ def reduce(op: int, a: Array, shape, strides, offset: int, keep: int, out: Array
                              "has no identity")
         out.array.fill(identity)
         return
-    out.array[:] = func(_view(a, shape, strides, offset),
-                        axis=tuple(range(keep, len(shape)))).ravel()
+    with np.errstate(all="ignore"):
+        out.array[:] = func(_view(a, shape, strides, offset),
+                            axis=tuple(range(keep, len(shape)))).ravel()
 
 
 # ---- matrix products --------------------------------------------------------------------------
