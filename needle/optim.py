@@ -1,19 +1,21 @@
 """Optimizers (hw2): SGD with averaged momentum and Adam, both with L2 weight decay.
 
-Updates follow the course exactly (see each class) and go through ``param.data``, so no
-computation graph grows across steps; ``param.grad`` is read, never modified in place; every
-state tensor stays in the parameter's dtype (float32). Optimizer state is kept per position
-in the parameter list.
+Updates follow the course exactly (see each class). They run on the raw arrays, one fused
+kernel per parameter that rewrites the parameter's buffer in place, so no computation graph
+grows across steps and no Tensor is created; ``param.grad`` is read, never modified; every
+state array stays in the parameter's dtype (float32) and on its device. Optimizer state is
+kept per position in the parameter list.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable, List
 
 import numpy as np
 
-import needle as ndl
 from needle.autograd import Tensor
+from needle.backend_selection import array_api
 
 
 class Optimizer:
@@ -68,13 +70,9 @@ class Optimizer:
                     p.grad = p.grad.detach() * coef
         return total
 
-    def _arrays(self, i: int, p: Tensor, weight_decay: float):
-        """(g, θ) as raw arrays, g = p.grad + weight_decay·θ in p's dtype and device; None
-        when p has no gradient.
-
-        Updates work on raw arrays: the same float32 arithmetic the Tensor ops would do,
-        without building (and discarding) a graph node per operation.
-        """
+    def _grad_and_param(self, i: int, p: Tensor):
+        """(g, θ) as raw arrays of p's dtype and device, θ compact (the buffer the update writes
+        in place); None when p has no gradient."""
         g = p.grad
         if g is None:
             return None
@@ -84,10 +82,30 @@ class Optimizer:
         if g.dtype != p.dtype or g.device != p.device:
             g = Tensor(g.numpy().astype(p.dtype), device=p.device, dtype=p.dtype,
                        requires_grad=False)
-        g, w = g.realize_cached_data(), p.realize_cached_data()
-        if weight_decay:
-            g = g + w * weight_decay
-        return g, w
+        w = p.realize_cached_data()
+        compact = w.compact()
+        if compact is not w:  # a strided view: from now on p owns a compact buffer
+            p.cached_data = w = compact
+        return g.realize_cached_data(), w
+
+    def _zeros(self, w):
+        """A zero optimizer-state array shaped like the raw array ``w``, on its device."""
+        return array_api.full(tuple(w.shape), 0.0, dtype=w.dtype, device=w.device)
+
+
+def _hyper(owner: str, name: str, value, low: float, high: float = math.inf,
+           low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a float after checking it is a finite real number in the stated interval
+    (TypeError for a non-number, ValueError naming the argument otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
+    value = float(value)
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and \
+        (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{owner}: {name} must be a finite number in {interval}, got {value!r}")
+    return value
 
 
 class SGD(Optimizer):
@@ -95,35 +113,38 @@ class SGD(Optimizer):
 
     g = grad + weight_decay·θ;  u = momentum·u + (1 - momentum)·g  (u starts at 0);
     θ = θ - lr·u. Note the average: PyTorch's SGD uses u = momentum·u + g instead.
+
+    Each step is one fused kernel per parameter (``array_api.sgd_update_``) that updates the
+    parameter's array in place: tensors sharing that array (``p.data``, ``p.detach()``) see the
+    new values, as in PyTorch. ``lr`` and ``weight_decay`` must be finite and ≥ 0, ``momentum``
+    in [0, 1) (checked at construction and at every step, so a schedule cannot slip in a NaN).
     """
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.01, momentum: float = 0.0,
                  weight_decay: float = 0.0) -> None:
         super().__init__(params)
-        if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0:
-            raise ValueError(f"SGD: need lr >= 0, 0 <= momentum < 1 and weight_decay >= 0; got "
-                             f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}")
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.u: dict = {}
+        self._hypers()
+
+    def _hypers(self):
+        return (_hyper("SGD", "lr", self.lr, 0.0),
+                _hyper("SGD", "momentum", self.momentum, 0.0, 1.0, high_open=True),
+                _hyper("SGD", "weight_decay", self.weight_decay, 0.0))
 
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
-        lr, beta, wd = float(self.lr), float(self.momentum), float(self.weight_decay)
+        lr, beta, wd = self._hypers()
         for i, p in enumerate(self.params):
-            arrays = self._arrays(i, p, wd)
+            arrays = self._grad_and_param(i, p)
             if arrays is None:
                 continue
             g, w = arrays
-            if beta:
-                prev = self.u.get(i)
-                # u starts at 0, and beta·0 + (1-beta)·g is exactly (1-beta)·g
-                u = g * (1 - beta) if prev is None else prev * beta + g * (1 - beta)
-                self.u[i] = u
-            else:
-                u = g
-            p.data = Tensor.make_const(w - u * lr)
+            if i not in self.u:
+                self.u[i] = self._zeros(w)
+            array_api.sgd_update_(w, g, self.u[i], lr, beta, wd)
 
 
 class Adam(Optimizer):
@@ -132,16 +153,15 @@ class Adam(Optimizer):
     g = grad + weight_decay·θ;  m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;
     m̂ = m/(1-β1^t);  v̂ = v/(1-β2^t);  θ = θ - lr·m̂/(sqrt(v̂) + eps), where t counts
     ``step()`` calls (including those in which a parameter had no gradient).
+
+    One fused in-place kernel per parameter (``array_api.adam_update_``), as for :class:`SGD`.
+    ``lr`` and ``weight_decay`` must be finite and ≥ 0, ``beta1``/``beta2`` in [0, 1) and
+    ``eps`` finite and > 0 (checked at construction and at every step).
     """
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.01, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> None:
         super().__init__(params)
-        if lr < 0 or not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0 or eps < 0 \
-                or weight_decay < 0:
-            raise ValueError(f"Adam: need lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0 and "
-                             f"weight_decay >= 0; got lr={lr}, beta1={beta1}, beta2={beta2}, "
-                             f"eps={eps}, weight_decay={weight_decay}")
         self.lr = lr
         self.beta1 = beta1
         self.beta2 = beta2
@@ -150,23 +170,24 @@ class Adam(Optimizer):
         self.t = 0
         self.m: dict = {}
         self.v: dict = {}
+        self._hypers()
+
+    def _hypers(self):
+        return (_hyper("Adam", "lr", self.lr, 0.0),
+                _hyper("Adam", "beta1", self.beta1, 0.0, 1.0, high_open=True),
+                _hyper("Adam", "beta2", self.beta2, 0.0, 1.0, high_open=True),
+                _hyper("Adam", "eps", self.eps, 0.0, low_open=True),
+                _hyper("Adam", "weight_decay", self.weight_decay, 0.0))
 
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
+        lr, b1, b2, eps, wd = self._hypers()
         self.t += 1
-        lr, b1, b2 = float(self.lr), float(self.beta1), float(self.beta2)
-        eps, wd = float(self.eps), float(self.weight_decay)
         for i, p in enumerate(self.params):
-            arrays = self._arrays(i, p, wd)
+            arrays = self._grad_and_param(i, p)
             if arrays is None:
                 continue
             g, w = arrays
-            if i in self.m:
-                m = self.m[i] * b1 + g * (1 - b1)
-                v = self.v[i] * b2 + (g ** 2) * (1 - b2)
-            else:  # moments start at 0: b·0 + (1-b)·x is exactly (1-b)·x
-                m, v = g * (1 - b1), (g ** 2) * (1 - b2)
-            self.m[i], self.v[i] = m, v
-            m_hat = m / (1 - b1 ** self.t)
-            v_hat = v / (1 - b2 ** self.t)
-            p.data = Tensor.make_const(w - (m_hat * lr) / (v_hat ** 0.5 + eps))
+            if i not in self.m:
+                self.m[i], self.v[i] = self._zeros(w), self._zeros(w)
+            array_api.adam_update_(w, g, self.m[i], self.v[i], lr, b1, b2, eps, wd, self.t)

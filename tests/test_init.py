@@ -1,6 +1,6 @@
 """needle.init: factories and initialisers against numpy draws from the same seed.
 
-Oracle: the formulas of API.md §4 evaluated with numpy on the same global-RNG draws (one
+Oracle: the course's formulas evaluated with numpy on the same global-RNG draws (one
 ``np.random.rand``/``randn`` call per tensor), plus sample statistics on large tensors.
 """
 import math
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import needle as ndl
-from needle import init
+from needle import init, nn
 from conftest import DEVICES
 
 pytestmark = pytest.mark.nn
@@ -57,13 +57,29 @@ def test_constant_ones_zeros(device):
     assert init.ones(2, device=device, requires_grad=True).requires_grad
 
 
-def test_factories_default_to_cpu():
-    # the course's convention: init functions default to ndl.cpu(), not default_device()
-    if not ndl.cpu().enabled():
-        pytest.skip("cpu() is not built here")
+def test_factories_default_to_the_tensor_default_device():
+    # one default device: what ndl.Tensor(x) uses, so that init, nn modules and tensors made
+    # without device= meet (the compiled cpu() when it is built)
+    here = ndl.Tensor([1.0]).device
+    if ndl.BACKEND == "nd" and ndl.cpu().enabled():
+        assert here == ndl.cpu()
     for t in (init.rand(2), init.randn(2), init.zeros(2), init.ones(2), init.randb(2),
-              init.one_hot(3, ndl.Tensor([1.0], device=ndl.cpu()))):
-        assert t.device == ndl.cpu()
+              init.constant(2, c=3.0), init.xavier_uniform(2, 3), init.kaiming_normal(2, 3),
+              init.one_hot(3, ndl.Tensor([1.0]))):
+        assert t.device == here
+
+
+def test_modules_without_device_take_plain_tensors():
+    # nn.Linear(2, 3)(ndl.Tensor(x)) works as a newcomer expects
+    np.random.seed(0)
+    x = np.random.randn(4, 2).astype(F32)
+    lin = nn.Linear(2, 3)
+    y = lin(ndl.Tensor(x))
+    np.testing.assert_allclose(y.numpy(), x @ lin.weight.numpy() + lin.bias.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    for module, shape in ((nn.BatchNorm1d(3), (4, 3)), (nn.LayerNorm1d(3), (4, 3)),
+                          (nn.LSTMCell(3, 2), (4, 3))):
+        module(ndl.Tensor(np.random.randn(*shape).astype(F32)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -294,6 +294,22 @@ def test_norm_layers_reject_wrong_features():
         nn.BatchNorm2d(3)(ndl.Tensor(np.zeros((2, 4, 2, 2), F32), device=ndl.cpu()))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm_empty_training_batch_leaves_running_statistics(device):
+    # an empty batch has no statistics: PyTorch returns the empty output and leaves the running
+    # statistics alone (the course's formula set them to NaN for good)
+    bn1, bn2 = nn.BatchNorm1d(3, device=device), nn.BatchNorm2d(3, device=device)
+    for bn, shape in ((bn1, (4, 3)), (bn2, (2, 3, 2, 2))):
+        bn(T(np.random.randn(*shape) + 2, device))
+        mean, var = bn.running_mean.numpy(), bn.running_var.numpy()
+        empty = (0,) + shape[1:]
+        y = bn(T(np.zeros(empty), device))
+        assert y.shape == empty
+        np.testing.assert_array_equal(bn.running_mean.numpy(), mean)
+        np.testing.assert_array_equal(bn.running_var.numpy(), var)
+        assert np.all(np.isfinite(mean)) and np.all(np.isfinite(var))
+
+
 # ---- Dropout ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 def test_dropout_exact_mask_given_seed(device):

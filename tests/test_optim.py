@@ -238,3 +238,50 @@ def test_optimizer_rejects_bad_parameter_lists():
         optim.SGD([a], momentum=1.5)
     # a generator (model.parameters() style) is accepted and materialised
     assert [id(p) for p in optim.SGD(p for p in [a, b]).params] == [id(a), id(b)]
+
+
+@pytest.mark.parametrize("opt_cls, name, bad", [
+    (optim.SGD, "lr", float("nan")), (optim.SGD, "lr", float("inf")), (optim.SGD, "lr", -0.1),
+    (optim.SGD, "momentum", 1.0), (optim.SGD, "momentum", -0.5),
+    (optim.SGD, "momentum", float("nan")), (optim.SGD, "weight_decay", -1e-4),
+    (optim.SGD, "weight_decay", float("inf")),
+    (optim.Adam, "lr", float("nan")), (optim.Adam, "lr", -1.0), (optim.Adam, "beta1", 1.0),
+    (optim.Adam, "beta1", -0.1), (optim.Adam, "beta2", 1.5), (optim.Adam, "eps", 0.0),
+    (optim.Adam, "eps", -1e-8), (optim.Adam, "eps", float("nan")),
+    (optim.Adam, "weight_decay", -0.1)])
+def test_optimizers_reject_out_of_range_hyperparameters(opt_cls, name, bad):
+    p = nn.Parameter(np.ones(2, F32))
+    with pytest.raises(ValueError, match=name):
+        opt_cls([p], **{name: bad})
+    # a schedule that sets a bad value later is caught at the next step, before any update
+    opt = opt_cls([p])
+    (p * 2.0).sum().backward()
+    setattr(opt, name, bad)
+    with pytest.raises(ValueError, match=name):
+        opt.step()
+    np.testing.assert_array_equal(p.numpy(), [1.0, 1.0])
+    with pytest.raises(TypeError, match=name):
+        opt_cls([p], **{name: "0.1"})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [optim.SGD, optim.Adam])
+def test_step_updates_the_parameter_buffer_in_place(opt_cls, device):
+    p = nn.Parameter(np.array([[1.0, -2.0, 3.0]], F32), device=device)
+    shared = p.data  # shares the array, as in PyTorch
+    (p * p).sum().backward()
+    opt = opt_cls([p], lr=0.1)
+    opt.step()
+    assert p.realize_cached_data() is shared.realize_cached_data()
+    np.testing.assert_array_equal(shared.numpy(), p.numpy())
+    assert not np.allclose(p.numpy(), [[1.0, -2.0, 3.0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_on_a_strided_parameter(device):
+    # a parameter whose array is a transposed view is updated correctly (and made compact)
+    base = ndl.Tensor(np.arange(6, dtype=F32).reshape(2, 3), device=device)
+    p = nn.Parameter(base.transpose(), device=device)
+    (p * 1.0).sum().backward()
+    optim.SGD([p], lr=0.5).step()
+    np.testing.assert_allclose(p.numpy(), np.arange(6, dtype=F32).reshape(2, 3).T - 0.5)

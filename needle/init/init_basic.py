@@ -2,14 +2,18 @@
 
 Randomness comes only from numpy's global RNG (through ``device.rand``/``device.randn``, which
 call ``np.random.rand``/``np.random.randn`` once per tensor), so ``np.random.seed(s)`` reproduces
-the course's numbers. Every factory defaults to ``device=ndl.cpu()`` (the course's choice; under
-``NEEDLE_BACKEND=np`` that is the numpy host device) and ``requires_grad=False``.
+the course's numbers. Every factory defaults to ``requires_grad=False`` and to needle's default
+device, the one ``ndl.Tensor(x)`` uses (the compiled ``cpu()`` when it is built), so factories,
+modules and tensors made without ``device=`` always meet on one device (the course defaults
+init to ``cpu()`` and Tensor to ``default_device()``, which can differ). Passing ``device=``
+works as in the course.
 """
 from __future__ import annotations
 
 import numpy as np
 
 import needle as ndl
+from needle.backend_selection import default_device
 
 __all__ = ["rand", "randn", "constant", "ones", "zeros", "randb", "one_hot", "zeros_like",
            "ones_like"]
@@ -30,7 +34,8 @@ def _shape(shape: tuple, fn: str) -> tuple[int, ...]:
 
 
 def _device(device):
-    return ndl.cpu() if device is None else device
+    """``device``, or the default device of ``ndl.Tensor`` when None."""
+    return default_device() if device is None else device
 
 
 def rand(*shape, low: float = 0.0, high: float = 1.0, device=None, dtype: str = "float32",

@@ -11,6 +11,7 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
+from needle.ops import ops_fused
 
 
 class Parameter(Tensor):
@@ -236,8 +237,10 @@ class Sequential(Module):
 class SoftmaxLoss(Module):
     """Mean cross-entropy of logits (N, k) against integer labels y (N,); returns a scalar.
 
-    loss = mean_i(logsumexp(z_i) - z_i[y_i]); logsumexp subtracts the row max, so large logits
-    do not overflow.
+    loss = mean_i(logsumexp(z_i) - z_i[y_i]), computed by one fused kernel
+    (``ops_fused.softmax_cross_entropy``) that subtracts each row's max, so large logits do not
+    overflow and a non-target logit of -inf contributes nothing (the loss stays finite, as in
+    PyTorch). The labels get no gradient.
     """
 
     def forward(self, logits: Tensor, y: Tensor) -> Tensor:
@@ -247,9 +250,7 @@ class SoftmaxLoss(Module):
         if tuple(y.shape) != (n,):
             raise ValueError(f"SoftmaxLoss expects labels of shape ({n},) for logits of shape "
                              f"{logits.shape}, got {y.shape}")
-        y_one_hot = init.one_hot(k, y, device=logits.device, dtype=logits.dtype)
-        z_y = ops.summation(logits * y_one_hot, axes=(1,))
-        return ops.summation(ops.logsumexp(logits, axes=(1,)) - z_y) / n
+        return ops_fused.softmax_cross_entropy(logits, y)
 
 
 def _check_features(x: Tensor, dim: int, name: str) -> None:
@@ -261,8 +262,10 @@ class BatchNorm1d(Module):
     """Batch normalisation over the batch axis: x (N, dim) -> (N, dim).
 
     Training: y = w·(x - mean)/sqrt(var + eps) + b with the batch mean and biased batch
-    variance, and running = (1 - momentum)·running + momentum·observed. Evaluation uses the
-    running statistics (plain tensors, not parameters). weight and bias have shape (dim,).
+    variance (one fused kernel forward, one backward), and running = (1 - momentum)·running +
+    momentum·observed. Evaluation uses the running statistics (plain tensors, not parameters).
+    weight and bias have shape (dim,). An empty batch in training mode leaves the running
+    statistics unchanged and returns the empty output.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, device=None,
@@ -279,19 +282,22 @@ class BatchNorm1d(Module):
     def forward(self, x: Tensor) -> Tensor:
         _check_features(x, self.dim, type(self).__name__)
         n = x.shape[0]
-        row = (1, self.dim)
-        if self.training:
-            mean = ops.summation(x, axes=(0,)) / n
-            centred = x - mean.reshape(row).broadcast_to(x.shape)
-            var = ops.summation(centred ** 2, axes=(0,)) / n
+        if self.training and n > 0:
+            op = ops_fused.BatchNormColumns(self.eps)
+            y = op(x, self.weight, self.bias)
+            y.realize_cached_data()  # the batch statistics exist once the op has run
             m = self.momentum
-            # .data: the running statistics must not keep this batch's graph alive
-            self.running_mean = ((1 - m) * self.running_mean + m * mean.data).detach()
-            self.running_var = ((1 - m) * self.running_var + m * var.data).detach()
-        else:
-            centred = x - self.running_mean.reshape(row).broadcast_to(x.shape)
-            var = self.running_var
-        std = ((var + self.eps) ** 0.5).reshape(row).broadcast_to(x.shape)
+            # plain arrays: the running statistics never join the graph
+            self.running_mean = Tensor.make_const(
+                self.running_mean.realize_cached_data() * (1 - m) + op.mean * m)
+            self.running_var = Tensor.make_const(
+                self.running_var.realize_cached_data() * (1 - m) + op.var * m)
+            return y
+        # Evaluation, and an empty training batch (which has no statistics: the running
+        # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
+        row = (1, self.dim)
+        centred = x - self.running_mean.reshape(row).broadcast_to(x.shape)
+        std = ((self.running_var + self.eps) ** 0.5).reshape(row).broadcast_to(x.shape)
         w = self.weight.reshape(row).broadcast_to(x.shape)
         b = self.bias.reshape(row).broadcast_to(x.shape)
         return w * (centred / std) + b
@@ -316,8 +322,8 @@ class BatchNorm2d(BatchNorm1d):
 class LayerNorm1d(Module):
     """Layer normalisation over the last axis: x (..., dim) -> (..., dim).
 
-    y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of each row;
-    weight and bias have shape (dim,). The course takes 2-D input; more leading axes are an
+    y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of each row (one
+    fused kernel forward, one backward); weight and bias have shape (dim,). The course takes 2-D input; more leading axes are an
     extension.
     """
 
@@ -332,16 +338,12 @@ class LayerNorm1d(Module):
         if len(x.shape) < 1 or x.shape[-1] != self.dim:
             raise ValueError(f"LayerNorm1d expects input of shape (..., {self.dim}), "
                              f"got {x.shape}")
-        last = len(x.shape) - 1
-        col = x.shape[:-1] + (1,)
-        mean = (ops.summation(x, axes=(last,)) / self.dim).reshape(col).broadcast_to(x.shape)
-        centred = x - mean
-        var = (ops.summation(centred ** 2, axes=(last,)) / self.dim).reshape(col)
-        std = ((var + self.eps) ** 0.5).broadcast_to(x.shape)
-        row = (1,) * last + (self.dim,)
-        w = self.weight.reshape(row).broadcast_to(x.shape)
-        b = self.bias.reshape(row).broadcast_to(x.shape)
-        return w * (centred / std) + b
+        if len(x.shape) == 2:
+            return ops_fused.layernorm_rows(x, self.weight, self.bias, self.eps)
+        rows = int(np.prod(x.shape[:-1]))
+        y = ops_fused.layernorm_rows(x.reshape((rows, self.dim)), self.weight, self.bias,
+                                     self.eps)
+        return y.reshape(x.shape)
 
 
 class Dropout(Module):

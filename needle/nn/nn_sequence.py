@@ -15,6 +15,7 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
+from needle.ops import ops_fused
 
 from .nn_basic import Module, Parameter, Sigmoid  # noqa: F401 (the course imports Sigmoid here)
 
@@ -164,9 +165,9 @@ class LSTMCell(Module):
     """One LSTM step with gates i, f, g, o packed (in that order) along the last axis.
 
     i, f, o = sigmoid(·), g = tanh(·) of the slices of X W_ih + b_ih + h W_hh + b_hh;
-    c' = f ⊙ c + i ⊙ g; h' = o ⊙ tanh(c'). ``W_ih`` (input_size, 4·hidden_size), ``W_hh``
-    (hidden_size, 4·hidden_size), ``bias_ih``/``bias_hh`` (4·hidden_size,), created in that
-    order, all U(-sqrt(k), sqrt(k)) with k = 1/hidden_size.
+    c' = f ⊙ c + i ⊙ g; h' = o ⊙ tanh(c') (activations and update: one fused op). ``W_ih``
+    (input_size, 4·hidden_size), ``W_hh`` (hidden_size, 4·hidden_size), ``bias_ih``/``bias_hh``
+    (4·hidden_size,), created in that order, all U(-sqrt(k), sqrt(k)) with k = 1/hidden_size.
     """
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
@@ -199,28 +200,13 @@ class LSTMCell(Module):
             raise TypeError(f"LSTMCell state must be a tuple (h0, c0), got {type(h).__name__}")
         _check_state(h[0], (bs, H), "LSTMCell hidden state h0")
         _check_state(h[1], (bs, H), "LSTMCell cell state c0")
-        return self._step(_input_projection(self, X), h, self._gate_constants(bs, X))
+        return self._step(_input_projection(self, X), h)
 
-    def _gate_constants(self, bs: int, like: Tensor) -> Tuple[Tensor, Tensor]:
-        """(scale, shift), each (bs, 4·hidden): 1/2, 1/2 on the i, f, o columns; 1, 0 on g."""
-        H = self.hidden_size
-        scale = np.full((bs, 4 * H), 0.5, dtype=np.float32)
-        scale[:, 2 * H:3 * H] = 1.0
-        shift = np.where(scale == 0.5, 0.5, 0.0).astype(np.float32)
-        return tuple(Tensor(a, device=like.device, dtype=like.dtype, requires_grad=False)
-                     for a in (scale, shift))
-
-    def _step(self, xw: Tensor, state: Tuple[Tensor, Tensor], consts) -> Tuple[Tensor, Tensor]:
-        """The recurrence given the input projection xw = X W_ih + biases (bs, 4·hidden)."""
-        (h, c), (scale, shift) = state, consts
-        bs, H = h.shape
-        z = xw + h @ self.W_hh
-        # All four activations with one tanh: sigmoid(x) = tanh(x/2)/2 + 1/2 on the i, f, o
-        # columns and tanh(x) on g. Fewer graph nodes per step, and no exp(-x) to overflow.
-        act = ops.tanh(z * scale) * scale + shift
-        i, f, g, o = _unpack(ops.split(act.reshape((bs, 4, H)), 1))
-        c = f * c + i * g
-        return o * ops.tanh(c), c
+    def _step(self, xw: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
+        """The recurrence given the input projection xw = X W_ih + biases (bs, 4·hidden): the
+        gate activations and the state update are one fused op (``ops_fused.lstm_cell_step``)."""
+        h, c = state
+        return ops_fused.lstm_cell_step(xw + h @ self.W_hh, c)
 
 
 class LSTM(Module):
@@ -259,13 +245,12 @@ class LSTM(Module):
             _check_state(h[1], shape, "LSTM initial state c0")
             states = list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
         layer_input = X.reshape((seq_len * bs, self.input_size))
-        consts = self.lstm_cells[0]._gate_constants(bs, X)
         h_n, c_n = [], []
         for cell, state in zip(self.lstm_cells, states):
             xw = _input_projection(cell, layer_input).reshape((seq_len, bs, 4 * H))
             outputs = []
             for xw_t in _unpack(ops.split(xw, 0)):
-                state = cell._step(xw_t, state, consts)
+                state = cell._step(xw_t, state)
                 outputs.append(state[0])
             h_n.append(state[0])
             c_n.append(state[1])

@@ -1,0 +1,177 @@
+"""Fused ops: softmax cross-entropy, layer norm, batch norm (training statistics) and the LSTM
+cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.).
+
+They compute exactly what the course's compositions of small ops compute (the tests compare
+both, values and gradients) with far fewer graph nodes and array passes per training step.
+Each op's gradient is another op wrapping its backward kernel, so ``backward()`` works as for
+any op; the backward ops themselves have no gradient: differentiating a fused op twice raises
+NotImplementedError (compose the course's ops instead when second derivatives are needed).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
+from ..backend_selection import array_api
+
+__all__ = ["SoftmaxCrossEntropy", "softmax_cross_entropy", "LayerNormRows", "layernorm_rows",
+           "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step"]
+
+
+class _BackwardOp:
+    """Mixin for the backward op of a fused op: its own gradient is not implemented."""
+
+    forward_name = "a fused op"
+
+    def gradient(self, out_grad: Value, node: Value):
+        raise NotImplementedError(
+            f"the second derivative of {self.forward_name} is not implemented: its backward "
+            "pass is one fused kernel; build the forward pass from the course's ops (e.g. "
+            "logsumexp, summation, broadcast_to) to differentiate it twice")
+
+
+# ---- softmax cross-entropy ----------------------------------------------------------------------
+class SoftmaxCrossEntropy(TensorOp):
+    """Per-row cross-entropy of logits (N, C) against fixed integer labels: loss (N,).
+
+    loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]. ``labels`` is a raw array (N,) on the
+    logits' device; it is data, not an input, so it gets no gradient. A non-target logit of
+    -inf contributes nothing (the loss stays finite). Gradient: (softmax - one_hot)·adjoint.
+    """
+
+    def __init__(self, labels):
+        self.labels = labels
+        self.probs = None
+
+    def compute(self, logits):
+        loss, self.probs = array_api.softmax_xent(logits, self.labels)
+        return loss
+
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
+        return SoftmaxCrossEntropyBackward(self.probs, self.labels)(out_grad)
+
+
+class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
+    """d logits (N, C) from the adjoint of the per-row losses (N,)."""
+
+    forward_name = "softmax_cross_entropy"
+
+    def __init__(self, probs, labels):
+        self.probs = probs
+        self.labels = labels
+
+    def compute(self, dloss):
+        return array_api.softmax_xent_bwd(self.probs, self.labels, dloss)
+
+
+def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean over the batch of the cross-entropy of ``logits`` (N, C) against the integer
+    ``labels`` (N,) (a Tensor, on any device; it gets no gradient): a scalar Tensor."""
+    y = labels.realize_cached_data()
+    if labels.device != logits.device:
+        y = Tensor(labels.numpy(), device=logits.device, dtype=logits.dtype).realize_cached_data()
+    rows = SoftmaxCrossEntropy(y)(logits)
+    n = logits.shape[0]
+    return rows.sum() / n if n else rows.sum()
+
+
+# ---- layer norm and batch norm ------------------------------------------------------------------
+class _Norm(TensorOp):
+    """y = w·(x - mean)/sqrt(var + eps) + b; inputs (x, w, b). ``kind`` names the array-API
+    kernels (``{kind}_fwd``/``{kind}_bwd``), which choose the axis of the statistics."""
+
+    kind = ""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.xhat = self.rstd = None
+        self.stats: tuple = ()
+
+    def compute(self, x, w, b):
+        y, self.xhat, self.rstd, *self.stats = getattr(array_api, self.kind + "_fwd")(
+            x, w, b, self.eps)
+        return y
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        grads = NormBackward(self.kind, self.xhat, self.rstd)(out_grad, node.inputs[1])
+        return tuple(grads[k] for k in range(3))
+
+
+class LayerNormRows(_Norm):
+    """Layer norm: the mean and biased variance of each row of x (R, C); w, b (C,)."""
+
+    kind = "layernorm"
+
+
+class BatchNormColumns(_Norm):
+    """Batch norm in training mode: the mean and biased variance of each column of x (N ≥ 1, C)
+    over the batch; w, b (C,). After compute, ``mean`` and ``var`` are those batch statistics
+    (raw arrays (C,)), for the running averages."""
+
+    kind = "batchnorm"
+
+    @property
+    def mean(self):
+        return self.stats[0]
+
+    @property
+    def var(self):
+        return self.stats[1]
+
+
+class NormBackward(_BackwardOp, TensorTupleOp):
+    """(dx, dw, db) of a :class:`LayerNormRows` or :class:`BatchNormColumns` from dy and w."""
+
+    def __init__(self, kind: str, xhat, rstd):
+        self.kind, self.xhat, self.rstd = kind, xhat, rstd
+        self.forward_name = kind
+
+    def compute(self, dy, w):
+        return tuple(getattr(array_api, self.kind + "_bwd")(dy, self.xhat, self.rstd, w))
+
+
+def layernorm_rows(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+    """Layer norm of each row of ``x`` (R, C) with weight and bias ``w``, ``b`` (C,)."""
+    return LayerNormRows(eps)(x, w, b)
+
+
+def batchnorm_columns(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+    """Training-mode batch norm of ``x`` (N ≥ 1, C) with ``w``, ``b`` (C,), batch statistics."""
+    return BatchNormColumns(eps)(x, w, b)
+
+
+# ---- LSTM cell ----------------------------------------------------------------------------------
+class LSTMCellStep(TensorTupleOp):
+    """(h, c) of one LSTM step from gate pre-activations (B, 4H), order i, f, g, o, and c_prev
+    (B, H): c = σ(f)·c_prev + σ(i)·tanh(g), h = σ(o)·tanh(c)."""
+
+    def __init__(self):
+        self.act = self.tanh_c = self.c_prev = None
+
+    def compute(self, gates, c_prev):
+        h, c, self.act, self.tanh_c = array_api.lstm_cell_fwd(gates, c_prev)
+        self.c_prev = c_prev
+        return h, c
+
+    def gradient(self, out_grad: TensorTuple, node: TensorTuple):
+        grads = LSTMCellBackward(self.act, self.c_prev, self.tanh_c)(out_grad)
+        return grads[0], grads[1]
+
+
+class LSTMCellBackward(_BackwardOp, TensorTupleOp):
+    """(d gates, d c_prev) of :class:`LSTMCellStep` from the tuple adjoint (dh, dc)."""
+
+    forward_name = "lstm_cell_step"
+
+    def __init__(self, act, c_prev, tanh_c):
+        self.act, self.c_prev, self.tanh_c = act, c_prev, tanh_c
+
+    def compute(self, adjoint):
+        dh, dc = adjoint
+        return tuple(array_api.lstm_cell_bwd(dh, dc, self.act, self.c_prev, self.tanh_c))
+
+
+def lstm_cell_step(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
+    """One LSTM step: (h, c), each (B, H), from ``gates`` (B, 4H) and ``c_prev`` (B, H)."""
+    out = LSTMCellStep()(gates, c_prev)
+    return out[0], out[1]
