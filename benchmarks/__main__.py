@@ -1,6 +1,7 @@
 """``python -m benchmarks [NAME ...]``: run every ``benchmarks/bench_*.py`` (or the named ones).
 
-Each module's ``main()`` runs in name order; ``python -m benchmarks ndarray`` runs only
+Each module's ``main()`` runs in name order and may return {case: needle/PyTorch speed ratio};
+the ratios are printed together at the end. ``python -m benchmarks ndarray`` runs only
 ``bench_ndarray``. If OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set, the process first
 re-executes itself without them (and says so), so numpy runs in its normal configuration.
 """
@@ -19,7 +20,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 import benchmarks  # noqa: E402
-from benchmarks.common import machine_info  # noqa: E402
+from benchmarks.common import busy_note, machine_info  # noqa: E402
 
 
 def available() -> list[str]:
@@ -42,17 +43,25 @@ def main(argv: list[str]) -> int:
         return 2
     for line in machine_info():
         print(line)
-    failed = []
+    failed, ratios = [], {}
     for name in wanted:
         print(f"\n==== bench_{name} ====", flush=True)
         t0 = time.perf_counter()
         try:
             module = importlib.import_module(f"benchmarks.bench_{name}")
-            module.main()
+            ratios.update(module.main() or {})
         except Exception:
             traceback.print_exc()
             failed.append(name)
         print(f"(bench_{name}: {time.perf_counter() - t0:.1f} s)", flush=True)
+    if ratios:
+        print("\n==== summary: needle speed / PyTorch speed (higher is better, 1.0 = parity) ====")
+        width = max(map(len, ratios))
+        for case, ratio in ratios.items():
+            print(f"{case:<{width}}  {ratio:6.2f}")
+        busy = busy_note()
+        if busy:
+            print(busy)
     if failed:
         print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
         return 1

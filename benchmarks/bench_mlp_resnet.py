@@ -21,6 +21,7 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table, measure
+from benchmarks.steps import torch_mlp_resnet
 from needle.apps import mlp_resnet
 
 try:  # optional oracle; the benchmark never needs it
@@ -186,26 +187,8 @@ def torch_epoch_fn(X, y):
     if torch is None:
         return None
     nn = torch.nn
-
-    def block():
-        return nn.Sequential(nn.Linear(HIDDEN, HIDDEN // 2), nn.BatchNorm1d(HIDDEN // 2), nn.ReLU(),
-                             nn.Dropout(DROP), nn.Linear(HIDDEN // 2, HIDDEN), nn.BatchNorm1d(HIDDEN))
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inp = nn.Linear(DIM, HIDDEN)
-            self.blocks = nn.ModuleList(block() for _ in range(BLOCKS))
-            self.out = nn.Linear(HIDDEN, CLASSES)
-
-        def forward(self, x):
-            h = torch.relu(self.inp(x))
-            for blk in self.blocks:
-                h = torch.relu(blk(h) + h)
-            return self.out(h)
-
     torch.manual_seed(0)
-    net = Net().train()
+    net = torch_mlp_resnet().train()
     opt = torch.optim.Adam(net.parameters(), lr=LR, weight_decay=WD)
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y.astype(np.int64))
 
@@ -219,7 +202,8 @@ def torch_epoch_fn(X, y):
     return run
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    """Print the epoch tables; return {"MLP-ResNet epoch": PyTorch time / needle time}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10_000, help="samples per epoch")
     parser.add_argument("--repeats", type=int, default=3, help="epochs timed (median)")
@@ -246,11 +230,12 @@ def main(argv=None) -> None:
     run_torch = torch_epoch_fn(X, y)
     if run_torch is None:
         print("PyTorch is not installed: no PyTorch comparison")
-        return
+        return {}
     t_torch = measure(run_torch, repeats=args.repeats, warmup=1, min_sample_s=0)
     torch_table = Table("MLP-ResNet training epoch", "s", reference="pytorch", higher_is_better=False)
     torch_table.add(str(device), t_needle, t_torch)
     torch_table.print()
+    return {"MLP-ResNet epoch": torch_table.ratio(t_needle, t_torch)}
 
 
 if __name__ == "__main__":

@@ -4,9 +4,17 @@ count), as the median of repeats.
 
 Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` and, separately, as
 the device kernel called on prepared buffers; the rest in billions of elements per second.
-The last column is needle's throughput over numpy's.
+The last column is needle's throughput over numpy's. On a machine with AVX-512 the matmul
+table is printed a second time from a subprocess with ``NEEDLE_CPU_ISA=avx2``, so the AVX2
+kernels (what a machine without AVX-512 runs) are measured too.
 """
 from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -19,10 +27,27 @@ ELEMENTS = 1 << 22  # 4M float32: 16 MiB per array
 REPEATS = 7
 
 
+def kernel_isa(device) -> str:
+    """The instruction set of ``device``'s matmul kernels, as its module reports it."""
+    gemm = getattr(device.mod, "__gemm__", None)
+    if isinstance(gemm, dict) and "isa" in gemm:
+        return str(gemm["isa"])
+    return str(getattr(device.mod, "__matmul_kernel__", "unknown"))
+
+
+def cpu_has_avx512() -> bool:
+    """True when /proc/cpuinfo lists avx512f (Linux; False elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
 def bench_matmul(device) -> Table:
     """GFLOP/s of ``A @ B`` for NDArrays on ``device`` beside numpy's ``a @ b``."""
     rng = np.random.default_rng(0)
-    table = Table("matmul (float32)", "GFLOP/s")
+    table = Table(f"matmul (float32), cpu() kernels: {kernel_isa(device)}", "GFLOP/s")
     for m, n, p in MATMUL_SIZES:
         a = rng.standard_normal((m, n), dtype=np.float32)
         b = rng.standard_normal((n, p), dtype=np.float32)
@@ -94,21 +119,46 @@ def bench_elementwise(device) -> Table:
     return table
 
 
-def main() -> None:
+def bench_matmul_avx2() -> None:
+    """The matmul table again in a subprocess running the AVX2 kernels (NEEDLE_CPU_ISA=avx2)."""
+    env = {**os.environ, "NEEDLE_CPU_ISA": "avx2"}
+    root = Path(__file__).resolve().parents[1]
+    print("matmul with the AVX2 kernels (a subprocess with NEEDLE_CPU_ISA=avx2):", flush=True)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_ndarray", "--matmul-only"],
+                          env=env, cwd=root)
+    if done.returncode:
+        print(f"(the AVX2 run failed with exit status {done.returncode})")
+
+
+def main(argv=None) -> None:
+    """Print the matmul (and, unless ``--matmul-only``, kernel and element-wise) tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matmul-only", action="store_true", help="only the A @ B table")
+    args = parser.parse_args([] if argv is None else argv)
     device = nd.cpu()
     if not device.enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")
         return
     mod = device.mod
-    print(f"needle cpu(): matmul kernel {getattr(mod, '__matmul_kernel__', '?')}, "
-          f"tile {mod.__tile_size__}, {mod.num_threads() if hasattr(mod, 'num_threads') else '?'} "
-          f"threads; medians of {REPEATS} repeats\n")
+    requested = os.environ.get("NEEDLE_CPU_ISA")
+    if requested and kernel_isa(device) != requested:
+        print(f"note: NEEDLE_CPU_ISA={requested} but the module reports {kernel_isa(device)!r} "
+              "(this build does not honour the override, or the CPU lacks the instructions)")
+    print(f"needle cpu(): matmul kernels {kernel_isa(device)}, "
+          f"{getattr(mod, '__gemm__', None) or 'tile ' + str(getattr(mod, '__tile_size__', '?'))}"
+          f", {mod.num_threads() if hasattr(mod, 'num_threads') else '?'} threads; "
+          f"medians of {REPEATS} repeats\n")
     bench_matmul(device).print()
     print()
+    if args.matmul_only:
+        return
+    if cpu_has_avx512() and not requested:
+        bench_matmul_avx2()
+        print()
     bench_matmul_kernel(device).print()
     print()
     bench_elementwise(device).print()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

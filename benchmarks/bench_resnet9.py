@@ -224,7 +224,8 @@ def torch_step():
     return step
 
 
-def bench_resnet9(repeats: int) -> None:
+def bench_resnet9(repeats: int) -> dict:
+    """Print the ResNet-9 step tables; return {"ResNet-9 step": PyTorch time / needle time}."""
     devices = enabled_devices()
     check_numpy_reference(devices[0])
     ref = NumpyResNet9(needle_step(devices[0])[1])
@@ -240,13 +241,14 @@ def bench_resnet9(repeats: int) -> None:
     step = torch_step()
     if step is None:
         print("PyTorch: not installed (no PyTorch column)")
-        return
+        return {}
     t_torch = measure(step, repeats=repeats, warmup=1)
     table = Table(f"ResNet-9 training step, batch {BATCH}, forward + backward", "ms",
                   reference="torch", higher_is_better=False)
     for dev, t in t_needle.items():
         table.add(f"needle {dev}", 1e3 * t, 1e3 * t_torch)
     table.print()
+    return {"ResNet-9 step": t_torch / t_needle[devices[0]]}
 
 
 def bench_conv(repeats: int) -> None:
@@ -286,16 +288,17 @@ def profile_step(device, top: int = 15) -> None:
     print(buf.getvalue())
 
 
-def main(argv=None) -> None:
-    """Print the ResNet-9 and conv tables; ``argv`` as on the command line (default: none)."""
+def main(argv=None) -> dict:
+    """Print the ResNet-9 and conv tables; return the ResNet-9 needle/PyTorch speed ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="add a cProfile table")
     args = parser.parse_args([] if argv is None else argv)
-    bench_resnet9(args.repeats)
+    ratios = bench_resnet9(args.repeats)
     bench_conv(args.repeats)
     if args.profile:
         profile_step(enabled_devices()[0])
+    return ratios
 
 
 if __name__ == "__main__":

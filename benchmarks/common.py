@@ -136,6 +136,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_isa() -> str:
+    """The widest x86 vector extension the CPU reports (AVX-512, AVX2, ...), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
+                       ("sse4_2", "SSE4.2")):
+        if flag in flags:
+            return f"ISA {name}" + (" (and AVX2)" if flag == "avx512f" and "avx2" in flags else "")
+    return f"ISA {platform.machine()}"
+
+
 def numpy_blas_summary() -> str:
     """numpy's BLAS library, version, threads and kernel (threadpoolctl when installed)."""
     import numpy as np
@@ -161,12 +176,17 @@ def machine_info() -> list[str]:
     """Lines describing when and where the benchmarks ran."""
     import numpy as np
 
+    try:
+        import torch
+        torch_line = f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
+    except ImportError:
+        torch_line = "PyTorch: not installed (no PyTorch columns)"
     lines = [
         f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"machine: {platform.node()} {platform.machine()}, {cpu_model()}, "
-        f"{os.cpu_count()} logical CPUs",
+        f"{os.cpu_count()} logical CPUs, {cpu_isa()}",
         f"python {platform.python_version()}, numpy {np.__version__}, "
-        f"numpy BLAS: {numpy_blas_summary()}",
+        f"numpy BLAS: {numpy_blas_summary()}; {torch_line}",
     ]
     try:
         load = os.getloadavg()
@@ -178,6 +198,23 @@ def machine_info() -> list[str]:
     if note:
         lines.append(note)
     return lines
+
+
+def busy_note() -> str | None:
+    """A warning when the last minute's load average exceeds the CPU count, else None.
+
+    PyTorch's OpenMP workers and OpenBLAS's slow down by large factors when they do not get
+    every core, so ratios measured on a busy machine are not a conclusion.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cpus = os.cpu_count() or 1
+    if load <= cpus:
+        return None
+    return (f"warning: load average {load:.1f} on {cpus} CPUs: other processes competed for the "
+            "cores during this run, so these ratios are not reliable; rerun on a quiet machine")
 
 
 def enabled_devices() -> list:
