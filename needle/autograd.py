@@ -16,12 +16,16 @@ import numpy
 
 import needle
 
-from .backend_selection import NDArray, array_api, cpu, default_device
+from .backend_selection import NDArray, array_api, default_tensor_device
 
 # When True, ops build the graph without computing; ``realize_cached_data()`` computes.
 LAZY_MODE = False
-# Number of live Values: +1 in ``Value._init``, -1 in ``Value.__del__``.
+# Number of live Values: +1 when a Value is initialised, -1 in ``Value.__del__`` (a Value whose
+# construction failed is never counted).
 TENSOR_COUNTER = 0
+# False while a backward pass without ``create_graph`` runs: ops then record no graph (every
+# result is a detached constant), so gradients hold no references back into the forward graph.
+_GRAD_ENABLED = True
 
 
 class Op:
@@ -31,7 +35,7 @@ class Op:
         raise NotImplementedError()
 
     def compute(self, *args: Tuple[NDArray]):
-        """Forward pass on raw arrays (NDArray or numpy): returns the output array(s)."""
+        """Forward pass on raw arrays (the backend's NDArray): returns the output array(s)."""
         raise NotImplementedError()
 
     def gradient(self, out_grad: "Value", node: "Value") -> Union["Value", Tuple["Value"]]:
@@ -72,6 +76,10 @@ class Value:
     inputs: List["Value"]
     cached_data: NDArray
     requires_grad: bool
+    # Class defaults, so that making a node does not have to set them.
+    grad = None
+    num_outputs = 1
+    _retains_grad = False
 
     def realize_cached_data(self):
         """The node's array, computed from its inputs on first use and cached."""
@@ -84,9 +92,17 @@ class Value:
         """True for a node made by no op (a constant or a variable)."""
         return self.op is None
 
+    def retain_grad(self) -> None:
+        """Keep this interior node's adjoint in ``.grad`` after ``backward()`` (as in PyTorch).
+
+        Leaves always keep theirs; other interior adjoints are released as reverse mode moves on.
+        """
+        self._retains_grad = True
+
     def __del__(self):
         global TENSOR_COUNTER
-        TENSOR_COUNTER -= 1
+        if "op" in self.__dict__:  # only initialised Values were counted
+            TENSOR_COUNTER -= 1
 
     def _make_leaf(self) -> None:
         """Drop the history of a computed node (what ``detach`` gives, without a new object)."""
@@ -96,32 +112,53 @@ class Value:
     def _init(self, op: Optional[Op], inputs: List["Value"], *, num_outputs: int = 1,
               cached_data: List[object] = None, requires_grad: Optional[bool] = None) -> None:
         global TENSOR_COUNTER
-        TENSOR_COUNTER += 1
         if requires_grad is None:
-            requires_grad = any(x.requires_grad for x in inputs)
-        self.op = op
+            requires_grad = _GRAD_ENABLED and any(x.requires_grad for x in inputs)
         self.inputs = inputs
-        self.num_outputs = num_outputs
+        if num_outputs != 1:
+            self.num_outputs = num_outputs
         self.cached_data = cached_data
         self.requires_grad = requires_grad
         self.grad = None
+        TENSOR_COUNTER += 1
+        self.op = op  # set last: marks the Value as counted
 
     @classmethod
     def make_const(cls, data, *, requires_grad: bool = False):
         """A leaf holding ``data`` (an array), with no history."""
-        value = cls.__new__(cls)
+        value = object.__new__(cls)
         value._init(None, [], cached_data=data, requires_grad=requires_grad)
         return value
 
     @classmethod
     def make_from_op(cls, op: Op, inputs: List["Value"]):
-        """The node ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed."""
-        value = cls.__new__(cls)
-        value._init(op, inputs)
-        if not LAZY_MODE:
-            value.realize_cached_data()
-            if not value.requires_grad:
-                value._make_leaf()
+        """The node ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed.
+
+        The hot path of every op, hence written out by hand rather than through ``_init``.
+        """
+        global TENSOR_COUNTER
+        value = object.__new__(cls)
+        requires_grad = False
+        if _GRAD_ENABLED:
+            for x in inputs:
+                if x.requires_grad:
+                    requires_grad = True
+                    break
+        value.requires_grad = requires_grad
+        if LAZY_MODE:
+            value.cached_data = None
+            value.inputs = inputs
+            TENSOR_COUNTER += 1
+            value.op = op
+            return value
+        value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
+        TENSOR_COUNTER += 1
+        if requires_grad:
+            value.inputs = inputs
+            value.op = op
+        else:
+            value.inputs = []
+            value.op = None
         return value
 
 
@@ -177,8 +214,6 @@ def is_zero_adjoint(value: Value) -> bool:
 
 def _full(shape, value: float, dtype, device):
     """A raw array of ``shape`` filled with ``value`` (the backend's array type)."""
-    if array_api is numpy:
-        return numpy.full(shape, value, dtype=dtype)
     return device.full(tuple(shape), value, dtype=dtype)
 
 
@@ -190,16 +225,17 @@ class Tensor(Value):
     """An n-dimensional array with autograd.
 
     ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` copies ``array`` (a numpy
-    array, nested list, NDArray or Tensor) to ``device`` (default: ``default_device()``). On the
-    numpy backend ``dtype=None`` keeps numpy's dtype (as in the course); on the NDArray backend
-    every array is float32.
+    array, nested list, NDArray or Tensor) to ``device`` (default: ``default_tensor_device()``,
+    the compiled ``cpu()`` when it is built; an NDArray or Tensor stays on its own device). On the numpy backend ``dtype=None`` keeps numpy's
+    dtype (as in the course); on the NDArray backend every array is float32. An unknown keyword
+    argument is a TypeError naming it.
     """
 
     grad: "Tensor"
+    # numpy defers to Tensor's reflected operators: np.float32(2) * t is a Tensor, not an array
+    __array_ufunc__ = None
 
-    def __init__(self, array, *, device=None, dtype=None, requires_grad: bool = True, **kwargs):
-        if array_api is numpy and device is not None and device != cpu():
-            raise ValueError(f"device {device} is not available with NEEDLE_BACKEND=np: use cpu()")
+    def __init__(self, array, *, device=None, dtype=None, requires_grad: bool = True):
         if isinstance(array, Tensor):
             if device is None:
                 device = array.device
@@ -208,20 +244,12 @@ class Tensor(Value):
             if device == array.device and dtype == array.dtype:
                 cached_data = array.realize_cached_data()
             else:  # copy through numpy
-                cached_data = Tensor._array_from_numpy(array.numpy(), device=device, dtype=dtype)
+                cached_data = array_api.array(array.numpy(), device=device, dtype=dtype)
         else:
-            if device is None:  # an NDArray stays where it is (an extension); else the default
-                device = array.device if isinstance(array, NDArray) and array_api is not numpy \
-                    else default_device()
-            cached_data = Tensor._array_from_numpy(array, device=device, dtype=dtype)
+            if device is None:  # an NDArray stays where it is; anything else goes to the default
+                device = array.device if isinstance(array, NDArray) else default_tensor_device()
+            cached_data = array_api.array(array, device=device, dtype=dtype)
         self._init(None, [], cached_data=cached_data, requires_grad=requires_grad)
-
-    @staticmethod
-    def _array_from_numpy(numpy_array, device, dtype):
-        """A backend array copied from ``numpy_array`` onto ``device``."""
-        if array_api is numpy:
-            return numpy.array(numpy_array, dtype=dtype)
-        return array_api.array(numpy_array, device=device, dtype=dtype)
 
     @classmethod
     def make_const(cls, data, requires_grad: bool = False) -> "Tensor":
@@ -255,9 +283,7 @@ class Tensor(Value):
             if _squeezed(value.shape) != _squeezed(self.shape):
                 raise ValueError(f"cannot assign data of shape {tuple(value.shape)} to a tensor of "
                                  f"shape {tuple(self.shape)}")
-            if array_api is not numpy:
-                array = array.compact()
-            array = array.reshape(tuple(self.shape))
+            array = array.compact().reshape(tuple(self.shape))
         self.cached_data = array
 
     def detach(self) -> "Tensor":
@@ -274,15 +300,17 @@ class Tensor(Value):
 
     @property
     def device(self):
-        data = self.realize_cached_data()
-        if array_api is numpy:  # numpy arrays always sit on the cpu
-            return cpu()
-        return data.device
+        return self.realize_cached_data().device
 
-    def backward(self, out_grad: Optional["Tensor"] = None) -> None:
-        """Reverse mode from this tensor: sets ``.grad`` on every node it depends on.
+    def backward(self, out_grad: Optional["Tensor"] = None, *, create_graph: bool = False) -> None:
+        """Reverse mode from this tensor: sets ``.grad`` on every leaf it depends on.
 
-        ``out_grad`` (same shape as self) defaults to ones.
+        ``out_grad`` (same shape and device as self) defaults to ones. Interior nodes keep their
+        adjoint only after ``retain_grad()``. Unless ``create_graph`` is True the gradients are
+        detached constants and the backward pass records no graph, so once the output is dropped
+        the forward graph is freed by reference counting alone. With ``create_graph=True`` each
+        ``.grad`` keeps its own graph, so it can be differentiated again (second derivatives);
+        that graph refers back to the forward nodes, so release it (``x.grad = None``) when done.
         """
         if out_grad is None:
             out_grad = Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
@@ -291,7 +319,10 @@ class Tensor(Value):
         elif tuple(out_grad.shape) != tuple(self.shape):
             raise ValueError(f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
                              f"{tuple(self.shape)}")
-        compute_gradient_of_variables(self, out_grad)
+        elif out_grad.device != self.device:
+            raise ValueError(f"backward's out_grad is on {out_grad.device}, the tensor on "
+                             f"{self.device}")
+        compute_gradient_of_variables(self, out_grad, create_graph=create_graph)
 
     def __repr__(self) -> str:
         return "needle.Tensor(" + str(self.realize_cached_data()) + ")"
@@ -301,12 +332,10 @@ class Tensor(Value):
 
     def numpy(self) -> numpy.ndarray:
         """A numpy copy of the array."""
-        data = self.realize_cached_data()
-        if array_api is numpy:
-            return numpy.array(data)
-        return data.numpy()
+        return self.realize_cached_data().numpy()
 
-    # ---- operators --------------------------------------------------------------------------
+    # ---- operators: a Tensor operand gives the element-wise op (numpy broadcasting), a
+    # scalar (number, numpy scalar, one-element array) the scalar op ----------------------------
     def __add__(self, other):
         if isinstance(other, Tensor):
             return needle.ops.EWiseAdd()(self, other)
@@ -325,11 +354,12 @@ class Tensor(Value):
     def __sub__(self, other):
         if isinstance(other, Tensor):
             return needle.ops.EWiseAdd()(self, needle.ops.Negate()(other))
-        return needle.ops.AddScalar(-other)(self)
+        return needle.ops.AddScalar(-needle.ops.ops_mathematic.scalar_value(other, "subtract"))(self)
 
     def __rsub__(self, other):
         """``other - self`` for a scalar ``other`` (an extension: the course has no __rsub__)."""
-        return needle.ops.AddScalar(other)(needle.ops.Negate()(self))
+        op = needle.ops.AddScalar(other)
+        return op(needle.ops.Negate()(self))
 
     def __truediv__(self, other):
         if isinstance(other, Tensor):
@@ -338,7 +368,8 @@ class Tensor(Value):
 
     def __rtruediv__(self, other):
         """``other / self`` for a scalar ``other`` (an extension)."""
-        return needle.ops.MulScalar(other)(needle.ops.PowerScalar(-1)(self))
+        op = needle.ops.MulScalar(other)
+        return op(needle.ops.PowerScalar(-1)(self))
 
     def __matmul__(self, other):
         return needle.ops.MatMul()(self, other)
@@ -365,23 +396,36 @@ class Tensor(Value):
     __rmul__ = __mul__
 
 
-def compute_gradient_of_variables(output_tensor: Value, out_grad: Value) -> None:
-    """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for every node.
+def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
+                                  create_graph: bool = False) -> None:
+    """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for the leaves.
 
     Walks ``reversed(find_topo_sort([output_tensor]))``; a node's adjoint is the sum of the
     contributions of every consumer (every path). Inputs that do not require grad get none.
+    Leaves (and nodes that called ``retain_grad()``) keep their adjoint in ``.grad``; every other
+    adjoint is dropped as soon as it has been passed on. Without ``create_graph`` no graph is
+    recorded and the stored gradients are detached; with it they stay differentiable.
     """
-    node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
-    for node in reversed(find_topo_sort([output_tensor])):
-        grads = node_to_output_grads_list.pop(node, None)
-        if grads is None:  # no path to the output needs this node
-            continue
-        node.grad = sum_node_list(grads)
-        if node.is_leaf():
-            continue
-        for inp, grad in zip(node.inputs, node.op.gradient_as_tuple(node.grad, node)):
-            if inp.requires_grad:
-                node_to_output_grads_list.setdefault(inp, []).append(grad)
+    global _GRAD_ENABLED
+    previous = _GRAD_ENABLED
+    _GRAD_ENABLED = create_graph
+    try:
+        node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
+        for node in reversed(find_topo_sort([output_tensor])):
+            grads = node_to_output_grads_list.pop(node, None)
+            if grads is None:  # no path to the output needs this node
+                continue
+            grad = grads[0] if len(grads) == 1 else sum_node_list(grads)
+            leaf = node.op is None
+            if leaf or node._retains_grad:
+                node.grad = grad if create_graph or not grad.requires_grad else grad.detach()
+            if leaf:
+                continue
+            for inp, inp_grad in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
+                if inp_grad is not None and inp.requires_grad:
+                    node_to_output_grads_list.setdefault(inp, []).append(inp_grad)
+    finally:
+        _GRAD_ENABLED = previous
 
 
 def find_topo_sort(node_list: List[Value]) -> List[Value]:

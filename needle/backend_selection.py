@@ -1,7 +1,8 @@
 """Chooses the array library behind needle's tensors.
 
 ``NEEDLE_BACKEND=nd`` (the default) uses needle's own strided :class:`NDArray` with the compiled
-CPU and CUDA device modules; ``NEEDLE_BACKEND=np`` uses plain numpy arrays as ``NDArray``. Any
+CPU and CUDA device modules; ``NEEDLE_BACKEND=np`` uses numpy arrays
+(``needle.backend_numpy.NDArray``, a ``numpy.ndarray`` subclass with NDArray's methods). Any
 other value raises ``RuntimeError`` at import.
 """
 import os
@@ -17,17 +18,25 @@ if BACKEND == "nd":
         cpu_numpy,
         cuda,
         default_device,
+        default_tensor_device,
     )
 
     NDArray = array_api.NDArray
 elif BACKEND == "np":
-    import numpy as array_api
+    from . import backend_numpy as array_api
+    from .backend_numpy import (
+        Device,
+        all_devices,
+        cpu,
+        cpu_numpy,
+        cuda,
+        default_device,
+        default_tensor_device,
+    )
 
-    from .backend_numpy import Device, all_devices, cpu, cpu_numpy, cuda, default_device
-
-    NDArray = array_api.ndarray
+    NDArray = array_api.NDArray
 else:
     raise RuntimeError(f"Unknown needle array backend {BACKEND!r}: set NEEDLE_BACKEND to 'nd' or 'np'")
 
 __all__ = ["BACKEND", "array_api", "NDArray", "Device", "all_devices", "cpu", "cpu_numpy", "cuda",
-           "default_device"]
+           "default_device", "default_tensor_device"]

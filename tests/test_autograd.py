@@ -96,14 +96,20 @@ def test_gradients_accumulate_over_every_path(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_intermediate_nodes_get_their_adjoints(device):
-    """z = (a·b)·a with u = a·b: dz/du = a, dz/da = 2ab, dz/db = a² (hand-derived)."""
+    """z = (a·b)·a with u = a·b: dz/du = a, dz/da = 2ab, dz/db = a² (hand-derived).
+
+    Interior nodes keep their adjoint only when asked (``retain_grad``, as in PyTorch)."""
     av, bv = np.array([2.0, -3.0]), np.array([0.5, 4.0])
     a, b = tensor(av, device), tensor(bv, device)
     u = a * b
     z = u * a
-    z.backward()
+    u.retain_grad()
+    z.retain_grad()
+    w = a * 2.0  # an interior node that did not ask
+    (z + w).backward()
+    assert w.grad is None
     np.testing.assert_allclose(u.grad.numpy(), av, rtol=1e-6)
-    np.testing.assert_allclose(a.grad.numpy(), 2 * av * bv, rtol=1e-6)
+    np.testing.assert_allclose(a.grad.numpy(), 2 * av * bv + 2.0, rtol=1e-6)
     np.testing.assert_allclose(b.grad.numpy(), av ** 2, rtol=1e-6)
     np.testing.assert_allclose(z.grad.numpy(), np.ones(2))
 
@@ -157,7 +163,7 @@ def test_second_derivative_of_elementwise_functions(device, name, f, df, d2f):
     xv = np.array([0.4, 1.3, 2.1])
     v = np.array([1.0, -2.0, 0.5])
     x = tensor(xv, device)
-    f(x).sum().backward()
+    f(x).sum().backward(create_graph=True)
     g = x.grad
     np.testing.assert_allclose(g.numpy(), df(xv), rtol=1e-5)
     assert g.requires_grad, "the gradient must stay connected to x"
@@ -173,7 +179,7 @@ def test_hessian_vector_product_of_a_two_input_function(device):
     xv, wv, V = rand((4, 3), rng), rand((3, 2), rng), rand((3, 2), rng)
     x, w = tensor(xv, device, requires_grad=False), tensor(wv, device)
     y = x @ w
-    (y * y).sum().backward()
+    (y * y).sum().backward(create_graph=True)
     np.testing.assert_allclose(w.grad.numpy(), 2 * xv.T @ (xv @ wv), rtol=1e-5, atol=1e-6)
     gw = w.grad
     w.grad = None
@@ -187,7 +193,7 @@ def test_gradient_of_logsumexp_gradient(device):
     zv = np.array([[0.2, -1.0, 0.7], [1.5, 0.1, -0.3]])
     v = np.array([[1.0, 2.0, -1.0], [0.5, 0.0, 3.0]])
     z = tensor(zv, device)
-    ndl.logsumexp(z, (1,)).sum().backward()
+    ndl.logsumexp(z, (1,)).sum().backward(create_graph=True)
     p = np.exp(zv) / np.exp(zv).sum(1, keepdims=True)
     np.testing.assert_allclose(z.grad.numpy(), p, rtol=1e-5)
     g = z.grad
@@ -283,11 +289,12 @@ def _train_counter(update_through_data: bool, steps: int, device) -> list[int]:
     try:
         for _ in range(steps):
             y = x @ w
-            (y * y).sum().backward()  # y.grad refers back to y: a cycle, hence gc.collect
+            (y * y).sum().backward()
             if update_through_data:
                 w.data = w.data - w.grad.data * 0.01
             else:
                 w = w - w.grad * 0.01  # graph-tracked: the new w's history holds every old step
+                w.retain_grad()  # an interior node now: keep its adjoint for the next step
             del y
             gc.collect()
             counts.append(autograd.TENSOR_COUNTER)

@@ -332,8 +332,8 @@ def test_large_batched_matmul_against_numpy(device):
 def test_bad_inputs_raise_clear_errors(device):
     a = tensor(np.ones((2, 3)), device)
     b = tensor(np.ones((3, 2)), device)
-    with pytest.raises(ValueError, match=r"\(2, 3\).*\(3, 2\)"):
-        a + b
+    with pytest.raises(ValueError, match=r"\(2, ?3\).*\(3, ?2\)"):
+        a + b  # shapes that do not broadcast
     with pytest.raises(ValueError, match="inner sizes"):
         a @ a
     with pytest.raises(ValueError, match="at least 2 dimensions"):

@@ -81,7 +81,7 @@ def test_conv_second_order(device, stride, padding):
     out = ndl.conv(xt, wt, stride=stride, padding=padding)
     R = rng.standard_normal(out.shape)
     S = rng.standard_normal(x.shape)
-    out.backward(tensor(R, device, requires_grad=False))
+    out.backward(tensor(R, device, requires_grad=False), create_graph=True)
     directional = (xt.grad * tensor(S, device, requires_grad=False)).sum()
     wt.grad = None
     directional.backward()

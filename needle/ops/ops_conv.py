@@ -8,11 +8,9 @@ convolutions of flipped, dilated tensors, so it is differentiable itself.
 """
 from __future__ import annotations
 
-
-import numpy
-
 from ..autograd import NDArray, Tensor, TensorOp
-from .ops_mathematic import _NUMPY, _compact, _norm_axes, _reshape, _zeros, transpose
+from ..backend_selection import array_api
+from .ops_mathematic import _norm_axes, transpose
 
 
 class Flip(TensorOp):
@@ -22,10 +20,7 @@ class Flip(TensorOp):
         self.axes = axes
 
     def compute(self, a: NDArray):
-        axes = _norm_axes(self.axes, a.ndim, "flip")
-        if _NUMPY:
-            return numpy.flip(a, axes).copy()
-        return a.flip(axes)
+        return a.flip(_norm_axes(self.axes, a.ndim, "flip"))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return flip(out_grad, self.axes)
@@ -62,7 +57,7 @@ class Dilate(_DilationOp):
         if self.dilation == 0:
             return a
         shape = tuple(d * (self.dilation + 1) if i in axes else d for i, d in enumerate(a.shape))
-        out = _zeros(shape, a)
+        out = array_api.full(shape, 0.0, dtype=a.dtype, device=a.device)
         out[_dilated_slices(shape, axes, self.dilation)] = a
         return out
 
@@ -82,8 +77,7 @@ class UnDilate(_DilationOp):
         axes = _norm_axes(self.axes, a.ndim, "undilate")
         if self.dilation == 0:
             return a
-        view = a[_dilated_slices(a.shape, axes, self.dilation)]
-        return view.copy() if _NUMPY else view.compact()
+        return a[_dilated_slices(a.shape, axes, self.dilation)].compact()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         # Dilate pads to n·(d+1); the input may have been shorter than that, so crop back.
@@ -113,23 +107,12 @@ class _PadCrop(TensorOp):
         if len(self.widths) != a.ndim:
             raise ValueError(f"pad/crop widths {self.widths} do not match shape {tuple(a.shape)}")
         crop = tuple(slice(-min(b, 0), n + min(e, 0)) for n, (b, e) in zip(a.shape, self.widths))
-        a = a[crop]
+        a = a[crop].compact()
         pads = tuple((max(b, 0), max(e, 0)) for b, e in self.widths)
-        if _NUMPY:
-            return numpy.pad(a, pads) if any(p != (0, 0) for p in pads) else a.copy()
-        return a.compact().pad(pads) if any(p != (0, 0) for p in pads) else a.compact()
+        return a.pad(pads) if any(p != (0, 0) for p in pads) else a
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _PadCrop(tuple((-b, -e) for b, e in self.widths))(out_grad)
-
-
-def _as_strided(a, shape, strides):
-    """A strided view of compact ``a`` (strides in elements)."""
-    if _NUMPY:
-        a = numpy.ascontiguousarray(a)
-        return numpy.lib.stride_tricks.as_strided(
-            a, shape, tuple(s * a.itemsize for s in strides), writeable=False)
-    return a.compact().as_strided(shape, strides)
 
 
 class Conv(TensorOp):
@@ -163,15 +146,15 @@ class Conv(TensorOp):
                              f"{H + 2 * p}x{W + 2 * p}")
         pads = ((0, 0), (p, p), (p, p), (0, 0))
         if p:
-            A = numpy.pad(A, pads) if _NUMPY else A.pad(pads)
-        A = _compact(A)
+            A = A.pad(pads)
+        A = A.compact()
         Hp, Wp = H + 2 * p, W + 2 * p
         Ho, Wo = (Hp - KH) // s + 1, (Wp - KW) // s + 1
         sn, sh, sw, sc = Hp * Wp * C, Wp * C, C, 1
-        cols = _as_strided(A, (N, Ho, Wo, KH, KW, C), (sn, sh * s, sw * s, sh, sw, sc))
-        cols = _reshape(_compact(cols), (N * Ho * Wo, KH * KW * C))
-        out = cols @ _reshape(B, (KH * KW * C, C_out))
-        return _reshape(out, (N, Ho, Wo, C_out))
+        cols = A.as_strided((N, Ho, Wo, KH, KW, C), (sn, sh * s, sw * s, sh, sw, sc))
+        cols = cols.compact().reshape((N * Ho * Wo, KH * KW * C))
+        out = cols @ B.compact().reshape((KH * KW * C, C_out))
+        return out.compact().reshape((N, Ho, Wo, C_out))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs

@@ -12,19 +12,7 @@ import numpy
 
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_selection import array_api
-from .ops_mathematic import (
-    _NUMPY,
-    _broadcast,
-    _max,
-    _norm_axes,
-    _reshape,
-    _sum,
-    broadcast_to,
-    exp,
-    log,
-    reshape,
-    summation,
-)
+from .ops_mathematic import _norm_axes, _reduce_sum, broadcast_to, exp, log, reshape, summation
 
 
 def _clamp_to_finite(m):
@@ -33,20 +21,22 @@ def _clamp_to_finite(m):
     A shift of ±inf would turn ``z - max`` into inf - inf = NaN; a finite shift keeps an
     all -inf slice at exp(-inf) = 0, so its log-sum-exp is log(0) + shift = -inf.
     """
-    if _NUMPY:
-        big = float(numpy.finfo(m.dtype).max)
-        return numpy.clip(m, -big, big)
-    big = float(numpy.finfo(numpy.float32).max)
+    big = float(numpy.finfo(m.dtype).max)
     return -array_api.maximum(-array_api.maximum(m, -big), -big)
 
 
+def _row_max(Z, axes: tuple):
+    """The max of ``Z`` over ``axes`` (keepdims), clamped to finite values."""
+    return _clamp_to_finite(Z.max(axis=axes, keepdims=True))
+
+
 def _shifted_and_log_sum(Z, axes: tuple):
-    """(Z - M, log Σ exp(Z - M)) with M the max over ``axes`` (keepdims, clamped finite)."""
+    """(Z - M, M, log Σ exp(Z - M)) with M the max over ``axes`` (keepdims, clamped finite)."""
     # log(0) = -inf for an all -inf slice is the intended result, not a numpy warning
     with numpy.errstate(divide="ignore", invalid="ignore"):
-        m = _clamp_to_finite(_max(Z, axes, keepdims=True))
-        shifted = Z - _broadcast(m, Z.shape)
-        return shifted, m, array_api.log(_sum(array_api.exp(shifted), axes, keepdims=True))
+        m = _row_max(Z, axes)
+        shifted = Z - m.broadcast_to(Z.shape)
+        return shifted, m, _reduce_sum(shifted.exp(), axes, keepdims=True).log()
 
 
 def _softmax(Z: Tensor, axes: tuple) -> Tensor:
@@ -57,7 +47,7 @@ def _softmax(Z: Tensor, axes: tuple) -> Tensor:
     (1e10 + log 2 rounds to 1e10 in float32).
     """
     kept = tuple(1 if i in axes else d for i, d in enumerate(Z.shape))
-    M = Tensor.make_const(_clamp_to_finite(_max(Z.realize_cached_data(), axes, keepdims=True)))
+    M = Tensor.make_const(_row_max(Z.realize_cached_data(), axes))
     shifted = Z - broadcast_to(M, Z.shape)
     log_sum = reshape(log(summation(exp(shifted), axes)), kept)
     return exp(shifted - broadcast_to(log_sum, Z.shape))
@@ -80,12 +70,16 @@ class LogSumExp(TensorOp):
         if not axes:
             return Z
         out_shape = tuple(d for i, d in enumerate(Z.shape) if i not in axes)
+        if any(Z.shape[i] == 0 for i in axes):  # the sum of no terms is 0: log 0 = -inf
+            return array_api.full(out_shape, -numpy.inf, dtype=Z.dtype, device=Z.device)
         _, m, log_sum = _shifted_and_log_sum(Z, axes)
-        return _reshape(log_sum + m, out_shape)
+        return (log_sum + m).compact().reshape(out_shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         Z = node.inputs[0]
         axes = _norm_axes(self.axes, len(Z.shape), "logsumexp")
+        if any(Z.shape[i] == 0 for i in axes):  # Z has no elements: an empty adjoint
+            return Tensor.make_const(array_api.empty(Z.shape, dtype=Z.dtype, device=Z.device))
         kept = tuple(1 if i in axes else d for i, d in enumerate(Z.shape))
         return broadcast_to(reshape(out_grad, kept), Z.shape) * _softmax(Z, axes)
 
@@ -105,10 +99,12 @@ class LogSoftmax(TensorOp):
     def compute(self, Z: NDArray):
         if Z.ndim < 1:
             raise ValueError("logsoftmax needs at least one dimension, got a 0-d array")
+        if Z.shape[-1] == 0:  # rows of no entries: an empty result
+            return array_api.empty(Z.shape, dtype=Z.dtype, device=Z.device)
         shifted, _, log_sum = _shifted_and_log_sum(Z, (Z.ndim - 1,))
         # (Z - M) - log Σ exp(Z - M), not Z - logsumexp(Z): keeps log 2 next to 1e10 in float32
         with numpy.errstate(invalid="ignore"):  # an all -inf row is NaN by definition
-            return shifted - _broadcast(log_sum, Z.shape)
+            return shifted - log_sum.broadcast_to(Z.shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         shape = node.shape

@@ -1,80 +1,24 @@
 """Element-wise, scalar, shape and matrix ops (hw1, hw2, hw4).
 
-Each op's ``compute`` works on the backend's raw arrays — needle's NDArray (``NEEDLE_BACKEND=nd``,
-element-wise ops need equal shapes, reductions/broadcasts/permutes are NDArray methods) or numpy
-(``NEEDLE_BACKEND=np``) — and its ``gradient`` is written with needle ops, so it can be
-differentiated again.
+Each op's ``compute`` is array math through the array API (the methods and module functions
+of needle's NDArray, which the ``NEEDLE_BACKEND=np`` adapter provides on numpy arrays too), and
+its ``gradient`` is written with needle ops, so it can be differentiated again. Element-wise ops
+between tensors broadcast with numpy's rules, and their gradients are summed back to each
+input's own shape.
 """
 from __future__ import annotations
 
-from numbers import Number
+import functools
+from numbers import Integral, Real
 from typing import Optional, Tuple, Union
 
 import numpy
 
 from ..autograd import NDArray, Tensor, TensorOp
-from ..backend_selection import array_api
-
-_NUMPY = array_api is numpy
 
 
-# ---- backend helpers (raw arrays) ----------------------------------------------------------
-def _compact(a):
-    """``a`` laid out contiguously (NDArray.compact; numpy arrays are returned as they are)."""
-    return a if _NUMPY else a.compact()
-
-
-def _reshape(a, shape):
-    shape = tuple(shape)
-    if _NUMPY:
-        return numpy.reshape(a, shape)
-    return a.compact().reshape(shape)
-
-
-def _permute(a, axes):
-    return numpy.transpose(a, axes) if _NUMPY else a.permute(tuple(axes))
-
-
-def _broadcast(a, shape):
-    return numpy.broadcast_to(a, tuple(shape)) if _NUMPY else a.broadcast_to(tuple(shape))
-
-
-def _sum(a, axes, keepdims: bool = False):
-    """Sum over ``axes`` (a tuple of non-negative ints; () sums nothing)."""
-    if len(axes) == 0:
-        return a
-    if _NUMPY:
-        return numpy.asarray(numpy.sum(a, axis=axes, keepdims=keepdims))
-    return a.sum(axis=tuple(axes), keepdims=keepdims)
-
-
-def _max(a, axes, keepdims: bool = False):
-    if len(axes) == 0:
-        return a
-    if _NUMPY:
-        return numpy.asarray(numpy.max(a, axis=axes, keepdims=keepdims))
-    return a.max(axis=tuple(axes), keepdims=keepdims)
-
-
-def _empty(shape, like):
-    if _NUMPY:
-        return numpy.empty(tuple(shape), dtype=like.dtype)
-    return array_api.empty(tuple(shape), device=like.device)
-
-
-def _zeros(shape, like):
-    if _NUMPY:
-        return numpy.zeros(tuple(shape), dtype=like.dtype)
-    return array_api.full(tuple(shape), 0.0, device=like.device)
-
-
-def _positive_mask(a):
-    """1.0 where a > 0, else 0.0, in ``a``'s dtype."""
-    return (a > 0).astype(a.dtype) if _NUMPY else (a > 0)
-
-
-def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
-    """``axes`` (None: all, int or sequence) as sorted non-negative ints, validated."""
+@functools.lru_cache(maxsize=1024)
+def _norm_axes_cached(axes, ndim: int, what: str) -> Tuple[int, ...]:
     if axes is None:
         return tuple(range(ndim))
     if isinstance(axes, (int, numpy.integer)):
@@ -91,53 +35,90 @@ def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _check_same_shape(a, b, what: str) -> None:
-    if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"{what}: operand shapes {tuple(a.shape)} and {tuple(b.shape)} differ "
-                         "(needle does not broadcast implicitly: use broadcast_to)")
+def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
+    """``axes`` (None: all, int or sequence) as sorted non-negative ints, validated."""
+    if isinstance(axes, list):
+        axes = tuple(axes)
+    try:
+        return _norm_axes_cached(axes, ndim, what)
+    except TypeError:
+        if isinstance(axes, tuple) or axes is None or isinstance(axes, (int, numpy.integer)):
+            raise  # a validation error, not an unhashable argument
+        raise TypeError(f"{what}: axes must be None, an int or a tuple of ints, got "
+                        f"{type(axes).__name__}") from None
 
 
-def _check_scalar(scalar, what: str):
-    if not isinstance(scalar, Number) or isinstance(scalar, bool):
-        raise TypeError(f"{what} needs a number, got {type(scalar).__name__}")
-    return scalar
+def scalar_value(value, what: str) -> Union[int, float]:
+    """``value`` as a Python int or float, for the scalar ops.
+
+    Accepts Python and numpy real numbers, 0-d arrays and one-element arrays (numpy or
+    NDArray); a bool, complex number, string or larger array is a TypeError. Converting keeps
+    the tensor's dtype: a numpy float64 scalar does not promote a float32 tensor.
+    """
+    if isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"{what} needs a real number, got a bool")
+    if isinstance(value, Integral):
+        return int(value)
+    if isinstance(value, Real):
+        return float(value)
+    if isinstance(value, NDArray) and not isinstance(value, numpy.ndarray):
+        value = value.numpy()
+    if isinstance(value, numpy.ndarray):
+        if value.size != 1:
+            raise TypeError(f"{what} needs a scalar or a one-element array, got an array of shape "
+                            f"{value.shape} (wrap it in a Tensor for an element-wise op)")
+        if value.dtype.kind in "iuf":
+            return value.item()
+        raise TypeError(f"{what} needs a real number, got an array of dtype {value.dtype}")
+    raise TypeError(f"{what} needs a real number (int, float, numpy scalar or one-element "
+                    f"array), got {type(value).__name__}")
 
 
 def _sum_to_shape(x: Tensor, shape) -> Tensor:
     """Sum ``x`` over the dimensions that broadcasting added to reach it from ``shape``."""
     shape = tuple(shape)
-    if tuple(x.shape) == shape:
+    x_shape = x.shape
+    if x_shape == shape:
         return x
-    lead = len(x.shape) - len(shape)
+    lead = len(x_shape) - len(shape)
     axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
+        lead + i for i, d in enumerate(shape) if d == 1 and x_shape[lead + i] != 1)
     if axes:
         x = summation(x, axes)
-    return reshape(x, shape) if tuple(x.shape) != shape else x
+    return reshape(x, shape) if x.shape != shape else x
+
+
+def _binary_adjoints(ga: Tensor, gb: Tensor, node: Tensor):
+    """The adjoints (ga, gb) of a broadcasting binary op, each summed to its input's shape."""
+    a, b = node.inputs
+    return _sum_to_shape(ga, a.shape), _sum_to_shape(gb, b.shape)
 
 
 # ---- element-wise and scalar arithmetic ----------------------------------------------------
 class EWiseAdd(TensorOp):
-    """a + b for tensors of equal shape."""
+    """a + b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        _check_same_shape(a, b, "add")
         return a + b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        return out_grad, out_grad
+        return _binary_adjoints(out_grad, out_grad, node)
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
-    """a + b, element-wise (equal shapes)."""
+    """a + b, element-wise (numpy broadcasting)."""
     return EWiseAdd()(a, b)
 
 
-class AddScalar(TensorOp):
-    """a + scalar."""
+class _ScalarOp(TensorOp):
+    """An op with one tensor input and a real ``scalar`` (see :func:`scalar_value`)."""
 
     def __init__(self, scalar):
-        self.scalar = _check_scalar(scalar, "AddScalar")
+        self.scalar = scalar_value(scalar, type(self).__name__)
+
+
+class AddScalar(_ScalarOp):
+    """a + scalar."""
 
     def compute(self, a: NDArray):
         return a + self.scalar
@@ -152,27 +133,23 @@ def add_scalar(a: Tensor, scalar: float) -> Tensor:
 
 
 class EWiseMul(TensorOp):
-    """a * b for tensors of equal shape."""
+    """a * b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        _check_same_shape(a, b, "multiply")
         return a * b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
-        return out_grad * rhs, out_grad * lhs
+        return _binary_adjoints(out_grad * rhs, out_grad * lhs, node)
 
 
 def multiply(a: Tensor, b: Tensor) -> Tensor:
-    """a * b, element-wise (equal shapes)."""
+    """a * b, element-wise (numpy broadcasting)."""
     return EWiseMul()(a, b)
 
 
-class MulScalar(TensorOp):
+class MulScalar(_ScalarOp):
     """a * scalar."""
-
-    def __init__(self, scalar):
-        self.scalar = _check_scalar(scalar, "MulScalar")
 
     def compute(self, a: NDArray):
         return a * self.scalar
@@ -187,34 +164,26 @@ def mul_scalar(a: Tensor, scalar: float) -> Tensor:
 
 
 class EWisePow(TensorOp):
-    """a ** b element-wise, for equal shapes.
+    """a ** b element-wise, broadcasting like numpy.
 
-    On the NDArray backend it is computed as exp(b·log(a)), so it is defined for a >= 0 only
-    (a < 0 gives NaN); numpy computes integer powers of negatives too. The gradient needs
-    log(a), so it is finite for a > 0.
+    The gradient with respect to b needs log(a), so it is finite for a > 0 only.
     """
 
     def compute(self, a: NDArray, b: NDArray):
-        _check_same_shape(a, b, "power")
-        if _NUMPY:
-            return a ** b
-        return array_api.exp(b * array_api.log(a))
+        return a ** b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
-        return out_grad * b * power(a, b - 1), out_grad * node * log(a)
+        return _binary_adjoints(out_grad * b * power(a, b - 1), out_grad * node * log(a), node)
 
 
 def power(a: Tensor, b: Tensor) -> Tensor:
-    """a ** b, element-wise (equal shapes)."""
+    """a ** b, element-wise (numpy broadcasting)."""
     return EWisePow()(a, b)
 
 
-class PowerScalar(TensorOp):
+class PowerScalar(_ScalarOp):
     """a ** scalar; the exponent may be any real number (non-integers need a >= 0)."""
-
-    def __init__(self, scalar):
-        self.scalar = _check_scalar(scalar, "PowerScalar")
 
     def compute(self, a: NDArray):
         return a ** self.scalar
@@ -232,27 +201,23 @@ def power_scalar(a: Tensor, scalar: float) -> Tensor:
 
 
 class EWiseDiv(TensorOp):
-    """a / b for tensors of equal shape."""
+    """a / b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        _check_same_shape(a, b, "divide")
         return a / b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
-        return out_grad / rhs, -out_grad * lhs / (rhs * rhs)
+        return _binary_adjoints(out_grad / rhs, -out_grad * lhs / (rhs * rhs), node)
 
 
 def divide(a: Tensor, b: Tensor) -> Tensor:
-    """a / b, element-wise (equal shapes)."""
+    """a / b, element-wise (numpy broadcasting)."""
     return EWiseDiv()(a, b)
 
 
-class DivScalar(TensorOp):
+class DivScalar(_ScalarOp):
     """a / scalar."""
-
-    def __init__(self, scalar):
-        self.scalar = _check_scalar(scalar, "DivScalar")
 
     def compute(self, a: NDArray):
         return a / self.scalar
@@ -285,7 +250,7 @@ class Log(TensorOp):
     """Natural logarithm, element-wise (log 0 = -inf, negative -> NaN)."""
 
     def compute(self, a: NDArray):
-        return array_api.log(a)
+        return a.log()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / node.inputs[0]
@@ -300,7 +265,7 @@ class Exp(TensorOp):
     """exp(a), element-wise."""
 
     def compute(self, a: NDArray):
-        return array_api.exp(a)
+        return a.exp()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * node
@@ -315,11 +280,11 @@ class ReLU(TensorOp):
     """max(a, 0), element-wise; its derivative is taken as 0 at a = 0."""
 
     def compute(self, a: NDArray):
-        return array_api.maximum(a, 0)
+        return a.maximum(0)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        mask = Tensor.make_const(_positive_mask(node.inputs[0].realize_cached_data()))
-        return out_grad * mask
+        # relu(a) > 0 exactly where a > 0: a constant 0/1 mask (a bool array under numpy)
+        return out_grad * Tensor.make_const(node.realize_cached_data() > 0)
 
 
 def relu(a: Tensor) -> Tensor:
@@ -331,7 +296,7 @@ class Tanh(TensorOp):
     """tanh(a), element-wise; derivative 1 - tanh(a)²."""
 
     def compute(self, a: NDArray):
-        return array_api.tanh(a)
+        return a.tanh()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * (-(node * node) + 1)
@@ -360,7 +325,7 @@ class Transpose(TensorOp):
         return tuple(perm)
 
     def compute(self, a: NDArray):
-        return _permute(a, self._perm(a.ndim))
+        return a.permute(self._perm(a.ndim))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return transpose(out_grad, self.axes)
@@ -378,24 +343,21 @@ def transpose(a: Tensor, axes: Optional[tuple] = None) -> Tensor:
     return Transpose(axes)(a)
 
 
+def _shape_arg(shape) -> tuple:
+    return (int(shape),) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
+
+
 class Reshape(TensorOp):
-    """``a`` with a new shape holding the same number of elements (one -1 may be inferred)."""
+    """``a`` with a new shape holding the same number of elements (one -1 may be inferred).
+
+    A view when ``a`` is compact, else a compact copy; a size mismatch is a ValueError.
+    """
 
     def __init__(self, shape):
-        self.shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
+        self.shape = _shape_arg(shape)
 
     def compute(self, a: NDArray):
-        size = int(numpy.prod(a.shape))
-        shape = self.shape
-        if shape.count(-1) == 1:
-            known = int(numpy.prod([d for d in shape if d != -1]))
-            if known == 0 or size % known:
-                raise ValueError(f"cannot reshape shape {tuple(a.shape)} into {shape}")
-            shape = tuple(size // known if d == -1 else d for d in shape)
-        if int(numpy.prod(shape)) != size or any(d < 0 for d in shape):
-            raise ValueError(f"cannot reshape an array of shape {tuple(a.shape)} ({size} elements) "
-                             f"into shape {self.shape}")
-        return _reshape(a, shape)
+        return a.compact().reshape(self.shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return reshape(out_grad, node.inputs[0].shape)
@@ -413,14 +375,14 @@ class BroadcastTo(TensorOp):
     """
 
     def __init__(self, shape):
-        self.shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
+        self.shape = _shape_arg(shape)
 
     def compute(self, a: NDArray):
-        old = tuple(a.shape)
+        old = a.shape
         lead = len(self.shape) - len(old)
         if lead < 0 or any(o != 1 and o != n for o, n in zip(old, self.shape[lead:])):
-            raise ValueError(f"cannot broadcast shape {old} to {self.shape}")
-        return _broadcast(a, self.shape)
+            raise ValueError(f"cannot broadcast shape {tuple(old)} to {self.shape}")
+        return a.broadcast_to(self.shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _sum_to_shape(out_grad, node.inputs[0].shape)
@@ -429,6 +391,16 @@ class BroadcastTo(TensorOp):
 def broadcast_to(a: Tensor, shape: tuple) -> Tensor:
     """``a`` broadcast to ``shape``."""
     return BroadcastTo(shape)(a)
+
+
+def _reduce_sum(a: NDArray, axes: Tuple[int, ...], keepdims: bool = False) -> NDArray:
+    """Sum of the array ``a`` over ``axes`` (sorted non-negative ints); () sums nothing."""
+    if not axes:
+        return a
+    out = a.sum(axis=axes, keepdims=keepdims)
+    if not keepdims and len(axes) == a.ndim and out.ndim:
+        out = out.reshape(())
+    return out
 
 
 class Summation(TensorOp):
@@ -443,11 +415,7 @@ class Summation(TensorOp):
         self.axes = axes
 
     def compute(self, a: NDArray):
-        axes = _norm_axes(self.axes, a.ndim, "summation")
-        out = _sum(a, axes)
-        if not _NUMPY and len(axes) == a.ndim and a.ndim > 0:
-            out = out.reshape(())  # NDArray.sum(None) gives shape (1,)
-        return out
+        return _reduce_sum(a, _norm_axes(self.axes, a.ndim, "summation"))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         in_shape = node.inputs[0].shape
@@ -474,48 +442,12 @@ class MatMul(TensorOp):
                              f"{tuple(a.shape)} and {tuple(b.shape)}")
         if a.shape[-1] != b.shape[-2]:
             raise ValueError(f"matmul inner sizes differ: {tuple(a.shape)} @ {tuple(b.shape)}")
-        try:
-            batch = numpy.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
-        except ValueError:
-            raise ValueError(f"matmul batch dimensions do not broadcast: {tuple(a.shape)} @ "
-                             f"{tuple(b.shape)}") from None
-        if _NUMPY:
-            return a @ b
-        return _nd_batched_matmul(a, b, batch)
+        return a @ b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
-        grad_a = matmul(out_grad, transpose(b))
-        grad_b = matmul(transpose(a), out_grad)
-        return _sum_to_shape(grad_a, a.shape), _sum_to_shape(grad_b, b.shape)
-
-
-def _nd_batched_matmul(a: NDArray, b: NDArray, batch: tuple) -> NDArray:
-    """Batched product with NDArray's 2-D ``@``: one call when either side has no batch."""
-    m, n = a.shape[-2:]
-    p = b.shape[-1]
-    nbatch = int(numpy.prod(batch))
-    if not batch:
-        return a @ b
-    if int(numpy.prod(b.shape[:-2])) == 1:
-        # fold the batch into rows: (B·m, n) @ (n, p)
-        rows = a.broadcast_to(batch + (m, n)).compact().reshape((nbatch * m, n))
-        return (rows @ b.compact().reshape((n, p))).reshape(batch + (m, p))
-    if int(numpy.prod(a.shape[:-2])) == 1:
-        # (a @ b)ᵀ = bᵀ @ aᵀ: fold b's batch into the rows of bᵀ
-        bt = b.broadcast_to(batch + (n, p)).permute(
-            tuple(range(len(batch))) + (len(batch) + 1, len(batch)))
-        bt = bt.compact().reshape((nbatch * p, n))
-        at = a.compact().reshape((m, n)).permute((1, 0))
-        out_t = (bt @ at).reshape(batch + (p, m))
-        return out_t.permute(tuple(range(len(batch))) + (len(batch) + 1, len(batch))).compact()
-    a3 = a.broadcast_to(batch + (m, n)).compact().reshape((nbatch, m, n))
-    b3 = b.broadcast_to(batch + (n, p)).compact().reshape((nbatch, n, p))
-    out = array_api.empty((nbatch, m, p), device=a.device)
-    for i in range(nbatch):
-        out[i] = (a3[i].compact().reshape((m, n)) @ b3[i].compact().reshape((n, p))).reshape(
-            (1, m, p))
-    return out.reshape(batch + (m, p))
+        return _binary_adjoints(matmul(out_grad, transpose(b)), matmul(transpose(a), out_grad),
+                                node)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
