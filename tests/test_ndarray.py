@@ -83,8 +83,34 @@ def test_device_names_and_equality():
     assert hash(ndl.cpu()) == hash(nd.cpu())
     assert nd.BackendDevice("cpu", None) == ndl.cpu()  # equality is by name only
     assert ndl.all_devices() == [ndl.cpu(), ndl.cuda(), ndl.cpu_numpy()]
-    assert ndl.default_device() == ndl.cpu_numpy()
+    assert nd.default_device() == nd.cpu_numpy()  # the course's NDArray default
     assert ndl.Device is nd.BackendDevice
+
+
+def test_default_tensor_device_is_the_compiled_cpu_when_built():
+    expected = nd.cpu() if nd.cpu().enabled() else nd.cpu_numpy()
+    assert nd.default_tensor_device() is expected
+
+
+def test_a_device_that_failed_to_import_says_why_and_how_to_rebuild():
+    dev = nd.BackendDevice("cpu", None, "ImportError: undefined symbol: _ZN6needle4fill")
+    assert not dev.enabled()
+    for call in (dev._check, lambda: dev.ewise_binary, lambda: nd.array([1.0], device=dev),
+                 lambda: nd.empty((2,), device=dev)):
+        with pytest.raises(RuntimeError, match=r"cpu\(\) is not enabled: its compiled module "
+                                               r"failed to import \(ImportError: undefined "
+                                               r"symbol.*make build"):
+            call()
+
+
+def test_cache_report_through_the_device():
+    assert nd.cpu_numpy().cache_info() is None  # the numpy module keeps no buffer cache
+    nd.cpu_numpy().cache_clear()
+    mod = nd.cpu().mod
+    if mod is not None and hasattr(mod, "cache_info"):
+        info = nd.cpu().cache_info()
+        assert info == mod.cache_info()
+        nd.cpu().cache_clear()
 
 
 def test_device_forwards_to_its_module():

@@ -339,6 +339,133 @@ def test_matmul_tiled_exhibit(device, mult):
         nd.array(x, device=dev).matmul_tiled(nd.array(rand(4, (n, p + 1)), device=dev))
 
 
+# ---- the strided fast paths (issue: no needless copies) ----------------------------------------
+def spy_device(device):
+    spy = RecordingModule(device.mod)
+    return spy, nd.BackendDevice(device.name, spy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_broadcast_operands_go_straight_to_the_kernel(device):
+    spy, dev = spy_device(device)
+    x, y = rand(0, (4, 1, 3)), rand(1, (5, 1))
+    a, b = nd.array(x, device=dev), nd.array(y, device=dev)
+    spy.calls.clear()
+    out = a + b
+    assert [name for name, _ in spy.calls] == ["ewise_binary"]
+    args = spy.calls[0][1]
+    assert args[1] is a._handle and args[4] is b._handle  # no compact copies
+    assert tuple(args[2]) == (3, 0, 1) and tuple(args[5]) == (0, 1, 0)
+    np.testing.assert_array_equal(out.numpy(), x + y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("axis", [None, 0, -1, (0, 2), (2, 0), (-3, -1), (1,), ()])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions_are_one_kernel_call_on_the_buffer(device, axis, keepdims):
+    spy, dev = spy_device(device)
+    x = rand(2, (3, 4, 5))
+    a = nd.array(x, device=dev).permute((1, 0, 2))  # non-compact
+    xv = x.transpose(1, 0, 2)
+    for op in ("sum", "max"):
+        spy.calls.clear()
+        out = getattr(a, op)(axis=axis, keepdims=keepdims)
+        assert [name for name, _ in spy.calls] == ["reduce"]
+        assert spy.calls[0][1][1] is a._handle
+        np_axis = None if axis == () else axis
+        expected = getattr(xv, op)(axis=np_axis, keepdims=keepdims)
+        if np_axis is None and not keepdims:
+            expected = expected.reshape(1)
+        assert out.shape == expected.shape
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_elementwise_broadcasting_follows_numpy(device):
+    cases = [((2, 3), (3,)), ((4, 1, 3), (5, 1)), ((1,), (2, 2)), ((), (3, 2)), ((2, 0), (1,))]
+    for sx, sy in cases:
+        x, y = rand(3, sx), rand(4, sy)
+        a, b = nd.array(x, device=device), nd.array(y, device=device)
+        for f in (lambda p, q: p - q, lambda p, q: q / p, lambda p, q: p < q):
+            np.testing.assert_array_equal(f(a, b).numpy(), f(x, y).astype(np.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reversed_scalar_forms_and_array_exponent(device):
+    x = np.abs(rand(5, (3, 4))) + 0.5
+    y = rand(6, (3, 4))
+    a, b = nd.array(x, device=device), nd.array(y, device=device)
+    np.testing.assert_array_equal((2 - a).numpy(), np.float32(2) - x)
+    np.testing.assert_array_equal((2 / a).numpy(), np.float32(2) / x)
+    np.testing.assert_allclose((2 ** a).numpy(), np.float32(2) ** x, rtol=2e-6)
+    np.testing.assert_allclose((a ** b).numpy(), x ** y, rtol=2e-6)
+    np.testing.assert_allclose((a ** 0.5).numpy(), np.sqrt(x), rtol=2e-6)
+    np.testing.assert_array_equal((3 + a).numpy(), x + np.float32(3))
+    np.testing.assert_array_equal((3 * a).numpy(), x * np.float32(3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_comparisons_follow_ieee_with_nan(device):
+    x = np.array([np.nan, 1.0, 2.0, np.nan, -np.inf, 0.0], dtype=np.float32)
+    y = np.array([1.0, np.nan, 2.0, np.nan, np.inf, -0.0], dtype=np.float32)
+    a, b = nd.array(x, device=device), nd.array(y, device=device)
+    with np.errstate(invalid="ignore"):
+        for f in (lambda p, q: p == q, lambda p, q: p != q, lambda p, q: p < q,
+                  lambda p, q: p <= q, lambda p, q: p > q, lambda p, q: p >= q):
+            np.testing.assert_array_equal(f(a, b).numpy(), f(x, y).astype(np.float32))
+            np.testing.assert_array_equal(f(a, np.nan).numpy(), f(x, np.nan).astype(np.float32))
+            np.testing.assert_array_equal(f(1.0, a).numpy(), f(1.0, x).astype(np.float32))
+    np.testing.assert_array_equal(a.maximum(b).numpy(), np.maximum(x, y))
+    np.testing.assert_array_equal(a.minimum(b).numpy(), np.minimum(x, y))
+    assert np.isnan(a.max().numpy()[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unary_methods(device):
+    x = np.array([[-2.0, -0.5, 0.0], [0.25, 1.0, 30.0]], dtype=np.float32)
+    a = nd.array(x, device=device)
+    np.testing.assert_array_equal((-a).numpy(), -x)
+    np.testing.assert_array_equal(abs(a).numpy(), np.abs(x))
+    np.testing.assert_array_equal(a.abs().numpy(), np.abs(x))
+    np.testing.assert_array_equal(a.relu().numpy(), np.maximum(x, 0))
+    np.testing.assert_array_equal(nd.relu(a).numpy(), np.maximum(x, 0))
+    np.testing.assert_allclose(nd.sqrt(abs(a)).numpy(), np.sqrt(np.abs(x)), rtol=1e-6)
+    np.testing.assert_allclose(a.sigmoid().numpy(), 1 / (1 + np.exp(-x.astype(np.float64))),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(nd.minimum(a, 0.5).numpy(), np.minimum(x, 0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sa,sb", [((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)),
+                                   ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4, 2)),
+                                   ((1, 3, 4), (3, 4, 2)), ((2, 0, 4), (2, 4, 3)),
+                                   ((3, 1, 4), (1, 4, 2))])
+def test_batched_matmul_follows_numpy(device, sa, sb):
+    x, y = rand(7, sa), rand(8, sb)
+    a, b = nd.array(x, device=device), nd.array(y, device=device)
+    out = a @ b
+    expected = np.matmul(x.astype(np.float64), y)
+    assert out.shape == expected.shape
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+    # transposed operands (views): (A^T)^T @ B
+    at = nd.array(np.ascontiguousarray(np.swapaxes(x, -1, -2)), device=device)
+    perm = tuple(range(len(sa) - 2)) + (len(sa) - 1, len(sa) - 2)
+    np.testing.assert_allclose((at.permute(perm) @ b).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_matmul_is_one_call_with_a_shared_matrix(device):
+    spy, dev = spy_device(device)
+    x, y = rand(9, (4, 3, 5)), rand(10, (5, 2))
+    a, b = nd.array(x, device=dev), nd.array(y, device=dev)
+    spy.calls.clear()
+    out = a @ b
+    assert [name for name, _ in spy.calls] == ["matmul_strided"]
+    args = spy.calls[0][1]
+    assert args[3] is b._handle and tuple(args[4]) == (0, 2, 1) and tuple(args[7:]) == (4, 3, 5, 2)
+    np.testing.assert_allclose(out.numpy(), x @ y, rtol=1e-5, atol=1e-5)
+
+
 # ---- flip and pad ----------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), shape=SHAPES_NONEMPTY, seed=SEEDS, layout=LAYOUTS)

@@ -96,6 +96,8 @@ def _int(fn: str, what: str, v) -> int:
 
 
 def _ints(fn: str, what: str, seq) -> tuple:
+    if type(seq) is tuple and all(type(v) is int for v in seq):
+        return seq  # the common case, checked cheaply
     if not isinstance(seq, (tuple, list)):
         raise TypeError(f"{fn}: {what} must be a tuple or list of ints, got {type(seq).__name__}")
     return tuple(_int(fn, what, v) for v in seq)
@@ -134,13 +136,18 @@ def _shape_size(fn: str, shape: tuple) -> int:
 def _check_view(fn: str, buf: Array, shape, strides, offset) -> int:
     """The number of elements of the view; ValueError if it reaches outside ``buf``."""
     shape, strides = _ints(fn, "shape", shape), _ints(fn, "strides", strides)
-    offset = _int(fn, "offset", offset)
+    if type(offset) is not int:
+        offset = _int(fn, "offset", offset)
     if len(shape) != len(strides):
         raise ValueError(f"{fn}: shape {shape} and strides {strides} differ in length")
     size = _shape_size(fn, shape)
     if size:
-        lo = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-        hi = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+        lo = hi = offset
+        for n, s in zip(shape, strides):
+            if s < 0:
+                lo += (n - 1) * s
+            else:
+                hi += (n - 1) * s
         if lo < 0 or hi >= buf.size:
             raise ValueError(f"{fn}: view with shape {shape}, strides {strides} and offset "
                              f"{offset} reaches elements [{lo}, {hi}], outside the buffer of "
@@ -163,17 +170,17 @@ def _check_sizes(fn: str, out: Array, *inputs: Array) -> None:
 
 
 def _view(a: Array, shape, strides, offset) -> np.ndarray:
-    # as_strided from the buffer's start: negative strides (flip) reach below `offset`
-    return np.lib.stride_tricks.as_strided(
-        a.array[offset:], tuple(shape), tuple(s * _datetype_size for s in strides)
-    )
+    """The numpy view of a non-empty, checked view (negative strides reach below ``offset``)."""
+    return np.ndarray(tuple(shape), np.float32, a.array, offset * _datetype_size,
+                      tuple(s * _datetype_size for s in strides))
 
 
 # ---- memory (course) --------------------------------------------------------------------------
 def to_numpy(a: Array, shape, strides, offset) -> np.ndarray:
     """A copy of the strided view (shape, strides in elements, offset) of ``a``."""
     _buf("to_numpy", "a", a)
-    _check_view("to_numpy", a, shape, strides, offset)
+    if not _check_view("to_numpy", a, shape, strides, offset):
+        return np.zeros(tuple(shape), dtype=np.float32)
     return _view(a, shape, strides, offset).copy()
 
 
