@@ -362,6 +362,58 @@ def test_module_defaults():
 
 
 @pytest.mark.nn
+def test_module_and_optimizer_attribute_names():
+    """Attributes the course's tests and notebooks read or assign by name."""
+    lin = nn.Linear(3, 4)
+    assert (lin.in_features, lin.out_features) == (3, 4)
+    assert isinstance(nn.Residual(nn.ReLU()).fn, nn.ReLU)
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        assert isinstance(getattr(nn.BatchNorm1d(3), name), ndl.Tensor), name
+    for cell in (nn.RNNCell(2, 3), nn.LSTMCell(2, 3)):
+        assert all(isinstance(getattr(cell, k), nn.Parameter)
+                   for k in ("W_ih", "W_hh", "bias_ih", "bias_hh"))
+    assert nn.RNNCell(2, 3).W_ih.shape == (2, 3) and nn.LSTMCell(2, 3).W_ih.shape == (2, 12)
+    assert len(nn.RNN(2, 3, 2).rnn_cells) == 2 and len(nn.LSTM(2, 3, 2).lstm_cells) == 2
+    assert nn.Embedding(5, 3).weight.shape == (5, 3)
+    w = nn.Parameter(np.ones(2, dtype=np.float32))
+    sgd = ndl.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)
+    assert (sgd.lr, sgd.momentum, sgd.weight_decay) == (0.1, 0.9, 0.01)
+    assert sgd.params == [w] and isinstance(sgd.u, dict)
+    adam = ndl.optim.Adam([w])
+    assert adam.t == 0 and isinstance(adam.m, dict) and isinstance(adam.v, dict)
+
+
+@pytest.mark.autograd
+def test_tensor_methods_and_data_setter():
+    x = np.random.randn(2, 3, 4)
+    a = ndl.Tensor(x)
+    assert a.transpose().shape == (2, 4, 3)  # default: the last two axes
+    np.testing.assert_allclose(a.sum(axes=(1,)).numpy(), x.sum(axis=1), rtol=1e-5)
+    assert a.reshape((6, 4)).shape == (6, 4) and a.broadcast_to((5, 2, 3, 4)).shape == (5, 2, 3, 4)
+    assert repr(a).startswith("needle.Tensor(")
+    assert repr(ndl.make_tuple(a, a)).startswith("needle.TensorTuple(")
+    assert not a.detach().requires_grad and not a.data.requires_grad
+    bias = ndl.Tensor(np.zeros((1, 3), dtype=np.float32))
+    bias.data = ndl.Tensor(np.arange(3, dtype=np.float32))  # course code assigns (n,) to (1, n)
+    assert bias.shape == (1, 3)
+    np.testing.assert_array_equal(bias.numpy(), [[0.0, 1.0, 2.0]])
+    with pytest.raises(ValueError):
+        bias.data = ndl.Tensor(np.ones(4, dtype=np.float32))
+
+
+@pytest.mark.sequence
+def test_attention_and_transformer_return_pairs():
+    q = ndl.Tensor(np.random.randn(2, 3, 4, 5))
+    result, probs = nn.MultiHeadAttention(dropout=0.0, causal=False)(q, q, q)
+    assert result.shape == (2, 3, 4, 5) and probs.shape == (2, 3, 4, 4)
+    np.testing.assert_allclose(probs.numpy().sum(axis=-1), np.ones((2, 3, 4)), rtol=1e-5)
+    x = ndl.Tensor(np.random.randn(4, 2, 6))
+    out, h = nn.Transformer(6, 8, 2, num_head=2, dim_head=3)(x)
+    assert out.shape == (4, 2, 6)
+    np.testing.assert_array_equal(h.numpy(), np.zeros((4, 2, 6)))
+
+
+@pytest.mark.nn
 def test_optimizer_defaults():
     assert {k: defaults(ndl.optim.SGD.__init__)[k] for k in ("lr", "momentum", "weight_decay")} \
         == {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.0}
