@@ -61,9 +61,12 @@ class BackendDevice:
         mod = self.__dict__.get("mod")
         if mod is None:
             raise RuntimeError(self._why_disabled())
-        value = getattr(mod, name, None)
-        if value is None:
-            value = _transitional(mod, name)  # AttributeError when not a protocol function
+        try:
+            value = getattr(mod, name)
+        except AttributeError:
+            hint = f" (a compiled module older than the protocol: {_REBUILD})" \
+                if hasattr(protocol.DeviceModule, name) else ""
+            raise AttributeError(f"device {self.name}() has no {name!r}{hint}") from None
         self.__dict__[name] = value  # later look-ups skip __getattr__
         return value
 
@@ -124,42 +127,6 @@ class BackendDevice:
         arr = self.empty(shape, dtype)
         arr.fill(fill_value)
         return arr
-
-
-# ---- transitional: a compiled module built before the strided protocol ------------------------
-# Position of the output buffer of each strided protocol function.
-_OUT_ARG = {"ewise_binary": 7, "ewise_scalar": 5, "ewise_unary": 4, "reduce": 6,
-            "matmul_strided": 6}
-_TABLES = {"__binary_ops__": protocol.BINARY_OPS, "__unary_ops__": protocol.UNARY_OPS,
-           "__reduce_ops__": protocol.REDUCE_OPS}
-
-
-def _transitional(mod, name: str):
-    """For a compiled module that predates the strided functions (an old build), the numpy
-    module's function run on copies of its buffers; AttributeError for any other name."""
-    if name in _TABLES:
-        return _TABLES[name]
-    if name not in _OUT_ARG:
-        raise AttributeError(f"module {mod.__name__} has no attribute {name!r}")
-    ref, out_pos, np_mod = getattr(ndarray_backend_numpy, name), _OUT_ARG[name], \
-        ndarray_backend_numpy
-
-    def copy_in(a):
-        if not isinstance(a, mod.Array):
-            return a
-        r = np_mod.Array(a.size)
-        if a.size:
-            r.array[:] = mod.to_numpy(a, (a.size,), (1,), 0)
-        return r
-
-    def call(*args):
-        refs = [copy_in(a) for a in args]
-        ref(*refs)
-        if args[out_pos].size:
-            mod.from_numpy(refs[out_pos].array, args[out_pos])
-
-    call.__name__ = name
-    return call
 
 
 # One object per device: enabled() is asked once, and `device == cpu()` stays cheap.
