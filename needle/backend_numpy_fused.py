@@ -54,9 +54,10 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np
     return _like(logits, kernels.softmax_xent_arrays(logits, kernels.check_labels(fn, labels, cols)))
 
 
-def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray) -> np.ndarray:
-    """``(probs - one_hot(labels)) * dloss[:, None]``: the logits' gradient, shape (N, C);
-    ``dloss`` (N,) or () is the adjoint of the per-row losses."""
+def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                     scale: float = 1.0) -> np.ndarray:
+    """``(probs - one_hot(labels)) * dloss[:, None] * scale``: the logits' gradient, shape
+    (N, C); ``dloss`` (N,) or () is the adjoint of the per-row losses."""
     fn = "softmax_xent_bwd"
     _check(fn, probs=probs, labels=labels, dloss=dloss)
     rows, cols = _matrix(fn, "probs", probs)
@@ -65,7 +66,8 @@ def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray) -
         raise ValueError(f"{fn}: dloss must have shape ({rows},) or (), got {dloss.shape}")
     d = probs.copy()
     d[np.arange(rows), np.asarray(labels).astype(np.int64)] -= 1
-    return _like(probs, d * np.reshape(dloss, (-1, 1)).astype(probs.dtype, copy=False))
+    column = np.reshape(dloss, (-1, 1)) * float(scale)
+    return _like(probs, d * column.astype(probs.dtype, copy=False))
 
 
 def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):

@@ -174,8 +174,9 @@ def test_kernel_norm_forward_and_backward(dev, kind, rows, cols):
     x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
     want_dx = vjp(lambda v: norm64(v, w64, b64, eps, axis)[0], x64, dy)
     want_dw = vjp(lambda v: norm64(x64, v, b64, eps, axis)[0], w64, dy)
-    scale = np.abs(want_dx).max() + 1e-3
-    np.testing.assert_allclose(_read(mod, dx, x.shape), want_dx, rtol=1e-3, atol=1e-4 * scale)
+    # float32 rounding in xhat, amplified by rstd (which is 1/sqrt(eps) for a constant slice)
+    scale = np.abs(want_dx).max() + np.abs(dy).max() * want_rstd.max()
+    np.testing.assert_allclose(_read(mod, dx, x.shape), want_dx, rtol=1e-3, atol=1e-5 * scale)
     np.testing.assert_allclose(_read(mod, dw, (cols,)), want_dw, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(_read(mod, db, (cols,)), dy.sum(axis=0), rtol=1e-4, atol=1e-5)
 
@@ -314,8 +315,9 @@ def test_array_functions_match_the_oracles(api):
     dloss = rng.standard_normal(5)
     np.testing.assert_allclose(host(fns.softmax_xent_bwd(probs, make(y), make(dloss))),
                                (want_probs - one_hot) * dloss[:, None], rtol=1e-5, atol=1e-6)
-    shared = fns.softmax_xent_bwd(probs, make(y), make(np.array(0.5)))
-    np.testing.assert_allclose(host(shared), (want_probs - one_hot) * 0.5, rtol=1e-5, atol=1e-6)
+    shared = fns.softmax_xent_bwd(probs, make(y), make(np.array(0.5)), 0.25)
+    np.testing.assert_allclose(host(shared), (want_probs - one_hot) * 0.125, rtol=1e-5,
+                               atol=1e-6)
 
     x, w, b = rng.standard_normal((5, 4)), rng.standard_normal(4), rng.standard_normal(4)
     yl, xhat, rstd = fns.layernorm_fwd(make(x), make(w), make(b), 1e-5)
@@ -340,7 +342,7 @@ def test_array_functions_reject_bad_arguments(api):
         fns.softmax_xent([[1.0, 2.0]], make([0]))
     with pytest.raises(ValueError, match="labels"):
         fns.softmax_xent(make(np.zeros((2, 3))), make([0, 1, 2]))
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="label"):
         fns.softmax_xent(make(np.zeros((2, 3))), make([0, 3]))
     with pytest.raises(ValueError, match="2-D"):
         fns.layernorm_fwd(make(np.zeros(3)), make(np.ones(3)), make(np.zeros(3)), 1e-5)
@@ -481,7 +483,7 @@ def test_softmax_loss_labels_on_another_device_and_no_label_gradient(device):
     loss.backward()
     np.testing.assert_allclose(loss.numpy(), np.log(3), rtol=1e-6)
     assert y.grad is None
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="label"):
         nn.SoftmaxLoss()(z, ndl.Tensor([2.0, 5.0], device=device))
 
 
@@ -574,10 +576,19 @@ def test_lstm_gradient_through_time_matches_the_unfused_composition(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_second_derivative_of_a_fused_op_raises(device):
-    z = float32_tensor(np.zeros((2, 3)), device)
-    loss = ops_fused.softmax_cross_entropy(z, ndl.Tensor([0.0, 1.0], device=device))
-    seed = ndl.Tensor(np.ones((), F32), device=device, requires_grad=True)
-    loss.backward(seed)
+@pytest.mark.parametrize("which", ["softmax", "layernorm", "batchnorm", "lstm"])
+def test_second_derivative_of_a_fused_op_raises(device, which):
+    rng = np.random.default_rng(9)
+    x = float32_tensor(rng.standard_normal((3, 4)), device)
+    w = float32_tensor(rng.standard_normal(4), device)
+    b = float32_tensor(rng.standard_normal(4), device)
+    if which == "softmax":
+        out = ops_fused.softmax_cross_entropy(x, ndl.Tensor([0.0, 1.0, 3.0], device=device))
+    elif which == "lstm":
+        out = ops_fused.lstm_cell_step(x, float32_tensor(rng.standard_normal((3, 1)), device))[0]
+    else:
+        out = getattr(ops_fused, which + "_rows" if which == "layernorm" else which +
+                      "_columns")(x, w, b, 1e-5)
+    (out * out).sum().backward(create_graph=True)
     with pytest.raises(NotImplementedError, match="second derivative"):
-        z.grad.sum().backward()
+        x.grad.sum().backward()

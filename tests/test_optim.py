@@ -187,6 +187,7 @@ def test_graph_tracked_update_grows_the_counter():
     start = ndl.autograd.TENSOR_COUNTER
     for _ in range(10):
         theta.grad = None
+        theta.retain_grad()  # after the first step theta is an interior node
         (theta * theta).sum().backward()
         theta = theta - theta.grad * 0.1
     gc.collect()

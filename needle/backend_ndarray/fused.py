@@ -81,10 +81,11 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
 _IOTA: dict = {}  # (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
 
 
-def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray) -> NDArray:
+def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0
+                     ) -> NDArray:
     """The gradient of :func:`softmax_xent`'s loss with respect to the logits:
-    ``(probs - one_hot(labels)) * dloss[:, None]``, shape (N, C); ``dloss`` is the adjoint of
-    the per-row losses, shape (N,) (or () for one value shared by every row)."""
+    ``(probs - one_hot(labels)) * dloss[:, None] * scale``, shape (N, C); ``dloss`` is the
+    adjoint of the per-row losses, shape (N,) (or () for one value shared by every row)."""
     fn = "softmax_xent_bwd"
     device = _check(fn, probs=probs, labels=labels, dloss=dloss)
     rows, cols = _matrix(fn, "probs", probs)
@@ -96,7 +97,7 @@ def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray) -> NDArray
         _IOTA[key] = NDArray(np.arange(cols, dtype=np.float32).reshape(1, cols), device=device)
     shape = (rows, cols)
     one_hot = _IOTA[key].broadcast_to(shape) == labels.compact().reshape((rows, 1)).broadcast_to(shape)
-    column = dloss.compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
+    column = (dloss * float(scale)).compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
     return (probs - one_hot) * column.broadcast_to(shape)
 
 

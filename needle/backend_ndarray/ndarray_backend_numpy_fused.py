@@ -136,15 +136,22 @@ def sgd_update_arrays(param: np.ndarray, grad, buf: np.ndarray, lr: float, momen
 def adam_update_arrays(param: np.ndarray, grad, m: np.ndarray, v: np.ndarray, lr: float,
                        beta1: float, beta2: float, eps: float, weight_decay: float,
                        step: int) -> None:
-    """In place: Adam with L2 decay and the bias corrections of step ``step`` (≥ 1)."""
+    """In place: Adam with L2 decay and the bias corrections of step ``step`` (≥ 1):
+    param -= lr·m̂/(sqrt(v̂) + eps) with m̂ = m/(1-β1^step), v̂ = v/(1-β2^step)."""
     g = grad + weight_decay * param if weight_decay else grad
+    tmp = np.multiply(g, 1 - beta1)  # one scratch array, reused: no temporary per operation
     m *= beta1
-    m += (1 - beta1) * g
+    m += tmp
+    np.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
     v *= beta2
-    v += (1 - beta2) * (g * g)
-    m_hat = m / (1 - beta1 ** step)
-    v_hat = v / (1 - beta2 ** step)
-    param -= lr * m_hat / (np.sqrt(v_hat) + eps)
+    v += tmp
+    np.divide(v, 1 - beta2 ** step, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= lr / (1 - beta1 ** step)
+    param -= tmp
 
 
 # ---- the device protocol over Array buffers ---------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 import needle as ndl
-from needle.backend_selection import default_device
+from needle.backend_selection import default_tensor_device
 
 __all__ = ["rand", "randn", "constant", "ones", "zeros", "randb", "one_hot", "zeros_like",
            "ones_like"]
@@ -35,7 +35,7 @@ def _shape(shape: tuple, fn: str) -> tuple[int, ...]:
 
 def _device(device):
     """``device``, or the default device of ``ndl.Tensor`` when None."""
-    return default_device() if device is None else device
+    return default_tensor_device() if device is None else device
 
 
 def rand(*shape, low: float = 0.0, high: float = 1.0, device=None, dtype: str = "float32",

@@ -32,11 +32,12 @@ class _BackwardOp:
 
 # ---- softmax cross-entropy ----------------------------------------------------------------------
 class SoftmaxCrossEntropy(TensorOp):
-    """Per-row cross-entropy of logits (N, C) against fixed integer labels: loss (N,).
+    """Mean over the batch of the cross-entropy of logits (N, C) against fixed integer labels:
+    a scalar (shape ()); an empty batch gives 0.
 
-    loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]. ``labels`` is a raw array (N,) on the
-    logits' device; it is data, not an input, so it gets no gradient. A non-target logit of
-    -inf contributes nothing (the loss stays finite). Gradient: (softmax - one_hot)·adjoint.
+    loss = mean_r(logsumexp(logits[r]) - logits[r, labels[r]]). ``labels`` is a raw array (N,)
+    on the logits' device; it is data, not an input, so it gets no gradient. A non-target logit
+    of -inf contributes nothing (the loss stays finite). Gradient: (softmax - one_hot)·adjoint/N.
     """
 
     def __init__(self, labels):
@@ -45,23 +46,31 @@ class SoftmaxCrossEntropy(TensorOp):
 
     def compute(self, logits):
         loss, self.probs = array_api.softmax_xent(logits, self.labels)
-        return loss
+        return (loss * self._scale()).sum(axis=(0,))
+
+    def _scale(self) -> float:
+        n = self.probs.shape[0]
+        return 1.0 / n if n else 0.0
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
-        return SoftmaxCrossEntropyBackward(self.probs, self.labels)(out_grad)
+        return SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale())(
+            out_grad, node.inputs[0])
 
 
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
-    """d logits (N, C) from the adjoint of the per-row losses (N,)."""
+    """d logits (N, C) = (softmax - one_hot(labels))·adjoint·scale, from the scalar adjoint.
+
+    Inputs (adjoint, logits): the logits are not read (softmax was saved by the forward pass)
+    but make the gradient depend on them in the graph, so that differentiating it again raises
+    instead of silently giving zero."""
 
     forward_name = "softmax_cross_entropy"
 
-    def __init__(self, probs, labels):
-        self.probs = probs
-        self.labels = labels
+    def __init__(self, probs, labels, scale: float):
+        self.probs, self.labels, self.scale = probs, labels, scale
 
-    def compute(self, dloss):
-        return array_api.softmax_xent_bwd(self.probs, self.labels, dloss)
+    def compute(self, dloss, _logits):
+        return array_api.softmax_xent_bwd(self.probs, self.labels, dloss, self.scale)
 
 
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -70,9 +79,7 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     y = labels.realize_cached_data()
     if labels.device != logits.device:
         y = Tensor(labels.numpy(), device=logits.device, dtype=logits.dtype).realize_cached_data()
-    rows = SoftmaxCrossEntropy(y)(logits)
-    n = logits.shape[0]
-    return rows.sum() / n if n else rows.sum()
+    return SoftmaxCrossEntropy(y)(logits)
 
 
 # ---- layer norm and batch norm ------------------------------------------------------------------
@@ -93,7 +100,7 @@ class _Norm(TensorOp):
         return y
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        grads = NormBackward(self.kind, self.xhat, self.rstd)(out_grad, node.inputs[1])
+        grads = NormBackward(self.kind, self.xhat, self.rstd)(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(3))
 
 
@@ -120,13 +127,14 @@ class BatchNormColumns(_Norm):
 
 
 class NormBackward(_BackwardOp, TensorTupleOp):
-    """(dx, dw, db) of a :class:`LayerNormRows` or :class:`BatchNormColumns` from dy and w."""
+    """(dx, dw, db) of a :class:`LayerNormRows` or :class:`BatchNormColumns`; inputs (dy, x, w,
+    b), of which only dy and w are read (x enters the graph as for softmax_cross_entropy)."""
 
     def __init__(self, kind: str, xhat, rstd):
         self.kind, self.xhat, self.rstd = kind, xhat, rstd
         self.forward_name = kind
 
-    def compute(self, dy, w):
+    def compute(self, dy, _x, w, _b):
         return tuple(getattr(array_api, self.kind + "_bwd")(dy, self.xhat, self.rstd, w))
 
 
@@ -154,19 +162,20 @@ class LSTMCellStep(TensorTupleOp):
         return h, c
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = LSTMCellBackward(self.act, self.c_prev, self.tanh_c)(out_grad)
+        grads = LSTMCellBackward(self.act, self.c_prev, self.tanh_c)(out_grad, *node.inputs)
         return grads[0], grads[1]
 
 
 class LSTMCellBackward(_BackwardOp, TensorTupleOp):
-    """(d gates, d c_prev) of :class:`LSTMCellStep` from the tuple adjoint (dh, dc)."""
+    """(d gates, d c_prev) of :class:`LSTMCellStep`; inputs (the tuple adjoint (dh, dc), gates,
+    c_prev), the last two only to enter the graph (see softmax_cross_entropy)."""
 
     forward_name = "lstm_cell_step"
 
     def __init__(self, act, c_prev, tanh_c):
         self.act, self.c_prev, self.tanh_c = act, c_prev, tanh_c
 
-    def compute(self, adjoint):
+    def compute(self, adjoint, _gates, _c_prev):
         dh, dc = adjoint
         return tuple(array_api.lstm_cell_bwd(dh, dc, self.act, self.c_prev, self.tanh_c))
 
