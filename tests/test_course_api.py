@@ -83,12 +83,18 @@ def test_softmax_regression_epoch():
     np.testing.assert_allclose(theta_cpp, theta, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.apps
-def test_nn_epoch():
+def _two_layer_problem():
+    """X (50, 5), labels y (50,) in 0..2, and the course's scaled-normal W1 (5, 10), W2 (10, 3)."""
     X = np.random.randn(50, 5).astype(np.float32)
     y = np.random.randint(3, size=50).astype(np.uint8)
     W1 = np.random.randn(5, 10).astype(np.float32) / np.sqrt(10)
     W2 = np.random.randn(10, 3).astype(np.float32) / np.sqrt(3)
+    return X, y, W1, W2
+
+
+@pytest.mark.apps
+def test_nn_epoch():
+    X, y, W1, W2 = _two_layer_problem()
     W1_0, W2_0 = W1.copy(), W2.copy()
     assert simple_ml.nn_epoch(X, y, W1, W2, lr=0.2, batch=50) is None
     # one batch of gradient descent, gradients written out by hand
@@ -293,10 +299,7 @@ def test_softmax_loss_ndl():
 
 @pytest.mark.apps
 def test_nn_epoch_ndl():
-    X = np.random.randn(50, 5).astype(np.float32)
-    y = np.random.randint(3, size=50).astype(np.uint8)
-    W1 = np.random.randn(5, 10).astype(np.float32) / np.sqrt(10)
-    W2 = np.random.randn(10, 3).astype(np.float32) / np.sqrt(3)
+    X, y, W1, W2 = _two_layer_problem()
     T1, T2 = simple_ml.nn_epoch(X, y, ndl.Tensor(W1), ndl.Tensor(W2), lr=0.2, batch=25)
     assert isinstance(T1, ndl.Tensor) and isinstance(T2, ndl.Tensor)
     simple_ml.nn_epoch(X, y, W1, W2, lr=0.2, batch=25)  # the numpy version, in place
