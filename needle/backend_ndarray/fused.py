@@ -95,10 +95,10 @@ def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: flo
     key = (cols, device)
     if key not in _IOTA:
         _IOTA[key] = NDArray(np.arange(cols, dtype=np.float32).reshape(1, cols), device=device)
-    shape = (rows, cols)
-    one_hot = _IOTA[key].broadcast_to(shape) == labels.compact().reshape((rows, 1)).broadcast_to(shape)
+    # element-wise ops broadcast: (1, C) == (N, 1) is the (N, C) one-hot matrix
+    one_hot = _IOTA[key] == labels.compact().reshape((rows, 1))
     column = (dloss * float(scale)).compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
-    return (probs - one_hot) * column.broadcast_to(shape)
+    return (probs - one_hot) * column
 
 
 def layernorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
