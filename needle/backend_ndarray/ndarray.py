@@ -562,30 +562,17 @@ class NDArray:
 
     # ---- reductions --------------------------------------------------------------------------
     def _reduce(self, op: int, axis, keepdims: bool) -> "NDArray":
-        shape, ndim = self._shape, len(self._shape)
-        if axis is None or axis == ():
-            if 0 in shape and op == _MAX:
-                raise ValueError(f"max of an empty axis has no identity (shape {shape}, all axes)")
-            out = _new((1,) * ndim if keepdims else (1,), self._device)
-            self._device.reduce(op, self._handle, shape, self._strides, self._offset, 0,
-                                out._handle)
-            return out
-        axes = _norm_axes(axis, ndim, shape)
-        keep = [a for a in range(ndim) if a not in axes]
-        order = keep + sorted(axes)
-        view_shape = tuple(shape[a] for a in order)
-        kept_shape = view_shape[:len(keep)]
-        if keepdims:
-            out_shape = tuple(1 if a in axes else shape[a] for a in range(ndim))
-        else:
-            out_shape = kept_shape
+        if isinstance(axis, list):
+            axis = tuple(axis)
+        view_shape, view_strides, keep, out_shape, empty = _reduce_plan(
+            self._shape, self._strides, axis, keepdims)
+        if op == _MAX and empty:
+            raise ValueError(f"max of an empty axis has no identity (shape {self.shape}, "
+                             f"axis {axis})")
         out = _new(out_shape, self._device)
-        if 0 not in kept_shape:
-            if op == _MAX and 0 in view_shape:
-                raise ValueError(f"max of an empty axis has no identity (shape {shape}, axis {axis})")
-            self._device.reduce(op, self._handle, view_shape,
-                                tuple(self._strides[a] for a in order), self._offset,
-                                len(keep), out._handle)
+        if 0 not in view_shape[:keep]:
+            self._device.reduce(op, self._handle, view_shape, view_strides, self._offset, keep,
+                                out._handle)
         return out
 
     def sum(self, axis=None, keepdims: bool = False) -> "NDArray":
@@ -651,6 +638,28 @@ def _norm_axes(axis, ndim: int, shape) -> set:
             raise ValueError(f"duplicate axis in {tuple(axis)} for an array of shape {shape}")
         return set(axes)
     return {_norm_axis(axis, ndim)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _reduce_plan(shape: tuple, strides: tuple, axis, keepdims: bool):
+    """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
+    last) as (shape, strides), the number of kept axes, the output shape, and whether a
+    non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
+    ndim = len(shape)
+    if axis is None or axis == ():
+        axes = set(range(ndim))
+        out_shape = (1,) * ndim if keepdims else (1,)
+    else:
+        axes = _norm_axes(axis, ndim, shape)
+        if keepdims:
+            out_shape = tuple(1 if a in axes else shape[a] for a in range(ndim))
+        else:
+            out_shape = tuple(shape[a] for a in range(ndim) if a not in axes)
+    order = [a for a in range(ndim) if a not in axes] + sorted(axes)
+    keep = ndim - len(axes)
+    view_shape = tuple(shape[a] for a in order)
+    empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
+    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
 
 
 def _broadcast_shapes(a: tuple, b: tuple, what: str) -> tuple:
