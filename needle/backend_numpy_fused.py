@@ -51,7 +51,8 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np
     _check(fn, logits=logits, labels=labels)
     rows, cols = _matrix(fn, "logits", logits)
     _shape(fn, "labels", labels, (rows,))
-    return _like(logits, kernels.softmax_xent_arrays(logits, kernels.check_labels(fn, labels, cols)))
+    labels = kernels.check_labels(fn, labels, cols)
+    return _like(logits, kernels.softmax_xent_arrays(logits, labels))
 
 
 def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
@@ -119,7 +120,8 @@ def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray):
     return _like(gates, kernels.lstm_cell_fwd_arrays(gates, c_prev))
 
 
-def lstm_cell_bwd(dh, dc, act, c_prev, tanh_c):
+def lstm_cell_bwd(dh: np.ndarray, dc: np.ndarray, act: np.ndarray, c_prev: np.ndarray,
+                  tanh_c: np.ndarray):
     """The exact gradients ``(dgates (B, 4H), dc_prev (B, H))`` of :func:`lstm_cell_fwd`."""
     fn = "lstm_cell_bwd"
     _check(fn, dh=dh, dc=dc, act=act, c_prev=c_prev, tanh_c=tanh_c)

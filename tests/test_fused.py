@@ -61,7 +61,7 @@ def vjp(f, x, cotangent):
     return central_difference(lambda v: float((f(v) * cotangent).sum()), x)
 
 
-# ---- the device kernels, on every module that has them --------------------------------------------
+# ---- the device kernels, on every module that has them ------------------------------------------
 def _modules():
     params = []
     for name, dev in (("cpu_numpy", nd.cpu_numpy()), ("cpu", nd.cpu()), ("cuda", nd.cuda())):
@@ -285,7 +285,7 @@ def test_kernel_optimizer_updates(dev, size):
         adam(pb, gb, mb, mod.Array(size + 1), 0.01, 0.9, 0.999, 1e-8, 0.0, 1)
 
 
-# ---- the array-level functions (NDArray on every device; numpy) --------------------------------------
+# ---- the array-level functions (NDArray on every device; numpy) ---------------------------------
 def _array_apis():
     """(name, to_array, from_array, functions): NDArray on each enabled device, and numpy."""
     params = [pytest.param((lambda a: np.array(a, F32), np.asarray, npf), id="numpy-f32"),
@@ -402,7 +402,7 @@ def test_ndarray_functions_reject_mixed_devices():
         nd.softmax_xent(z, y)
 
 
-# ---- fused ops and modules against the course's unfused compositions ------------------------------
+# ---- fused ops and modules against the course's unfused compositions ----------------------------
 def unfused_softmax_loss(z, y_np, device):
     k = z.shape[1]
     one_hot = ndl.Tensor(np.eye(k, dtype=F32)[y_np], device=device, requires_grad=False)

@@ -25,7 +25,8 @@ def check_labels(fn: str, labels: np.ndarray, cols: int) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.size:
         if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
-            raise ValueError(f"{fn}: labels must be whole numbers, got {labels[labels != np.round(labels)][:5]}")
+            bad = labels[labels != np.round(labels)][:5]
+            raise ValueError(f"{fn}: labels must be whole numbers, got {bad}")
         lo, hi = labels.min(), labels.max()
         if lo < 0 or hi >= cols:
             raise ValueError(f"{fn}: labels must lie in [0, {cols}), got min {lo} and max {hi}")
@@ -61,7 +62,7 @@ def _normalize(x: np.ndarray, axis: int, eps: float):
 
 
 def _normalize_bwd(dy, xhat, rstd, w, axis: int):
-    """dx of xhat = (x - mean)·rstd over ``axis``, then y = xhat·w + b (w broadcasts over rows)."""
+    """dx, dw, db of xhat = (x - mean)·rstd over ``axis``, y = xhat·w + b (w: one per column)."""
     dxhat = dy * w
     dx = rstd * (dxhat - dxhat.mean(axis=axis, keepdims=True)
                  - xhat * (dxhat * xhat).mean(axis=axis, keepdims=True))

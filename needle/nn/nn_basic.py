@@ -323,8 +323,8 @@ class LayerNorm1d(Module):
     """Layer normalisation over the last axis: x (..., dim) -> (..., dim).
 
     y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of each row (one
-    fused kernel forward, one backward); weight and bias have shape (dim,). The course takes 2-D input; more leading axes are an
-    extension.
+    fused kernel forward, one backward); weight and bias have shape (dim,). The course takes
+    2-D input; more leading axes are an extension.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype: str = "float32") -> None:
