@@ -28,7 +28,7 @@ if ndl.BACKEND != "nd":
 
 from needle import backend_ndarray as nd  # noqa: E402
 
-CASES = int(os.environ.get("NEEDLE_FUZZ_CASES", "300"))
+CASES = int(os.environ.get("NEEDLE_FUZZ_CASES", "500"))
 SEED = int(os.environ.get("NEEDLE_FUZZ_SEED", "20261201"))
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
 

@@ -254,12 +254,13 @@ class NDArray:
 
     def permute(self, new_axes) -> "NDArray":
         """A view with the axes reordered: dimension i of the result is ``new_axes[i]`` of self."""
-        new_axes = tuple(_norm_axis(a, self.ndim) for a in new_axes)
-        if sorted(new_axes) != list(range(self.ndim)):
-            raise ValueError(f"permute: {new_axes} is not a permutation of the {self.ndim} axes of "
-                             f"an array of shape {self.shape}")
-        return _view(self, tuple(self._shape[a] for a in new_axes),
-                     tuple(self._strides[a] for a in new_axes), self._offset)
+        axes = _permutation(tuple(new_axes), len(self._shape))
+        if axes is None:
+            raise ValueError(f"permute: {tuple(new_axes)} is not a permutation of the {self.ndim} "
+                             f"axes of an array of shape {self.shape}")
+        shape, strides = self._shape, self._strides
+        return _view(self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes),
+                     self._offset)
 
     def broadcast_to(self, new_shape) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
@@ -628,6 +629,14 @@ def _norm_axis(axis, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for an array with {ndim} dimensions")
     return int(axis) % ndim
+
+
+@functools.lru_cache(maxsize=1024)
+def _permutation(axes: tuple, ndim: int):
+    """``axes`` with negative axes normalised, or None when it is not a permutation of
+    range(ndim) (cached: the same permutations recur every step)."""
+    norm = tuple(_norm_axis(a, ndim) for a in axes)
+    return norm if sorted(norm) == list(range(ndim)) else None
 
 
 def _norm_axes(axis, ndim: int, shape) -> set:
