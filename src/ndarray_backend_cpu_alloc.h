@@ -4,13 +4,21 @@
 // munmap when freed, so each new NDArray of a few MB page-faults all of its memory on first
 // touch (measured here: 1-2 ms per 4 MB array, more than copying it). NDArray operations
 // allocate and drop such arrays constantly (matmul through the tiled layout makes four per
-// product). Freed buffers of at least kCacheMinBytes are kept, up to kCacheMaxBytes in all,
-// and handed to the next allocation of the same rounded size.
+// product).
+//
+// Policy: buffers of at least kCacheMinBytes (1 MiB) and at most kCacheMaxBytes / 4 (64 MiB)
+// are rounded up to 64 KiB; when freed they are kept, up to kCacheMaxBytes (256 MiB) in all,
+// and handed to the next allocation of exactly the same rounded size. When keeping one more
+// would pass the cap, the oldest kept buffers are freed first. Smaller and larger buffers go
+// straight back to malloc. A forked child neither keeps nor reuses buffers. The module's
+// cache_info() reports the cache (bytes, buffers, cap) and cache_clear() frees it;
+// memory_stats() reports the bytes held by live Arrays and their peak since reset_peak().
 #pragma once
 
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -28,8 +36,42 @@ constexpr size_t kCacheMinBytes = size_t(1) << 20;
 constexpr size_t kCacheMaxBytes = size_t(256) << 20;
 constexpr size_t kCacheGranule = size_t(64) << 10;  // large sizes are rounded up to this
 
+// Bytes held by live AlignedArrays (cached buffers excluded), and the peak of that figure.
+inline std::atomic<int64_t>& live_bytes() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+inline std::atomic<int64_t>& peak_bytes() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+inline void count_alloc(int64_t bytes) {
+  const int64_t now = live_bytes().fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t peak = peak_bytes().load(std::memory_order_relaxed);
+  while (now > peak && !peak_bytes().compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 class BufferCache {
  public:
+  struct Stats {
+    size_t bytes, buffers;
+  };
+  Stats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {cached_, free_.size()};
+  }
+  // Frees every kept buffer.
+  void clear() {
+    std::vector<Entry> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      all.swap(free_);
+      cached_ = 0;
+    }
+    for (const Entry& e : all) std::free(e.ptr);
+  }
+
   static BufferCache& instance() {
     static BufferCache* cache = new BufferCache();  // never destroyed: used until exit
     return *cache;
@@ -101,8 +143,10 @@ struct AlignedArray {
       advise_huge_pages();
     }
     size = n;
+    count_alloc(int64_t(bytes));
   }
   ~AlignedArray() {
+    live_bytes().fetch_sub(int64_t(bytes), std::memory_order_relaxed);
     if (bytes >= kCacheMinBytes)
       BufferCache::instance().give(ptr, bytes);
     else

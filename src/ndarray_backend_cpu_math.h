@@ -1,4 +1,4 @@
-// Vectorised float32 exp, log and tanh for the CPU backend.
+// Vectorised float32 exp, log, tanh and sigmoid for the CPU backend.
 //
 // Written with GCC/Clang vector extensions (16 floats per vector), which the compiler lowers
 // to AVX-512, AVX2 or SSE as available, so one source serves every machine. The polynomials
@@ -156,6 +156,10 @@ inline void log_array(const float* a, float* out, int64_t n) {
 }
 inline void tanh_array(const float* a, float* out, int64_t n) {
   apply(a, out, n, [](const vf& x) { return tanh(x); });
+}
+
+inline void sigmoid_array(const float* a, float* out, int64_t n) {
+  apply(a, out, n, [](const vf& x) { return 1.0f / (1.0f + exp(-x)); });
 }
 
 }  // namespace vmath

@@ -17,19 +17,13 @@
 #include <vector>
 
 #include "ndarray_backend_cpu_threads.h"
+#include "ndarray_checks.h"
 
 namespace needle_cpu {
 
 using idx_t = int64_t;
 
-inline std::string vec_str(const std::vector<idx_t>& v) {
-  std::ostringstream s;
-  s << "(";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
-  if (v.size() == 1) s << ",";
-  s << ")";
-  return s.str();
-}
+inline std::string vec_str(const std::vector<idx_t>& v) { return needle_checks::tuple_str(v); }
 
 // Element counts above which memory-bound loops use every thread.
 constexpr idx_t kParallelCopy = idx_t(1) << 17;
@@ -56,37 +50,14 @@ struct View {
   idx_t size = 1;
 };
 
-// Checks the view against a buffer of `buf_size` elements and returns its simplified form.
-// Throws std::invalid_argument / std::out_of_range with the sizes in the message.
-inline View make_view(const char* fn, const std::vector<idx_t>& shape,
-                      const std::vector<idx_t>& strides, idx_t offset, idx_t buf_size) {
-  if (shape.size() != strides.size())
-    throw std::invalid_argument(std::string(fn) + ": shape " + vec_str(shape) + " and strides " +
-                                vec_str(strides) + " differ in length");
+// The view (shape, strides, offset) of `size` elements with size-1 dimensions dropped and
+// mergeable neighbours fused (no checks).
+inline View simplified(const std::vector<idx_t>& shape, const std::vector<idx_t>& strides,
+                       idx_t offset, idx_t size) {
   View v;
   v.offset = offset;
-  __int128 size = 1, lo = offset, hi = offset;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] < 0)
-      throw std::invalid_argument(std::string(fn) + ": negative dimension in shape " +
-                                  vec_str(shape));
-    size *= shape[d];
-    if (size > (__int128(1) << 62))
-      throw std::invalid_argument(std::string(fn) + ": shape " + vec_str(shape) + " is too large");
-  }
-  v.size = idx_t(size);
+  v.size = size;
   if (v.size == 0) return v;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    __int128 ext = __int128(shape[d] - 1) * strides[d];
-    (ext < 0 ? lo : hi) += ext;
-  }
-  if (lo < 0 || hi >= buf_size) {
-    std::ostringstream s;
-    s << fn << ": view with shape " << vec_str(shape) << ", strides " << vec_str(strides)
-      << " and offset " << offset << " reaches elements [" << idx_t(lo) << ", " << idx_t(hi)
-      << "], outside the buffer of " << buf_size << " elements";
-    throw std::out_of_range(s.str());
-  }
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     if (!v.shape.empty() && v.strides.back() == strides[d] * shape[d]) {
@@ -102,6 +73,14 @@ inline View make_view(const char* fn, const std::vector<idx_t>& shape,
     v.strides.push_back(1);
   }
   return v;
+}
+
+// Checks the view against a buffer of `buf_size` elements (ValueError naming the sizes when
+// it leaves the buffer) and returns its simplified form.
+inline View make_view(const char* fn, const std::vector<idx_t>& shape,
+                      const std::vector<idx_t>& strides, idx_t offset, idx_t buf_size) {
+  return simplified(shape, strides, offset,
+                    needle_checks::check_view(fn, shape, strides, offset, buf_size));
 }
 
 // Calls f(flat_pos, buffer_offset, count, inner_stride) for each innermost run of the view

@@ -1,0 +1,318 @@
+// Fused kernels of the CPU module (the last section of needle/backend_ndarray/protocol.py):
+// softmax cross-entropy, layer/batch norm forward and backward, the LSTM cell forward and
+// backward, and the SGD/Adam updates in place. Operands are compact buffers; every binding
+// checks that each buffer holds exactly the elements its kernel reads or writes.
+//
+// Numerics: softmax is shifted by the row maximum (a -inf logit gets probability exactly 0);
+// means and variances are two-pass, accumulated in double; sigmoid uses the tanh form, which
+// never overflows.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ndarray_backend_cpu_alloc.h"
+#include "ndarray_backend_cpu_math.h"
+#include "ndarray_checks.h"
+
+namespace needle_cpu {
+namespace fused {
+
+using idx_t = int64_t;
+
+using needle_checks::check_size;
+using needle_checks::check_sizes;
+using needle_checks::fail;
+
+// rows * cols, checked for negative sizes and overflow.
+inline idx_t product(const char* fn, idx_t rows, idx_t cols) {
+  return needle_checks::shape_size(fn, {rows, cols});
+}
+
+inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
+
+void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t rows, idx_t cols,
+                  AlignedArray* loss, AlignedArray* probs) {
+  const char* fn = "softmax_xent";
+  const idx_t n = product(fn, rows, cols);
+  check_size(fn, "logits", logits.size, n);
+  check_size(fn, "labels", labels.size, rows);
+  check_size(fn, "loss", loss->size, rows);
+  check_size(fn, "probs", probs->size, n);
+  for (idx_t r = 0; r < rows; ++r) {
+    const float l = labels.ptr[r];
+    if (!(l >= 0.0f && l < float(cols)) || l != std::floor(l))
+      fail(fn, "label " + std::to_string(l) + " of row " + std::to_string(r) +
+                   " is not a whole number in [0, " + std::to_string(cols) + ")");
+  }
+  for (idx_t r = 0; r < rows; ++r) {
+    const float* x = logits.ptr + r * cols;
+    float* e = probs->ptr + r * cols;
+    float mx = -INFINITY;
+    for (idx_t j = 0; j < cols; ++j) mx = x[j] > mx ? x[j] : mx;
+    if (!std::isfinite(mx)) mx = 0.0f;  // an all -inf row stays NaN below, as in numpy
+    for (idx_t j = 0; j < cols; ++j) e[j] = x[j] - mx;
+    vmath::exp_array(e, e, cols);
+    double s = 0.0;
+    for (idx_t j = 0; j < cols; ++j) s += e[j];
+    const float sf = float(s), inv = 1.0f / sf;
+    for (idx_t j = 0; j < cols; ++j) e[j] *= inv;
+    loss->ptr[r] = std::log(sf) - (x[idx_t(labels.ptr[r])] - mx);
+  }
+}
+
+// Mean and biased variance of n values x[0], x[step], ... (two passes, in double).
+inline void moments(const float* x, idx_t n, idx_t step, double& mean, double& var) {
+  double s = 0.0;
+  for (idx_t i = 0; i < n; ++i) s += x[i * step];
+  mean = s / double(n);
+  double q = 0.0;
+  for (idx_t i = 0; i < n; ++i) {
+    const double d = x[i * step] - mean;
+    q += d * d;
+  }
+  var = q / double(n);
+}
+
+void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedArray& b,
+                   idx_t rows, idx_t cols, double eps, AlignedArray* y, AlignedArray* xhat,
+                   AlignedArray* rstd) {
+  const char* fn = "layernorm_fwd";
+  const idx_t n = product(fn, rows, cols);
+  check_size(fn, "x", x.size, n);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "b", b.size, cols);
+  check_size(fn, "y", y->size, n);
+  check_size(fn, "xhat", xhat->size, n);
+  check_size(fn, "rstd", rstd->size, rows);
+  for (idx_t r = 0; r < rows; ++r) {
+    const float* xr = x.ptr + r * cols;
+    double mean, var;
+    moments(xr, cols, 1, mean, var);
+    const float mu = float(mean), rs = float(1.0 / std::sqrt(float(var) + float(eps)));
+    rstd->ptr[r] = rs;
+    float* hr = xhat->ptr + r * cols;
+    float* yr = y->ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) {
+      hr[j] = (xr[j] - mu) * rs;
+      yr[j] = hr[j] * w.ptr[j] + b.ptr[j];
+    }
+  }
+}
+
+void layernorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const AlignedArray& rstd,
+                   const AlignedArray& w, idx_t rows, idx_t cols, AlignedArray* dx,
+                   AlignedArray* dw, AlignedArray* db) {
+  const char* fn = "layernorm_bwd";
+  const idx_t n = product(fn, rows, cols);
+  check_size(fn, "dy", dy.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, rows);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "dx", dx->size, n);
+  check_size(fn, "dw", dw->size, cols);
+  check_size(fn, "db", db->size, cols);
+  for (idx_t j = 0; j < cols; ++j) dw->ptr[j] = db->ptr[j] = 0.0f;
+  for (idx_t r = 0; r < rows; ++r) {
+    const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
+    double s1 = 0.0, s2 = 0.0;  // mean of dxhat and of dxhat * xhat
+    for (idx_t j = 0; j < cols; ++j) {
+      const float d = g[j] * w.ptr[j];
+      s1 += d;
+      s2 += double(d) * h[j];
+      dw->ptr[j] += g[j] * h[j];
+      db->ptr[j] += g[j];
+    }
+    const float m1 = float(s1 / double(cols)), m2 = float(s2 / double(cols)), rs = rstd.ptr[r];
+    float* o = dx->ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) o[j] = rs * (g[j] * w.ptr[j] - m1 - h[j] * m2);
+  }
+}
+
+void batchnorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedArray& b,
+                   idx_t rows, idx_t cols, double eps, AlignedArray* y, AlignedArray* xhat,
+                   AlignedArray* rstd, AlignedArray* mean, AlignedArray* var) {
+  const char* fn = "batchnorm_fwd";
+  const idx_t n = product(fn, rows, cols);
+  if (rows < 1) fail(fn, "needs at least one row (the batch), got rows=" + std::to_string(rows));
+  check_size(fn, "x", x.size, n);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "b", b.size, cols);
+  check_size(fn, "y", y->size, n);
+  check_size(fn, "xhat", xhat->size, n);
+  check_size(fn, "rstd", rstd->size, cols);
+  check_size(fn, "mean", mean->size, cols);
+  check_size(fn, "var", var->size, cols);
+  // Column statistics accumulated row by row (contiguous, vectorised), in double.
+  std::vector<double> s(size_t(cols), 0.0), q(size_t(cols), 0.0);
+  for (idx_t r = 0; r < rows; ++r) {
+    const float* xr = x.ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) s[size_t(j)] += xr[j];
+  }
+  for (idx_t j = 0; j < cols; ++j) s[size_t(j)] /= double(rows);
+  for (idx_t r = 0; r < rows; ++r) {
+    const float* xr = x.ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) {
+      const double d = xr[j] - s[size_t(j)];
+      q[size_t(j)] += d * d;
+    }
+  }
+  for (idx_t j = 0; j < cols; ++j) {
+    const float v = float(q[size_t(j)] / double(rows));
+    mean->ptr[j] = float(s[size_t(j)]);
+    var->ptr[j] = v;
+    rstd->ptr[j] = float(1.0 / std::sqrt(v + float(eps)));
+  }
+  for (idx_t r = 0; r < rows; ++r) {
+    const float* xr = x.ptr + r * cols;
+    float *hr = xhat->ptr + r * cols, *yr = y->ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) {
+      hr[j] = (xr[j] - mean->ptr[j]) * rstd->ptr[j];
+      yr[j] = hr[j] * w.ptr[j] + b.ptr[j];
+    }
+  }
+}
+
+void batchnorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const AlignedArray& rstd,
+                   const AlignedArray& w, idx_t rows, idx_t cols, AlignedArray* dx,
+                   AlignedArray* dw, AlignedArray* db) {
+  const char* fn = "batchnorm_bwd";
+  const idx_t n = product(fn, rows, cols);
+  check_size(fn, "dy", dy.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, cols);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "dx", dx->size, n);
+  check_size(fn, "dw", dw->size, cols);
+  check_size(fn, "db", db->size, cols);
+  std::vector<double> sg(size_t(cols), 0.0), sgh(size_t(cols), 0.0);  // Σ dy, Σ dy·xhat
+  for (idx_t r = 0; r < rows; ++r) {
+    const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) {
+      sg[size_t(j)] += g[j];
+      sgh[size_t(j)] += double(g[j]) * h[j];
+    }
+  }
+  for (idx_t j = 0; j < cols; ++j) {
+    db->ptr[j] = float(sg[size_t(j)]);
+    dw->ptr[j] = float(sgh[size_t(j)]);
+  }
+  // dxhat = dy·w; dx = rstd·(dxhat - mean(dxhat) - xhat·mean(dxhat·xhat)), means over rows.
+  for (idx_t r = 0; r < rows; ++r) {
+    const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
+    float* o = dx->ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) {
+      const float wj = w.ptr[j];
+      const float m1 = float(sg[size_t(j)] / double(rows)) * wj;
+      const float m2 = float(sgh[size_t(j)] / double(rows)) * wj;
+      o[j] = rstd.ptr[j] * (g[j] * wj - m1 - h[j] * m2);
+    }
+  }
+}
+
+void lstm_cell_fwd(const AlignedArray& gates, const AlignedArray& c_prev, idx_t batch,
+                   idx_t hidden, AlignedArray* h, AlignedArray* c, AlignedArray* act,
+                   AlignedArray* tanh_c) {
+  const char* fn = "lstm_cell_fwd";
+  const idx_t n = product(fn, batch, hidden), n4 = product(fn, n, 4);
+  check_size(fn, "gates", gates.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "h", h->size, n);
+  check_size(fn, "c", c->size, n);
+  check_size(fn, "act", act->size, n4);
+  check_size(fn, "tanh_c", tanh_c->size, n);
+  const idx_t H = hidden;
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* g = gates.ptr + r * 4 * H;
+    float* a = act->ptr + r * 4 * H;
+    for (idx_t j = 0; j < 2 * H; ++j) a[j] = g[j] * 0.5f;
+    for (idx_t j = 3 * H; j < 4 * H; ++j) a[j] = g[j] * 0.5f;
+    for (idx_t j = 2 * H; j < 3 * H; ++j) a[j] = g[j];
+    vmath::tanh_array(a, a, 4 * H);
+    for (idx_t j = 0; j < 2 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
+    for (idx_t j = 3 * H; j < 4 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
+    const float *ig = a, *fg = a + H, *gg = a + 2 * H, *og = a + 3 * H;
+    const float* cp = c_prev.ptr + r * H;
+    float *cr = c->ptr + r * H, *tr = tanh_c->ptr + r * H, *hr = h->ptr + r * H;
+    for (idx_t j = 0; j < H; ++j) cr[j] = fg[j] * cp[j] + ig[j] * gg[j];
+    vmath::tanh_array(cr, tr, H);
+    for (idx_t j = 0; j < H; ++j) hr[j] = og[j] * tr[j];
+  }
+}
+
+void lstm_cell_bwd(const AlignedArray& dh, const AlignedArray& dc, const AlignedArray& act,
+                   const AlignedArray& c_prev, const AlignedArray& tanh_c, idx_t batch,
+                   idx_t hidden, AlignedArray* dgates, AlignedArray* dc_prev) {
+  const char* fn = "lstm_cell_bwd";
+  const idx_t n = product(fn, batch, hidden), n4 = product(fn, n, 4);
+  check_size(fn, "dh", dh.size, n);
+  check_size(fn, "dc", dc.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+  check_size(fn, "dgates", dgates->size, n4);
+  check_size(fn, "dc_prev", dc_prev->size, n);
+  const idx_t H = hidden;
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* a = act.ptr + r * 4 * H;
+    const float *ig = a, *fg = a + H, *gg = a + 2 * H, *og = a + 3 * H;
+    const float *dhr = dh.ptr + r * H, *dcr = dc.ptr + r * H, *cp = c_prev.ptr + r * H,
+                *tc = tanh_c.ptr + r * H;
+    float* d = dgates->ptr + r * 4 * H;
+    float* dcp = dc_prev->ptr + r * H;
+    for (idx_t j = 0; j < H; ++j) {
+      const float dct = dcr[j] + dhr[j] * og[j] * (1.0f - tc[j] * tc[j]);
+      d[j] = dct * gg[j] * ig[j] * (1.0f - ig[j]);
+      d[H + j] = dct * cp[j] * fg[j] * (1.0f - fg[j]);
+      d[2 * H + j] = dct * ig[j] * (1.0f - gg[j] * gg[j]);
+      d[3 * H + j] = dhr[j] * tc[j] * og[j] * (1.0f - og[j]);
+      dcp[j] = dct * fg[j];
+    }
+  }
+}
+
+void sgd_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* buf, double lr,
+                double momentum, double weight_decay) {
+  const char* fn = "sgd_update";
+  const idx_t n = param->size;
+  check_size(fn, "grad", grad.size, n);
+  check_size(fn, "buf", buf->size, n);
+  const float lr_f = float(lr), mom = float(momentum), wd = float(weight_decay),
+              one_m = float(1.0 - momentum);
+  float *p = param->ptr, *b = buf->ptr;
+  const float* g = grad.ptr;
+  for (idx_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * p[i];
+    b[i] = mom * b[i] + one_m * gi;
+    p[i] -= lr_f * b[i];
+  }
+}
+
+void adam_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* m, AlignedArray* v,
+                 double lr, double beta1, double beta2, double eps, double weight_decay,
+                 idx_t step) {
+  const char* fn = "adam_update";
+  if (step < 1) fail(fn, "step must be >= 1, got " + std::to_string(step));
+  const idx_t n = param->size;
+  check_size(fn, "grad", grad.size, n);
+  check_size(fn, "m", m->size, n);
+  check_size(fn, "v", v->size, n);
+  const float b1 = float(beta1), b2 = float(beta2), wd = float(weight_decay);
+  const float c1 = float(1.0 - beta1), c2 = float(1.0 - beta2);
+  const float bc1 = float(1.0 - std::pow(beta1, double(step)));
+  const float bc2 = float(1.0 - std::pow(beta2, double(step)));
+  const float lr_f = float(lr), eps_f = float(eps);
+  float *p = param->ptr, *mm = m->ptr, *vv = v->ptr;
+  const float* g = grad.ptr;
+  for (idx_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * p[i];
+    mm[i] = b1 * mm[i] + c1 * gi;
+    vv[i] = b2 * vv[i] + c2 * (gi * gi);
+    p[i] -= lr_f * (mm[i] / bc1) / (std::sqrt(vv[i] / bc2) + eps_f);
+  }
+}
+
+}  // namespace fused
+}  // namespace needle_cpu

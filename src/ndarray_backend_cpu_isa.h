@@ -1,0 +1,67 @@
+// The CPU module's instruction-set variants: the named blocking constants of each, and the
+// table of kernels every variant provides.
+//
+// src/ndarray_backend_cpu_kernels.cc holds the kernels once, written with GCC vector
+// extensions over a vector of VW floats; CMake compiles it once per instruction set with that
+// set's flags (AVX-512, AVX2+FMA, and a portable build with none), each copy in its own
+// namespace. At import the module picks the best variant the CPU supports (cpuid), or the one
+// named by NEEDLE_CPU_ISA=avx512|avx2|portable, and calls the kernels through this table.
+// The kernel sources include no header with inline code shared with other translation units
+// (the thread pool is reached through Runner), so no copy of a function compiled for a wider
+// instruction set can be picked by the linker for a narrower one.
+#pragma once
+
+#include <cstdint>
+
+namespace needle_cpu {
+
+// Blocking of the matrix-product engine per instruction set:
+//   VW  floats per vector register;
+//   MR x NR the register block of C the micro-kernel holds (NR = a few vectors);
+//   KC  depth of a packed panel (an NR-wide B sliver of KC rows stays in L1);
+//   MC  rows of A packed per block (MC x KC stays in L2).
+struct GemmConfig {
+  const char* isa;
+  int VW, MR, NR;
+  int64_t KC, MC;
+};
+constexpr GemmConfig kGemmAvx512{"avx512", 16, 12, 32, 256, 96};
+constexpr GemmConfig kGemmAvx2{"avx2", 8, 6, 16, 256, 72};
+constexpr GemmConfig kGemmPortable{"portable", 4, 6, 8, 256, 72};
+// The tile size T of matmul_tiled's (rows/T, cols/T, T, T) layout (__tile_size__).
+constexpr int64_t kTile = 8;
+// m*n*p at or below which a product takes the direct path (no packing, no threads), and
+// at or above which one product uses every thread.
+constexpr double kGemmDirectFlops = 48.0 * 48 * 48;
+constexpr double kGemmParallelFlops = double(1 << 21);
+
+// Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).
+struct Runner {
+  void (*parallel_for)(int64_t n, void (*fn)(void*, int64_t), void* ctx);
+  int threads;
+};
+
+// A matrix operand: element (i, k) of matrix b of the batch at
+// ptr[b * sb + i * rs + k * cs] (strides in elements; any sign, 0 allowed).
+struct MatView {
+  const float* ptr;
+  int64_t sb, rs, cs;
+};
+
+struct IsaKernels {
+  GemmConfig config;
+  // out[b] (compact m x p, b < batch) = A[b] (m x n) @ B[b] (n x p); n > 0; out must not
+  // overlap A or B.
+  void (*gemm)(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t m,
+               int64_t n, int64_t p, const Runner& run);
+  // Sum (accumulated in double) and NaN-propagating maximum of x[0:n], n >= 1 for max.
+  double (*sum_contig)(const float* x, int64_t n);
+  float (*max_contig)(const float* x, int64_t n);
+};
+
+// The variants compiled into this build (nullptr when not compiled for this architecture).
+const IsaKernels* isa_kernels_avx512();
+const IsaKernels* isa_kernels_avx2();
+const IsaKernels* isa_kernels_portable();
+
+}  // namespace needle_cpu

@@ -1,0 +1,473 @@
+// The CPU module's instruction-set dependent kernels, written once: the blocked matrix
+// product and the contiguous reductions, over GCC vector extensions of VW floats.
+//
+// CMake compiles this file once per instruction set (NEEDLE_ISA_AVX512, NEEDLE_ISA_AVX2,
+// NEEDLE_ISA_PORTABLE) with that set's compiler flags; each copy lives in an anonymous
+// namespace and exports one getter of its IsaKernels table (see ndarray_backend_cpu_isa.h).
+//
+// The matrix product follows Goto/BLIS, with B packed whole up front:
+//   pack B, for every K panel pc (KC rows): NR-wide slivers, [k][NR] each
+//   for each task (MC rows of C, a group of B slivers):
+//     for pc in n by KC:          pack A (MC x KC) into MR-tall slivers, [k][MR] each
+//       for (jr, ir) slivers:     micro-kernel: an MR x NR block of C held in registers
+// Operands are read straight from strided views (a transposed operand is a swapped pair of
+// strides, a shared matrix a batch stride of 0); packing is the only copy. Products of at
+// most kGemmDirectFlops multiply-adds skip packing and threads (a plain loop nest), and
+// batches of small products run one product per thread.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "ndarray_backend_cpu_isa.h"
+
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#if defined(NEEDLE_ISA_AVX512)
+#define NEEDLE_ISA_CONFIG kGemmAvx512
+#define NEEDLE_ISA_GETTER isa_kernels_avx512
+#elif defined(NEEDLE_ISA_AVX2)
+#define NEEDLE_ISA_CONFIG kGemmAvx2
+#define NEEDLE_ISA_GETTER isa_kernels_avx2
+#elif defined(NEEDLE_ISA_PORTABLE)
+#define NEEDLE_ISA_CONFIG kGemmPortable
+#define NEEDLE_ISA_GETTER isa_kernels_portable
+#else
+#error "compile with one of NEEDLE_ISA_AVX512, NEEDLE_ISA_AVX2, NEEDLE_ISA_PORTABLE"
+#endif
+
+namespace needle_cpu {
+namespace {
+
+using idx_t = int64_t;
+constexpr GemmConfig CFG = NEEDLE_ISA_CONFIG;
+constexpr int VW = CFG.VW, MR = CFG.MR, NR = CFG.NR;
+constexpr idx_t KC = CFG.KC, MC = CFG.MC;
+constexpr int NV = NR / VW;  // vectors per row of the register block
+static_assert(NR % VW == 0 && MC % MR == 0 && MR % 3 == 0 && NV % 2 == 0,
+              "blocking constants do not fit the micro-kernel");
+
+typedef float vec __attribute__((vector_size(VW * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(VW * sizeof(float))));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, const vec& v) { std::memcpy(p, &v, sizeof v); }
+
+template <class F>
+void run_parallel(const Runner& run, idx_t n, F& f) {
+  run.parallel_for(n, [](void* ctx, int64_t i) { (*static_cast<F*>(ctx))(i); }, &f);
+}
+
+// A 64-byte aligned scratch buffer that grows on demand.
+struct Scratch {
+  float* p = nullptr;
+  size_t n = 0;
+  float* get(size_t need) {
+    if (need > n) {
+      std::free(p);
+      p = static_cast<float*>(std::aligned_alloc(64, ((need * sizeof(float) + 63) / 64) * 64));
+      if (!p) {
+        n = 0;
+        throw std::bad_alloc();
+      }
+      n = need;
+    }
+    return p;
+  }
+  void trim(size_t keep) {
+    if (n > keep) {
+      std::free(p);
+      p = nullptr;
+      n = 0;
+    }
+  }
+  ~Scratch() { std::free(p); }
+};
+// Packed-B buffers up to this many elements (16 MiB) stay allocated for the next product.
+constexpr size_t kKeepPacked = size_t(1) << 22;
+
+// ---- micro-kernel: C[ROWS x COLV*VW] (=|+=) Ap[kc x MR] (packed) @ Bp[kc x NR] (packed) ------
+template <int ROWS, int COLV>
+inline void micro_kernel(idx_t kc, const float* __restrict__ A, const float* __restrict__ B,
+                         float* C, idx_t ldc, bool accumulate) {
+  vec c[ROWS][COLV];
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) c[r][v] = vec{};
+  for (idx_t k = 0; k < kc; ++k) {
+    vec b[COLV];
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) b[v] = load(B + v * VW);
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r) {
+      const vec a = vec{} + A[r];
+#pragma GCC unroll 8
+      for (int v = 0; v < COLV; ++v) c[r][v] += a * b[v];
+    }
+    A += MR;
+    B += NR;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) {
+      float* cr = C + r * ldc + v * VW;
+      store(cr, accumulate ? c[r][v] + load(cr) : c[r][v]);
+    }
+}
+
+// An edge block (mr <= MR rows, nr <= NR columns) into buf (row stride NR), with the smallest
+// kernel that covers it: a third, two thirds or all of the rows; half or all of the columns.
+inline void edge_kernel(idx_t kc, const float* A, const float* B, float* buf, idx_t mr, idx_t nr) {
+  constexpr int R1 = MR / 3, R2 = 2 * MR / 3, C1 = NV / 2;
+  if (nr <= C1 * VW) {
+    if (mr <= R1) return micro_kernel<R1, C1>(kc, A, B, buf, NR, false);
+    if (mr <= R2) return micro_kernel<R2, C1>(kc, A, B, buf, NR, false);
+    return micro_kernel<MR, C1>(kc, A, B, buf, NR, false);
+  }
+  if (mr <= R1) return micro_kernel<R1, NV>(kc, A, B, buf, NR, false);
+  if (mr <= R2) return micro_kernel<R2, NV>(kc, A, B, buf, NR, false);
+  micro_kernel<MR, NV>(kc, A, B, buf, NR, false);
+}
+
+// ---- packing straight from strided operands -------------------------------------------------
+// dst[k*MR + r] = A(i0 + r, k0 + k) for r < mr (zero for mr <= r < MR), k < kc.
+inline void pack_a(const float* a, idx_t rs, idx_t cs, idx_t i0, idx_t mr, idx_t k0, idx_t kc,
+                   float* __restrict__ dst) {
+  const float* base = a + i0 * rs + k0 * cs;
+  if (mr == MR && cs == 1) {  // rows contiguous along k
+    const float* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = base + r * rs;
+    for (idx_t k = 0; k < kc; ++k)
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) dst[k * MR + r] = rows[r][k];
+    return;
+  }
+  if (mr == MR && rs == 1) {  // a transposed operand: the MR rows are contiguous for each k
+    for (idx_t k = 0; k < kc; ++k) std::memcpy(dst + k * MR, base + k * cs, MR * sizeof(float));
+    return;
+  }
+  for (idx_t k = 0; k < kc; ++k) {
+    for (idx_t r = 0; r < mr; ++r) dst[k * MR + r] = base[r * rs + k * cs];
+    for (idx_t r = mr; r < MR; ++r) dst[k * MR + r] = 0.0f;
+  }
+}
+
+// dst[k*NR + c] = B(k0 + k, j0 + c) for c < nr (zero for nr <= c < NR), k < kc.
+inline void pack_b(const float* b, idx_t rs, idx_t cs, idx_t k0, idx_t kc, idx_t j0, idx_t nr,
+                   float* __restrict__ dst) {
+  const float* base = b + k0 * rs + j0 * cs;
+  if (cs == 1) {
+    for (idx_t k = 0; k < kc; ++k) {
+      std::memcpy(dst + k * NR, base + k * rs, size_t(nr) * sizeof(float));
+      for (idx_t c = nr; c < NR; ++c) dst[k * NR + c] = 0.0f;
+    }
+    return;
+  }
+  if (rs == 1) {  // a transposed operand: each column is contiguous along k
+    for (idx_t c = 0; c < nr; ++c) {
+      const float* src = base + c * cs;
+      for (idx_t k = 0; k < kc; ++k) dst[k * NR + c] = src[k];
+    }
+  } else {
+    for (idx_t k = 0; k < kc; ++k)
+      for (idx_t c = 0; c < nr; ++c) dst[k * NR + c] = base[k * rs + c * cs];
+  }
+  if (nr < NR)
+    for (idx_t k = 0; k < kc; ++k)
+      for (idx_t c = nr; c < NR; ++c) dst[k * NR + c] = 0.0f;
+}
+
+// ---- the blocked driver for one product -----------------------------------------------------
+// Work split: B is packed once, whole, in units of (KC rows, column group); C is computed in
+// tasks of (MC rows, column group), each packing its own A block. Items are numbered units
+// first, then tasks, and threads claim them in that order; a task waits only for the B units
+// it reads (a ready flag each), so nothing waits for a thread that has not started.
+struct Plan {
+  idx_t m, n, p;
+  idx_t nsl, npc, nrb, ncg;  // B slivers, K panels, row blocks, column groups
+  idx_t sl_begin(idx_t g) const { return nsl * g / ncg; }
+  idx_t kc(idx_t pc) const { return std::min(KC, n - pc * KC); }
+  idx_t units() const { return npc * ncg; }
+  idx_t tasks() const { return nrb * ncg; }
+  float* panel(float* Bp, idx_t pc, idx_t s) const { return Bp + (pc * KC * nsl + s * kc(pc)) * NR; }
+};
+
+inline void wait_ready(const std::atomic<int>& flag) {
+  while (!flag.load(std::memory_order_acquire)) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+inline void pack_unit(const Plan& P, const float* b, idx_t rs, idx_t cs, float* Bp, idx_t u) {
+  const idx_t pc = u / P.ncg, g = u % P.ncg, kc = P.kc(pc);
+  for (idx_t s = P.sl_begin(g); s < P.sl_begin(g + 1); ++s)
+    pack_b(b, rs, cs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR), P.panel(Bp, pc, s));
+}
+
+inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C, float* Bp,
+                     const std::atomic<int>* ready, idx_t t) {
+  thread_local Scratch abuf;
+  float* Ap = abuf.get(size_t(MC * KC));
+  alignas(64) float tmp[MR * NR];
+  const idx_t ic = (t / P.ncg) * MC, g = t % P.ncg, ldc = P.p;
+  const idx_t mc = std::min(MC, P.m - ic), nsla = (mc + MR - 1) / MR;
+  for (idx_t pc = 0; pc < P.npc; ++pc) {
+    const idx_t kc = P.kc(pc);
+    const bool acc = pc > 0;
+    for (idx_t s = 0; s < nsla; ++s)
+      pack_a(a, ars, acs, ic + s * MR, std::min<idx_t>(MR, mc - s * MR), pc * KC, kc,
+             Ap + s * MR * kc);
+    if (ready) wait_ready(ready[pc * P.ncg + g]);
+    for (idx_t jr = P.sl_begin(g); jr < P.sl_begin(g + 1); ++jr) {
+      const float* bp = P.panel(Bp, pc, jr);
+      const idx_t j = jr * NR, nr = std::min<idx_t>(NR, P.p - j);
+      for (idx_t ir = 0; ir < nsla; ++ir) {
+        const idx_t i = ic + ir * MR, mr = std::min<idx_t>(MR, P.m - i);
+        const float* ap = Ap + ir * MR * kc;
+        if (mr == MR && nr == NR) {
+          micro_kernel<MR, NV>(kc, ap, bp, C + i * ldc + j, ldc, acc);
+        } else {
+          edge_kernel(kc, ap, bp, tmp, mr, nr);
+          for (idx_t r = 0; r < mr; ++r) {
+            float* dst = C + (i + r) * ldc + j;
+            const float* src = tmp + r * NR;
+            if (acc)
+              for (idx_t c = 0; c < nr; ++c) dst[c] += src[c];
+            else
+              for (idx_t c = 0; c < nr; ++c) dst[c] = src[c];
+          }
+        }
+      }
+    }
+  }
+}
+
+// C (m x p, compact) = A (m x n) @ B (n x p) with the packed engine, on up to `threads`.
+void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, idx_t bcs,
+                  float* C, idx_t m, idx_t n, idx_t p, const Runner& run, bool threaded) {
+  const int nt = threaded ? run.threads : 1;
+  Plan P{m, n, p, (p + NR - 1) / NR, (n + KC - 1) / KC, (m + MC - 1) / MC, 1};
+  // About 8 tasks per thread, so that claiming them dynamically balances the threads: split
+  // the columns into groups when there are fewer row blocks (each group repacks its A blocks).
+  if (nt > 1) P.ncg = std::min(P.nsl, std::max<idx_t>(1, (8 * nt + P.nrb - 1) / P.nrb));
+  thread_local Scratch bbuf;
+  float* Bp = bbuf.get(size_t(P.npc * KC * P.nsl * NR));
+  if (nt <= 1) {
+    for (idx_t u = 0; u < P.units(); ++u) pack_unit(P, b, brs, bcs, Bp, u);
+    for (idx_t t = 0; t < P.tasks(); ++t) run_task(P, a, ars, acs, C, Bp, nullptr, t);
+  } else {
+    std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[size_t(P.units())]);
+    for (idx_t u = 0; u < P.units(); ++u) ready[u].store(0, std::memory_order_relaxed);
+    auto item = [&](int64_t i) {
+      if (i < P.units()) {
+        pack_unit(P, b, brs, bcs, Bp, i);
+        ready[i].store(1, std::memory_order_release);
+      } else {
+        run_task(P, a, ars, acs, C, Bp, ready.get(), i - P.units());
+      }
+    };
+    run_parallel(run, P.units() + P.tasks(), item);
+  }
+  bbuf.trim(kKeepPacked);
+}
+
+// ---- small products: no packing, no threads -------------------------------------------------
+void gemm_direct(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, idx_t bcs,
+                 float* __restrict__ C, idx_t m, idx_t n, idx_t p) {
+  if (bcs == 1) {  // rows of C accumulate rows of B (vectorised along j)
+    for (idx_t i = 0; i < m; ++i) {
+      float* __restrict__ c = C + i * p;
+      for (idx_t j = 0; j < p; ++j) c[j] = 0.0f;
+      for (idx_t k = 0; k < n; ++k) {
+        const float aik = a[i * ars + k * acs];
+        const float* __restrict__ brow = b + k * brs;
+        for (idx_t j = 0; j < p; ++j) c[j] += aik * brow[j];
+      }
+    }
+    return;
+  }
+  if (acs == 1 && brs == 1) {  // dot products of contiguous rows of A and columns of B
+    for (idx_t i = 0; i < m; ++i)
+      for (idx_t j = 0; j < p; ++j) {
+        const float* __restrict__ x = a + i * ars;
+        const float* __restrict__ y = b + j * bcs;
+        vec acc{};
+        idx_t k = 0;
+        for (; k + VW <= n; k += VW) acc += load(x + k) * load(y + k);
+        float s = 0.0f;
+        for (int t = 0; t < VW; ++t) s += acc[t];
+        for (; k < n; ++k) s += x[k] * y[k];
+        C[i * p + j] = s;
+      }
+    return;
+  }
+  for (idx_t i = 0; i < m; ++i)
+    for (idx_t j = 0; j < p; ++j) {
+      float s = 0.0f;
+      for (idx_t k = 0; k < n; ++k) s += a[i * ars + k * acs] * b[k * brs + j * bcs];
+      C[i * p + j] = s;
+    }
+}
+
+// C (1 x p) = a (1 x n) @ B (n x p), B rows contiguous; threads split the columns.
+void gemv_row(const float* a, idx_t acs, const float* b, idx_t brs, float* C, idx_t n, idx_t p,
+              const Runner& run, bool threaded) {
+  auto cols = [=](idx_t j0, idx_t j1) {
+    float* __restrict__ c = C + j0;
+    for (idx_t j = 0; j < j1 - j0; ++j) c[j] = 0.0f;
+    for (idx_t k = 0; k < n; ++k) {
+      const float ak = a[k * acs];
+      const float* __restrict__ brow = b + k * brs + j0;
+      for (idx_t j = 0; j < j1 - j0; ++j) c[j] += ak * brow[j];
+    }
+  };
+  constexpr idx_t grain = 256;
+  if (!threaded || p <= grain || run.threads <= 1) return cols(0, p);
+  auto chunk = [&](int64_t t) { cols(t * grain, std::min(p, (t + 1) * grain)); };
+  run_parallel(run, (p + grain - 1) / grain, chunk);
+}
+
+// C (m x 1) = A (m x n) @ b (n x 1), A rows contiguous, b gathered into `col` first.
+void gemv_col(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t m, idx_t n,
+              const Runner& run, bool threaded) {
+  thread_local Scratch colbuf;
+  float* col = colbuf.get(size_t(n));
+  for (idx_t k = 0; k < n; ++k) col[k] = b[k * brs];
+  auto rows = [=](idx_t i0, idx_t i1) {
+    for (idx_t i = i0; i < i1; ++i) {
+      const float* x = a + i * ars;
+      vec acc0{}, acc1{};
+      idx_t k = 0;
+      for (; k + 2 * VW <= n; k += 2 * VW) {
+        acc0 += load(x + k) * load(col + k);
+        acc1 += load(x + k + VW) * load(col + k + VW);
+      }
+      acc0 += acc1;
+      float s = 0.0f;
+      for (int t = 0; t < VW; ++t) s += acc0[t];
+      for (; k < n; ++k) s += x[k] * col[k];
+      C[i] = s;
+    }
+  };
+  constexpr idx_t grain = 64;
+  if (!threaded || m <= grain || run.threads <= 1) {
+    rows(0, m);
+  } else {
+    auto chunk = [&](int64_t t) { rows(t * grain, std::min(m, (t + 1) * grain)); };
+    run_parallel(run, (m + grain - 1) / grain, chunk);
+  }
+  colbuf.trim(kKeepPacked);
+}
+
+// One product, choosing its path.
+void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, idx_t bcs,
+              float* C, idx_t m, idx_t n, idx_t p, const Runner& run, bool may_thread) {
+  const double flops = double(m) * double(n) * double(p);
+  if (flops <= kGemmDirectFlops) return gemm_direct(a, ars, acs, b, brs, bcs, C, m, n, p);
+  const bool threaded = may_thread && run.threads > 1 && flops >= kGemmParallelFlops;
+  if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
+  if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
+  gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
+}
+
+void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t m, int64_t n,
+          int64_t p, const Runner& run) {
+  if (batch <= 0 || m <= 0 || p <= 0) return;
+  const double flops = double(m) * double(n) * double(p);
+  auto one = [&](int64_t k, bool may_thread) {
+    gemm_one(A.ptr + k * A.sb, A.rs, A.cs, B.ptr + k * B.sb, B.rs, B.cs, out + k * m * p, m, n,
+             p, run, may_thread);
+  };
+  // A batch of products too small to share one product among threads: a product per thread.
+  if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops &&
+      flops * double(batch) >= kGemmParallelFlops) {
+    auto item = [&](int64_t k) { one(k, false); };
+    run_parallel(run, batch, item);
+    return;
+  }
+  for (int64_t k = 0; k < batch; ++k) one(k, true);
+}
+
+// ---- contiguous reductions ------------------------------------------------------------------
+// Sum of x[0:n]: four vector accumulators per block of 4096 elements, blocks added in double
+// (as accurate as numpy's pairwise summation, and vectorised).
+double sum_contig(const float* x, int64_t n) {
+  constexpr idx_t block = 4096;
+  double total = 0.0;
+  for (idx_t b = 0; b < n; b += block) {
+    const idx_t e = std::min<idx_t>(n, b + block);
+    vec acc[4] = {};
+    idx_t i = b;
+    for (; i + 4 * VW <= e; i += 4 * VW)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) acc[u] += load(x + i + u * VW);
+    const vec s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    float part = 0.0f;
+    for (int t = 0; t < VW; ++t) part += s[t];
+    for (; i < e; ++i) part += x[i];
+    total += part;
+  }
+  return total;
+}
+
+// Maximum of x[0:n] (n >= 1), NaN if any element is NaN: four independent accumulators (the
+// compare-select chain would otherwise wait on itself), NaNs flagged on the side.
+float max_contig(const float* x, int64_t n) {
+  idx_t i = 0;
+  float m = x[0];
+  bool nan = false;
+  if (n >= 4 * VW) {
+    vec acc[4];
+    ivec bad[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      acc[u] = load(x + u * VW);
+      bad[u] = acc[u] != acc[u];
+    }
+    for (i = 4 * VW; i + 4 * VW <= n; i += 4 * VW)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        const vec v = load(x + i + u * VW);
+        acc[u] = v > acc[u] ? v : acc[u];
+        bad[u] |= v != v;
+      }
+    for (int u = 1; u < 4; ++u) {
+      acc[0] = acc[u] > acc[0] ? acc[u] : acc[0];
+      bad[0] |= bad[u];
+    }
+    for (int t = 0; t < VW; ++t) {
+      m = acc[0][t] > m ? acc[0][t] : m;
+      nan = nan || bad[0][t];
+    }
+  }
+  for (; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan = nan || x[i] != x[i];
+  }
+  return nan ? __builtin_nanf("") : m;
+}
+
+const IsaKernels kKernels{CFG, &gemm, &sum_contig, &max_contig};
+
+}  // namespace
+
+const IsaKernels* NEEDLE_ISA_GETTER() { return &kKernels; }
+
+#if defined(NEEDLE_ISA_PORTABLE) && !defined(NEEDLE_HAVE_X86_VARIANTS)
+// Only the portable variant is built on this architecture.
+const IsaKernels* isa_kernels_avx512() { return nullptr; }
+const IsaKernels* isa_kernels_avx2() { return nullptr; }
+#endif
+
+}  // namespace needle_cpu
