@@ -531,8 +531,9 @@ plt.show()
 #   $\text{offset} + \sum_d i_d\,\text{strides}_d$.
 # * `reshape`, `permute`, `broadcast_to` (stride 0) and slicing (offset + scaled strides) are
 #   views: same buffer, no copy.
-# * Kernels want contiguous memory, so ops call `compact()` first; `flip` is a negative-stride
-#   view that is compacted immediately.
+# * The course's kernels want contiguous memory, so its ops call `compact()` first (needle's
+#   strided kernels read views in place); `flip` is a negative-stride view that is compacted
+#   immediately.
 # * A Python op reaches C++ through the device module: `NDArray` method → `device.kernel`
 #   (forwarded to the module) → pybind11 → a C++ loop over raw buffers.
 # * The loop structure matters more than the language: the same C++ computes the same product

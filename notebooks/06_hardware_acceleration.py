@@ -435,8 +435,8 @@ for name, cfg in CPU_CONFIGS.items():
 # ## 5. Cache blocking: packing panels
 #
 # Registers hold one $MR \times NR$ block of $C$; the operands it streams through must come
-# from cache, not from memory. The blocked driver (`gemm_work`, Goto/BLIS style) runs, on one
-# thread:
+# from cache, not from memory. The blocked driver (Goto/BLIS style; `gemm_blocked` in
+# `src/ndarray_backend_cpu_kernels.cc`) runs, on one thread:
 #
 # ```
 # pack all of B into NR-wide slivers                       (once)
@@ -477,7 +477,7 @@ for name, cfg in CPU_CONFIGS.items():
 
 # %%
 def blocked_matmul(A: np.ndarray, B: np.ndarray, cfg: dict, compute: bool = True):
-    """C = A @ B by gemm_work's loop nest (one thread), and the floats moved per level.
+    """C = A @ B by gemm_blocked's loop nest (one thread), and the floats moved per level.
 
     A (m, n), B (n, p). Returns (C (m, p) or None when compute=False, counts) with counts
     'registers' (L1 -> registers), 'caches' (into L1) and 'memory' (from main memory).
