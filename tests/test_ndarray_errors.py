@@ -188,6 +188,18 @@ def test_dtype_other_than_float32(device):
         nd.empty((2, -1), device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_shapes_too_large_to_hold(device):
+    for shape in [(2 ** 40, 2 ** 40), (2 ** 31, 2 ** 31, 4), (2 ** 63,)]:
+        with pytest.raises(ValueError, match=r"elements, more than an array may hold"):
+            nd.empty(shape, device=device)
+    huge = nd.array([1.0], device=device).broadcast_to((2 ** 40, 2 ** 40))  # a view: no memory
+    with pytest.raises(ValueError, match=r"more than an array may hold"):
+        huge + 1.0
+    with pytest.raises(MemoryError):
+        nd.empty((2 ** 25, 2 ** 25), device=device)  # 4 PiB: representable, not allocatable
+
+
 def _device_pairs():
     """Distinct enabled devices, plus a device with the numpy module under another name."""
     enabled = [p.values[0] for p in DEVICES if not p.marks]

@@ -33,7 +33,7 @@ from .device import (
     ndarray_backend_cuda,
     ndarray_backend_numpy,
 )
-from .protocol import BINARY_OPS, REDUCE_OPS, UNARY_OPS
+from .protocol import BINARY_OPS, MAX_ELEMENTS, REDUCE_OPS, UNARY_OPS
 
 # Op codes, looked up once (the tables are identical in every device module).
 _ADD, _SUB, _MUL, _DIV, _POW, _MAXIMUM, _MINIMUM, _EQ, _NE, _LT, _LE, _GT, _GE = (
@@ -75,12 +75,16 @@ def _as_float32_numpy(other) -> np.ndarray:
 def _new(shape: tuple, device: BackendDevice) -> "NDArray":
     """A fresh compact array (internal: ``shape`` is a tuple of non-negative ints and
     ``device`` is enabled, since an array already lives there)."""
+    size = math.prod(shape)
+    if size > MAX_ELEMENTS:
+        raise ValueError(f"shape {shape} has {size} elements, more than an array may hold "
+                         f"({MAX_ELEMENTS})")
     array = object.__new__(NDArray)
     array._shape = shape
     array._strides = _compact_strides(shape)
     array._offset = 0
     array._device = device
-    array._handle = device.Array(math.prod(shape))
+    array._handle = device.Array(size)
     return array
 
 

@@ -13,11 +13,11 @@ import operator
 
 import numpy as np
 
+from .protocol import MAX_ELEMENTS
+
 __device_name__ = "cpu_numpy"
 _datatype = np.float32
 _datetype_size = np.dtype(_datatype).itemsize
-# Largest element count of any buffer or view (the compiled modules' kMaxElements).
-_MAX_ELEMENTS = 1 << 50
 
 
 def _f32(x):
@@ -72,8 +72,8 @@ class Array:
         size = _int("Array", "size", size)
         if size < 0:
             raise ValueError(f"Array size must be non-negative, got {size}")
-        if size > _MAX_ELEMENTS:
-            raise ValueError(f"Array: size {size} is too large (at most {_MAX_ELEMENTS} elements)")
+        if size > MAX_ELEMENTS:
+            raise ValueError(f"Array: size {size} is too large (at most {MAX_ELEMENTS} elements)")
         self.array = np.empty(size, dtype=np.float32)
 
     @property
@@ -128,7 +128,7 @@ def _shape_size(fn: str, shape: tuple) -> int:
         if n < 0:
             raise ValueError(f"{fn}: negative dimension in shape {shape}")
         size *= n
-    if size > _MAX_ELEMENTS:
+    if size > MAX_ELEMENTS:
         raise ValueError(f"{fn}: shape {shape} has too many elements")
     return size
 

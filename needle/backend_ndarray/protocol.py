@@ -46,6 +46,10 @@ BINARY_OPS: Tuple[str, ...] = ("add", "sub", "mul", "div", "power", "maximum", "
 UNARY_OPS: Tuple[str, ...] = ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")
 REDUCE_OPS: Tuple[str, ...] = ("sum", "max")
 
+# The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
+# sizes are a ValueError before anything is allocated, and every index product fits in int64.
+MAX_ELEMENTS: int = 1 << 50
+
 Shape = Sequence[int]
 Strides = Sequence[int]
 
@@ -190,4 +194,4 @@ class DeviceModule(Protocol):
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
 
-__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS"]
+__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "MAX_ELEMENTS"]
