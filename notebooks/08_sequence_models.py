@@ -13,7 +13,21 @@
 # %% [markdown]
 # # 08 · Sequence models: RNNs, LSTMs and language modelling
 #
-# The lecture "Sequence Modeling and Recurrent Networks" (hw4), with the real `needle` package.
+# **Lecture:** 18, "Sequence Modeling and Recurrent Networks", and 19, "RNN Implementation"
+#
+# **Homework:** hw4 Q4 (`RNNCell`, `RNN`), Q5 (`LSTMCell`, `LSTM`), Q6 (the Penn Treebank
+# `Corpus` and `batchify`/`get_batch`), Q7 (training a word-level language model)
+#
+# **Prerequisites:** notebook 03 (modules, detaching, the training loop); notebook 04
+# (optimizers)
+#
+# **You will be able to:** write the RNN and LSTM recurrences and check needle's modules
+# against them; explain truncated back-propagation through time and why the state is detached
+# between chunks; judge a language model's perplexity against a known floor and simple
+# baselines; sample text from it
+#
+# **Run time:** about 50 s on a 2-core x86-64 machine
+#
 # A sequence model reads inputs $x_1, x_2, \dots$ one step at a time and keeps a **hidden
 # state** $h_t$ that summarises everything it has seen. This notebook
 #
