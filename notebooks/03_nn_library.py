@@ -13,16 +13,35 @@
 # %% [markdown]
 # # 03 · NN Library Implementation
 #
-# The lecture "NN Library Implementation" (hw2), with the real `needle` package. Automatic
-# differentiation (notebook 02) gives us gradients of any expression; a *library* adds the
-# structure around it:
+# **Lecture:** 8, "NN Library Implementation" (with the initialisation part of lecture 6,
+# "Fully Connected Networks, Optimization, Initialization", and the module and optimizer
+# abstractions of lecture 7, "Neural Network Library Abstractions")
+#
+# **Homework:** hw2 Q1 (weight initialisation), Q2 (`nn.Module`, `Linear`, `SoftmaxLoss`),
+# Q3 (`SGD`); the `TensorTuple` machinery used by hw4's multi-output ops
+#
+# **Prerequisites:** notebook 02 (computational graphs, `backward()`); the softmax loss of
+# notebook 01
+#
+# **You will be able to:** write a `Module` whose parameters an optimizer can find (and know
+# when a walker misses or repeats one); run the training-loop contract (clear, forward,
+# backward, update) and predict what `.grad` holds at each point; update parameters outside
+# the graph without aliasing surprises; compute softmax and cross-entropy stably and say what
+# they return for NaN and infinite logits; pick an initialisation scale from the fan-in; build
+# an op with several outputs
+#
+# **Run time:** about 20 s on a 2-core x86-64 machine
+#
+# Automatic differentiation (notebook 02) gives us gradients of any expression; a *library*
+# adds the structure around it:
 #
 # 1. **modules** hold **parameters** and compose into models, and the library must *find* every
 #    parameter to hand it to an optimizer (`Module.parameters()`);
-# 2. the **optimizer** updates parameters *outside* the computational graph (`.data`);
-# 3. numerically careful building blocks: a **stable softmax** and cross-entropy;
-# 4. **initialisation** that keeps activations at a sane scale through many layers (Kaiming);
-# 5. ops with **multiple outputs** (`TensorTuple`).
+# 2. the **training loop** and what `.grad` holds at each of its steps;
+# 3. the **optimizer** updates parameters *outside* the computational graph (`.data`);
+# 4. numerically careful building blocks: a **stable softmax** and cross-entropy;
+# 5. **initialisation** that keeps activations at a sane scale through many layers (Kaiming);
+# 6. ops with **multiple outputs** (`TensorTuple`).
 #
 # Every number stated in the text is asserted in the code cell that follows it.
 
@@ -50,10 +69,15 @@ print("backend:", ndl.BACKEND, "| device:", device)
 #
 # with two trainable scalars. Trainable tensors are `nn.Parameter`s (a `Tensor` subclass), so the
 # library can tell them apart from other tensors a module keeps (a running mean, say).
+#
+# needle's element-wise ops broadcast with numpy's rules (and sum each gradient back to its
+# input's shape), so `x * self.s` would work; the lecture writes the `broadcast_to` explicitly
+# to make the point that stretching a `(1,)` parameter to `x`'s shape is itself an op, whose
+# gradient **sums** over the copies. We keep it explicit.
 
 # %%
 class ScaleAdd(nn.Module):
-    """f(x; s, b) = x * s + b with scalar parameters s and b (shape (1,))."""
+    """f(x; s, b) = x * s + b with scalar parameters s and b (shape (1,)); x of any shape."""
 
     def __init__(self, init_s: float = 1.0, init_b: float = 0.0):
         super().__init__()
@@ -61,7 +85,6 @@ class ScaleAdd(nn.Module):
         self.b = nn.Parameter([init_b], dtype="float32")
 
     def forward(self, x):
-        # needle ops do not broadcast implicitly: stretch the scalars to x's shape
         return x * self.s.broadcast_to(x.shape) + self.b.broadcast_to(x.shape)
 
 
@@ -78,6 +101,17 @@ class MultiPathScaleAdd(nn.Module):
 
 
 # %% [markdown]
+# The gradient of a broadcast is a sum: for $x = (1, 2, 3)$ and $L = \sum_i f(x)_i$,
+# $\partial L/\partial s = \sum_i x_i = 6$ and $\partial L/\partial b = 3$, each of shape `(1,)`
+# like the parameter itself.
+
+# %%
+sa = ScaleAdd()
+sa(ndl.Tensor([1.0, 2.0, 3.0], dtype="float32")).sum().backward()
+print(f"dL/ds = {sa.s.grad.numpy()}, dL/db = {sa.b.grad.numpy()}")
+assert sa.s.grad.shape == (1,) and sa.s.grad.numpy()[0] == 6 and sa.b.grad.numpy()[0] == 3
+
+# %% [markdown]
 # `parameters()` walks the module's attributes **in definition order**, collects every
 # `Parameter` and descends into sub-modules. For the two-branch model it finds exactly four
 # scalars; `named_parameters()` says where each one lives.
@@ -91,10 +125,72 @@ assert len(model.parameters()) == 4
 
 
 # %% [markdown]
-# Real models keep their layers in containers — `Sequential` stores a tuple, a Transformer a
-# list of blocks, some models a dict of heads. The discovery policy therefore also searches
-# **lists, tuples and dicts** (in index / insertion order, nested to any depth); names use the
-# index or the dict key.
+# ### The lecture's walker, and what it misses
+#
+# The lecture finds parameters with a short recursive walker that knows three kinds of value: a
+# `Parameter`, a `dict` (a module's attribute dictionary) and a `Module`. Real models keep layers
+# in containers — `Sequential` a tuple, a Transformer a list of blocks — and the walker passes
+# over those **silently**. Nothing fails: the model still trains, but the optimizer never sees
+# the parameters inside the list, so they never change.
+
+# %%
+def lecture_parameters(value):
+    """The lecture's walker: Parameters reachable through Modules and dicts (not lists)."""
+    if isinstance(value, nn.Parameter):
+        return [value]
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in lecture_parameters(v)]
+    if isinstance(value, nn.Module):
+        return lecture_parameters(value.__dict__)
+    return []
+
+
+class HeadAndList(nn.Module):
+    """g(x) = head(x) + sum of the branches held in a list."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = ScaleAdd()
+        self.paths = [ScaleAdd(), ScaleAdd()]
+
+    def forward(self, x):
+        out = self.head(x)
+        for p in self.paths:
+            out = out + p(x)
+        return out
+
+
+def train_with(param_fn, steps=20):
+    """SGD on L = sum((g(x) - t)^2) for x = (1, 2), t = (0, 1); returns (model, losses)."""
+    m = HeadAndList()
+    opt = optim.SGD(param_fn(m), lr=0.01)
+    xb = ndl.Tensor([1.0, 2.0], dtype="float32")
+    tb = ndl.Tensor([0.0, 1.0], dtype="float32", requires_grad=False)
+    losses = []
+    for _ in range(steps):
+        opt.reset_grad()
+        loss = ((m(xb) - tb) ** 2).sum()
+        loss.backward()
+        opt.step()
+        losses.append(loss.numpy().item())
+    return m, losses
+
+
+m_lec, losses_lec = train_with(lecture_parameters)
+m_all, losses_all = train_with(lambda m: m.parameters())
+frozen = [float(p.numpy()[0]) for b in m_lec.paths for p in (b.s, b.b)]
+print(f"lecture walker: {len(lecture_parameters(m_lec))} parameters, loss "
+      f"{losses_lec[0]:.3f} -> {losses_lec[-1]:.3f}, list-held s, b still {frozen}")
+print(f"parameters():   {len(m_all.parameters())} parameters, loss "
+      f"{losses_all[0]:.3f} -> {losses_all[-1]:.3f}")
+assert len(lecture_parameters(m_lec)) == 2 and len(m_all.parameters()) == 6
+assert losses_lec[-1] < 0.5 * losses_lec[0]          # it trains ...
+assert frozen == [1.0, 0.0, 1.0, 0.0]                 # ... but the list's parameters never move
+assert losses_all[-1] < losses_lec[-1]                # training all six fits better
+
+# %% [markdown]
+# needle's discovery policy therefore also searches **lists, tuples and dicts** (in index /
+# insertion order, nested to any depth); names use the index or the dict key.
 
 # %%
 class Branches(nn.Module):
@@ -132,6 +228,30 @@ except TypeError as err:
     assert "stable order" in str(err)
 
 # %% [markdown]
+# ### The shape contract of `Linear`, and which dimension is fan-in
+#
+# The lecture writes a linear layer as $Y = XW^\top + b$ with $W$ of shape
+# (out_features, in_features), as PyTorch stores it. needle's `nn.Linear` (like the homework's)
+# stores the transpose, **(in_features, out_features)** = (fan_in, fan_out), and computes
+# $Y = XW + b$ with no transpose. Same function, other layout: the fan-in, the number of inputs
+# each output sums over, is `weight.shape[0]` in needle and `weight.shape[1]` in PyTorch.
+# Kaiming's scale comes from the fan-in: `Linear(400, 100)` draws its weights with variance
+# $2/400$, not $2/100$.
+
+# %%
+lin = nn.Linear(400, 100, device=device)
+Xl = np.random.randn(8, 400).astype(np.float32)
+Yl = lin(ndl.Tensor(Xl, device=device)).numpy()
+W_np, b_np = lin.weight.numpy(), lin.bias.numpy()
+print(f"weight {lin.weight.shape}, bias {lin.bias.shape}, output {Yl.shape}; "
+      f"Var(W) = {W_np.var():.5f} (2/fan_in = {2 / 400:.5f}, 2/fan_out = {2 / 100:.5f})")
+assert lin.weight.shape == (400, 100) and lin.bias.shape == (1, 100)
+assert np.allclose(Yl, Xl @ W_np + b_np, atol=1e-4)          # Y = X W + b ...
+assert np.allclose(Yl, Xl @ (W_np.T).T + b_np, atol=1e-4)    # ... = X (W_pt)^T + b, W_pt = W^T
+assert abs(W_np.var() / (2 / 400) - 1) < 0.05
+
+
+# %% [markdown]
 # ## 2. One training step by hand
 #
 # Take $x = 2$, target $t = 2$, $s_0 = s_1 = 1$, $b_0 = b_1 = 0$ and the *unnormalised* loss
@@ -143,6 +263,10 @@ except TypeError as err:
 # $$\frac{\partial L}{\partial s_j} = \frac{\partial L}{\partial h}\,x = 8,\qquad
 #   \frac{\partial L}{\partial b_j} = \frac{\partial L}{\partial h} = 4,\qquad
 #   \frac{\partial L}{\partial x} = \frac{\partial L}{\partial h}(s_0 + s_1) = 8.$$
+#
+# `backward()` stores gradients on **leaves** (parameters, inputs). An interior node such as
+# $h$ keeps its adjoint only when asked with `h.retain_grad()` before `backward()`, as in
+# PyTorch; everything else is freed as reverse mode moves on.
 
 # %%
 class L2Loss(nn.Module):
@@ -157,18 +281,52 @@ x = ndl.Tensor([2.0], dtype="float32")
 t = ndl.Tensor([2.0], dtype="float32", requires_grad=False)
 model = MultiPathScaleAdd()
 h = model(x)
+h.retain_grad()
 loss = L2Loss()(h, t)
 loss.backward()
 print(f"h = {h.numpy()[0]:.2f}, L = {loss.numpy().item():.2f}, dL/dh = {h.grad.numpy()[0]:.2f}")
 for name, p in model.named_parameters():
     print(f"dL/d{name} = {p.grad.numpy()[0]:.2f}")
-print(f"dL/dx = {x.grad.numpy()[0]:.2f}")
+print(f"dL/dx = {x.grad.numpy()[0]:.2f}; the difference h - t kept no gradient: "
+      f"{loss.inputs[0].inputs[0].grad}")
 assert h.numpy()[0] == 4 and loss.numpy().item() == 4 and h.grad.numpy()[0] == 4
 assert [p.grad.numpy()[0] for p in model.parameters()] == [8, 4, 8, 4]
-assert x.grad.numpy()[0] == 8
-
+assert x.grad.numpy()[0] == 8 and loss.inputs[0].inputs[0].grad is None
 
 # %% [markdown]
+# ### The all-ones seed
+#
+# `backward()` on a non-scalar starts from an all-ones adjoint, so it differentiates the **sum**
+# of the entries. An element-wise L2 loss $(h_i - t_i)^2$ without the `.sum()` therefore gives
+# the same gradients as the summed loss: the sum is implied. A different seed $v$ differentiates
+# $\sum_i v_i L_i$: with $v = (1, 0, 0)$ only the first example counts.
+
+# %%
+xs3 = ndl.Tensor([1.0, 2.0, 3.0], dtype="float32")
+ts3 = ndl.Tensor([0.0, 0.0, 0.0], dtype="float32", requires_grad=False)
+
+
+def grads_after(backward_call):
+    """Gradients of (s0, b0, s1, b1) of a fresh model after backward_call(per-example loss)."""
+    m = MultiPathScaleAdd()
+    d = m(xs3) - ts3
+    backward_call(d * d)
+    return [float(p.grad.numpy()[0]) for p in m.parameters()]
+
+
+g_elementwise = grads_after(lambda L: L.backward())
+g_summed = grads_after(lambda L: L.sum().backward())
+g_first = grads_after(lambda L: L.backward(ndl.Tensor([1.0, 0.0, 0.0], dtype="float32")))
+print("element-wise loss, backward():      ", g_elementwise)
+print("loss.sum().backward():              ", g_summed)
+print("backward(out_grad=(1, 0, 0)):       ", g_first)
+# by hand: h_i = 2 x_i, dL_i/ds_j = 2 h_i x_i = 4 x_i^2, dL_i/db_j = 4 x_i
+assert g_elementwise == g_summed == [4 * 14.0, 4 * 6.0] * 2
+assert g_first == [4.0, 4.0] * 2
+
+# %% [markdown]
+# ### One SGD step
+#
 # The optimizer only needs the parameter list. Plain SGD, $\theta \leftarrow \theta -
 # \eta\,\partial L/\partial\theta$ with $\eta = 0.01$, written as the lecture does:
 # $s_j = 1 - 0.01\cdot 8 = 0.92$ and $b_j = 0 - 0.01\cdot 4 = -0.04$. The next forward pass gives
@@ -203,7 +361,7 @@ assert abs(h2.numpy()[0] - 3.60) < 1e-6 and abs(loss2.numpy().item() - 2.56) < 1
 # how the loss is *normalised*, because the gradient scales with the loss:
 #
 # * $L = \tfrac12(h-t)^2$ halves every gradient ($\partial L/\partial s_j = 4$): one step gives
-#   $s_j = 0.96$, $b_j = -0.02$, $h = 3.80$, and $L$ goes from $2$ to $\tfrac12 1.8^2 = 1.62$;
+#   $s_j = 0.96$, $b_j = -0.02$ and $h = 3.80$;
 # * a **batch** of four copies of $x = 2$ with the *summed* loss ($L = 16$) has four times the
 #   gradient ($\partial L/\partial s_j = 32$, so $s_j = 0.68$ after one step), while the batch
 #   **mean** ($L = 4$) gives back the single-example numbers — which is why losses are averaged:
@@ -241,7 +399,145 @@ expected = {"(h-t)^2, one x": (4, 8, 0.92, -0.04, 3.60),
             "mean over batch of 4": (4, 8, 0.92, -0.04, 3.60)}
 for label, values in expected.items():
     assert np.allclose(results[label], values, atol=1e-5), label
-assert abs(0.5 * 1.8 ** 2 - 1.62) < 1e-12
+
+# %% [markdown]
+# ### The training-loop contract: clear, forward, backward, update
+#
+# Every training step does four things in this order:
+#
+# ```python
+# opt.reset_grad()        # clear: every parameter's .grad = None
+# loss = loss_fn(model(X), y)   # forward: builds this step's graph
+# loss.backward()         # backward: stores d loss / d parameter in each .grad
+# opt.step()              # update: reads .grad, writes the parameters
+# ```
+#
+# Why the clearing matters depends on what `backward()` does to an existing `.grad`. needle
+# **overwrites** it (PyTorch adds to it): calling `backward()` twice leaves the gradient of one
+# backward, not twice that.
+
+# %%
+m = MultiPathScaleAdd()
+L2Loss()(m(x), t).backward()
+first = m.path0.s.grad.numpy()[0]
+L2Loss()(m(x), t).backward()
+print(f"dL/ds0 after one backward {first:.1f}, after a second one {m.path0.s.grad.numpy()[0]:.1f}")
+assert first == 8 and m.path0.s.grad.numpy()[0] == 8  # overwritten, not 16
+
+# %% [markdown]
+# Overwriting does not make clearing unnecessary. A parameter that the current step does **not
+# use** gets no new gradient, so it keeps the **stale** one from the last step that used it,
+# and an optimizer that finds a `.grad` applies it again. Below, step 1 uses both branches and
+# step 2 only `path0` (a model that routes examples, or a layer frozen by a flag, does this).
+# Without `reset_grad()`, `path1.s` moves in step 2 although the loss does not depend on it.
+
+# %%
+def two_steps(clear: bool):
+    """Step 1 trains both branches, step 2 only path0; returns path1.s after each step."""
+    m = MultiPathScaleAdd()
+    opt = optim.SGD(m.parameters(), lr=0.01)
+    s1 = []
+    for use_both in (True, False):
+        if clear:
+            opt.reset_grad()
+        h = m(x) if use_both else m.path0(x)
+        L2Loss()(h, t).backward()
+        opt.step()
+        s1.append(m.path1.s.numpy()[0])
+    return s1
+
+
+stale, cleared = two_steps(clear=False), two_steps(clear=True)
+print(f"path1.s after steps 1, 2 without clearing: {stale[0]:.4f}, {stale[1]:.4f}")
+print(f"path1.s after steps 1, 2 with reset_grad():  {cleared[0]:.4f}, {cleared[1]:.4f}")
+assert abs(stale[0] - 0.92) < 1e-6 and abs(stale[1] - 0.84) < 1e-6  # the stale 8 applied twice
+assert cleared[1] == cleared[0]                                      # unused: unchanged
+
+# %% [markdown]
+# ### Clearing is not detaching
+#
+# Two different operations are easy to confuse:
+#
+# * **clearing** (`opt.reset_grad()`, `p.grad = None`) forgets a stored gradient; the graph and
+#   the parameter are untouched;
+# * **detaching** (`v.detach()`, or `v.data`) makes a new leaf with the same values and no
+#   history: gradients stop there. It is how a value crosses from one step to the next without
+#   dragging the old graph along (notebook 08 detaches the RNN state between chunks).
+#
+# With $y = (s\,x)\cdot x$, differentiating through $u = s\,x$ gives $\partial y/\partial s =
+# x^2 = 4$; with $u$ detached, $y$ no longer depends on $s$ at all.
+
+# %%
+s = nn.Parameter([1.0], dtype="float32")
+u = s * x
+(u * x).sum().backward()
+through = s.grad.numpy()[0]
+s.grad = None                                 # clearing: the graph u -> s is still there
+assert u.inputs[0] is s
+u_detached = u.detach()                       # detaching: a new leaf, no inputs
+(u_detached * x).sum().backward()
+print(f"dy/ds through u = {through:.1f}; through u.detach(): s.grad = {s.grad}, "
+      f"u_detached is a leaf: {u_detached.is_leaf()}, requires_grad={u_detached.requires_grad}")
+assert through == 4 and s.grad is None and u_detached.is_leaf() and not u_detached.requires_grad
+
+# %% [markdown]
+# ### Two deliberate exceptions to the contract
+#
+# **Gradient accumulation.** When a batch does not fit in memory, split it into micro-batches,
+# add their gradients, and step once. Because needle overwrites `.grad`, the sum is kept
+# explicitly. With a mean loss, the average of the two half-batch gradients equals the
+# full-batch gradient.
+
+# %%
+xb4 = np.array([0.5, 1.0, 1.5, 2.0], dtype=np.float32)
+tb4 = np.array([1.0, 0.0, 2.0, 3.0], dtype=np.float32)
+
+
+def mean_l2(m, xv, tv):
+    d = m(ndl.Tensor(xv, dtype="float32")) - ndl.Tensor(tv, dtype="float32", requires_grad=False)
+    return (d * d).sum() / len(xv)
+
+
+m_full, m_acc = MultiPathScaleAdd(), MultiPathScaleAdd()
+mean_l2(m_full, xb4, tb4).backward()
+
+total = [np.zeros(1, dtype=np.float32) for _ in m_acc.parameters()]
+for part in (slice(0, 2), slice(2, 4)):          # two micro-batches of 2
+    mean_l2(m_acc, xb4[part], tb4[part]).backward()
+    total = [acc + p.grad.numpy() for acc, p in zip(total, m_acc.parameters())]
+for p, acc in zip(m_acc.parameters(), total):    # hand the optimizer the average
+    p.grad = ndl.Tensor(acc / 2, dtype="float32", requires_grad=False)
+
+full = [p.grad.numpy()[0] for p in m_full.parameters()]
+accumulated = [p.grad.numpy()[0] for p in m_acc.parameters()]
+print("full batch:  ", np.round(full, 5))
+print("accumulated: ", np.round(accumulated, 5))
+assert np.allclose(full, accumulated, atol=1e-5)
+
+# %% [markdown]
+# **Differentiating through an update.** Normally the gradient is a constant to the update
+# (`backward()` stores it detached). Some methods (meta-learning, hyper-parameter gradients)
+# instead ask how the loss *after* a step depends on the weights *before* it. Then the gradient
+# must keep its graph: `backward(create_graph=True)`. For $L(w) = \tfrac12 w^2$ and one step
+# $w_1 = w - \eta\,L'(w) = (1-\eta)w$:
+#
+# $$\frac{d}{dw} L(w_1) = (1-\eta)^2 w \quad\text{(through the update)},\qquad
+#   \frac{\partial}{\partial w} L(w - \eta\,g)\Big|_{g\ \text{constant}} = (1-\eta)w .$$
+#
+# At $w = 2$, $\eta = 0.5$: $0.5$ through the update, $1$ with the gradient held constant.
+
+# %%
+def grad_after_update(create_graph: bool, w0=2.0, eta=0.5):
+    w = ndl.Tensor([w0], dtype="float32")
+    (w * w / 2).sum().backward(create_graph=create_graph)
+    w1 = w - w.grad * eta            # the update, written with graph-tracked ops on purpose
+    (w1 * w1 / 2).sum().backward()
+    return w.grad.numpy()[0]
+
+
+meta, plain = grad_after_update(True), grad_after_update(False)
+print(f"d L(w1) / dw: through the update {meta:.3f}, gradient held constant {plain:.3f}")
+assert abs(meta - (1 - 0.5) ** 2 * 2.0) < 1e-6 and abs(plain - (1 - 0.5) * 2.0) < 1e-6
 
 # %% [markdown]
 # ### A shared parameter is found once
@@ -266,49 +562,75 @@ assert abs(tied.path0.s.numpy()[0] - 0.84) < 1e-6
 
 
 # %% [markdown]
-# A naive walk (the course's first version of `parameters()`) lists `s` twice. An optimizer
-# looping over that list would apply the already-summed gradient **twice**:
-# $s = 1 - 2\cdot 0.16 = 0.68$. needle's optimizers refuse such a list.
+# The lecture's walker has a second blind spot: it lists `s` once per attribute that holds it,
+# here twice. An optimizer looping over that list applies the already-summed gradient
+# **twice**: $s = 1 - 2\cdot 0.16 = 0.68$. needle's optimizers refuse such a list.
 
 # %%
-def naive_parameters(value):
-    """Every Parameter reachable from value, without removing duplicates."""
-    if isinstance(value, nn.Parameter):
-        return [value]
-    if isinstance(value, nn.Module):
-        return naive_parameters(value.__dict__)
-    if isinstance(value, dict):
-        return [p for v in value.values() for p in naive_parameters(v)]
-    if isinstance(value, (list, tuple)):
-        return [p for v in value for p in naive_parameters(v)]
-    return []
-
-
 tied = MultiPathScaleAdd()
 tied.path1.s = tied.path0.s
 L2Loss()(tied(x), t).backward()
-naive = naive_parameters(tied)
-print(f"naive list: {len(naive)} entries, {len({id(p) for p in naive})} distinct tensors")
-for w in naive:  # a plain SGD loop over the naive list
+walked = lecture_parameters(tied)
+print(f"lecture walker: {len(walked)} entries, {len({id(p) for p in walked})} distinct tensors")
+for w in walked:  # a plain SGD loop over that list
     w.data = w.data - 0.01 * w.grad.data
 print(f"s after 'one' step = {tied.path0.s.numpy()[0]:.4f}")
-assert len(naive) == 4 and abs(tied.path0.s.numpy()[0] - 0.68) < 1e-6
+assert len(walked) == 4 and abs(tied.path0.s.numpy()[0] - 0.68) < 1e-6
 
 try:
-    optim.SGD(naive, lr=0.01)
+    optim.SGD(walked, lr=0.01)
     raise AssertionError("a duplicated parameter list was accepted")
 except ValueError as err:
     print("ValueError:", err)
+
+# %% [markdown]
+# ### Backprop follows the ops, not the modules
+#
+# Modules are a way to *organise* parameters; the graph that `backward()` walks contains only
+# tensors and ops. The same function written as one flat module with four parameters builds the
+# same sequence of ops and gets the same gradients as the nested two-branch model.
+
+# %%
+class FlatScaleAdd(nn.Module):
+    """h(x) = (x * s0 + b0) + (x * s1 + b1) with all four parameters in one module."""
+
+    def __init__(self):
+        super().__init__()
+        self.s0 = nn.Parameter([1.0], dtype="float32")
+        self.b0 = nn.Parameter([0.0], dtype="float32")
+        self.s1 = nn.Parameter([1.0], dtype="float32")
+        self.b1 = nn.Parameter([0.0], dtype="float32")
+
+    def forward(self, x):
+        s0, b0, s1, b1 = (p.broadcast_to(x.shape) for p in (self.s0, self.b0, self.s1, self.b1))
+        return (x * s0 + b0) + (x * s1 + b1)
+
+
+def op_sequence(loss):
+    return [type(n.op).__name__ if n.op is not None else "leaf"
+            for n in ndl.autograd.find_topo_sort([loss])]
+
+
+nested, flat = MultiPathScaleAdd(), FlatScaleAdd()
+L_nested, L_flat = L2Loss()(nested(x), t), L2Loss()(flat(x), t)
+L_nested.backward()
+L_flat.backward()
+print(" -> ".join(op_sequence(L_nested)))
+assert op_sequence(L_nested) == op_sequence(L_flat)
+assert [p.grad.numpy()[0] for p in nested.parameters()] == \
+       [p.grad.numpy()[0] for p in flat.parameters()]
 
 # %% [markdown]
 # ## 3. The update boundary
 #
 # The update $\theta \leftarrow \theta - \eta\nabla_\theta L$ is *not* part of the model.
 # Written with ordinary tensor ops, `w = w - lr * w.grad` makes the new `w` an op output whose
-# inputs are the old `w` and its gradient — which carries the backward graph — so every step
-# hangs its whole history off the next one. Count the nodes reachable from `w` and the live
-# tensors (`autograd.TENSOR_COUNTER`, incremented when a Value is created and decremented when
-# it is freed):
+# input is the old `w`, itself the output of the previous update: every step hangs the whole
+# chain of earlier updates off the next one. (After the first such update `w` is not even a leaf
+# any more, so `backward()` keeps its gradient only when asked with `retain_grad()`: a first hint
+# that this is not how updates are meant to be written.) Count the nodes reachable from `w` and
+# the live tensors (`autograd.TENSOR_COUNTER`, incremented when a Value is created and
+# decremented when it is freed):
 
 # %%
 def live_tensors():
@@ -322,16 +644,19 @@ def graph_size(v):
 
 w = ndl.Tensor([1.0, -2.0, 3.0], dtype="float32")
 start = live_tensors()
-tracked_sizes = []
+tracked_sizes, tracked_live = [], []
 for step in range(1, 6):
+    w.retain_grad()
     loss = (w * w).sum()
     loss.backward()
     w = w - w.grad * 0.1  # graph-tracked update
     tracked_sizes.append(graph_size(w))
-    print(f"step {step}: graph behind w has {graph_size(w):3d} nodes, "
-          f"{live_tensors() - start:3d} more live tensors than at the start")
+    tracked_live.append(live_tensors() - start)
+    print(f"step {step}: graph behind w has {tracked_sizes[-1]:3d} nodes, "
+          f"{tracked_live[-1]:3d} more live tensors than at the start")
 w_tracked = w.numpy()
 assert all(b > a for a, b in zip(tracked_sizes, tracked_sizes[1:]))
+assert all(b > a for a, b in zip(tracked_live, tracked_live[1:]))
 
 # %% [markdown]
 # Updating through `.data` swaps the array inside the same leaf tensor, recording nothing:
@@ -353,6 +678,31 @@ assert graph_size(w) == 1 and w.is_leaf() and len(set(counts)) == 1
 assert np.allclose(w.numpy(), w_tracked)
 print("values:", np.array2string(w.numpy(), precision=5))
 assert np.allclose(w.numpy(), np.array([1.0, -2.0, 3.0]) * 0.8 ** 5)
+
+# %% [markdown]
+# ### `.data` shares the array: take a copy for a snapshot
+#
+# `w.data` is a new tensor *without history* but with the **same array** as `w`. needle's
+# optimizers update each parameter's array in place, so a `w.data` taken before a step shows the
+# new values after it: it is an alias, not a snapshot. To remember the old weights (to measure
+# how far a step moved, or to roll it back), copy them: `ndl.Tensor(w.numpy())` (or keep
+# `w.numpy()`).
+
+# %%
+p = nn.Parameter(np.array([1.0, -2.0, 3.0], dtype=np.float32), device=device)
+alias = p.data                             # shares p's array
+snapshot = ndl.Tensor(p.numpy(), device=device, requires_grad=False)   # a copy
+opt = optim.SGD([p], lr=0.1)
+opt.reset_grad()
+(p * p).sum().backward()                   # gradient 2p
+opt.step()                                 # p <- p - 0.1 * 2p = 0.8 p
+print("p after the step:", p.numpy())
+print("alias:           ", alias.numpy())
+print("snapshot:        ", snapshot.numpy())
+assert np.allclose(p.numpy(), 0.8 * np.array([1.0, -2.0, 3.0]))
+assert np.array_equal(alias.numpy(), p.numpy())           # the alias moved with p
+assert np.array_equal(snapshot.numpy(), [1.0, -2.0, 3.0])  # the copy did not
+assert alias.is_leaf() and not alias.requires_grad
 
 
 # %% [markdown]
@@ -403,24 +753,27 @@ with np.errstate(over="ignore", invalid="ignore"):
 print("exp(z)        =", e)
 print("naive softmax =", naive)
 assert np.isinf(e).all() and np.isnan(naive).all()
-assert np.log(np.finfo(np.float32).max) < 100
 
 # %% [markdown]
 # Softmax does not change when a constant is subtracted from every logit, since the factor
 # $e^{-c}$ cancels. With $c = \max_j z_j$ the largest exponent is $e^0 = 1$ and nothing
-# overflows: $[e^{-1}, e^{-1}, 1]/(1 + 2e^{-1}) = [0.21194, 0.21194, 0.57612]$. needle's
+# overflows: the exponentials are $[e^{-1}, e^{-1}, e^0] = [0.36788, 0.36788, 1]$, and the
+# softmax is $[0.36788, 0.36788, 1]/(1 + 2e^{-1}) = [0.21194, 0.21194, 0.57612]$. needle's
 # `logsoftmax` (and `logsumexp`) do this shift internally.
 
 # %%
 shifted = np.exp(z - z.max())
 stable = shifted / shifted.sum()
+print("exp(z - max z) =", np.array2string(shifted, precision=5))
 print("stable softmax =", np.array2string(stable, precision=5))
+assert np.allclose(shifted, [0.36788, 0.36788, 1.0], atol=5e-6)
 assert np.allclose(stable, [0.21194, 0.21194, 0.57612], atol=5e-6)
 
 Z = ndl.Tensor(z.reshape(1, 3), device=device)
 from_needle = ndl.exp(ndl.logsoftmax(Z)).numpy()[0]
 print("exp(ndl.logsoftmax(z)) =", np.array2string(from_needle, precision=5))
 assert np.allclose(from_needle, stable, atol=1e-6)
+assert abs(ndl.logsumexp(Z, axes=(1,)).numpy()[0] - (101 + np.log1p(2 * np.exp(-1)))) < 1e-4
 
 # %% [markdown]
 # With a **batch**, the shift must be the maximum of each **row**. One global maximum is not
@@ -459,6 +812,38 @@ assert abs(log_sm[0]) < 1e-6 and abs(log_sm[1] + 1000) < 1e-3
 assert naive_log[1] == -np.inf
 
 # %% [markdown]
+# ### Non-finite logits
+#
+# The shift handles large finite logits; what about logits that are not finite? needle follows
+# numpy and PyTorch:
+#
+# * a row with a **NaN** is NaN throughout (softmax and log-softmax): one unknown logit makes
+#   every probability unknown;
+# * a **−∞** logit is a class with probability exactly 0 (log-probability −∞), and the other
+#   classes share the mass as if it were absent: $[-\infty, 0, 1]$ gives
+#   $[0, 0.26894, 0.73106]$;
+# * a row that is **all −∞** has `logsumexp` $= -\infty$ (the log of an empty sum), and its
+#   softmax is $0/0$ = NaN: no class has any mass to share.
+
+# %%
+rows = np.array([[0.0, 1.0, np.nan], [-np.inf, 0.0, 1.0], [-np.inf, -np.inf, -np.inf]],
+                dtype=np.float32)
+Zr = ndl.Tensor(rows, device=device)
+with np.errstate(invalid="ignore"):
+    lsm = ndl.logsoftmax(Zr).numpy()
+    smx = np.exp(lsm)
+lse = ndl.logsumexp(Zr, axes=(1,)).numpy()
+for name, row_l, row_p, v in zip(["NaN row", "one -inf", "all -inf"], lsm, smx, lse):
+    print(f"{name:9s} logsumexp {v:8.4f}  logsoftmax {np.array2string(row_l, precision=5)}"
+          f"  softmax {np.array2string(row_p, precision=5)}")
+assert np.isnan(lsm[0]).all() and np.isnan(smx[0]).all() and np.isnan(lse[0])
+assert lsm[1, 0] == -np.inf and smx[1, 0] == 0
+assert np.allclose(smx[1, 1:], np.exp([0.0, 1.0]) / np.exp([0.0, 1.0]).sum(), atol=1e-6)
+assert lse[2] == -np.inf and np.isnan(smx[2]).all()
+
+# %% [markdown]
+# ### Cross-entropy and its gradient
+#
 # Cross-entropy $\ell(z, y) = \mathrm{logsumexp}(z) - z_y$ is built from the stable pieces, and
 # its gradient is the famous $\partial\ell/\partial z = \mathrm{softmax}(z) - e_y$ (one-hot
 # $e_y$). `nn.SoftmaxLoss` averages over the batch, so for one example its gradient is exactly
@@ -492,28 +877,32 @@ assert np.abs(zt.grad.numpy() - fd).max() < 1e-5
 
 # %% [markdown]
 # The figure shows both computations on $z = [100, 100, 101]$: the exponentials (left, log
-# scale; the naive ones lie above the float32 limit and become `inf`) and the resulting
-# probabilities (right; every naive one is NaN).
+# scale; the naive ones lie above the float32 limit and become `inf`, the shifted ones are
+# $e^{-1}$ and $1$) and the resulting probabilities (right; every naive one is NaN).
 
 # %%
-fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9, 3.4))
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.5, 3.6))
 idx = np.arange(3)
 ax0.bar(idx - 0.2, np.exp(z.astype(np.float64)), 0.4, label="naive $e^{z_i}$ (exact value)",
         color="tab:red")
 ax0.bar(idx + 0.2, shifted, 0.4, label=r"stable $e^{z_i - \max z}$", color="tab:blue")
+for i, v in enumerate(shifted):
+    ax0.text(i + 0.2, v * 3, f"{v:.3f}", ha="center", fontsize=8)
 ax0.axhline(np.finfo(np.float32).max, color="k", ls="--", lw=1, label="float32 max")
 ax0.set_yscale("log")
-ax0.set_ylim(1e-2, 1e70)
+ax0.set_ylim(1e-6, 1e60)
+ax0.set_xlim(-0.6, 2.6)
 ax0.set_xticks(idx, [f"$z_{i}={v:.0f}$" for i, v in enumerate(z)])
-ax0.set_ylabel("value")
+ax0.set_ylabel("value (log scale)")
 ax0.set_title("naive exponentials overflow float32")
-ax0.legend(fontsize=8, loc="upper left")
+ax0.legend(fontsize=8, loc="upper left", ncol=2)
 ax1.bar(idx + 0.2, stable, 0.4, color="tab:blue", label="stable (shift by max)")
 for i, v in enumerate(stable):
     ax1.text(i + 0.2, v + 0.01, f"{v:.5f}", ha="center", fontsize=8)
-    ax1.text(i - 0.2, 0.02, "NaN", ha="center", color="tab:red", fontsize=10)
+    ax1.text(i - 0.2, 0.04, "NaN", ha="center", color="tab:red", fontsize=10)
 ax1.plot([], [], ls="none", marker="$N$", color="tab:red", label="naive: inf/inf = NaN")
-ax1.set_ylim(0, 0.7)
+ax1.set_xlim(-0.6, 2.6)
+ax1.set_ylim(0, 0.75)
 ax1.set_xticks(idx, [f"$z_{i}$" for i in range(3)])
 ax1.set_ylabel("probability")
 ax1.set_title("softmax([100, 100, 101])")
@@ -528,23 +917,26 @@ plt.show()
 # A linear unit $Y = \sum_{i=1}^{n_{in}} W_i X_i$ with independent zero-mean weights of variance
 # $\sigma_w^2$, independent of inputs with second moment $q = \mathbb{E}[X^2]$, has
 #
-# $$\mathrm{Var}(Y) = n_{in}\, q\, \sigma_w^2 .$$
+# $$\mathbb{E}[Y^2] = \mathrm{Var}(Y) = n_{in}\, q\, \sigma_w^2 .$$
 #
 # A ReLU after it keeps the positive half of a distribution symmetric about zero, so
-# $\mathbb{E}[\mathrm{ReLU}(A)^2] = \tfrac12\mathbb{E}[A^2]$. Layer to layer the second moment
-# of the activations is multiplied by $\tfrac12 n_{in}\sigma_w^2$, which is $1$ exactly when
+# $\mathbb{E}[\mathrm{ReLU}(A)^2] = \tfrac12\mathbb{E}[A^2]$. Layer to layer the **second
+# moment** of the activations is multiplied by $\tfrac12 n_{in}\sigma_w^2$, which is $1$ exactly
+# when
 #
 # $$\sigma_w^2 = \frac{2}{n_{in}}\qquad\text{(Kaiming / He).}$$
 #
-# First the two facts, by sampling:
+# (The second moment, not the variance, is what the argument tracks: after a ReLU the
+# activations are not zero-mean, and their variance is only a fixed fraction of the second
+# moment.) First the two facts, by sampling:
 
 # %%
 n_in, q, sigma2 = 64, 3.0, 0.05
 X = np.random.randn(20000, n_in) * np.sqrt(q)
 W = np.random.randn(n_in, 400) * np.sqrt(sigma2)
 Y = X @ W
-print(f"Var(Y) = {Y.var():.2f}   n_in*q*sigma_w^2 = {n_in * q * sigma2:.2f}")
-assert abs(Y.var() / (n_in * q * sigma2) - 1) < 0.03
+print(f"E[Y^2] = {np.mean(Y ** 2):.2f}   n_in*q*sigma_w^2 = {n_in * q * sigma2:.2f}")
+assert abs(np.mean(Y ** 2) / (n_in * q * sigma2) - 1) < 0.03
 
 A = np.random.randn(1_000_000) * 1.7
 ratio = np.mean(np.maximum(A, 0) ** 2) / np.mean(A ** 2)
@@ -555,23 +947,23 @@ assert abs(ratio - 0.5) < 0.005
 # Now push one batch through a 50-layer ReLU MLP of width 100, drawing every weight with
 # `needle.init` and running the layers with needle ops, for $\sigma_w^2 = 1/n_{in}$,
 # $2/n_{in}$ (`init.kaiming_normal`) and $3/n_{in}$. The theory multiplies the second moment
-# $\mathbb{E}[X^2]$ by $\tfrac12 n_{in}\sigma_w^2 = \tfrac12,\ 1,\ \tfrac32$ per layer: after 50
-# layers by $(1/2)^{50} \approx 9\cdot10^{-16}$, $1$ and $(3/2)^{50} \approx 6\cdot10^{8}$. A
-# finite width adds random fluctuations, so the measured factors wander from these by up to
-# about ten — nothing next to the fifteen and eight orders of magnitude the wrong scales lose
-# or gain (a deeper net, or a larger factor, reaches float32's limits).
+# $\mathbb{E}[X^2]$ by $\tfrac12 n_{in}\sigma_w^2 = \tfrac12,\ 1,\ \tfrac32$ per layer: after
+# $l$ layers by $(1/2)^l$, $1$ and $(3/2)^l$ — after 50 layers $(1/2)^{50} \approx
+# 9\cdot10^{-16}$ and $(3/2)^{50} \approx 6\cdot10^{8}$. A finite width adds random
+# fluctuations, so the measured factors wander from these by up to about ten — nothing next to
+# the fifteen and eight orders of magnitude the wrong scales lose or gain (a deeper net, or a
+# larger factor, reaches float32's limits).
 
 # %%
-def activation_stats(weight_fn, depth=50, width=100, batch=256):
-    """Variance and mean square of the activations after each layer of a deep ReLU MLP."""
+def second_moments(weight_fn, depth=50, width=100, batch=256):
+    """E[h^2] of the input and of the activations after each layer of a deep ReLU MLP."""
     h = ndl.Tensor(np.random.randn(batch, width).astype(np.float32), device=device,
                    requires_grad=False)
-    var, msq = [h.numpy().var()], [np.mean(h.numpy() ** 2)]
+    msq = [np.mean(h.numpy().astype(np.float64) ** 2)]
     for _ in range(depth):
         h = ndl.relu(h @ weight_fn(width))
-        var.append(h.numpy().var())
-        msq.append(np.mean(h.numpy() ** 2))
-    return np.array(var), np.array(msq)
+        msq.append(np.mean(h.numpy().astype(np.float64) ** 2))
+    return np.array(msq)
 
 
 np.random.seed(0)
@@ -582,26 +974,28 @@ schemes = {  # sigma_w^2: (weight initialiser, predicted factor per layer)
 }
 curves = {}
 for label, (fn, factor) in schemes.items():
-    var, msq = activation_stats(fn)
-    curves[label] = var
+    msq = second_moments(fn)
+    curves[label] = (msq, factor)
     predicted = factor ** 50
     measured = msq[-1] / msq[0]
     print(f"sigma_w^2 = {label:16s} E[X^2] factor over 50 layers: predicted {predicted:.2g}, "
-          f"measured {measured:.2g}; variance at layer 50 = {var[-1]:.3g}")
+          f"measured {measured:.2g}")
     assert abs(np.log10(measured / predicted)) < 1.0  # within a factor of ten
-small, kaiming, large = curves.values()
-assert small[-1] < 1e-12 and large[-1] > 1e6 and 0.1 < kaiming[-1] / kaiming[1] < 10
-assert abs(0.5 ** 50 / 9e-16 - 1) < 0.05 and abs(1.5 ** 50 / 6e8 - 1) < 0.1
+small, kaiming, large = (m for m, _ in curves.values())
+assert small[-1] < 1e-12 and large[-1] > 1e6 and 0.1 < kaiming[-1] / kaiming[0] < 10
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
-for (label, v), color in zip(curves.items(), ["tab:blue", "tab:green", "tab:red"]):
+layers = np.arange(51)
+for (label, (msq, factor)), color in zip(curves.items(), ["tab:blue", "tab:green", "tab:red"]):
     math_label = r"$\sigma_w^2$ = " + label.replace("n_in", "$n_{in}$")
-    ax.semilogy(np.arange(len(v)), v, label=math_label, color=color)
-ax.set_xlabel("layer")
-ax.set_ylabel("activation variance")
+    ax.semilogy(layers, msq, label=math_label, color=color)
+    ax.semilogy(layers, msq[0] * factor ** layers, ls="--", lw=1, color=color)
+ax.plot([], [], "k--", lw=1, label=r"predicted $E[X^2]\,(\frac{1}{2}n_{in}\sigma_w^2)^l$")
+ax.set_xlabel("layer $l$")
+ax.set_ylabel("second moment $E[h^2]$ (log scale)")
 ax.set_title("Only $\\sigma_w^2 = 2/n_{in}$ keeps a 50-layer ReLU net's activations at scale")
-ax.legend(fontsize=9)
+ax.legend(fontsize=8)
 fig.tight_layout()
 save_figure(fig, "kaiming_depth")
 plt.show()
@@ -610,18 +1004,26 @@ plt.show()
 # ## 6. Ops with several outputs: `TensorTuple`
 #
 # Some ops return several tensors (`split`, an LSTM cell's `(h, c)`). needle gives them a
-# `TensorTupleOp` whose output is one `TensorTuple` node; `tuple_get_item` (what `out[i]` calls)
-# picks a component. The example op is
+# `TensorTupleOp` whose output is **one** `TensorTuple` node; `tuple_get_item` (what `out[i]`
+# calls) picks a component. The lecture's example is the "fused" op
 #
 # $$F(x) = (u, v) = (x + 1,\; x + 2).$$
 #
+# "Fused" here names the **operator abstraction**: one graph node computes several results, so
+# the graph has a single op where two `AddScalar`s would otherwise be. It is not a fused
+# *kernel* — `compute` still runs two separate additions. (needle also has fused kernels in
+# that second sense: `nn.SoftmaxLoss` computes softmax and cross-entropy in one pass over the
+# logits, with the same values as the composition of its parts.)
+#
 # For $L = 3u + 4v$ at $x = 1$: $u = 2$, $v = 3$, $L = 6 + 12 = 18$. The adjoint of the tuple
 # node is the pair $(\bar u, \bar v) = (3, 4)$, and the op's gradient sums it:
-# $\partial L/\partial x = 3 + 4 = 7$.
+# $\partial L/\partial x = 3 + 4 = 7$. The tuple node is interior, so we ask it to keep its
+# adjoint with `retain_grad()`.
 
 # %%
 x = ndl.Tensor([1.0], dtype="float32")
 out = ndl.fused_add_scalars(x, 1.0, 2.0)
+out.retain_grad()
 u, v = out[0], out[1]
 L = (u * 3 + v * 4).sum()
 L.backward()
@@ -629,9 +1031,13 @@ print(type(out).__name__, f"u = {u.numpy()[0]:.1f}, v = {v.numpy()[0]:.1f}")
 adjoint = (out.grad[0].numpy()[0], out.grad[1].numpy()[0])
 print(f"L = {L.numpy().item():.1f}, adjoint of (u, v) = ({adjoint[0]:.1f}, {adjoint[1]:.1f}), "
       f"dL/dx = {x.grad.numpy()[0]:.1f}")
+print("graph:", " -> ".join(type(n.op).__name__ if n.op else "leaf"
+                            for n in ndl.autograd.find_topo_sort([L])))
 assert isinstance(out, ndl.TensorTuple) and len(out) == 2
 assert L.numpy().item() == 18 and x.grad.numpy()[0] == 7
 assert adjoint == (3, 4)
+ops = [type(n.op).__name__ for n in ndl.autograd.find_topo_sort([L]) if n.op is not None]
+assert ops.count("FusedAddScalars") == 1 and "AddScalar" not in ops  # one node, two outputs
 
 # %% [markdown]
 # Using only the first output, $L = 3u$: `tuple_get_item`'s gradient routes $(\bar u, 0)$ — the
@@ -640,18 +1046,47 @@ assert adjoint == (3, 4)
 # %%
 x = ndl.Tensor([1.0], dtype="float32")
 out = ndl.fused_add_scalars(x, 1.0, 2.0)
+out.retain_grad()
 (out[0] * 3).sum().backward()
 routed = (out.grad[0].numpy()[0], out.grad[1].numpy()[0])
 print(f"adjoint of (u, v) = ({routed[0]:.1f}, {routed[1]:.1f}), dL/dx = {x.grad.numpy()[0]:.1f}")
 assert routed == (3, 0) and x.grad.numpy()[0] == 3
 
 # %% [markdown]
+# Why a `TensorTuple` and not a plain Python tuple of tensors? The routing above needs a
+# **node**: something with an `op`, `inputs` and an adjoint of its own (the pair), from which
+# `tuple_get_item` selects and into which its gradient writes. A Python tuple has none of these
+# — autograd could not record it, give it an adjoint, or pass that adjoint to the op's
+# `gradient` — so needle refuses one where a tuple node is expected.
+
+# %%
+out = ndl.fused_add_scalars(ndl.Tensor([1.0], dtype="float32"), 1.0, 2.0)
+plain = (out[0], out[1])
+print(f"TensorTuple: a Value {isinstance(out, ndl.autograd.Value)}, op "
+      f"{type(out.op).__name__}, {len(out.inputs)} input")
+try:
+    ndl.tuple_get_item(plain, 0)
+    raise AssertionError("a plain tuple was accepted as a tuple node")
+except TypeError as err:
+    print("TypeError:", err)
+assert isinstance(out.op, ndl.ops.FusedAddScalars) and len(out.inputs) == 1
+assert not isinstance(plain, ndl.autograd.Value)
+
+# %% [markdown]
 # ## Summary
 #
 # * `Module.parameters()` finds every `Parameter` through attributes, sub-modules, lists, tuples
-#   and dicts, once each; sets are refused. Optimizers refuse duplicated lists.
-# * The optimizer updates through `.data`: outside the graph, so memory stays flat.
-# * Softmax, log-softmax and cross-entropy subtract the row maximum; the cross-entropy gradient
-#   is softmax minus one-hot.
-# * $\sigma_w^2 = 2/n_{in}$ keeps ReLU activations at a constant scale with depth.
-# * Multi-output ops return a `TensorTuple`; unused outputs receive zero adjoints.
+#   and dicts, once each; sets are refused and optimizers refuse duplicated lists. The lecture's
+#   short walker misses list-held parameters silently and repeats shared ones.
+# * `nn.Linear` stores $W$ as (fan_in, fan_out) and computes $XW + b$; the lecture's $XW^\top$
+#   is the same map with PyTorch's layout.
+# * `backward()` seeds with ones (it differentiates the sum), keeps gradients on leaves (and on
+#   nodes that `retain_grad()`), overwrites `.grad`, and stores it detached unless
+#   `create_graph=True`. The loop is clear, forward, backward, update; skipping the clear lets a
+#   stale gradient move an unused parameter.
+# * The optimizer updates through `.data`, outside the graph, so memory stays flat; `.data`
+#   aliases the parameter's array, so a snapshot needs a copy.
+# * Softmax, log-softmax and cross-entropy subtract the row maximum; NaN rows stay NaN, −∞
+#   logits get probability 0; the cross-entropy gradient is softmax minus one-hot.
+# * $\sigma_w^2 = 2/n_{in}$ keeps the second moment of ReLU activations constant with depth.
+# * Multi-output ops return a `TensorTuple` node; unused outputs receive zero adjoints.

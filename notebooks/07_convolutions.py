@@ -13,19 +13,34 @@
 # %% [markdown]
 # # 07 · Convolutions
 #
-# Lecture "Convolutional Networks" and "Implementing Convolutions" (hw4), with the real
-# `needle` package. We will
+# **Lecture:** 10, "Convolutional Networks", and 14, "Implementing Convolutions"
+#
+# **Homework:** hw4 Q3 (`pad`, `flip`, `dilate`/`undilate`, `conv` forward and backward,
+# `nn.Conv`), Q2 (the CIFAR-10 dataset) and the ResNet-9 training of Q3
+#
+# **Prerequisites:** notebook 05 (strides, views, `compact`); notebook 02 (vector-Jacobian
+# products)
+#
+# **You will be able to:** compute a convolution as matrix products and as one im2col product;
+# predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
+# derive a convolution's input gradient (flip, dilate, crop) and check it numerically; train
+# ResNet-9 and look at its first layer's feature maps
+#
+# **Run time:** about 50 s on a 2-core x86-64 machine
+#
+# With the real `needle` package, we will
 #
 # 1. write a convolution as a loop, then as **matrix multiplications**;
 # 2. get the output size for any stride, padding and dilation, and check it against `ndl.conv`;
 # 3. build the **im2col** matrix as a strided *view* (no copy) and count what compacting it costs;
-# 4. derive the gradient of a convolution: another convolution, with a **flipped** kernel and a
-#    **dilated** output gradient — checked against finite differences;
+# 4. derive the gradient of a convolution: another convolution, with a **flipped** kernel, a
+#    **dilated** output gradient and a final crop — checked against finite differences;
 # 5. train **ResNet-9** on an offline image set and look at what its first layer learned.
 
 # %%
 import numpy as np
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 import needle as ndl
 import needle.nn as nn
@@ -120,9 +135,12 @@ for H, K, S, P, D in [(32, 3, 1, 1, 1), (32, 3, 2, 1, 1), (32, 7, 4, 3, 1), (8, 
 # strides 4, 2, 2, 2 take a $32\times32$ image down to $8, 4, 2, 1$ pixels.
 
 # %%
-sizes = [32]
-for K, S in [(7, 4), (3, 2), (3, 2), (3, 2)]:
-    sizes.append(out_size(sizes[-1], K, S, P=K // 2))
+sizes, h = [32], ndl.Tensor(np.zeros((1, 32, 32, 1), dtype=np.float32), device=device)
+for K, S in [(7, 4), (3, 2), (3, 2), (3, 2)]:  # ResNet-9's strided layers, "same" padding
+    h = ndl.conv(h, ndl.Tensor(np.zeros((K, K, 1, 1), dtype=np.float32), device=device),
+                 stride=S, padding=K // 2)
+    sizes.append(h.shape[1])
+    assert h.shape[1] == out_size(sizes[-2], K, S, P=K // 2) == -(-sizes[-2] // S)  # ceil(H/S)
 print(sizes)
 assert sizes == [32, 8, 4, 2, 1]
 
@@ -186,11 +204,36 @@ x_floats = 32 * 32 * 32 * 64                           # the layer's input, N*H*
 _, col_floats = im2col_cost(32, 32, 64, 3, 1, 1)       # padding 1: 32x32 outputs
 print(f"3x3 conv, 32x32x64, batch 32: input {x_floats * MiB:.1f} MiB, "
       f"im2col {col_floats * MiB:.1f} MiB")
-assert (x_floats * MiB, col_floats * MiB) == (8.0, 72.0)
 first = im2col_cost(32, 32, 3, 7, 4, 3)
 print(f"ResNet-9 layer 1: padded input {first[0]} floats, im2col {first[1]} floats "
       f"({first[1] / first[0]:.2f}x)")
-assert first == (138624, 301056) and round(first[1] / first[0], 2) == 2.17
+
+# %% [markdown]
+# The count is checked against needle itself: build the strided patch view of a padded batch for
+# ResNet-9's first layer (stride 4 enters the strides of the output axes), compact it, and
+# count the floats the real matrix holds — and check that its product with the kernel is
+# `ndl.conv`.
+
+# %%
+def im2col(x: np.ndarray, K: int, S: int, P: int):
+    """NHWC x -> compact (N*Ho*Wo, K*K*C) patch matrix of a square KxK, stride-S, padding-P conv."""
+    xp = nd.array(np.pad(x, ((0, 0), (P, P), (P, P), (0, 0))), device=device)
+    N, Hp, Wp, C = xp.shape
+    Ho = (Hp - K) // S + 1
+    view = xp.as_strided((N, Ho, Ho, K, K, C),
+                         (Hp * Wp * C, S * Wp * C, S * C, Wp * C, C, 1))
+    return xp, view.compact().reshape((N * Ho * Ho, K * K * C))
+
+
+x_first = np.random.rand(32, 32, 32, 3).astype(np.float32)
+xp_first, cols_first = im2col(x_first, 7, 4, 3)
+print(f"needle: padded input {xp_first.size} floats, compacted im2col {cols_first.size} floats")
+assert (xp_first.size, cols_first.size) == first
+W_first = np.random.randn(7, 7, 3, 16).astype(np.float32)
+z_cols = (cols_first @ nd.array(W_first.reshape(-1, 16), device=device)).numpy()
+z_conv = ndl.conv(ndl.Tensor(x_first, device=device), ndl.Tensor(W_first, device=device),
+                  stride=4, padding=3).numpy()
+assert np.allclose(z_cols.reshape(z_conv.shape), z_conv, atol=1e-3)
 
 # %% [markdown]
 # ## 4. The gradient of a convolution is a convolution
@@ -205,17 +248,29 @@ assert first == (138624, 301056) and round(first[1] / first[0], 2) == 2.17
 # $\;\bar x = \mathrm{conv}(\bar z,\; \mathrm{flip}(W)^{T_{c}},\; P' = K-1-P)$.
 #
 # With stride $S$ the outputs skip pixels: first put $\bar z$ back on the stride-1 grid by
-# inserting $S-1$ zeros between its entries — `dilate` — then use the same formula. We check
-# this hand-built gradient against central finite differences.
+# inserting $S-1$ zeros after each of its entries — `dilate`, which gives $H_{out}S$ rows —
+# then apply the stride-1 formula. That formula returns
+#
+# $$H_{out}S + K - 1 - 2P \;=\; H + (S - 1 - r)\ \text{rows},\qquad
+#   r = (H + 2P - K) \bmod S,$$
+#
+# so it has exactly $H$ rows only when $r = S - 1$. Otherwise the last $S - 1 - r$ rows lie
+# beyond the input (in the padding the strided windows never reach) and the real gradient
+# **crops** them: $\bar x$ is the first $H$ rows and columns. For $H = 6, K = 3, P = 1, S = 2$,
+# $r = 1 = S - 1$ and the uncropped formula happens to fit; for $H = 7$, $r = 0$ and it gives an
+# $8\times8$ "gradient" for a $7\times7$ input. We check the cropped version against central
+# finite differences on both shapes.
 
 # %%
-def conv_grad_x(zbar, W, S, P):
-    """Input gradient of conv(x, W, stride=S, padding=P), built from flip and dilate."""
+def conv_grad_x(zbar, W, S, P, H):
+    """Input gradient (N, H, H, C_in) of conv(x, W, stride=S, padding=P): flip, dilate, crop."""
     K = W.shape[0]
     if S > 1:
         zbar = ndl.dilate(zbar, (1, 2), S - 1)
     W_flip = ndl.transpose(ndl.flip(W, (0, 1)), (2, 3))
-    return ndl.conv(zbar, W_flip, stride=1, padding=K - 1 - P)
+    full = ndl.conv(zbar, W_flip, stride=1, padding=K - 1 - P).numpy()
+    assert full.shape[1] == H + (S - 1 - (H + 2 * P - K) % S)
+    return full[:, :H, :H]
 
 
 def loss_np(xv, Wv, R, S, P):
@@ -224,13 +279,14 @@ def loss_np(xv, Wv, R, S, P):
     return float(np.sum(out * R))
 
 
-for S in (1, 2):
-    xg = np.random.randn(1, 6, 6, 2).astype(np.float32)
+for H, S in ((6, 1), (7, 1), (6, 2), (7, 2)):
+    xg = np.random.randn(1, H, H, 2).astype(np.float32)
     Wg = np.random.randn(3, 3, 2, 3).astype(np.float32)
-    Ho = out_size(6, 3, S, P=1)
+    Ho = out_size(H, 3, S, P=1)
     R = np.random.randn(1, Ho, Ho, 3)
     gx = conv_grad_x(ndl.Tensor(R.astype(np.float32), device=device),
-                     ndl.Tensor(Wg, device=device), S, 1).numpy()
+                     ndl.Tensor(Wg, device=device), S, 1, H)
+    uncropped = H + (S - 1 - (H + 2 - 3) % S)
     eps, fd = 0.1, np.zeros_like(xg, dtype=np.float64)
     for idx in np.ndindex(*xg.shape):  # the loss is linear in x: differences are exact
         xp, xm = xg.astype(np.float64), xg.astype(np.float64)
@@ -239,13 +295,15 @@ for S in (1, 2):
         fd[idx] = (loss_np(xp.astype(np.float32), Wg, R, S, 1)
                    - loss_np(xm.astype(np.float32), Wg, R, S, 1)) / (2 * eps)
     err = np.abs(gx - fd).max() / np.abs(fd).max()
-    print(f"stride {S}: grad shape {gx.shape}, agrees with finite differences to 1e-3: "
-          f"{err < 1e-3}")
+    print(f"H = {H}, stride {S}: uncropped formula {uncropped}x{uncropped}, cropped grad "
+          f"{gx.shape[1]}x{gx.shape[2]}, agrees with finite differences to 1e-3: {err < 1e-3}")
     assert gx.shape == xg.shape and err < 1e-3
+    assert (uncropped == H) == (S == 1 or (H + 2 - 3) % S == S - 1)
 
 # %% [markdown]
 # needle's `Conv.gradient` is built exactly this way (plus the weight gradient, a convolution of
-# the input with $\bar z$ with batch and channel axes exchanged), so autograd agrees:
+# the input with $\bar z$ with batch and channel axes exchanged), so autograd agrees — here on
+# the last case, $H = 7$ at stride 2, where the crop matters:
 
 # %%
 xt = ndl.Tensor(xg, device=device, requires_grad=True)
@@ -253,7 +311,7 @@ Wt = ndl.Tensor(Wg, device=device, requires_grad=True)
 Rt = ndl.Tensor(R.astype(np.float32), device=device)
 (ndl.conv(xt, Wt, stride=2, padding=1) * Rt).sum().backward()
 assert np.allclose(xt.grad.numpy(), gx, atol=1e-4)
-print("autograd dL/dx matches the flip/dilate formula")
+print("autograd dL/dx matches the flip/dilate/crop formula")
 
 # %% [markdown]
 # ## 5. ResNet-9 on images
@@ -343,7 +401,7 @@ final_acc = history[-1][2]
 train_losses = [h[1] for h in history]
 assert all(b < a for a, b in zip(train_losses, train_losses[1:])), train_losses
 assert final_acc > base_acc + 0.40, (base_acc, final_acc)
-print(f"test accuracy: untrained {base_acc:.2f} -> trained above {base_acc + 0.40:.2f}")
+print(f"test accuracy: untrained {base_acc:.2f} -> trained {final_acc:.2f}")
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -351,6 +409,7 @@ steps_per_epoch = len(batch_losses) // EPOCHS
 ax1.plot(np.arange(1, len(batch_losses) + 1) / steps_per_epoch, batch_losses, lw=0.8,
          label="mini-batch")
 ax1.plot(np.arange(1, EPOCHS + 1), train_losses, "o-", label="epoch mean")
+ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
 ax1.set_xlabel("epoch")
 ax1.set_ylabel("softmax loss")
 ax1.set_title("Training loss falls")
@@ -358,6 +417,7 @@ ax1.legend()
 ax2.plot(np.arange(0, EPOCHS + 1), [base_acc] + [h[2] for h in history], "o-", label="test")
 ax2.plot(np.arange(1, EPOCHS + 1), [h[0] for h in history], "s--", label="train")
 ax2.axhline(0.1, color="gray", ls=":", label="chance")
+ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
 ax2.set_xlabel("epoch")
 ax2.set_ylabel("accuracy")
 ax2.set_ylim(0, 1)
@@ -372,10 +432,11 @@ plt.show()
 # ## 6. What the first layer sees
 #
 # The first `ConvBN` turns a $32\times32$ image into 16 feature maps of $8\times8$ (stride 4,
-# then BatchNorm and ReLU). Its $7\times7\times3$ kernels are hard to read after four epochs
-# — they are still close to their random initialisation — but their responses are not: below,
-# for one test image of each of four classes, the channels light up on edges, on the inside of
-# shapes, or on stripes of one orientation.
+# then BatchNorm and ReLU). Its $7\times7\times3$ kernels (the *filters*) are hard to read after
+# four epochs — they are still close to their random initialisation — but their responses, the
+# **feature maps**, are not: below, for one test image of each of four classes, the channels
+# light up on edges, on the inside of shapes, or on stripes of one orientation. All panels share
+# one colour scale, so a dark panel is a channel that does not respond to that image.
 
 # %%
 first_block = model.model.modules[0]                          # ConvBN(3, 16, 7, 4)
@@ -386,19 +447,22 @@ model.eval()
 fmaps = first_block(ndl.Tensor(test_set.X[idx], device=device)).numpy()   # (4, 16, 8, 8)
 assert fmaps.shape == (4, 16, 8, 8) and fmaps.min() >= 0      # after ReLU
 
-fig, axes = plt.subplots(4, 17, figsize=(12, 3.3))
+fig, axes = plt.subplots(4, 17, figsize=(12.5, 3.3))
+vmax = float(fmaps.max())  # one colour scale for every panel, so channels compare
 for r, i in enumerate(idx):
     axes[r, 0].imshow(test_set.X[i].transpose(1, 2, 0))
     axes[r, 0].set_ylabel(train_set.classes[show[r]], fontsize=8)
     for k in range(16):
-        axes[r, k + 1].imshow(fmaps[r, k], cmap="viridis")
+        im = axes[r, k + 1].imshow(fmaps[r, k], cmap="viridis", vmin=0, vmax=vmax)
         if r == 0:
             axes[r, k + 1].set_title(f"ch {k}", fontsize=7)
 for ax in axes.flat:
     ax.set_xticks([])
     ax.set_yticks([])
-fig.suptitle("ResNet-9 layer 1: the 16 feature maps (8x8) of four test images")
-save_figure(fig, "resnet9_filters")
+fig.colorbar(im, ax=axes[:, 1:].ravel().tolist(), fraction=0.02, pad=0.01,
+             label="activation (after ReLU)")
+fig.suptitle("ResNet-9 layer 1: the 16 feature maps (8x8) of four test images, one colour scale")
+save_figure(fig, "resnet9_feature_maps")
 plt.show()
 
 # %% [markdown]
@@ -408,6 +472,7 @@ plt.show()
 #   reshaped kernel; the im2col *view* is free, its compact copy costs about $K^2/S^2$ times the
 #   input.
 # * $H_{out} = \lfloor (H + 2P - D(K-1) - 1)/S \rfloor + 1$.
-# * The backward pass is itself a convolution: flip the kernel, swap its channel axes, and
-#   dilate the output gradient by the stride.
+# * The backward pass is itself a convolution: flip the kernel, swap its channel axes,
+#   dilate the output gradient by the stride, and crop the rows and columns that fall beyond
+#   the input (needed unless $(H + 2P - K) \bmod S = S - 1$).
 # * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.
