@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import needle.backend_ndarray as nd
-from benchmarks.common import Table, measure
+from benchmarks.common import Table, cpu_flags, measure
 
 MATMUL_SIZES = [(1024, 1024, 1024), (1000, 1023, 997), (72, 73, 74), (256, 256, 256),
                 (2048, 2048, 2048)]
@@ -33,15 +33,6 @@ def kernel_isa(device) -> str:
     if isinstance(gemm, dict) and "isa" in gemm:
         return str(gemm["isa"])
     return str(getattr(device.mod, "__matmul_kernel__", "unknown"))
-
-
-def cpu_has_avx512() -> bool:
-    """True when /proc/cpuinfo lists avx512f (Linux; False elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
 
 
 def bench_matmul(device) -> Table:
@@ -152,7 +143,7 @@ def main(argv=None) -> None:
     print()
     if args.matmul_only:
         return
-    if cpu_has_avx512() and not requested:
+    if "avx512f" in cpu_flags() and not requested:
         bench_matmul_avx2()
         print()
     bench_matmul_kernel(device).print()

@@ -136,14 +136,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def cpu_isa() -> str:
-    """The widest x86 vector extension the CPU reports (AVX-512, AVX2, ...), from /proc/cpuinfo."""
+def cpu_flags() -> set[str]:
+    """The CPU feature flags /proc/cpuinfo lists (empty where there is no such file)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), [])
+            return set(next((line.split(":", 1)[1].split() for line in f
+                             if line.startswith("flags")), []))
     except OSError:
-        flags = []
+        return set()
+
+
+def cpu_isa() -> str:
+    """The widest x86 vector extension the CPU reports (AVX-512, AVX2, ...)."""
+    flags = cpu_flags()
     for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
                        ("sse4_2", "SSE4.2")):
         if flag in flags:
