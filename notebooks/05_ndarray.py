@@ -486,8 +486,8 @@ else:
 # traffic: its inner loop walks down a column of $B$, one float from every row, so each
 # multiply-add waits for a new cache line. The tiled kernel keeps three $T \times T$ tiles in
 # cache while it works on them, so it re-reads $B$ about $T$ times less often; but its tiles
-# are small and its inner loop is plain scalar C++, so it stays within a small factor of
-# naive. The engine adds packing (every load sequential), register blocking (a $12 \times 32$
+# are small and its loops are plain C++ left to the compiler, so it gains only a small factor
+# over naive. The engine adds packing (every load sequential), register blocking (a $12 \times 32$
 # block of $C$ held in registers with AVX-512), SIMD and both cores, and lands near numpy's
 # BLAS, which does the same things.
 #
@@ -495,8 +495,8 @@ else:
 #
 # * **the naive loop at $n = 256$ and $512$** (powers of two): its column walk through $B$
 #   steps by $4n$ bytes, a multiple of 4 KiB at $n = 512$, so the lines it touches map to the
-#   same few cache sets and evict one another (conflict misses); $n = 384$ does not have this
-#   problem and is often *faster* per flop;
+#   same few cache sets and evict one another (conflict misses); sizes just off a power of
+#   two (say 500 or 520) run the same loop noticeably faster per flop;
 # * **every blocked kernel at $n = 64$**: $2 \cdot 64^3$ flops is about half a million, a few
 #   microseconds, so packing, the call itself and (below about $2^{21}$ flops) running on one
 #   thread instead of two dominate; numpy pays the same fixed costs;
