@@ -27,7 +27,7 @@
 # a tiled matmul and check its accesses for coalescing and bank conflicts; and split a
 # training step into time inside kernels and framework overhead.
 #
-# **Run time:** about 30 s on a 2-core x86-64 machine
+# **Run time:** about 45 s on a 2-core x86-64 machine
 #
 # Notebook 05 built the NDArray: a flat buffer plus (shape, strides, offset), views without
 # copies, and `compact()`. It ended with a measurement: the same product $C = AB$ runs far
