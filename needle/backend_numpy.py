@@ -221,10 +221,14 @@ def _device(device) -> CPUDevice:
 def array(a, dtype=None, device=None) -> NDArray:
     """A copy of ``a`` (array, nested list, number) as an :class:`NDArray` on ``cpu()``.
 
-    ``dtype=None`` keeps numpy's dtype (the course's numpy backend does the same).
+    ``dtype=None`` keeps numpy's dtype (the course's numpy backend does the same); data that
+    is not numeric (strings, objects, complex numbers) is a TypeError.
     """
     _device(device)
-    return numpy.array(a, dtype=dtype).view(NDArray)
+    out = numpy.array(a, dtype=dtype)
+    if out.dtype.kind not in "biuf":
+        raise TypeError(f"cannot make a numeric array from {type(a).__name__} (dtype {out.dtype})")
+    return out.view(NDArray)
 
 
 def empty(shape, dtype="float32", device=None) -> NDArray:

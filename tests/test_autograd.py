@@ -267,6 +267,50 @@ def test_data_setter_rejects_another_device():
         w.data = ndl.Tensor(np.ones(3), device=ndl.cpu_numpy())
 
 
+@pytest.mark.skipif(ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
+                    reason="needs two devices: the compiled cpu() and cpu_numpy() (nd backend)")
+def test_backward_rejects_out_grad_on_another_device():
+    """The gradient must not silently land on the out_grad's device."""
+    x = ndl.Tensor(np.ones(3), device=ndl.cpu())
+    with pytest.raises(ValueError, match=r"cpu_numpy\(\).*cpu\(\)"):
+        (x * 2.0).backward(ndl.Tensor(np.ones(3), device=ndl.cpu_numpy()))
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_stores_detached_gradients_on_leaves_only(device):
+    """Default backward: leaf grads are constants, interior nodes keep none, no graph recorded."""
+    x = tensor([0.5, 2.0], device)
+    y = ndl.exp(x)
+    z = (y * x).sum()
+    z.backward()
+    assert x.grad.is_leaf() and not x.grad.requires_grad
+    assert y.grad is None and z.grad is None
+    np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])),
+                               rtol=1e-5)
+    # create_graph keeps the gradient differentiable: d/dx Σ x.grad = e^x (2 + x)
+    x.grad = None
+    (ndl.exp(x) * x).sum().backward(create_graph=True)
+    g = x.grad
+    assert g.requires_grad and not g.is_leaf()
+    x.grad = None
+    g.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, 2.0]) * (2 + np.array([0.5, 2.0])),
+                               rtol=1e-5)
+
+
+def test_failed_construction_does_not_change_the_counter():
+    """TENSOR_COUNTER counts initialised Values only: a failing Tensor(...) leaves it alone."""
+    start = autograd.TENSOR_COUNTER
+    for bad in ("text", [[1.0], [2.0, 3.0]], {"a": 1}):
+        with pytest.raises((TypeError, ValueError)):
+            ndl.Tensor(bad)
+    with pytest.raises(TypeError):
+        ndl.Tensor([1.0], require_grad=False)
+    gc.collect()
+    assert autograd.TENSOR_COUNTER == start
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_detach_cuts_history(device):
     """z = detach(2x)·x: the detached factor is a constant, so dz/dx = 2x (not 4x)."""

@@ -132,3 +132,25 @@ def test_fractional_powers(device):
     (x ** 0.5 + x ** -0.5).backward()
     np.testing.assert_allclose((x ** 0.5).numpy(), [2.0])
     np.testing.assert_allclose(x.grad.numpy(), [0.25 - 1 / 16], rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logsumexp_over_an_empty_axis_is_minus_infinity(device):
+    """numpy/PyTorch: log Σ over no terms = log 0 = -inf; the gradient is empty."""
+    z = tensor(np.zeros((3, 0)), device)
+    out = ndl.logsumexp(z, axes=(1,))
+    assert out.shape == (3,)
+    np.testing.assert_array_equal(out.numpy(), np.full(3, -np.inf))
+    with np.errstate(divide="ignore"):
+        expected = np.log(np.exp(np.zeros((3, 0))).sum(axis=1))
+    np.testing.assert_array_equal(out.numpy(), expected)
+    ndl.logsumexp(tensor(np.zeros((0, 2)), device), axes=(0,)).sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logsoftmax_of_empty_rows_is_empty(device):
+    z = tensor(np.zeros((3, 0)), device)
+    out = ndl.logsoftmax(z)
+    assert out.shape == (3, 0) and out.numpy().size == 0
+    out.sum().backward()
+    assert z.grad.shape == (3, 0)
