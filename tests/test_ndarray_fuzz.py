@@ -35,7 +35,10 @@ SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
 
 # ---- random arrays and views, built in parallel on numpy and NDArray ----------------------------
 def random_data(rng, shape) -> np.ndarray:
-    x = rng.standard_normal(shape).astype(np.float32)
+    if rng.random() < 0.25:  # small integers: ties, so == <= < >= > are told apart
+        x = rng.integers(-2, 3, shape).astype(np.float32)
+    else:
+        x = rng.standard_normal(shape).astype(np.float32)
     if x.size and rng.random() < 0.3:  # sprinkle special values
         mask = rng.random(shape) < 0.2
         x[mask] = rng.choice(SPECIAL, int(mask.sum()))
@@ -169,6 +172,9 @@ def case_binary(rng, device):
     if form in ("array", "broadcast"):
         shape = x.shape if form == "array" else broadcastable_to(rng, x.shape)
         y, b, _ = random_operand(rng, device, shape)
+        if form == "array" and rng.random() < 0.5:  # equal elements in places: ties
+            y = np.where(rng.random(shape) < 0.5, x, y).astype(np.float32)
+            b = nd.array(y, device=device)
         if rng.random() < 0.5:
             x, a, y, b = y, b, x, a
         with np.errstate(all="ignore"):
@@ -176,6 +182,8 @@ def case_binary(rng, device):
         got = fn(a, b)
     else:
         v = float(rng.choice([2.0, -0.5, 0.0, -0.0, 3.0, np.nan, np.inf]))
+        if x.size and rng.random() < 0.3:  # a value the array holds: ties
+            v = float(x.flat[int(rng.integers(x.size))])
         s = np.float32(v)
         with np.errstate(all="ignore"):
             expected = fn(x, s) if form == "scalar" else fn(s, x)
