@@ -59,6 +59,9 @@ inline vec load(const float* p) {
   return v;
 }
 inline void store(float* p, const vec& v) { std::memcpy(p, &v, sizeof v); }
+// Every lane = x, as one broadcast: x - (+0.0) is exactly x for every x (-0.0 included), so
+// the subtraction folds away (`vec{} + x` would not: -0.0 + 0.0 is +0.0).
+inline vec splat(float x) { return x - vec{}; }
 
 template <class F>
 void run_parallel(const Runner& run, idx_t n, F& f) {
@@ -108,7 +111,7 @@ inline void micro_kernel(idx_t kc, const float* __restrict__ A, const float* __r
     for (int v = 0; v < COLV; ++v) b[v] = load(B + v * VW);
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r) {
-      const vec a = vec{} + A[r];
+      const vec a = splat(A[r]);
 #pragma GCC unroll 8
       for (int v = 0; v < COLV; ++v) c[r][v] += a * b[v];
     }
