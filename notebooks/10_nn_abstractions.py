@@ -1,0 +1,359 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Three designs of a deep-learning library: layers, static graphs, define-by-run
+#
+# **Lecture:** 7, "Neural Network Library Abstractions" (the historical part: Caffe, TensorFlow
+# 1.x, PyTorch)
+#
+# **Homework:** none (the course has no homework for this part; needle itself is the
+# define-by-run design built in hw1-hw2)
+#
+# **Prerequisites:** notebook 02 (the computational graph and reverse mode), notebook 03 (modules
+# and the training-loop contract)
+#
+# **You will be able to:** write a network as Caffe-style layers with a hand-written backward per
+# layer; build a graph first and run it later with needle's lazy mode; say what each design makes
+# easy and hard; explain why a re-runnable static graph needs every gradient to be a graph op
+#
+# **Run time:** about 6 s on a 2-core x86-64 machine
+#
+# The same two-layer network, $\ell(\mathrm{softmax}(\mathrm{ReLU}(XW_1 + b_1)W_2 + b_2), y)$, is
+# written three times:
+#
+# 1. **Layers with forward and backward** (Caffe, 2014): each layer stores what its backward
+#    needs and turns the gradient of its output into the gradient of its input and parameters.
+#    No automatic differentiation; the network is a list of layers.
+# 2. **Define, then run** (TensorFlow 1.x, 2015): the program first *declares* a graph with
+#    placeholders for data; a separate call *runs* it on fed values. Needle has this mode:
+#    with `needle.autograd.LAZY_MODE = True` ops record nodes without computing them, and
+#    `realize_cached_data()` computes.
+# 3. **Define by run** (PyTorch, needle's default): the graph is recorded while ordinary Python
+#    computes the values; `backward()` walks it.
+#
+# All three must give the same gradients; the notebook asserts it against the Caffe-style version,
+# which is plain numpy in float64 and shares no code with needle.
+
+# %%
+import numpy as np
+from sklearn.datasets import load_digits
+
+import needle as ndl
+import needle.nn as nn
+from needle import autograd
+from needle.autograd import Tensor, TensorOp
+
+np.set_printoptions(precision=4, suppress=True)
+np.random.seed(0)
+device = ndl.cpu()
+
+# %% [markdown]
+# The data are 32 of scikit-learn's 8 × 8 handwritten digits (64 features, 10 classes, scaled to
+# $[0, 1]$), and a second batch of 32 used later to re-run a graph. The parameters come from a
+# needle model, so all three versions start from the same numbers.
+
+# %%
+digits = load_digits()
+X_all = (digits.data / 16.0).astype(np.float32)
+y_all = digits.target.astype(np.int64)
+X1, y1 = X_all[:32], y_all[:32]
+X2, y2 = X_all[32:64], y_all[32:64]
+N, D, H, K = 32, 64, 16, 10
+
+model = nn.Sequential(nn.Linear(D, H, device=device), nn.ReLU(), nn.Linear(H, K, device=device))
+W1, b1, W2, b2 = model.parameters()
+params0 = [p.numpy().astype(np.float64) for p in (W1, b1, W2, b2)]
+print([p.shape for p in params0])
+
+# %% [markdown]
+# ## 1. Layers with forward and backward (Caffe style)
+#
+# A Caffe layer has `forward(bottom) -> top` and `backward(top_grad) -> bottom_grad`, and keeps its
+# parameter gradients. The network is a list; training is "forward through the list, backward
+# through it reversed". Each backward is written by hand, once per layer type.
+
+# %%
+class LinearLayer:
+    """top = bottom @ W + b; backward gives d bottom and stores dW, db."""
+
+    def __init__(self, W, b):
+        self.W, self.b = W.copy(), b.copy()
+
+    def forward(self, bottom):
+        self.bottom = bottom  # kept for backward
+        return bottom @ self.W + self.b
+
+    def backward(self, top_grad):
+        self.dW = self.bottom.T @ top_grad
+        self.db = top_grad.sum(axis=0, keepdims=True)
+        return top_grad @ self.W.T
+
+
+class ReLULayer:
+    def forward(self, bottom):
+        self.mask = bottom > 0
+        return bottom * self.mask
+
+    def backward(self, top_grad):
+        return top_grad * self.mask
+
+
+class SoftmaxLossLayer:
+    """Mean cross-entropy of logits against integer labels; backward starts from d loss = 1."""
+
+    def forward(self, logits, labels):
+        z = logits - logits.max(axis=1, keepdims=True)
+        self.probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        self.labels = labels
+        return -np.log(self.probs[np.arange(len(labels)), labels]).mean()
+
+    def backward(self):
+        g = self.probs.copy()
+        g[np.arange(len(self.labels)), self.labels] -= 1
+        return g / len(self.labels)
+
+
+layers = [LinearLayer(*params0[:2]), ReLULayer(), LinearLayer(*params0[2:])]
+loss_layer = SoftmaxLossLayer()
+
+
+def caffe_step(X, y):
+    """Loss and the gradients (dW1, db1, dW2, db2) of the layer list on one batch."""
+    out = X.astype(np.float64)
+    for layer in layers:
+        out = layer.forward(out)
+    loss = loss_layer.forward(out, y)
+    grad = loss_layer.backward()
+    for layer in reversed(layers):
+        grad = layer.backward(grad)
+    return loss, [layers[0].dW, layers[0].db, layers[2].dW, layers[2].db]
+
+
+loss_caffe, grads_caffe = caffe_step(X1, y1)
+print(f"loss {loss_caffe:.6f}")
+
+# %% [markdown]
+# The hand-written backward is checked once against central finite differences on a few entries
+# of $W_1$ (in float64 the difference quotient is accurate to about $10^{-8}$).
+
+# %%
+def caffe_loss(X, y):
+    out = X.astype(np.float64)
+    for layer in layers:
+        out = layer.forward(out)
+    return loss_layer.forward(out, y)
+
+
+eps = 1e-6
+largest = np.argsort(-np.abs(grads_caffe[0]), axis=None)[:3]  # the three largest |dW1| entries
+for (i, j) in zip(*np.unravel_index(largest, grads_caffe[0].shape)):
+    W = layers[0].W
+    W[i, j] += eps
+    up = caffe_loss(X1, y1)
+    W[i, j] -= 2 * eps
+    down = caffe_loss(X1, y1)
+    W[i, j] += eps
+    fd = (up - down) / (2 * eps)
+    print(f"dW1[{i},{j}]: backward {grads_caffe[0][i, j]:+.8f}  finite difference {fd:+.8f}")
+    assert abs(fd - grads_caffe[0][i, j]) < 1e-7
+
+# %% [markdown]
+# ## 2. Define by run (PyTorch, needle)
+#
+# The forward pass is ordinary Python; each op computes its value at once and records a node.
+# `backward()` walks the recorded graph in reverse topological order.
+
+# %%
+x1 = Tensor(X1, device=device, requires_grad=False)
+t1 = Tensor(y1.astype(np.float32), device=device, requires_grad=False)
+loss = nn.SoftmaxLoss()(model(x1), t1)
+loss.backward()
+grads_eager = [p.grad.numpy() for p in (W1, b1, W2, b2)]
+print(f"loss {float(loss.numpy()):.6f}")
+
+
+def max_rel_err(a_list, b_list):
+    """Largest |a - b| / max|b| over the four gradients."""
+    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(a_list, b_list))
+
+
+err_eager = max_rel_err(grads_eager, grads_caffe)
+print(f"define-by-run vs layers: max relative gradient difference {err_eager:.1e}")
+assert abs(float(loss.numpy()) - loss_caffe) < 1e-5
+assert err_eager < 1e-5
+
+# %% [markdown]
+# ## 3. Define, then run (TensorFlow 1.x style, needle's lazy mode)
+#
+# With `LAZY_MODE` on, ops build nodes whose `cached_data` is `None`: the program is now a
+# *description* of the computation. That description can be inspected (and, in a real
+# static-graph system, optimized: fused, placed on devices, memory-planned) before any number is
+# computed.
+#
+# One catch shows at once: `nn.Linear.forward` reads `out.shape` to broadcast its bias, and in
+# needle a node's shape is the shape of its computed array, so reading it computes the node. A
+# static-graph library needs *shape inference* separate from computation (TensorFlow infers
+# every node's shape when the node is declared). Here the forward pass is written with the shapes
+# spelled out, so nothing is computed while it is built.
+
+# %%
+def forward(x, relu=ndl.ops.relu):
+    """The logits (N, K) of the two-layer model, with every shape given explicitly."""
+    return relu(x @ W1 + b1.broadcast_to((N, H))) @ W2 + b2.broadcast_to((N, K))
+
+
+for p in (W1, b1, W2, b2):
+    p.grad = None
+autograd.LAZY_MODE = True
+try:
+    x_ph = Tensor(X1, device=device, requires_grad=False)  # plays the role of a placeholder
+    logits = forward(x_ph)
+    nodes = autograd.find_topo_sort([logits])
+    pending = [n for n in nodes if n.cached_data is None]
+    print(f"{len(nodes)} nodes, {len(pending)} not computed yet:")
+    print(" -> ".join(type(n.op).__name__ for n in pending))
+    assert len(pending) == sum(n.op is not None for n in nodes) > 0
+    # "run": realize, then differentiate
+    loss_lazy = nn.SoftmaxLoss()(logits, t1)
+    loss_lazy.realize_cached_data()
+    loss_lazy.backward()
+finally:
+    autograd.LAZY_MODE = False
+grads_lazy = [p.grad.numpy() for p in (W1, b1, W2, b2)]
+err_lazy = max_rel_err(grads_lazy, grads_caffe)
+print(f"define-then-run vs layers: max relative gradient difference {err_lazy:.1e}")
+assert err_lazy < 1e-5
+
+# %% [markdown]
+# ### Re-running one graph on new data
+#
+# The point of a static graph is to build it *once*, with the backward pass as more graph, and
+# then run it for every batch by feeding new values into the placeholders. Below, `run` does
+# that: it clears every computed node, puts the fed arrays into the placeholder leaves, and
+# realizes the requested outputs.
+#
+# The loss is written with graph ops only (log-sum-exp minus the logit of the target, the target
+# given as a one-hot placeholder), so labels are data too. The gradient graph is built once with
+# `backward(create_graph=True)`, which makes each `.grad` a graph node rather than a number. It is
+# built in lazy mode too: in eager mode needle folds every node that needs no gradient into a
+# constant (for example $X^\top$ in $\partial\ell/\partial W_1 = X^\top G$), which is right for
+# one step and wrong for a graph meant to be re-fed.
+
+# %%
+def run(fetches, feeds):
+    """Clear every computed node reachable from ``fetches``, set the placeholder leaves in
+    ``feeds`` (a dict leaf -> numpy array), and return the realized fetches as numpy arrays."""
+    for node in autograd.find_topo_sort(fetches):
+        if node.op is not None:
+            node.cached_data = None
+    for leaf, value in feeds.items():
+        leaf.cached_data = Tensor(value, device=device).realize_cached_data()
+    return [f.realize_cached_data().numpy() for f in fetches]
+
+
+def one_hot(y):
+    return np.eye(K, dtype=np.float32)[y]
+
+
+def build_graph(relu):
+    """Placeholders, the loss graph and its gradient graph for the model with ``relu``."""
+    for p in (W1, b1, W2, b2):
+        p.grad = None
+    autograd.LAZY_MODE = True
+    try:
+        x = Tensor(X1, device=device, requires_grad=False)
+        y_hot = Tensor(one_hot(y1), device=device, requires_grad=False)
+        z = forward(x, relu)
+        loss = (ndl.ops.logsumexp(z, axes=(1,)).sum() - (z * y_hot).sum()) / N
+        loss.backward(create_graph=True)  # the gradients are graph nodes
+    finally:
+        autograd.LAZY_MODE = False
+    grads = [p.grad for p in (W1, b1, W2, b2)]
+    for p in (W1, b1, W2, b2):
+        p.grad = None
+    return x, y_hot, loss, grads
+
+
+x_ph, y_ph, loss_node, grad_nodes = build_graph(ndl.ops.relu)
+_, grads_caffe2 = caffe_step(X2, y2)
+first = run(grad_nodes, {x_ph: X1, y_ph: one_hot(y1)})
+second = run(grad_nodes, {x_ph: X2, y_ph: one_hot(y2)})
+print(f"batch 1 through the graph vs layers: {max_rel_err(first, grads_caffe):.1e}")
+print(f"batch 2 through the same graph vs layers: {max_rel_err(second, grads_caffe2):.1e}")
+assert max_rel_err(first, grads_caffe) < 1e-5
+assert max_rel_err(second, grads_caffe2) > 1e-2
+
+# %% [markdown]
+# The first batch is right and the second is **wrong**. Needle's `ReLU.gradient` is written for
+# define-by-run: it reads the value of its node *while the backward graph is being built* and
+# stores the mask $[x > 0]$ as a constant leaf. Re-running the graph recomputes every node but
+# not that constant, so batch 2 is differentiated with batch 1's mask. In define-by-run this is
+# correct and cheap, since the graph is rebuilt for every batch.
+#
+# A static-graph library must write every gradient as an op of the graph, as TensorFlow's
+# `ReluGrad(gradients, features)` is. The same fix in needle is two small ops:
+
+# %%
+class ReLUGrad(TensorOp):
+    """out_grad · [a > 0], with ``a`` an input of the graph (not a snapshot of its value)."""
+
+    def compute(self, out_grad, a):
+        return out_grad * (a > 0)
+
+    def gradient(self, out_grad, node):
+        raise NotImplementedError("no second derivative is needed here")
+
+
+class GraphReLU(TensorOp):
+    """max(a, 0) whose gradient is the graph op ReLUGrad(out_grad, a)."""
+
+    def compute(self, a):
+        return a.maximum(0)
+
+    def gradient(self, out_grad, node):
+        return ReLUGrad()(out_grad, node.inputs[0])
+
+
+x_ph, y_ph, loss_node, grad_nodes = build_graph(lambda a: GraphReLU()(a))
+first = run(grad_nodes, {x_ph: X1, y_ph: one_hot(y1)})
+second = run(grad_nodes, {x_ph: X2, y_ph: one_hot(y2)})
+third = run([loss_node] + grad_nodes, {x_ph: X1, y_ph: one_hot(y1)})
+err_static = max(max_rel_err(first, grads_caffe), max_rel_err(second, grads_caffe2),
+                 max_rel_err(third[1:], grads_caffe))
+print(f"static graph, three runs on two batches vs layers: {err_static:.1e}")
+print(f"loss of batch 1 from the static graph {float(third[0]):.6f} (layers {loss_caffe:.6f})")
+assert err_static < 1e-5
+assert abs(float(third[0]) - loss_caffe) < 1e-5
+
+# %% [markdown]
+# All three designs now give the same gradients on both batches, within float32 rounding of the
+# float64 layer version.
+#
+# ## 4. What each design makes easy and hard
+#
+# | | layers + hand backward (Caffe) | define, then run (TF 1.x) | define by run (PyTorch, needle) |
+# | --- | --- | --- | --- |
+# | new layer | write forward **and** backward | write the forward as graph ops (backward derived) | write the forward in Python (backward derived) |
+# | gradient of a gradient | not available | yes, if gradients are graph ops | yes (`create_graph=True`) |
+# | control flow depending on data | fixed network | special graph ops (`tf.cond`, `tf.while_loop`) | plain Python `if` / `for` |
+# | debugging | inspect a layer's arrays | values exist only inside `run` | print any tensor at any line |
+# | whole-program optimization | none across layers | yes: the graph is known before it runs (fusion, memory planning, placement) | only what is traced or compiled (notebook 13) |
+# | per-step overhead | low | low (graph built once) | Python builds the graph every step |
+#
+# The section above shows one hard part of define-then-run that the table hides: every gradient
+# must be a pure function of graph values. Caffe's layers avoid the question by keeping their
+# state on the layer object, which is why a layer can be used only once per forward pass (a
+# second use would overwrite `self.bottom`). Define-by-run avoids it by rebuilding the graph every
+# step, at the cost of Python overhead per op (measured in notebook 06's step profile).
+# Modern systems mix the two: PyTorch 2's `torch.compile` and JAX's `jit` trace a define-by-run
+# program into a static graph and compile it.
