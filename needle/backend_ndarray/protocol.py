@@ -141,6 +141,10 @@ class DeviceModule(Protocol):
     # matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
     # result in the (rows/T, cols/T, T, T) tiled layout, T = __tile_size__.
 
+    # optional (a module that keeps freed buffers for reuse, like the compiled CPU module):
+    # cache_info() -> dict (bytes and buffers held, the cap) and cache_clear(), which
+    # BackendDevice.cache_info() / cache_clear() expose (None / no-op without them).
+
     # ---- fused kernels (compact operands; the caller guarantees sizes) --------------------
     def softmax_xent(self, logits: Array, labels: Array, rows: int, cols: int, loss: Array,
                      probs: Array) -> None:
