@@ -1,0 +1,119 @@
+"""Checks shared by the homeworks: an op's forward against numpy, its gradient against
+finite differences of the numpy reference, a module's forward against a numpy re-computation.
+
+``needle`` here is always the student's package (imported inside the functions, in the worker).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .diagnose import CheckFailure, check_adjoints, check_close, numerical_vjp, require, to_numpy
+
+
+@dataclass
+class OpCase:
+    """One call of an op: ``label`` as the student would write it, the needle call on Tensors,
+    the numpy reference on arrays, and the named inputs."""
+
+    label: str
+    call: Callable
+    ref: Callable[..., np.ndarray]
+    inputs: dict
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        return [np.asarray(v, dtype=np.float32) for v in self.inputs.values()]
+
+
+def tensors(arrays: Sequence[np.ndarray], requires_grad: bool = True) -> list:
+    """Student Tensors (float32) holding copies of ``arrays``."""
+    import needle as ndl
+    return [ndl.Tensor(np.array(a, dtype=np.float32), requires_grad=requires_grad)
+            for a in arrays]
+
+
+def check_forward(case: OpCase, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """The op's output on ``case.inputs`` matches the numpy reference."""
+    out = case.call(*tensors(case.arrays))
+    expected = case.ref(*[a.astype(np.float64) for a in case.arrays])
+    if isinstance(expected, (tuple, list)):
+        outs = list(out)
+        require(len(outs) == len(expected), f"{case.label}: expected {len(expected)} outputs, "
+                f"got {len(outs)}")
+        for i, (o, e) in enumerate(zip(outs, expected)):
+            check_close(f"{case.label}[{i}] (forward)", o, e, inputs=case.inputs,
+                        rtol=rtol, atol=atol * max(1.0, float(np.abs(e).max(initial=0))))
+        return
+    check_close(f"{case.label} (forward)", out, expected, inputs=case.inputs,
+                rtol=rtol, atol=atol * max(1.0, float(np.abs(expected).max(initial=0))))
+
+
+def check_backward(case: OpCase, *, rtol: float = 1e-3, atol: float = 1e-3,
+                   via_backward: bool = False) -> None:
+    """Each input's adjoint from the op's ``gradient`` matches finite differences of the
+    reference, for a random out_grad (so every output element matters).
+
+    By default the op's own ``gradient_as_tuple(out_grad, node)`` is called, as the course's
+    gradient check does, so this question does not depend on the reverse-mode question;
+    ``via_backward`` runs ``out.backward(out_grad)`` instead (for ops returning tuples, modules).
+    """
+    import needle as ndl
+    arrays = case.arrays
+    xs = tensors(arrays)
+    out = case.call(*xs)
+    ref64 = [a.astype(np.float64) for a in arrays]
+    expected = case.ref(*ref64)
+    rng = np.random.default_rng(7)
+    if isinstance(expected, (tuple, list)):
+        weights = [rng.standard_normal(np.shape(e)) for e in expected]
+
+        def objective(*a):
+            return np.concatenate([np.ravel(o) for o in case.ref(*a)])
+
+        flat_w = np.concatenate([w.ravel() for w in weights])
+        numeric = numerical_vjp(objective, ref64, flat_w)
+        loss = None
+        for o, w in zip(out, weights):
+            term = (o * ndl.Tensor(w.astype(np.float32), requires_grad=False)).sum()
+            loss = term if loss is None else loss + term
+        loss.backward()
+        analytic = [x.grad for x in xs]
+        shown_w = flat_w
+    else:
+        w = rng.standard_normal(np.shape(expected))
+        numeric = numerical_vjp(case.ref, ref64, w)
+        require(tuple(out.shape) == tuple(np.shape(expected)), f"{case.label}: output shape "
+                f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)")
+        out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
+        if via_backward:
+            out.backward(out_grad)
+            analytic = [x.grad for x in xs]
+        else:
+            analytic = list(out.op.gradient_as_tuple(out_grad, out))
+        shown_w = w
+    for i, g in enumerate(analytic):
+        if g is None:
+            raise CheckFailure(f"{case.label}: the adjoint of input "
+                               f"{list(case.inputs)[i]!r} is None")
+    check_adjoints(f"{case.label} backward", [to_numpy(g) for g in analytic], numeric,
+                   list(case.inputs), inputs=case.inputs, out_grad=shown_w, rtol=rtol,
+                   atol=atol)
+
+
+def randn(*shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    """A reproducible float32 normal array (independent of the global numpy seed)."""
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def away_from_zero(*shape, seed: int = 0, low: float = 0.3) -> np.ndarray:
+    """Random values with |x| >= low (kinks and poles stay out of finite differences' way)."""
+    x = randn(*shape, seed=seed)
+    return np.where(x >= 0, x + low, x - low).astype(np.float32)
+
+
+def positive(*shape, seed: int = 0) -> np.ndarray:
+    """Random values in [0.5, 2)."""
+    return (0.5 + 1.5 * np.random.default_rng(seed).random(shape)).astype(np.float32)

@@ -1,0 +1,153 @@
+"""Comparisons that explain themselves: what the checks use to turn a wrong answer into advice.
+
+This module runs inside the checker's worker process next to the *student's* ``needle``, so it
+imports only numpy and the standard library (never ``needle``): tensors are converted through
+their ``numpy()`` method.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+
+class CheckFailure(AssertionError):
+    """A question's answer is wrong; the message is the diagnosis shown to the student."""
+
+
+def to_numpy(x) -> np.ndarray:
+    """``x`` (Tensor, NDArray, numpy array or number) as a numpy array."""
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def show(a, name: str | None = None) -> str:
+    """A short printable view of an array: shape, dtype and (for small arrays) the values."""
+    a = np.asarray(a)
+    head = f"{name}: " if name else ""
+    if a.size <= 24:
+        body = np.array2string(a, precision=4, suppress_small=True, separator=", ")
+        body = body.replace("\n", " ")
+        return f"{head}shape {a.shape} {a.dtype} = {body}"
+    flat = ", ".join(f"{v:.4g}" if a.dtype.kind == "f" else str(v) for v in a.ravel()[:6])
+    return f"{head}shape {a.shape} {a.dtype}, first elements [{flat}, ...]"
+
+
+def show_inputs(inputs: Mapping[str, object] | None) -> str:
+    """One line per named input (arrays shown with ``show``, anything else with ``repr``)."""
+    if not inputs:
+        return ""
+    lines = []
+    for name, value in inputs.items():
+        if isinstance(value, np.ndarray) or hasattr(value, "numpy"):
+            lines.append("    " + show(to_numpy(value), name))
+        else:
+            lines.append(f"    {name} = {value!r}")
+    return "  input:\n" + "\n".join(lines) + "\n"
+
+
+def mismatch(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+    """None when ``got`` matches ``expected``; otherwise what differs (shape or first elements).
+
+    Elements match when |got - expected| <= atol + rtol·|expected| (NaN matches NaN only).
+    """
+    got, expected = to_numpy(got), np.asarray(expected)
+    if got.shape != expected.shape:
+        return f"expected shape {expected.shape}, got shape {got.shape}"
+    if expected.size == 0:
+        return None
+    g = got.astype(np.float64)
+    e = expected.astype(np.float64)
+    close = np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if close.all():
+        return None
+    bad = np.argwhere(~close)
+    diff = np.abs(g - e)
+    diff[~np.isfinite(diff)] = np.inf
+    worst = np.unravel_index(np.argmax(np.where(close, -1, diff)), diff.shape)
+    lines = [f"{len(bad)} of {e.size} elements differ (tolerance {atol:g} + {rtol:g}·|expected|);"
+             f" largest difference {diff[worst]:.4g} at index {tuple(int(i) for i in worst)}"]
+    for idx in bad[:4]:
+        idx = tuple(int(i) for i in idx)
+        lines.append(f"    at {idx}: expected {e[idx]:.6g}, got {g[idx]:.6g}")
+    return "\n".join(lines)
+
+
+def check_close(what: str, got, expected, *, inputs: Mapping[str, object] | None = None,
+                rtol: float = 1e-5, atol: float = 1e-6, hint: str = "") -> None:
+    """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch."""
+    problem = mismatch(got, expected, rtol=rtol, atol=atol)
+    if problem is None:
+        return
+    text = f"{what} is wrong.\n" + show_inputs(inputs)
+    text += "  expected: " + show(np.asarray(expected)) + "\n"
+    text += "  got:      " + show(to_numpy(got)) + "\n  " + problem.replace("\n", "\n  ")
+    if hint:
+        text += "\n  hint: " + hint
+    raise CheckFailure(text)
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ``CheckFailure(message)`` unless ``condition`` holds."""
+    if not condition:
+        raise CheckFailure(message)
+
+
+def numerical_vjp(f: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
+                  weights: np.ndarray, eps: float = 1e-6) -> list[np.ndarray]:
+    """Central differences (float64) of L(x) = Σ f(x)·weights with respect to each array.
+
+    ``f`` is the numpy reference of the operation, so the gradient it yields is the true one,
+    independent of the student's forward pass.
+    """
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
+    grads = []
+    for k, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        for idx in np.ndindex(*a.shape):
+            old = a[idx]
+            a[idx] = old + eps
+            up = float((f(*arrays) * weights).sum())
+            a[idx] = old - eps
+            down = float((f(*arrays) * weights).sum())
+            a[idx] = old
+            g[idx] = (up - down) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
+                   names: Sequence[str], *, inputs: Mapping[str, object],
+                   out_grad: np.ndarray, rtol: float = 1e-3, atol: float = 1e-3) -> None:
+    """Compare each input's adjoint with its finite-difference value; name every wrong one.
+
+    ``atol`` scales with the largest finite-difference entry so tiny gradients are not waved
+    through and large ones are not failed for float32 rounding.
+    """
+    wrong = []
+    if len(analytic) != len(numeric):
+        raise CheckFailure(f"{what}: gradient returned {len(analytic)} adjoint(s), but the op "
+                           f"has {len(numeric)} input(s) ({', '.join(names)}); return one "
+                           "adjoint per input, in input order.")
+    for name, got, fd in zip(names, analytic, numeric):
+        scale = max(1.0, float(np.abs(fd).max())) if fd.size else 1.0
+        problem = mismatch(got, fd, rtol=rtol, atol=atol * scale)
+        if problem is not None:
+            wrong.append((name, got, fd, problem))
+    if not wrong:
+        return
+    text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
+    text += "does not match a finite-difference check.\n" + show_inputs(inputs)
+    text += "    " + show(out_grad, "out_grad") + "\n"
+    for name, got, fd, problem in wrong:
+        got = to_numpy(got)
+        text += f"  adjoint of {name!r}:\n"
+        text += "    finite difference: " + show(fd) + "\n"
+        text += "    your gradient:     " + show(got) + "\n"
+        if got.shape == fd.shape:
+            err = float(np.abs(got.astype(np.float64) - fd).max())
+            text += f"    off by up to {err:.4g} (largest |finite difference| is "
+            text += f"{float(np.abs(fd).max()):.4g})\n"
+        text += "    " + problem.replace("\n", "\n    ") + "\n"
+    raise CheckFailure(text.rstrip())
