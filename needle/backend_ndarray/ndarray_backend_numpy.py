@@ -20,11 +20,8 @@ _datatype = np.float32
 _datetype_size = np.dtype(_datatype).itemsize
 
 
-def _f32(x):
-    return np.asarray(x, dtype=np.float32)
-
-
-# The op tables: one numpy expression per op, in op-code order (protocol.BINARY_OPS ...).
+# The op tables: one numpy function per op, in op-code order (protocol.BINARY_OPS ...), each
+# called as f(a, b, out=...) / f(a, out=...) with a float32 out (comparisons write 1.0 / 0.0).
 # Semantics are numpy's float32 (IEEE): comparisons with NaN are false except `ne`,
 # maximum/minimum/max propagate NaN. Adding an op is one line here.
 _BINARY = {
@@ -35,12 +32,12 @@ _BINARY = {
     "power": np.power,
     "maximum": np.maximum,
     "minimum": np.minimum,
-    "eq": lambda a, b: _f32(np.equal(a, b)),
-    "ne": lambda a, b: _f32(np.not_equal(a, b)),
-    "lt": lambda a, b: _f32(np.less(a, b)),
-    "le": lambda a, b: _f32(np.less_equal(a, b)),
-    "gt": lambda a, b: _f32(np.greater(a, b)),
-    "ge": lambda a, b: _f32(np.greater_equal(a, b)),
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
 }
 _UNARY = {
     "neg": np.negative,
@@ -49,8 +46,8 @@ _UNARY = {
     "exp": np.exp,
     "log": np.log,
     "tanh": np.tanh,
-    "sigmoid": lambda a: _f32(1.0) / (_f32(1.0) + np.exp(-a)),
-    "relu": lambda a: np.where((a > 0) | np.isnan(a), a, _f32(0.0)),
+    "sigmoid": lambda a, out: np.divide(1.0, np.add(1.0, np.exp(-a), out=out), out=out),
+    "relu": lambda a, out: np.copyto(out, np.where((a > 0) | np.isnan(a), a, np.float32(0))),
 }
 # (function over axes, identity for an empty extent or None when an empty extent is an error)
 _REDUCE = {
@@ -244,8 +241,9 @@ def ewise_binary(op: int, a: Array, a_strides, a_offset: int, b: Array, b_stride
     _check_out(fn, out, size)
     if size:
         with np.errstate(all="ignore"):
-            out.array.reshape(tuple(shape))[...] = _BINARY_FUNCS[op](
-                _view(a, shape, a_strides, a_offset), _view(b, shape, b_strides, b_offset))
+            _BINARY_FUNCS[op](_view(a, shape, a_strides, a_offset),
+                              _view(b, shape, b_strides, b_offset),
+                              out=out.array.reshape(tuple(shape)))
 
 
 def ewise_scalar(op: int, a: Array, a_strides, a_offset: int, val: float, out: Array, shape,
@@ -259,9 +257,12 @@ def ewise_scalar(op: int, a: Array, a_strides, a_offset: int, val: float, out: A
     _check_out(fn, out, size)
     if size:
         x = _view(a, shape, a_strides, a_offset)
+        o = out.array.reshape(tuple(shape))
         with np.errstate(all="ignore"):
-            r = _BINARY_FUNCS[op](val, x) if reverse else _BINARY_FUNCS[op](x, val)
-        out.array.reshape(tuple(shape))[...] = r
+            if reverse:
+                _BINARY_FUNCS[op](val, x, out=o)
+            else:
+                _BINARY_FUNCS[op](x, val, out=o)
 
 
 def ewise_unary(op: int, a: Array, a_strides, a_offset: int, out: Array, shape) -> None:
@@ -273,8 +274,8 @@ def ewise_unary(op: int, a: Array, a_strides, a_offset: int, out: Array, shape) 
     _check_out(fn, out, size)
     if size:
         with np.errstate(all="ignore"):
-            out.array.reshape(tuple(shape))[...] = _UNARY_FUNCS[op](
-                _view(a, shape, a_strides, a_offset))
+            _UNARY_FUNCS[op](_view(a, shape, a_strides, a_offset),
+                             out=out.array.reshape(tuple(shape)))
 
 
 # ---- reductions -------------------------------------------------------------------------------
