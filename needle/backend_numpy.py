@@ -103,33 +103,43 @@ class NDArray(numpy.ndarray):
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
 
     def maximum(self, other) -> "NDArray":
+        """Element-wise max with an array (broadcast) or a scalar."""
         return numpy.maximum(self, other)
 
     def minimum(self, other) -> "NDArray":
+        """Element-wise min with an array (broadcast) or a scalar."""
         return numpy.minimum(self, other)
 
     def log(self) -> "NDArray":
+        """Natural logarithm, element-wise."""
         return numpy.log(self)
 
     def exp(self) -> "NDArray":
+        """exp, element-wise."""
         return numpy.exp(self)
 
     def tanh(self) -> "NDArray":
+        """tanh, element-wise."""
         return numpy.tanh(self)
 
     def sqrt(self) -> "NDArray":
+        """Square root, element-wise."""
         return numpy.sqrt(self)
 
     def abs(self) -> "NDArray":
+        """Absolute value, element-wise."""
         return numpy.abs(self)
 
     def neg(self) -> "NDArray":
+        """-self, element-wise."""
         return numpy.negative(self)
 
     def relu(self) -> "NDArray":
+        """max(self, 0), element-wise (NaN propagates)."""
         return numpy.maximum(self, 0)
 
     def sigmoid(self) -> "NDArray":
+        """1 / (1 + exp(-self)), element-wise."""
         with numpy.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: σ = 0
             return 1 / (1 + numpy.exp(-self))
 
@@ -242,54 +252,67 @@ def full(shape, fill_value, dtype="float32", device=None) -> NDArray:
 
 
 def broadcast_to(a: NDArray, new_shape) -> NDArray:
+    """``a`` broadcast to ``new_shape`` (a read-only view)."""
     return _as_ndarray(a).broadcast_to(new_shape)
 
 
 def reshape(a: NDArray, new_shape) -> NDArray:
+    """``a`` with ``new_shape`` (same number of elements)."""
     return _as_ndarray(a).reshape(new_shape)
 
 
 def permute(a: NDArray, new_axes) -> NDArray:
+    """``a`` with its axes reordered (a view)."""
     return _as_ndarray(a).permute(new_axes)
 
 
 def maximum(a: NDArray, b) -> NDArray:
+    """Element-wise max of ``a`` and an array or scalar ``b`` (broadcasting)."""
     return numpy.maximum(_as_ndarray(a), b)
 
 
 def minimum(a: NDArray, b) -> NDArray:
+    """Element-wise min of ``a`` and an array or scalar ``b`` (broadcasting)."""
     return numpy.minimum(_as_ndarray(a), b)
 
 
 def log(a: NDArray) -> NDArray:
+    """Natural logarithm of ``a``, element-wise."""
     return numpy.log(_as_ndarray(a))
 
 
 def exp(a: NDArray) -> NDArray:
+    """exp(a), element-wise."""
     return numpy.exp(_as_ndarray(a))
 
 
 def tanh(a: NDArray) -> NDArray:
+    """tanh(a), element-wise."""
     return numpy.tanh(_as_ndarray(a))
 
 
 def sqrt(a: NDArray) -> NDArray:
+    """Square root of ``a``, element-wise."""
     return numpy.sqrt(_as_ndarray(a))
 
 
 def sigmoid(a: NDArray) -> NDArray:
+    """1 / (1 + exp(-a)), element-wise."""
     return _as_ndarray(a).sigmoid()
 
 
 def relu(a: NDArray) -> NDArray:
+    """max(a, 0), element-wise."""
     return _as_ndarray(a).relu()
 
 
 def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
+    """Sum of ``a`` over ``axis`` (None, an int or a tuple); an array, 0-d for a full sum."""
     return _as_ndarray(a).sum(axis=axis, keepdims=keepdims)
 
 
 def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
+    """Maximum of ``a`` over ``axis``; ValueError over an empty axis."""
     return _as_ndarray(a).max(axis=axis, keepdims=keepdims)
 
 
@@ -299,10 +322,12 @@ def matmul(a: NDArray, b: NDArray) -> NDArray:
 
 
 def flip(a: NDArray, axes) -> NDArray:
+    """A copy of ``a`` reversed along ``axes``."""
     return _as_ndarray(a).flip(axes)
 
 
 def pad(a: NDArray, axes) -> NDArray:
+    """``a`` zero-padded by one (before, after) pair per dimension."""
     return _as_ndarray(a).pad(axes)
 
 

@@ -55,6 +55,9 @@ def scalar_value(value, what: str) -> Union[int, float]:
     NDArray); a bool, complex number, string or larger array is a TypeError. Converting keeps
     the tensor's dtype: a numpy float64 scalar does not promote a float32 tensor.
     """
+    kind = type(value)
+    if kind is float or kind is int:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, (bool, numpy.bool_)):
         raise TypeError(f"{what} needs a real number, got a bool")
     if isinstance(value, Integral):
@@ -280,7 +283,7 @@ class ReLU(TensorOp):
     """max(a, 0), element-wise; its derivative is taken as 0 at a = 0."""
 
     def compute(self, a: NDArray):
-        return a.maximum(0)
+        return a.relu()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         # relu(a) > 0 exactly where a > 0: a constant 0/1 mask (a bool array under numpy)
