@@ -1,0 +1,341 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Generative adversarial networks
+#
+# **Lecture:** 19, "Generative Adversarial Networks", and 20, "Generative Adversarial Networks
+# Implementation" (whose official notebook is written in needle)
+#
+# **Homework:** none (the course has no homework for GANs)
+#
+# **Prerequisites:** notebook 04 (modules, `SoftmaxLoss`, Adam, the training loop)
+#
+# **You will be able to:** write a generator and a discriminator as needle modules; train them
+# with alternating updates on the minimax objective; read the discriminator's decision surface and
+# the loss curves of a GAN; say what a GAN's training does and does not guarantee
+#
+# **Run time:** about 30 s on an idle 2-core x86-64 machine (25 s of CPU time)
+#
+# A GAN learns to *sample*: a generator $G$ maps noise $z \sim \mathcal N(0, I)$ to samples
+# $G(z)$, and a discriminator $D$ is trained to tell real samples from generated ones. The two
+# play the minimax game
+#
+# $$\min_G \max_D \; \mathbb E_{x \sim \text{data}}[\log D(x)] + \mathbb E_{z}[\log(1 - D(G(z)))],$$
+#
+# solved by alternating gradient steps. As in the course, $D$ outputs two logits (class 1 =
+# "real", class 0 = "generated") and both players use `nn.SoftmaxLoss`. The generator's step uses
+# the *non-saturating* form: it minimizes $-\log D(G(z))$ (the loss of calling its samples
+# "real") rather than maximizing $-\log(1 - D(G(z)))$, whose gradient vanishes when $D$ is
+# confident early in training.
+#
+# Part 1 repeats the course's lecture: a linear generator learns a 2-D Gaussian. Part 2 trains a
+# small MLP GAN on scikit-learn's 8 × 8 handwritten digits (offline).
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+
+import needle as ndl
+import needle.nn as nn
+from needle.viz import save_figure
+
+np.set_printoptions(precision=3, suppress=True)
+np.random.seed(0)
+device = ndl.cpu()
+
+
+def tensor(array, requires_grad=False):
+    """A float32 needle Tensor on ``device``."""
+    return ndl.Tensor(np.asarray(array, dtype=np.float32), device=device,
+                      requires_grad=requires_grad)
+
+
+def gan_step(G, D, opt_G, opt_D, real, z):
+    """One alternating update: G on the non-saturating loss, then D on real vs fake.
+
+    real: (B, d) data, z: (B, k) noise. Returns (generator loss, discriminator loss).
+    """
+    B = real.shape[0]
+    ones, zeros = tensor(np.ones(B)), tensor(np.zeros(B))
+    loss_fn = nn.SoftmaxLoss()
+    fake = G(tensor(z))
+    opt_G.reset_grad()
+    loss_G = loss_fn(D(fake), ones)  # G wants D to say "real" (label 1)
+    loss_G.backward()
+    opt_G.step()
+    opt_D.reset_grad()
+    fake = fake.detach()  # D's step must not reach into G
+    loss_D = (loss_fn(D(tensor(real)), ones) + loss_fn(D(fake), zeros)) * 0.5
+    loss_D.backward()
+    opt_D.step()
+    return float(loss_G.numpy()), float(loss_D.numpy())
+
+
+def p_real(D, x):
+    """D's probability that each row of x (n, d) is real: softmax of its two logits."""
+    logits = D(tensor(x)).numpy().astype(np.float64)
+    return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))
+
+
+# %% [markdown]
+# ## 1. A 2-D Gaussian (the course's example)
+#
+# The data are $x = zA + \mu$ with $z \sim \mathcal N(0, I_2)$, so $x \sim \mathcal N(\mu,
+# A^\top A)$. The generator is one `Linear(2, 2)`: $G(z) = zW + b$, which can represent exactly
+# this family. The discriminator is an MLP with layers of 20 and 10 units.
+
+# %%
+A = np.array([[1.0, 2.0], [-0.2, 0.5]])
+mu = np.array([2.0, 1.0])
+data = np.random.normal(0, 1, (3200, 2)) @ A + mu
+target_cov = A.T @ A
+print("target mean", mu, " target covariance\n", target_cov)
+
+G = nn.Sequential(nn.Linear(2, 2, device=device))
+D = nn.Sequential(nn.Linear(2, 20, device=device), nn.ReLU(),
+                  nn.Linear(20, 10, device=device), nn.ReLU(), nn.Linear(10, 2, device=device))
+opt_G = ndl.optim.Adam(G.parameters(), lr=0.003)
+opt_D = ndl.optim.Adam(D.parameters(), lr=0.003)
+
+
+def moment_errors(G):
+    """|mean - mu| and the relative Frobenius error of the covariance of G's distribution.
+
+    G(z) = zW + b with z ~ N(0, I) is N(b, WᵀW) exactly, so both come from the parameters.
+    """
+    W, b = (p.numpy().astype(np.float64) for p in G.parameters())
+    return (float(np.linalg.norm(b.ravel() - mu)),
+            float(np.linalg.norm(W.T @ W - target_cov) / np.linalg.norm(target_cov)))
+
+
+STEPS, B = 4000, 32
+SNAPSHOTS = (0, 200, 1000, STEPS)
+z_eval = np.random.normal(0, 1, (3000, 2))
+samples = {0: G(tensor(z_eval)).numpy()}
+surfaces = {}
+lo, hi = data.min(axis=0) - 1, data.max(axis=0) + 1
+gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
+grid = np.stack([gx.ravel(), gy.ravel()], axis=1)
+history, moments = [], [moment_errors(G)]
+for step in range(1, STEPS + 1):
+    real = data[np.random.randint(0, len(data), B)]
+    history.append(gan_step(G, D, opt_G, opt_D, real, np.random.normal(0, 1, (B, 2))))
+    if step % 50 == 0:
+        moments.append(moment_errors(G))
+    if step in SNAPSHOTS:
+        samples[step] = G(tensor(z_eval)).numpy()
+        surfaces[step] = p_real(D, grid).reshape(gx.shape)
+history, moments = np.array(history), np.array(moments)
+
+# %% [markdown]
+# Generated samples (orange) over the data (grey) across training, and the discriminator's
+# probability of "real" over the plane at the same steps:
+
+# %%
+fig, axes = plt.subplots(1, len(SNAPSHOTS), figsize=(15, 3.6), sharex=True, sharey=True)
+for ax, step in zip(axes, SNAPSHOTS):
+    if step in surfaces:
+        cs = ax.contourf(gx, gy, surfaces[step], levels=np.linspace(0, 1, 11), cmap="RdBu_r",
+                         alpha=0.6)
+    ax.scatter(data[:600, 0], data[:600, 1], s=3, c="0.3", label="real")
+    ax.scatter(samples[step][:600, 0], samples[step][:600, 1], s=3, c="tab:orange",
+               label="generated")
+    ax.set_title(f"step {step}")
+    ax.set_xlabel("$x_1$")
+axes[0].set_ylabel("$x_2$")
+axes[0].legend(loc="upper left", markerscale=4)
+fig.colorbar(cs, ax=axes, label="D's P(real)", shrink=0.9)
+save_figure(fig, "gan_2d_samples")
+plt.show()
+
+# %% [markdown]
+# Early on the discriminator's surface separates the two clouds (red where it says "real"); the
+# generator follows the gradient of that surface and moves its cloud onto the data. At the end
+# the surface is nearly flat at 1/2 where the data lie: the discriminator can no longer tell.
+#
+# The generator's distribution is $\mathcal N(b, W^\top W)$, so its mean and covariance can be
+# read off its parameters (recorded every 50 steps) and compared with the target. The errors
+# are not monotone: the generator moves whenever the discriminator finds a difference, so the
+# asserts use the average over the last 1000 steps. (The course's step size 0.01 gets close
+# sooner but wanders further around the target; 0.003 is used here.) Note that $W$ itself need
+# not equal $A$: any $W = QA$ with $Q$ orthogonal gives the same distribution, and the GAN only
+# sees samples.
+
+# %%
+W, b = (p.numpy().astype(np.float64) for p in G.parameters())
+print("generator mean      ", b.ravel(), "  target", mu)
+print("generator covariance\n", W.T @ W)
+print("W =\n", W, "\nA =\n", A)
+late_mean_err, late_cov_err = moments[-20:].mean(axis=0)
+print(f"at step 0: mean error {moments[0, 0]:.2f}, covariance error {moments[0, 1]:.2f}")
+print(f"average over the last 1000 steps: mean error {late_mean_err:.2f}, "
+      f"covariance error {late_cov_err:.2f}")
+assert moments[0, 0] > 1.0 and late_mean_err < 0.25
+assert late_cov_err < 0.15 and late_cov_err < moments[0, 1] / 2
+
+# %% [markdown]
+# The discriminator's accuracy on fresh real and generated samples, and the loss curves:
+
+# %%
+fresh_real = np.random.normal(0, 1, (4000, 2)) @ A + mu
+fresh_fake = G(tensor(np.random.normal(0, 1, (4000, 2)))).numpy()
+d_acc = 0.5 * ((p_real(D, fresh_real) > 0.5).mean() + (p_real(D, fresh_fake) < 0.5).mean())
+window = 300
+late_G, late_D = history[-window:].mean(axis=0)
+print(f"discriminator accuracy at the end: {d_acc:.3f}")
+print(f"mean losses over the last {window} steps: G {late_G:.3f}, D {late_D:.3f} "
+      f"(ln 2 = {np.log(2):.3f})")
+print(f"D loss over the first 20 steps {history[:20, 1].mean():.3f}")
+assert abs(d_acc - 0.5) < 0.1
+assert history[:20, 1].mean() > 1.0  # the curves start far from ln 2 ...
+assert abs(late_D - np.log(2)) < 0.02 and abs(late_G - np.log(2)) < 0.1  # ... and settle there
+
+# %% [markdown]
+# At the game's equilibrium $D(x) = 1/2$ everywhere, so each of D's two cross-entropies is
+# $\ln 2$, and so is the generator's loss: both curves settle at $\ln 2 \approx 0.693$.
+
+# %%
+def smooth(values, width=50):
+    return np.convolve(values, np.ones(width) / width, mode="valid")
+
+
+fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.2))
+ax.plot(smooth(history[:, 0]), label="generator")
+ax.plot(smooth(history[:, 1]), label="discriminator")
+ax.axhline(np.log(2), color="k", lw=0.8, ls="--", label="ln 2")
+ax.set_xlabel("step")
+ax.set_ylabel("loss (moving average of 50)")
+ax.set_ylim(0, 2)
+ax.legend()
+ax2.plot(np.arange(len(moments)) * 50, moments[:, 0], label="|mean - μ|")
+ax2.plot(np.arange(len(moments)) * 50, moments[:, 1], label="relative covariance error")
+ax2.set_xlabel("step")
+ax2.set_ylabel("error of G's distribution")
+ax2.set_ylim(bottom=0)
+ax2.legend()
+save_figure(fig, "gan_2d_losses")
+plt.show()
+
+# %% [markdown]
+# ## 2. A small image GAN on the 8 × 8 digits
+#
+# The same two players, now MLPs on 64-pixel images: $G$ maps 16 noise values through 128 ReLU
+# units to 64 pixels in $(0, 1)$ (a sigmoid), and $D$ maps 64 pixels through 128 ReLU units to two
+# logits. Adam with $\beta_1 = 0.5$, the usual GAN setting, and batches of 64.
+#
+# A GAN has no likelihood to report, so the samples are judged from outside: a logistic-regression
+# digit classifier trained on the real digits (scikit-learn, independent of needle) says how
+# confidently each generated image looks like some digit, and which digit.
+
+# %%
+digits = load_digits()
+X_digits = digits.data / 16.0
+classifier = LogisticRegression(max_iter=3000).fit(X_digits, digits.target)
+noise_images = np.random.uniform(0, 1, (1000, 64)) * X_digits.mean() * 2
+conf_real = classifier.predict_proba(X_digits).max(axis=1).mean()
+conf_noise = classifier.predict_proba(noise_images).max(axis=1).mean()
+print(f"classifier confidence: real digits {conf_real:.3f}, uniform noise {conf_noise:.3f}")
+
+ZD = 16
+G2 = nn.Sequential(nn.Linear(ZD, 128, device=device), nn.ReLU(),
+                   nn.Linear(128, 64, device=device), nn.Sigmoid())
+D2 = nn.Sequential(nn.Linear(64, 128, device=device), nn.ReLU(), nn.Linear(128, 2, device=device))
+opt_G2 = ndl.optim.Adam(G2.parameters(), lr=0.002, beta1=0.5)
+opt_D2 = ndl.optim.Adam(D2.parameters(), lr=0.002, beta1=0.5)
+
+STEPS2, B2 = 3000, 64
+SNAPSHOTS2 = (0, 200, 1000, STEPS2)
+z_show = np.random.normal(0, 1, (24, ZD))
+z_many = np.random.normal(0, 1, (1000, ZD))
+shown, confidence, classes = {}, {}, {}
+
+
+def evaluate(step):
+    """Record the shown samples, the classifier's mean confidence and predicted classes."""
+    shown[step] = G2(tensor(z_show)).numpy()
+    proba = classifier.predict_proba(G2(tensor(z_many)).numpy())
+    confidence[step] = proba.max(axis=1).mean()
+    classes[step] = np.bincount(proba.argmax(axis=1), minlength=10)
+
+
+evaluate(0)
+history2 = []
+for step in range(1, STEPS2 + 1):
+    real = X_digits[np.random.randint(0, len(X_digits), B2)]
+    history2.append(gan_step(G2, D2, opt_G2, opt_D2, real, np.random.normal(0, 1, (B2, ZD))))
+    if step in SNAPSHOTS2:
+        evaluate(step)
+history2 = np.array(history2)
+for step in SNAPSHOTS2:
+    print(f"step {step:4d}: classifier confidence {confidence[step]:.3f}, "
+          f"samples per class {classes[step].tolist()}")
+
+# %%
+fig, axes = plt.subplots(len(SNAPSHOTS2) + 1, 12, figsize=(9, 4.4))
+rows = [(f"step {s}", shown[s]) for s in SNAPSHOTS2] + [("real", X_digits[:12])]
+for r, (name, images) in enumerate(rows):
+    for c in range(12):
+        axes[r, c].imshow(images[c].reshape(8, 8), cmap="gray_r", vmin=0, vmax=1)
+        axes[r, c].set_xticks([])
+        axes[r, c].set_yticks([])
+    axes[r, 0].set_ylabel(name, rotation=0, ha="right", va="center")
+fig.suptitle("generated digits across training (same noise in every row), and real digits")
+save_figure(fig, "gan_digits")
+plt.show()
+
+# %% [markdown]
+# What can be asserted robustly: the generated images become markedly more digit-like to the
+# independent classifier, every digit class is produced (no collapse onto a few modes in this
+# run), and the generated pixel mean matches the data's.
+
+# %%
+fresh = G2(tensor(np.random.normal(0, 1, (2000, ZD)))).numpy()
+class_share = classes[STEPS2] / classes[STEPS2].sum()
+d2_acc = 0.5 * ((p_real(D2, X_digits) > 0.5).mean() + (p_real(D2, fresh) < 0.5).mean())
+print(f"confidence {confidence[0]:.3f} at step 0 -> {confidence[STEPS2]:.3f} at the end "
+      f"(real digits {conf_real:.3f})")
+print(f"smallest class share {class_share.min():.3f}; pixel mean generated {fresh.mean():.3f}, "
+      f"real {X_digits.mean():.3f}")
+print(f"discriminator accuracy at the end {d2_acc:.3f}")
+assert confidence[STEPS2] > confidence[0] + 0.1
+assert class_share.min() > 0.03
+assert abs(fresh.mean() - X_digits.mean()) < 0.03
+assert 0.6 < d2_acc < 0.9  # the text below describes this run: D still wins
+
+# %% [markdown]
+# The discriminator here is *not* at one half: it still separates real from generated images
+# about three times in four. The two-player game has not reached its equilibrium, and the
+# generated digits, though recognizable, are blurrier than real ones.
+#
+# ## 3. What a GAN does not guarantee
+#
+# * **Convergence.** Alternating gradient steps on a minimax game are not gradient descent on any
+#   loss; they can circle or oscillate around the equilibrium (the moment errors above go up as
+#   well as down). The 2-D run settles near the target; the digit run is still a contest after
+#   3000 steps. Neither loss falls to zero, and a low generator loss is
+#   no evidence of good samples (it may only mean the discriminator is weak).
+# * **Coverage of the data.** The generator is rewarded only for samples D accepts, not for
+#   producing every kind of sample; it can *collapse* onto a few modes. This run covers all ten
+#   classes, measured by the classifier, which is a check outside the GAN, not a property of it.
+# * **A likelihood.** A GAN gives samples, not $p(x)$: there is no held-out log-likelihood to
+#   compare models with, and sample quality is judged by external scores, as above.
+# * **Identifiability.** Even when it succeeds it matches a distribution, not a mechanism: in part 1
+#   the generator found $W \ne A$ with $W^\top W \approx A^\top A$.
+# * **A discriminator at one half means nothing alone.** A discriminator that cannot learn
+#   anything also scores one half. The 2-D result is convincing because the moments match too.
+#
+# Within these limits the asserted numbers above (mean and covariance errors, the final
+# discriminator accuracy, the loss levels, classifier confidence and class coverage) hold for
+# this seed; a different seed gives a different, usually similar, run.
