@@ -48,6 +48,7 @@ def cifar_dir(tmp_path):
     return tmp_path
 
 
+@pytest.mark.hw4_cifar10_dataset
 def test_reads_all_train_batches_in_order(cifar_dir):
     ds = ndl.data.CIFAR10Dataset(str(cifar_dir), train=True)
     assert len(ds) == 12
@@ -60,6 +61,7 @@ def test_reads_all_train_batches_in_order(cifar_dir):
             assert x[c, h, w] == pytest.approx(pixel(n, c, h, w) / 255.0, abs=1e-7)
 
 
+@pytest.mark.hw4_cifar10_dataset
 def test_reads_test_batch(cifar_dir):
     ds = ndl.data.CIFAR10Dataset(str(cifar_dir), train=False)
     assert len(ds) == 5

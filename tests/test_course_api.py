@@ -31,6 +31,7 @@ def is_float_pair(result) -> bool:
 
 # ---- hw0: simple_ml in numpy --------------------------------------------------------------------
 @pytest.mark.apps
+@pytest.mark.hw0_add
 def test_add():
     assert simple_ml.add(5, 6) == 11
     assert simple_ml.add(3.2, 1.5) == 3.2 + 1.5

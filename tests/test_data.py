@@ -22,6 +22,7 @@ MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 # ---- transforms --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.hw2_flip_horizontal
 def test_flip_follows_the_course_draw(seed):
     img = np.random.rand(4, 5, 3)
     np.random.seed(seed)
@@ -32,6 +33,7 @@ def test_flip_follows_the_course_draw(seed):
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.hw2_flip_horizontal
 def test_flip_extremes():
     img = np.arange(24.0).reshape(2, 4, 3)
     np.testing.assert_array_equal(ndl.data.RandomFlipHorizontal(1.0)(img), img[:, ::-1, :])
@@ -41,6 +43,7 @@ def test_flip_extremes():
 @settings(max_examples=30, deadline=None)
 @given(h=st.integers(1, 6), w=st.integers(1, 6), c=st.integers(1, 3), pad=st.integers(0, 4),
        seed=st.integers(0, 2**31 - 1))
+@pytest.mark.hw2_random_crop
 def test_crop_matches_a_shift_loop(h, w, c, pad, seed):
     img = np.random.RandomState(seed).rand(h, w, c)
     np.random.seed(seed)
@@ -85,6 +88,7 @@ def test_ndarray_dataset_indexing_and_validation():
 
 
 @pytest.mark.parametrize("n,batch", [(10, 3), (9, 3), (5, 7), (1, 1)])
+@pytest.mark.hw2_dataloader
 def test_loader_batches_in_order(n, batch):
     X = np.random.rand(n, 4).astype(np.float32)
     y = np.arange(n)
@@ -101,6 +105,7 @@ def test_loader_batches_in_order(n, batch):
     assert start == n
 
 
+@pytest.mark.hw2_dataloader
 def test_loader_shuffle_draws_a_permutation_per_epoch():
     n, batch = 11, 4
     ds = ndl.data.NDArrayDataset(np.arange(n).reshape(n, 1).astype(np.float32))
@@ -152,6 +157,7 @@ def _write_mnist(tmp_path, images: np.ndarray, labels: np.ndarray, gz=True):
 
 
 @pytest.mark.parametrize("gz", [True, False])
+@pytest.mark.hw0_parse_mnist
 def test_parse_mnist_hand_built_file(tmp_path, gz):
     images = np.random.randint(0, 256, size=(7, 3, 4))
     labels = np.random.randint(0, 10, size=7)
@@ -215,6 +221,7 @@ def test_count_mismatch_and_missing_file(tmp_path):
         ndl.data.MNISTDataset(str(tmp_path / "nope"), str(ip))
 
 
+@pytest.mark.hw2_mnist_dataset
 def test_mnist_dataset_indexing_and_transforms(tmp_path):
     images = np.random.randint(0, 256, size=(6, 4, 5))
     labels = np.array([3, 1, 4, 1, 5, 9])
@@ -236,6 +243,8 @@ def test_mnist_dataset_indexing_and_transforms(tmp_path):
     np.testing.assert_allclose(xs, images[[1, 2]][:, :, ::-1].reshape(2, 20) / 255.0, rtol=1e-6)
 
 
+@pytest.mark.hw2_mnist_dataset
+@pytest.mark.hw2_dataloader
 def test_loader_over_mnist_dataset(tmp_path):
     images = np.random.randint(0, 256, size=(5, 2, 2))
     ds = ndl.data.MNISTDataset(*map(str, _write_mnist(tmp_path, images, np.arange(5))))

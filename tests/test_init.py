@@ -134,6 +134,7 @@ def test_bad_shapes_raise(bad, exc):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_xavier_uniform
 def test_xavier_uniform_formula(device):
     np.random.seed(0)
     t = init.xavier_uniform(3, 5, gain=1.5, device=device)
@@ -148,6 +149,7 @@ def test_xavier_uniform_formula(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_xavier_normal
 def test_xavier_normal_formula(device):
     np.random.seed(0)
     t = init.xavier_normal(4, 6, gain=2.0, device=device)
@@ -159,6 +161,7 @@ def test_xavier_normal_formula(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_kaiming_uniform
 def test_kaiming_uniform_seeded_numbers(device):
     np.random.seed(0)
     t = init.kaiming_uniform(3, 5, device=device)
@@ -171,6 +174,7 @@ def test_kaiming_uniform_seeded_numbers(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_kaiming_uniform
 def test_kaiming_uniform_shape_overrides_shape_not_bound(device):
     np.random.seed(2)
     t = init.kaiming_uniform(4 * 9, 8 * 9, shape=(3, 3, 4, 8), device=device)
@@ -182,6 +186,7 @@ def test_kaiming_uniform_shape_overrides_shape_not_bound(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_kaiming_normal
 def test_kaiming_normal_formula(device):
     np.random.seed(4)
     t = init.kaiming_normal(6, 2, device=device)

@@ -64,6 +64,7 @@ def log_softmax(z):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seq_model", ["rnn", "lstm"])
 @pytest.mark.parametrize("num_layers", [1, 2])
+@pytest.mark.hw4_language_model
 def test_recurrent_language_model_matches_numpy(device, seq_model, num_layers):
     V, E, H, S, B = 11, 4, 5, 3, 2
     model = LanguageModel(E, V, H, num_layers=num_layers, seq_model=seq_model, device=device)

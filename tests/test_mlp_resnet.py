@@ -14,6 +14,7 @@ def _types(seq):
     return [type(m) for m in seq.modules]
 
 
+@pytest.mark.hw2_mlp_resnet
 def test_residual_block_structure():
     block = mr.ResidualBlock(6, 4, norm=nn.LayerNorm1d, drop_prob=0.3)
     assert _types(block) == [nn.Residual, nn.ReLU]
@@ -23,6 +24,7 @@ def test_residual_block_structure():
     assert inner.modules[3].p == 0.3
 
 
+@pytest.mark.hw2_mlp_resnet
 def test_mlp_resnet_structure_and_parameter_count():
     dim, hidden, blocks, classes = 12, 10, 2, 7
     model = mr.MLPResNet(dim, hidden, blocks, classes)
@@ -48,6 +50,7 @@ def _norm_eval(mod, h):
 
 
 @pytest.mark.parametrize("norm", [nn.BatchNorm1d, nn.LayerNorm1d])
+@pytest.mark.hw2_mlp_resnet
 def test_residual_block_eval_forward_matches_numpy(norm):
     block = mr.ResidualBlock(5, 3, norm=norm, drop_prob=0.5)
     block.eval()
@@ -71,6 +74,7 @@ def _loss64(Z, y):
     return np.mean(lse - Z[np.arange(len(y)), y])
 
 
+@pytest.mark.hw2_mlp_resnet_epoch
 def test_eval_epoch_matches_a_manual_pass(digit_loaders):
     _, test_loader = digit_loaders
     model = mr.MLPResNet(64, 16, num_blocks=1)

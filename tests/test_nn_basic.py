@@ -30,6 +30,7 @@ def backward_weighted(out, w, device):
 
 # ---- Linear ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_linear
 def test_linear_rng_order_shapes_forward_backward(device):
     np.random.seed(1)
     lin = nn.Linear(4, 3, device=device)
@@ -83,6 +84,7 @@ def test_linear_rejects_wrong_features():
      lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2),
     (nn.Identity, lambda x: x, lambda x: np.ones_like(x)),
 ], ids=["relu", "tanh", "sigmoid", "identity"])
+@pytest.mark.hw2_relu
 def test_elementwise_modules(device, module, f, df):
     X = np.random.randn(3, 4) * 3
     x = T(X, device)
@@ -105,6 +107,7 @@ def test_sigmoid_is_finite_at_extremes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_flatten
 def test_flatten(device):
     X = np.random.randn(2, 3, 4, 5)
     x = T(X, device)
@@ -117,6 +120,8 @@ def test_flatten(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_sequential
+@pytest.mark.hw2_residual
 def test_sequential_and_residual(device):
     np.random.seed(0)
     l1, l2 = nn.Linear(4, 6, device=device), nn.Linear(6, 4, device=device)
@@ -143,6 +148,7 @@ def softmax_loss_ref(z, y):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_softmax_loss
 def test_softmax_loss_value_and_gradient(device):
     Z = np.random.randn(6, 5) * 2
     y = np.array([0, 4, 2, 2, 1, 3])
@@ -156,6 +162,7 @@ def test_softmax_loss_value_and_gradient(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_softmax_loss
 def test_softmax_loss_large_logits_are_stable(device):
     Z = np.array([[1000.0, 0.0, -1000.0], [0.0, 1000.0, 1001.0]])
     y = np.array([1, 2])
@@ -183,6 +190,7 @@ def ln_ref(x, w, b, eps):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_batchnorm
 def test_batchnorm1d_train_forward_backward(device):
     bn = nn.BatchNorm1d(3, device=device)
     wv, bv = np.array([0.5, 2.0, -1.0]), np.array([0.1, -0.3, 0.7])
@@ -204,6 +212,7 @@ def test_batchnorm1d_train_forward_backward(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_batchnorm
 def test_batchnorm1d_running_stats_and_eval(device):
     bn = nn.BatchNorm1d(4, momentum=0.2, device=device)
     assert [id(p) for p in bn.parameters()] == [id(bn.weight), id(bn.bias)]
@@ -258,6 +267,7 @@ def test_batchnorm2d_nchw(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_layernorm
 def test_layernorm1d_forward_backward(device):
     ln = nn.LayerNorm1d(4, eps=1e-3, device=device)
     wv, bv = np.array([1.0, 0.5, -2.0, 3.0]), np.array([0.0, 1.0, -1.0, 0.2])
@@ -312,6 +322,7 @@ def test_batchnorm_empty_training_batch_leaves_running_statistics(device):
 
 # ---- Dropout ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_dropout
 def test_dropout_exact_mask_given_seed(device):
     X = np.random.randn(4, 5).astype(F32)
     drop = nn.Dropout(0.3)
@@ -323,6 +334,7 @@ def test_dropout_exact_mask_given_seed(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw2_dropout
 def test_dropout_statistics_and_eval(device):
     X = np.ones((200, 100), F32)
     out = nn.Dropout(0.4)(T(X, device)).numpy()

@@ -51,6 +51,7 @@ FORWARD_CASES = [(4, 8, 16, 3, 1), (32, 8, 16, 3, 2), (32, 8, 8, 3, 2), (32, 16,
 
 @pytest.mark.parametrize("s,cin,cout,k,stride", FORWARD_CASES)
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_nn_conv
 def test_conv_forward_matches_loop(s, cin, cout, k, stride, device):
     np.random.seed(0)
     f = ndl.nn.Conv(cin, cout, k, stride=stride, device=device)
@@ -90,6 +91,7 @@ BACKWARD_CASES = [(2, 4, 1, 1, 3, 1), (2, 5, 3, 4, 3, 1), (2, 5, 3, 4, 3, 2), (1
 
 @pytest.mark.parametrize("n,s,cin,cout,k,stride", BACKWARD_CASES)
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_nn_conv
 def test_conv_backward_finite_differences(n, s, cin, cout, k, stride, device):
     """d/d(x, weight, bias) of sum(conv(x) * R) against central differences of the loop."""
     np.random.seed(2)
@@ -118,6 +120,7 @@ def test_conv_backward_finite_differences(n, s, cin, cout, k, stride, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_nn_conv
 def test_conv_init_draws_weight_then_bias(device):
     cin, cout, k = 3, 5, 3
     np.random.seed(7)

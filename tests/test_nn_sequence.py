@@ -94,6 +94,8 @@ def check_fd(loss_ref, arrays, grads, rtol=2e-3, atol=2e-4):
 # ---- initialisation ----------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cls,gates", [(nn.RNNCell, 1), (nn.LSTMCell, 4)])
+@pytest.mark.hw4_rnn_cell
+@pytest.mark.hw4_lstm_cell
 def test_cell_init_order_bounds_and_shapes(device, cls, gates):
     I, H = 3, 5
     np.random.seed(7)
@@ -127,6 +129,7 @@ def test_stacked_modules_hold_one_cell_per_layer(device):
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("given_h", [True, False])
+@pytest.mark.hw4_rnn_cell
 def test_rnn_cell_forward_backward(device, nonlinearity, bias, given_h):
     B, I, H = 3, 4, 5
     cell = nn.RNNCell(I, H, bias=bias, nonlinearity=nonlinearity, device=device)
@@ -155,6 +158,7 @@ def test_rnn_cell_forward_backward(device, nonlinearity, bias, given_h):
 @pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
 @pytest.mark.parametrize("given_h", [True, False])
+@pytest.mark.hw4_rnn
 def test_rnn_forward_backward(device, num_layers, nonlinearity, given_h):
     S, B, I, H, L = 4, 2, 3, 5, num_layers
     rnn = nn.RNN(I, H, num_layers=L, nonlinearity=nonlinearity, device=device)
@@ -190,6 +194,7 @@ def test_rnn_forward_backward(device, num_layers, nonlinearity, given_h):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("given_h", [True, False])
+@pytest.mark.hw4_lstm_cell
 def test_lstm_cell_forward_backward(device, bias, given_h):
     B, I, H = 3, 4, 2
     cell = nn.LSTMCell(I, H, bias=bias, device=device)
@@ -218,6 +223,7 @@ def test_lstm_cell_forward_backward(device, bias, given_h):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_lstm_cell
 def test_lstm_gate_order_is_i_f_g_o(device):
     """Hand-derived: with zero weights and a bias that opens exactly one gate slice at a time,
     c' and h' follow from the gate order i, f, g, o."""
@@ -243,6 +249,7 @@ def test_lstm_gate_order_is_i_f_g_o(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("given_h", [True, False])
+@pytest.mark.hw4_lstm
 def test_lstm_forward_backward(device, num_layers, given_h):
     S, B, I, H, L = 3, 2, 3, 2, num_layers
     lstm = nn.LSTM(I, H, num_layers=L, device=device)
@@ -279,6 +286,7 @@ def test_lstm_forward_backward(device, num_layers, given_h):
 
 # ---- Embedding ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_embedding
 def test_embedding_lookup_and_gradient(device):
     N, D, S, B = 7, 3, 4, 2
     np.random.seed(3)

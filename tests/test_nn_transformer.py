@@ -105,6 +105,7 @@ def _host(a):
     return a.numpy() if hasattr(a, "numpy") else np.asarray(a)
 
 
+@pytest.mark.hw4_extra_attention
 def test_causal_mask_hand_derived():
     m = nn.MultiHeadAttention(causal=True)
     big = -np.finfo(np.float32).max
@@ -118,6 +119,7 @@ def test_causal_mask_hand_derived():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("tq,tk", [(4, 4), (2, 5)])
+@pytest.mark.hw4_extra_attention
 def test_multihead_attention_forward_backward(device, causal, tq, tk):
     B, H, D = 2, 2, 3
     q = np.random.randn(B, H, tq, D)
@@ -163,6 +165,7 @@ def test_attention_dropout_acts_on_probabilities(device):
 # ---- AttentionLayer ----------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.hw4_extra_attention_layer
 def test_attention_layer_self_attention_forward_backward(device, causal):
     B, S, F, H, D = 2, 3, 4, 2, 3
     np.random.seed(5)
@@ -192,6 +195,7 @@ def test_attention_layer_self_attention_forward_backward(device, causal):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_extra_attention_layer
 def test_attention_layer_cross_attention_feature_sizes(device):
     B, Tq, Tk, H, D = 2, 3, 5, 2, 2
     layer = nn.AttentionLayer(4, H, D, k_features=3, v_features=6, out_features=5,
@@ -250,6 +254,7 @@ def test_no_position_attends_to_a_later_one(device, causal):
 
 # ---- TransformerLayer and Transformer ----------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_extra_transformer_layer
 def test_transformer_layer_forward_backward(device):
     B, S, F, H, D, HID = 2, 3, 4, 2, 2, 5
     layer = nn.TransformerLayer(F, H, D, HID, device=device)
@@ -275,6 +280,7 @@ def test_transformer_layer_forward_backward(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.hw4_extra_transformer
 def test_transformer_forward_matches_reference(device, batch_first):
     B, S, E, HID, L, H, D = 2, 4, 6, 8, 2, 2, 3
     model = nn.Transformer(E, HID, L, num_head=H, dim_head=D, device=device,

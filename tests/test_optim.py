@@ -88,6 +88,7 @@ def adam_reference(thetas, model, lr, b1, b2, eps, wd, steps):
                                     dict(lr=0.05, weight_decay=0.2),
                                     dict(lr=0.1, momentum=0.5, weight_decay=0.01)],
                          ids=["plain", "momentum", "wd", "momentum-wd"])
+@pytest.mark.hw2_sgd
 def test_sgd_matches_reference(device, kwargs):
     model, start = run(optim.SGD, kwargs, device, steps=6)
     ref = sgd_reference(start, model, kwargs["lr"], kwargs.get("momentum", 0.0),
@@ -97,6 +98,7 @@ def test_sgd_matches_reference(device, kwargs):
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.hw2_sgd
 def test_sgd_momentum_is_an_average_not_pytorch_form():
     # one step from u = 0: the course moves by lr·(1-β)·g, PyTorch's form would move by lr·g
     p = nn.Parameter(np.array([1.0], F32))
@@ -109,6 +111,7 @@ def test_sgd_momentum_is_an_average_not_pytorch_form():
 @pytest.mark.parametrize("kwargs", [dict(lr=0.01), dict(lr=0.05, beta1=0.8, beta2=0.99),
                                     dict(lr=0.02, weight_decay=0.1)],
                          ids=["default", "betas", "wd"])
+@pytest.mark.hw2_adam
 def test_adam_matches_reference(device, kwargs):
     model, start = run(optim.Adam, kwargs, device, steps=6)
     ref = adam_reference(start, model, kwargs["lr"], kwargs.get("beta1", 0.9),
@@ -118,6 +121,7 @@ def test_adam_matches_reference(device, kwargs):
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.hw2_adam
 def test_adam_first_step_moves_by_lr():
     # with bias correction, the first step is lr·g/(|g| + eps): lr in magnitude, whatever |g| is
     p = nn.Parameter(np.array([1.0, 1.0, 1.0], F32))

@@ -29,6 +29,7 @@ def write(dirpath, train, test):
 
 
 # ---- Dictionary and Corpus ---------------------------------------------------------------------
+@pytest.mark.hw4_ptb_corpus
 def test_dictionary_assigns_ids_in_order_of_first_sight():
     d = Dictionary()
     assert [d.add_word(w) for w in ["b", "a", "b", "c", "a"]] == [0, 1, 0, 2, 1]
@@ -36,6 +37,7 @@ def test_dictionary_assigns_ids_in_order_of_first_sight():
     assert len(d) == 3
 
 
+@pytest.mark.hw4_ptb_corpus
 def test_corpus_tokenises_like_the_course(tmp_path):
     base = write(tmp_path, " a b  c \n\nb a\n", "c d\nd\n")
     c = Corpus(base)
@@ -76,6 +78,7 @@ ALPHABET = list(range(26))  # a=0 … z=25
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_batchify
 def test_batchify_columns_are_contiguous_runs(device):
     b = batchify(ALPHABET[:24], 4, device=device, dtype="float32")
     assert isinstance(b, np.ndarray) and b.shape == (6, 4) and b.dtype == np.float32
@@ -90,6 +93,7 @@ def test_batchify_columns_are_contiguous_runs(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_batchify
 def test_get_batch_targets_are_the_next_rows(device):
     b = batchify(ALPHABET[:24], 4, device=device, dtype="float32")
     X, y = get_batch(b, 0, 2, device=device, dtype="float32")

@@ -14,6 +14,7 @@ def n_params(model):
     return sum(int(np.prod(p.shape)) for p in model.parameters())
 
 
+@pytest.mark.hw4_resnet9
 def test_resnet9_has_431946_parameters():
     # counted by hand: conv k*k*a*b + bias b + BatchNorm 2b per ConvBN, then the two Linears
     convbn = lambda a, b, k: k * k * a * b + b + 2 * b  # noqa: E731
@@ -26,6 +27,7 @@ def test_resnet9_has_431946_parameters():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_resnet9
 def test_resnet9_forward_backward_shapes(device):
     np.random.seed(0)
     model = ResNet9(device=device)

@@ -38,6 +38,7 @@ def _problem(m=40, n=6, k=4, seed=1, dtype=np.float64):
     return rng.randn(m, n).astype(dtype), rng.randint(k, size=m).astype(np.uint8)
 
 
+@pytest.mark.hw0_softmax_loss
 def test_softmax_loss_numpy():
     Z = np.random.randn(9, 5)
     y = np.random.randint(5, size=9)
@@ -50,6 +51,7 @@ def test_softmax_loss_numpy():
 
 
 @pytest.mark.parametrize("batch", [40, 15])
+@pytest.mark.hw0_softmax_regression_epoch
 def test_softmax_regression_epoch_is_sgd_on_the_loss(batch):
     X, y = _problem()
     theta = np.random.randn(6, 4) * 0.1
@@ -63,6 +65,7 @@ def test_softmax_regression_epoch_is_sgd_on_the_loss(batch):
 
 
 @pytest.mark.parametrize("batch", [40, 16])
+@pytest.mark.hw0_nn_epoch
 def test_nn_epoch_numpy_is_sgd_on_the_loss(batch):
     X, y = _problem(n=5, k=3)
     W1, W2 = np.random.randn(5, 8) * 0.5, np.random.randn(8, 3) * 0.5
@@ -82,6 +85,7 @@ def test_nn_epoch_numpy_is_sgd_on_the_loss(batch):
 
 
 @pytest.mark.parametrize("m,batch", [(103, 10), (50, 50), (7, 100)])
+@pytest.mark.hw0_softmax_regression_epoch_cpp
 def test_cpp_epoch_matches_numpy(m, batch):
     X, y = _problem(m=m, n=7, k=4, dtype=np.float32)
     theta = (np.random.randn(7, 4) * 0.1).astype(np.float32)
@@ -93,6 +97,7 @@ def test_cpp_epoch_matches_numpy(m, batch):
     assert np.abs(theta - start).max() > 1e-3  # it did update theta in place
 
 
+@pytest.mark.hw0_softmax_regression_epoch_cpp
 def test_cpp_epoch_on_digits_matches_numpy():
     X, y = ndl.data.load_digits_mnist_like(train=True)
     a = np.zeros((64, 10), dtype=np.float32)
@@ -150,6 +155,7 @@ def test_numpy_epochs_validate_their_arguments():
 
 # ---- hw1: the needle versions -------------------------------------------------------------------
 
+@pytest.mark.hw1_softmax_loss
 def test_softmax_loss_needle_value_and_gradient():
     Z = np.random.randn(6, 4).astype(np.float32)
     y = np.random.randint(4, size=6)
@@ -167,6 +173,7 @@ def test_softmax_loss_needle_value_and_gradient():
 
 
 @pytest.mark.parametrize("batch", [50, 20])
+@pytest.mark.hw1_nn_epoch
 def test_nn_epoch_needle_matches_numpy(batch):
     X, y = _problem(m=50, n=5, k=3, dtype=np.float32)
     W1 = (np.random.randn(5, 10) / np.sqrt(10)).astype(np.float32)

@@ -1,0 +1,185 @@
+"""hw3 checks: the NDArray class (Python views) and the device modules (C++/CUDA kernels).
+
+Every check runs on ``cpu()`` and, where enabled, ``cuda()``; results are compared with numpy.
+"""
+import numpy as np
+
+from .common import randn
+from .diagnose import check_close, require
+
+
+def devices():
+    """The student's enabled compiled devices."""
+    from needle import backend_ndarray as nd
+    out = [nd.cpu()]
+    cuda = getattr(nd, "cuda", None)
+    if cuda is not None:
+        try:
+            if cuda().enabled():
+                out.append(cuda())
+        except Exception:  # a missing CUDA module is not this homework's failure
+            pass
+    return out
+
+
+def arr(a, dev):
+    from needle import backend_ndarray as nd
+    return nd.NDArray(np.asarray(a, dtype=np.float32), device=dev)
+
+
+def _view(what, base, view):
+    require(getattr(view, "_handle", None) is getattr(base, "_handle", object()),
+            f"{what} copied the data: it must return a view of the same memory (same _handle,"
+            " new shape/strides/offset, via as_strided / NDArray.make)")
+
+
+def hw3_reshape(ctx):
+    a = randn(4, 6, seed=70)
+    for dev in devices():
+        A = arr(a, dev)
+        for shape in [(2, 3, 4), (24,), (6, 4)]:
+            B = A.reshape(shape)
+            check_close(f"on {dev}: A.reshape({shape}) for A of shape (4, 6)", B.numpy(),
+                        a.reshape(shape))
+            _view(f"reshape{shape}", A, B)
+
+
+def hw3_permute(ctx):
+    a = randn(2, 3, 4, seed=71)
+    for dev in devices():
+        A = arr(a, dev)
+        for axes in [(2, 0, 1), (1, 0, 2), (0, 2, 1)]:
+            B = A.permute(axes)
+            check_close(f"on {dev}: A.permute({axes}) for A of shape (2, 3, 4)", B.numpy(),
+                        np.transpose(a, axes), hint="permute the shape and the strides")
+            _view(f"permute{axes}", A, B)
+
+
+def hw3_broadcast_to(ctx):
+    for dev in devices():
+        for shape, new in [((3, 1), (3, 4)), ((1, 4), (3, 4)), ((2, 1, 3), (2, 4, 3))]:
+            a = randn(*shape, seed=72)
+            A = arr(a, dev)
+            B = A.broadcast_to(new)
+            check_close(f"on {dev}: A.broadcast_to({new}) for A of shape {shape}", B.numpy(),
+                        np.broadcast_to(a, new), hint="stride 0 along broadcast axes")
+            _view(f"broadcast_to{new}", A, B)
+
+
+def hw3_getitem(ctx):
+    a = randn(4, 5, 6, seed=73)
+    cases = [((1, slice(2, 5), slice(None, None, 2)), (slice(1, 2), slice(2, 5),
+                                                       slice(None, None, 2)), "A[1, 2:5, ::2]"),
+             ((slice(1, 4, 2), slice(None), slice(3, 6)), (slice(1, 4, 2), slice(None),
+                                                           slice(3, 6)), "A[1:4:2, :, 3:6]")]
+    for dev in devices():
+        A = arr(a, dev)
+        for idx, np_idx, text in cases:
+            B = A[idx]
+            check_close(f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "
+                        "their axis with size 1)", B.numpy(), a[np_idx],
+                        hint="offset = sum(start * stride); strides *= step")
+            _view(text, A, B)
+
+
+def hw3_compact(ctx):
+    a = randn(4, 5, 6, seed=74)
+    for dev in devices():
+        A = arr(a, dev)
+        for view, expected, text in [
+                (A.permute((2, 0, 1)), np.transpose(a, (2, 0, 1)), "A.permute((2, 0, 1))"),
+                (A[1:4:2, 1:5, ::3], a[1:4:2, 1:5, ::3], "A[1:4:2, 1:5, ::3]"),
+                (arr(a[:, :1], dev).broadcast_to((4, 3, 6)), np.broadcast_to(a[:, :1],
+                                                                          (4, 3, 6)),
+                 "A[:, :1].broadcast_to((4, 3, 6))")]:
+            C = view.compact()
+            require(C.is_compact(), f"on {dev}: {text}.compact() is not compact")
+            check_close(f"on {dev}: {text}.compact()", C.numpy(), expected,
+                        hint="compact walks the view's shape in row-major order, reading "
+                        "offset + sum(index * stride)")
+
+
+def hw3_setitem(ctx):
+    a = randn(5, 6, seed=75)
+    b = randn(2, 3, seed=76)
+    for dev in devices():
+        A = arr(a, dev)
+        A[1:5:2, 2:5] = arr(b, dev)
+        e = a.copy()
+        e[1:5:2, 2:5] = b
+        check_close(f"on {dev}: A[1:5:2, 2:5] = B (ewise_setitem)", A.numpy(), e)
+        A = arr(a, dev)
+        A[::2, 1:3] = 7.5
+        e = a.copy()
+        e[::2, 1:3] = 7.5
+        check_close(f"on {dev}: A[::2, 1:3] = 7.5 (scalar_setitem)", A.numpy(), e)
+
+
+def hw3_ewise_ops(ctx):
+    a = randn(3, 4, seed=77)
+    b = randn(3, 4, seed=78)
+    b[0, 0] = a[0, 0]
+    pos = np.abs(a) + 0.5
+    for dev in devices():
+        A, B = arr(a, dev), arr(b, dev)
+        AT = arr(a.T.copy(), dev).permute((1, 0))  # a non-compact view of the same values
+        for text, got, exp in [("A + B", lambda: A + B, a + b), ("A * B", lambda: A * B, a * b),
+                               ("A / B", lambda: A / B, a / b),
+                               ("A.maximum(B)", lambda: A.maximum(B), np.maximum(a, b)),
+                               ("A == B", lambda: A == B, (a == b).astype(np.float32)),
+                               ("A >= B", lambda: A >= B, (a >= b).astype(np.float32)),
+                               ("A.log()", lambda: arr(pos, dev).log(), np.log(pos)),
+                               ("A.exp()", lambda: A.exp(), np.exp(a)),
+                               ("A.tanh()", lambda: A.tanh(), np.tanh(a)),
+                               ("A_view + B (A a permuted view)", lambda: AT + B, a + b)]:
+            check_close(f"on {dev}: {text}", got().numpy(), exp, rtol=1e-5, atol=1e-6,
+                        inputs={"A": a, "B": b})
+
+
+def hw3_scalar_ops(ctx):
+    a = randn(3, 4, seed=79)
+    pos = np.abs(a) + 0.5
+    for dev in devices():
+        A = arr(a, dev)
+        for text, got, exp in [("A + 2.5", lambda: A + 2.5, a + 2.5),
+                               ("A * 2.5", lambda: A * 2.5, a * 2.5),
+                               ("A / 2.5", lambda: A / 2.5, a / 2.5),
+                               ("A ** 3", lambda: A ** 3, a ** 3),
+                               ("A ** 0.5 (A > 0)", lambda: arr(pos, dev) ** 0.5, pos ** 0.5),
+                               ("A.maximum(0.2)", lambda: A.maximum(0.2), np.maximum(a, 0.2)),
+                               ("A == A[0, 0]", lambda: A == float(a[0, 0]),
+                                (a == a[0, 0]).astype(np.float32)),
+                               ("A >= 0.2", lambda: A >= 0.2, (a >= 0.2).astype(np.float32))]:
+            check_close(f"on {dev}: {text}", got().numpy(), exp, rtol=1e-5, atol=1e-6,
+                        inputs={"A": a})
+
+
+def _reduced(got, expected):
+    """Course versions differ on keepdims: compare values when only size-1 axes differ."""
+    got = np.asarray(got)
+    return got.reshape(expected.shape) if got.size == expected.size else got
+
+
+def hw3_reductions(ctx):
+    a = randn(3, 4, 5, seed=80)
+    for dev in devices():
+        A = arr(a, dev)
+        for axis in (0, 1, 2):
+            check_close(f"on {dev}: A.sum(axis={axis}) for A of shape (3, 4, 5)",
+                        _reduced(A.sum(axis=axis).numpy(), a.sum(axis)), a.sum(axis),
+                        rtol=1e-5, atol=1e-5)
+            check_close(f"on {dev}: A.max(axis={axis}) for A of shape (3, 4, 5)",
+                        _reduced(A.max(axis=axis).numpy(), a.max(axis)), a.max(axis))
+        check_close(f"on {dev}: A.sum() (all axes)", _reduced(A.sum().numpy(),
+                                                            np.asarray(a.sum())),
+                    np.asarray(a.sum()), rtol=1e-5, atol=1e-4)
+
+
+def hw3_matmul(ctx):
+    for dev in devices():
+        for m, n, p in [(5, 7, 3), (1, 1, 1), (16, 24, 8), (33, 17, 9)]:
+            a, b = randn(m, n, seed=81), randn(n, p, seed=82)
+            check_close(f"on {dev}: A @ B with A ({m}, {n}), B ({n}, {p})"
+                        + (" (every size a multiple of the tile: matmul_tiled)"
+                           if m % 8 == n % 8 == p % 8 == 0 else ""),
+                        (arr(a, dev) @ arr(b, dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,350 @@
+"""hw4 checks: NDArray flip/pad, the new ops (tanh, stack, split, flip, dilate, conv), nn.Conv,
+the CIFAR-10 and Penn Treebank data, RNN/LSTM, Embedding, ResNet9 and the language model.
+
+Sequence models are compared with numpy loops computed from the module's own parameters.
+"""
+import os
+import pickle
+
+import numpy as np
+
+from .common import OpCase, check_backward, check_forward, randn
+from .diagnose import CheckFailure, check_close, require, to_numpy
+from .hw3 import arr, devices
+
+
+def _ops():
+    import needle as ndl
+    return ndl.ops
+
+
+def _t(a):
+    import needle as ndl
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), requires_grad=False)
+
+
+def hw4_ndarray_flip(ctx):
+    a = randn(2, 3, 4, seed=90)
+    for dev in devices():
+        for axes in [(0,), (1, 2), (0, 1, 2)]:
+            check_close(f"on {dev}: A.flip({axes})", arr(a, dev).flip(axes).numpy(),
+                        np.flip(a, axes), hint="negative strides, offset at the last element")
+
+
+def hw4_ndarray_pad(ctx):
+    a = randn(2, 3, 4, seed=91)
+    for dev in devices():
+        pads = ((0, 0), (1, 2), (2, 1))
+        check_close(f"on {dev}: A.pad({pads})", arr(a, dev).pad(pads).numpy(), np.pad(a, pads))
+
+
+def _op_question(cases):
+    for case in cases:
+        check_forward(case, rtol=1e-4, atol=1e-5)
+        check_backward(case, via_backward=True)
+
+
+def hw4_tanh(ctx):
+    _op_question([OpCase("tanh(a)", lambda x: _ops().tanh(x), np.tanh,
+                         {"a": randn(3, 4, seed=92)})])
+
+
+def hw4_stack(ctx):
+    _op_question([OpCase("stack([a, b, c], axis=1)",
+                         lambda x, y, z: _ops().stack([x, y, z], axis=1),
+                         lambda x, y, z: np.stack([x, y, z], axis=1),
+                         {"a": randn(2, 3, seed=93), "b": randn(2, 3, seed=94),
+                          "c": randn(2, 3, seed=95)})])
+
+
+def hw4_split(ctx):
+    _op_question([OpCase("split(a, axis=1)", lambda x: _ops().split(x, axis=1),
+                         lambda x: tuple(x[:, i] for i in range(x.shape[1])),
+                         {"a": randn(2, 3, 2, seed=96)})])
+
+
+def hw4_flip(ctx):
+    _op_question([OpCase("flip(a, axes=(0, 2))", lambda x: _ops().flip(x, (0, 2)),
+                         lambda x: np.flip(x, (0, 2)), {"a": randn(2, 3, 4, seed=97)})])
+
+
+def _dilate_ref(x, axes, d):
+    shape = list(x.shape)
+    for ax in axes:
+        shape[ax] *= d + 1
+    out = np.zeros(shape, dtype=x.dtype)
+    out[tuple(slice(None, None, d + 1) if i in axes else slice(None)
+              for i in range(x.ndim))] = x
+    return out
+
+
+def hw4_dilate(ctx):
+    _op_question([OpCase("dilate(a, axes=(0, 1), dilation=1)",
+                         lambda x: _ops().dilate(x, (0, 1), 1),
+                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)}),
+                  OpCase("dilate(a, axes=(1,), dilation=2)",
+                         lambda x: _ops().dilate(x, (1,), 2),
+                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)}),
+                  OpCase("undilate(a, axes=(0, 1), dilation=1)",
+                         lambda x: _ops().undilate(x, (0, 1), 1),
+                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)})])
+
+
+def conv_ref(x, w, stride=1, padding=0):
+    """NHWC input, (K, K, C_in, C_out) weight, zero padding: the course's convolution."""
+    x = np.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    n, h, wd, _ = x.shape
+    k = w.shape[0]
+    ho, wo = (h - k) // stride + 1, (wd - k) // stride + 1
+    out = np.zeros((n, ho, wo, w.shape[3]), dtype=np.float64)
+    for i in range(k):
+        for j in range(k):
+            patch = x[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :]
+            out += patch @ w[i, j]
+    return out
+
+
+def _conv_cases():
+    return [OpCase(f"conv(x, w, stride={s}, padding={p})",
+                   lambda x, w, s=s, p=p: _ops().conv(x, w, stride=s, padding=p),
+                   lambda x, w, s=s, p=p: conv_ref(x, w, s, p),
+                   {"x": randn(2, 5, 5, 2, seed=101 + s), "w": randn(3, 3, 2, 3, seed=103 + p)})
+            for s, p in [(1, 0), (1, 1), (2, 1)]]
+
+
+def hw4_conv_forward(ctx):
+    for case in _conv_cases():
+        check_forward(case, rtol=1e-4, atol=1e-5)
+
+
+def hw4_conv_backward(ctx):
+    for case in _conv_cases():
+        check_backward(case)
+
+
+def hw4_nn_conv(ctx):
+    import needle as ndl
+    np.random.seed(7)
+    layer = ndl.nn.Conv(2, 3, 3, stride=1)
+    np.random.seed(7)
+    bound = np.sqrt(2) * np.sqrt(3 / (2 * 9))
+    check_close("nn.Conv(2, 3, 3).weight with np.random.seed(7)", layer.weight,
+                np.random.rand(3, 3, 2, 3) * 2 * bound - bound, rtol=1e-5, atol=1e-6,
+                hint="kaiming_uniform(in*k*k, out*k*k, shape=(k, k, in, out))")
+    b = to_numpy(layer.bias)
+    require(b.size == 3 and np.all(np.abs(b) <= 1 / np.sqrt(18) + 1e-6),
+            f"nn.Conv(2, 3, 3).bias must be 3 values in ±1/sqrt(in*k*k), got {b}")
+    x = randn(2, 2, 5, 5, seed=104)
+    expected = conv_ref(x.transpose(0, 2, 3, 1), to_numpy(layer.weight), 1, 1) + b.reshape(-1)
+    check_close("nn.Conv(2, 3, 3)(x) on NCHW x (same padding k // 2)", layer(_t(x)),
+                expected.transpose(0, 3, 1, 2), inputs={"x": x}, rtol=1e-4, atol=1e-4)
+
+
+def hw4_cifar10_dataset(ctx):
+    import needle as ndl
+    rng = np.random.default_rng(105)
+    folder = os.path.join(ctx.scratch, "cifar")
+    os.makedirs(folder)
+    data = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        d = {b"data": rng.integers(0, 256, (3, 3072)).astype(np.uint8),
+             b"labels": [int(v) for v in rng.integers(0, 10, 3)]}
+        data[name] = d
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump(d, f)
+    train = ndl.data.CIFAR10Dataset(folder, train=True)
+    require(len(train) == 15, f"CIFAR10Dataset(train=True) has {len(train)} items, expected 15 "
+            "(five data_batch files of 3 images)")
+    x, y = train[4]
+    check_close("CIFAR10Dataset(train=True)[4] image (3, 32, 32), pixels / 255",
+                np.asarray(x).reshape(3, 32, 32),
+                data["data_batch_2"][b"data"][1].reshape(3, 32, 32) / 255.0, rtol=1e-6,
+                atol=1e-6)
+    require(int(np.asarray(y).reshape(-1)[0]) == data["data_batch_2"][b"labels"][1],
+            "CIFAR10Dataset(train=True)[4] has the wrong label")
+    test = ndl.data.CIFAR10Dataset(folder, train=False)
+    require(len(test) == 3, f"CIFAR10Dataset(train=False) has {len(test)} items, expected 3")
+
+
+def hw4_resnet9(ctx):
+    from models import ResNet9
+    np.random.seed(8)
+    model = ResNet9()
+    total = sum(int(np.prod(p.shape)) for p in model.parameters())
+    convs = [(3, 16, 7), (16, 32, 3), (32, 32, 3), (32, 32, 3), (32, 64, 3), (64, 128, 3),
+             (128, 128, 3), (128, 128, 3)]
+    expected = sum(k * k * a * b + 3 * b for a, b, k in convs) + 128 * 128 + 128 + 128 * 10 + 10
+    require(total == expected, f"ResNet9 has {total} parameter elements, expected {expected} "
+            "(ConvBN = Conv with bias + BatchNorm2d + ReLU, as in the course's figure)")
+    model.eval()
+    out = model(_t(randn(2, 3, 32, 32, seed=106)))
+    require(tuple(out.shape) == (2, 10), f"ResNet9 on (2, 3, 32, 32) gives shape "
+            f"{tuple(out.shape)}, expected (2, 10)")
+    require(np.all(np.isfinite(to_numpy(out))), "ResNet9 produced non-finite logits")
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _cell_params(cell):
+    g = lambda name: to_numpy(getattr(cell, name)).astype(np.float64)  # noqa: E731
+    w_ih, w_hh = g("W_ih"), g("W_hh")
+    b = 0
+    if getattr(cell, "bias_ih", None) is not None:
+        b = g("bias_ih").reshape(-1) + g("bias_hh").reshape(-1)
+    return w_ih, w_hh, b
+
+
+def _rnn_step(cell, x, h, relu=False):
+    w_ih, w_hh, b = _cell_params(cell)
+    z = x @ w_ih + h @ w_hh + b
+    return np.maximum(z, 0) if relu else np.tanh(z)
+
+
+def _lstm_step(cell, x, h, c):
+    w_ih, w_hh, b = _cell_params(cell)
+    z = x @ w_ih + h @ w_hh + b
+    i, f, g, o = np.split(z, 4, axis=1)
+    c = _sig(f) * c + _sig(i) * np.tanh(g)
+    return _sig(o) * np.tanh(c), c
+
+
+def hw4_rnn_cell(ctx):
+    import needle as ndl
+    for nl in ("tanh", "relu"):
+        np.random.seed(9)
+        cell = ndl.nn.RNNCell(3, 4, bias=True, nonlinearity=nl)
+        w_ih, w_hh, _ = _cell_params(cell)
+        require(w_ih.shape == (3, 4) and w_hh.shape == (4, 4),
+                f"RNNCell(3, 4): W_ih must be (3, 4) and W_hh (4, 4), got {w_ih.shape}, "
+                f"{w_hh.shape}")
+        x, h = randn(2, 3, seed=107), randn(2, 4, seed=108)
+        check_close(f"RNNCell(3, 4, nonlinearity={nl!r})(x, h)", cell(_t(x), _t(h)),
+                    _rnn_step(cell, x, h, nl == "relu"), inputs={"x": x, "h": h}, rtol=1e-4,
+                    atol=1e-5, hint="h' = act(x W_ih + bias_ih + h W_hh + bias_hh)")
+    check_close("RNNCell(3, 4, nonlinearity='relu')(x) with h=None (zeros)", cell(_t(x)),
+                _rnn_step(cell, x, np.zeros((2, 4)), relu=True), rtol=1e-4, atol=1e-5)
+
+
+def hw4_rnn(ctx):
+    import needle as ndl
+    np.random.seed(10)
+    rnn = ndl.nn.RNN(3, 4, num_layers=2)
+    x, h0 = randn(5, 2, 3, seed=109), randn(2, 2, 4, seed=110)
+    out, hn = rnn(_t(x), _t(h0))
+    seq, hs = x.astype(np.float64), []
+    for layer, cell in enumerate(rnn.rnn_cells):
+        h, outs = h0[layer], []
+        for t in range(len(seq)):
+            h = _rnn_step(cell, seq[t], h)
+            outs.append(h)
+        seq, hs = np.stack(outs), hs + [h]
+    check_close("RNN(3, 4, num_layers=2)(X, h0) output (T, B, hidden)", out, seq,
+                inputs={"X": x, "h0": h0}, rtol=1e-4, atol=1e-5)
+    check_close("RNN(3, 4, num_layers=2)(X, h0) h_n (layers, B, hidden)", hn, np.stack(hs),
+                rtol=1e-4, atol=1e-5)
+
+
+def hw4_lstm_cell(ctx):
+    import needle as ndl
+    np.random.seed(11)
+    cell = ndl.nn.LSTMCell(3, 4)
+    x, h, c = randn(2, 3, seed=111), randn(2, 4, seed=112), randn(2, 4, seed=113)
+    got = cell(_t(x), (_t(h), _t(c)))
+    eh, ec = _lstm_step(cell, x, h, c)
+    check_close("LSTMCell(3, 4)(x, (h, c)) h'", got[0], eh, inputs={"x": x, "h": h, "c": c},
+                rtol=1e-4, atol=1e-5, hint="gates i, f, g, o are the four column blocks of "
+                "x W_ih + h W_hh + biases; c' = f c + i g; h' = o tanh(c')")
+    check_close("LSTMCell(3, 4)(x, (h, c)) c'", got[1], ec, rtol=1e-4, atol=1e-5)
+
+
+def hw4_lstm(ctx):
+    import needle as ndl
+    np.random.seed(12)
+    lstm = ndl.nn.LSTM(3, 4, num_layers=2)
+    x = randn(5, 2, 3, seed=114)
+    h0, c0 = randn(2, 2, 4, seed=115), randn(2, 2, 4, seed=116)
+    out, (hn, cn) = lstm(_t(x), (_t(h0), _t(c0)))
+    seq, hs, cs = x.astype(np.float64), [], []
+    for layer, cell in enumerate(lstm.lstm_cells):
+        h, c, outs = h0[layer], c0[layer], []
+        for t in range(len(seq)):
+            h, c = _lstm_step(cell, seq[t], h, c)
+            outs.append(h)
+        seq, hs, cs = np.stack(outs), hs + [h], cs + [c]
+    check_close("LSTM(3, 4, num_layers=2)(X, (h0, c0)) output", out, seq, rtol=1e-4, atol=1e-5)
+    check_close("LSTM(3, 4, num_layers=2) h_n", hn, np.stack(hs), rtol=1e-4, atol=1e-5)
+    check_close("LSTM(3, 4, num_layers=2) c_n", cn, np.stack(cs), rtol=1e-4, atol=1e-5)
+
+
+def hw4_embedding(ctx):
+    import needle as ndl
+    np.random.seed(13)
+    emb = ndl.nn.Embedding(7, 3)
+    w = to_numpy(emb.weight)
+    require(w.shape == (7, 3), f"Embedding(7, 3).weight has shape {w.shape}, expected (7, 3)")
+    ids = np.array([[0, 6], [3, 3], [1, 5]], dtype=np.float32)
+    check_close("Embedding(7, 3)(x) for ids x of shape (3, 2)", emb(_t(ids)),
+                w[ids.astype(int)], hint="one-hot the ids and multiply by the weight")
+
+
+_TEXT = ["the cat sat", "on the mat", "the end", "a cat"]
+
+
+def hw4_ptb_corpus(ctx):
+    import needle as ndl
+    folder = os.path.join(ctx.scratch, "ptb")
+    os.makedirs(folder)
+    for name in ("train.txt", "test.txt"):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("\n".join(_TEXT) + "\n")
+    corpus = ndl.data.Corpus(folder)
+    vocab, ids = {}, []
+    for line in _TEXT:
+        for word in line.split() + ["<eos>"]:
+            vocab.setdefault(word, len(vocab))
+            ids.append(vocab[word])
+    require(list(corpus.train) == ids, f"Corpus.train is {list(corpus.train)}, expected {ids} "
+            "(ids in order of first appearance, '<eos>' after every line)")
+    require(dict(corpus.dictionary.word2idx) == vocab,
+            f"Corpus.dictionary.word2idx is {corpus.dictionary.word2idx}, expected {vocab}")
+    require(list(corpus.dictionary.idx2word) == list(vocab),
+            "Corpus.dictionary.idx2word must list the words in id order")
+    short = ndl.data.Corpus(folder, max_lines=2)
+    require(len(short.train) == 8, f"Corpus(max_lines=2).train has {len(short.train)} ids, "
+            "expected 8 (the first two lines, each with its <eos>)")
+
+
+def hw4_batchify(ctx):
+    import needle as ndl
+    data = list(range(23))
+    got = ndl.data.batchify(data, 4, device=None, dtype="float32")
+    expected = np.array(data[:20]).reshape(4, 5).T
+    check_close("batchify(range(23), batch_size=4)", np.asarray(got), expected,
+                hint="(nbatch, batch_size) with each column a contiguous run of the data")
+    x, y = ndl.data.get_batch(expected.astype(np.float32), 1, 3)
+    check_close("get_batch(batches, i=1, bptt=3) data", x, expected[1:4])
+    check_close("get_batch(batches, i=1, bptt=3) target", y, expected[2:5].reshape(-1))
+    x, y = ndl.data.get_batch(expected.astype(np.float32), 3, 3)
+    check_close("get_batch(batches, i=3, bptt=3) data (clipped at the end)", x, expected[3:4])
+
+
+def hw4_language_model(ctx):
+    import needle as ndl
+    from models import LanguageModel
+    for kind, cls in (("rnn", ndl.nn.RNN), ("lstm", ndl.nn.LSTM)):
+        np.random.seed(14)
+        model = LanguageModel(3, 7, 4, num_layers=2, seq_model=kind)
+        parts = {type(v): v for v in vars(model).values()}
+        found = [parts.get(ndl.nn.Embedding), parts.get(cls), parts.get(ndl.nn.Linear)]
+        if any(p is None for p in found):
+            raise CheckFailure(f"LanguageModel(seq_model={kind!r}) needs an Embedding, an "
+                               f"{cls.__name__} and a Linear as attributes")
+        emb, seq, lin = found
+        ids = np.array([[0, 6], [3, 3], [1, 5]], dtype=np.float32)
+        out, h = model(_t(ids))
+        expected = lin(seq(emb(_t(ids)))[0].reshape((6, 4)))
+        check_close(f"LanguageModel(seq_model={kind!r})(x) logits (T*B, output_size)", out,
+                    to_numpy(expected), rtol=1e-4, atol=1e-5,
+                    hint="embedding, then the sequence model, then Linear on (T*B, hidden)")
