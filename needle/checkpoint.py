@@ -1,0 +1,175 @@
+"""Activation checkpointing: drop a block's activations in forward, recompute them in backward.
+
+``checkpoint(fn, x, params)`` returns ``fn(x)`` as one graph node whose only saved inputs are
+``x`` and ``params``: the activations inside ``fn`` are computed with no graph and freed at once.
+In backward the node runs ``fn`` again, this time recording its graph, and differentiates it, so
+the gradients are those of the un-checkpointed model (the same arithmetic, run twice). Memory
+falls from every activation of the block to its input; time grows by one extra forward pass of
+the block.
+
+:class:`Checkpoint` wraps a module the same way, and :func:`checkpoint_sequential` splits a list
+of modules into segments of ``every`` modules, each checkpointed (every=1 keeps only the
+segment boundaries; the sqrt(N) rule takes segments of about sqrt(N) modules).
+
+Limits: second derivatives through a checkpoint are not supported (``backward(create_graph=
+True)`` raises NotImplementedError when it reaches one). numpy's global random state is saved at
+forward and restored for the recomputation, so Dropout masks are the same both times; a module
+that updates state in forward (BatchNorm's running statistics) updates it twice.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from needle import autograd
+from needle.autograd import Tensor, TensorOp
+from needle.nn import Module, Sequential
+
+
+@contextlib.contextmanager
+def _grad_mode(enabled: bool) -> Iterator[None]:
+    """Record graphs (True) or not (False) inside the block; restores the previous mode."""
+    previous = autograd._GRAD_ENABLED
+    autograd._GRAD_ENABLED = enabled
+    try:
+        yield
+    finally:
+        autograd._GRAD_ENABLED = previous
+
+
+class CheckpointOp(TensorOp):
+    """fn(x) as a single op with inputs (x, *params); its gradient re-runs fn with a graph."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], params: Sequence[Tensor]) -> None:
+        self.fn = fn
+        self.params = list(params)
+        self.rng_state = None
+
+    def compute(self, x, *param_arrays):
+        self.rng_state = np.random.get_state()
+        with _grad_mode(False):
+            out = self.fn(Tensor.make_const(x))
+        if not isinstance(out, Tensor):
+            raise TypeError(f"checkpoint: fn must return a Tensor, got {type(out).__name__}")
+        return out.realize_cached_data()
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        if autograd._GRAD_ENABLED:
+            raise NotImplementedError("backward(create_graph=True) through a checkpoint is not "
+                                      "supported: its gradient is computed by a separate pass")
+        x_in = node.inputs[0]
+        x = Tensor.make_const(x_in.realize_cached_data(), requires_grad=x_in.requires_grad)
+        saved_grads = [p.grad for p in self.params]
+        state_now = np.random.get_state()
+        try:
+            for p in self.params:
+                p.grad = None
+            np.random.set_state(self.rng_state)
+            with _grad_mode(True):
+                out = self.fn(x)
+            if out.requires_grad:
+                autograd.compute_gradient_of_variables(out, out_grad.detach())
+            grads = [x.grad] + [p.grad for p in self.params]
+        finally:
+            np.random.set_state(state_now)
+            for p, g in zip(self.params, saved_grads):
+                p.grad = g
+        return tuple(g if g is not None else _zeros_like(inp)
+                     for g, inp in zip(grads, node.inputs))
+
+
+def _zeros_like(t: Tensor) -> Tensor:
+    """A constant of zeros with t's shape, dtype and device (an input fn did not use)."""
+    return Tensor.make_const(t.realize_cached_data() * 0)
+
+
+def checkpoint(fn: Callable[[Tensor], Tensor], x: Tensor,
+               params: Optional[Sequence[Tensor]] = None) -> Tensor:
+    """``fn(x)`` without keeping fn's activations; they are recomputed in backward.
+
+    ``params`` lists every tensor ``fn`` uses that needs a gradient (a module's
+    ``parameters()``); a tensor left out gets no gradient. The result has fn's output shape, and
+    its gradients equal those of calling ``fn(x)`` directly.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"checkpoint: x must be a needle Tensor, got {type(x).__name__}")
+    params = list(params or [])
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"checkpoint: params[{i}] is a {type(p).__name__}, not a Tensor")
+    return CheckpointOp(fn, params)(x, *params)
+
+
+class Checkpoint(Module):
+    """Wraps ``module`` so that its forward activations are recomputed in backward."""
+
+    def __init__(self, module: Module) -> None:
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"Checkpoint wraps a Module, got {type(module).__name__}")
+        self.module = module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return checkpoint(self.module, x, self.module.parameters())
+
+
+def checkpoint_sequential(modules: Sequence[Module], every: int) -> Sequential:
+    """A Sequential of ``Checkpoint(Sequential(segment))`` for segments of ``every`` modules.
+
+    Only the input of each segment is kept during forward: about len(modules)/every saved
+    activations, plus one segment's activations while that segment is recomputed in backward.
+    """
+    modules = list(modules)
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"checkpoint_sequential: every must be a positive int, got {every!r}")
+    if not modules:
+        raise ValueError("checkpoint_sequential: no modules given")
+    segments: List[Module] = [Checkpoint(Sequential(*modules[i:i + every]))
+                              for i in range(0, len(modules), every)]
+    return Sequential(*segments)
+
+
+def sqrt_rule(n_layers: int) -> int:
+    """The segment length ceil(sqrt(n)) that balances saved boundaries against one segment."""
+    if n_layers < 1:
+        raise ValueError(f"sqrt_rule: n_layers must be positive, got {n_layers}")
+    return math.ceil(math.sqrt(n_layers))
+
+
+def graph_bytes(*outputs: Tensor) -> int:
+    """Bytes of the distinct arrays held by the nodes of the graph behind ``outputs``.
+
+    Counts each underlying buffer once (views share one), so it is the memory that keeping the
+    outputs alive keeps allocated: the saved activations plus the leaves (inputs, parameters).
+    """
+    seen = set()
+    total = 0
+    for node in autograd.find_topo_sort(list(outputs)):
+        data = node.cached_data
+        if data is None:
+            continue
+        key = _buffer_key(data)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += _buffer_nbytes(data)
+    return total
+
+
+def _buffer_key(data) -> int:
+    handle = getattr(data, "_handle", None)
+    if handle is not None:  # an NDArray: views share the device buffer
+        return id(handle)
+    base = getattr(data, "base", None)  # a numpy array: views share their base
+    return id(base if base is not None else data)
+
+
+def _buffer_nbytes(data) -> int:
+    handle = getattr(data, "_handle", None)
+    if handle is not None:
+        return int(handle.size) * np.dtype(data.dtype).itemsize
+    base = getattr(data, "base", None)
+    return int((base if base is not None else data).nbytes)
