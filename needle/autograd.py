@@ -151,7 +151,17 @@ class Value:
             TENSOR_COUNTER += 1
             value.op = op
             return value
-        value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
+        if len(inputs) == 1:
+            x = inputs[0]
+            data = x.cached_data
+            value.cached_data = op.compute(x.realize_cached_data() if data is None else data)
+        elif len(inputs) == 2:
+            x, y = inputs
+            data, other = x.cached_data, y.cached_data
+            value.cached_data = op.compute(x.realize_cached_data() if data is None else data,
+                                           y.realize_cached_data() if other is None else other)
+        else:
+            value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
         TENSOR_COUNTER += 1
         if requires_grad:
             value.inputs = inputs
