@@ -1,0 +1,358 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · Training large models: memory, checkpointing, data/model/pipeline parallelism
+#
+# **Lecture:** 21, "Training Large Models" (memory saving, activation checkpointing, data,
+# model and pipeline parallelism)
+#
+# **Homework:** none (the course has no homework for this lecture)
+#
+# **Prerequisites:** notebook 04 (a training step), notebook 05 (the NDArray and its buffers)
+#
+# **You will be able to:** measure the memory a training step keeps for backward, layer by
+# layer; trade memory for recomputation with activation checkpointing and pick the segment length;
+# run data-parallel training over MPI and check it against single-process training; estimate the
+# communication of data, model and pipeline parallelism from a machine's measured speeds
+#
+# **Run time:** about 30 s on an idle 2-core x86-64 machine
+#
+# A model is "large" when one step no longer fits the memory or the time of one device. Memory
+# goes to the parameters, their gradients, the optimizer state, and the **activations** that the
+# forward pass keeps for backward; only the last grows with the batch and the depth. Section 1
+# measures them with the CPU allocator's byte counter, section 2 trades them for recomputation,
+# section 3 splits the batch over two MPI processes, and section 4 does the arithmetic for many
+# devices with this machine's numbers.
+
+# %%
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import needle as ndl
+import needle.nn as nn
+from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
+from needle.checkpoint import checkpoint_sequential, graph_bytes, sqrt_rule
+from needle.viz import save_figure
+
+np.set_printoptions(precision=3, suppress=True)
+np.random.seed(0)
+device = ndl.cpu()
+ROOT = Path(ndl.__file__).resolve().parents[1]
+print(cpu_module.memory_stats.__doc__.strip().splitlines()[-1])
+
+# %% [markdown]
+# ## 1. Where a training step's memory goes
+#
+# `memory_stats()` of the compiled CPU module reports the bytes held by live arrays now and at
+# most since `reset_peak()`. The model is a deep MLP: 16 blocks of `Linear(256, 256)` and ReLU,
+# on a batch of 512. One activation (512 × 256 float32) is 512 KiB.
+
+# %%
+N_BLOCKS, WIDTH, BATCH = 16, 256, 512
+ACT = BATCH * WIDTH * 4  # bytes of one activation
+
+
+def blocks():
+    """The N_BLOCKS blocks Linear-ReLU, always with the same parameters."""
+    np.random.seed(0)
+    return [nn.Sequential(nn.Linear(WIDTH, WIDTH, device=device), nn.ReLU())
+            for _ in range(N_BLOCKS)]
+
+
+X = np.random.standard_normal((BATCH, WIDTH)).astype(np.float32)
+Y = np.random.randint(0, WIDTH, BATCH).astype(np.float32)
+
+
+def live():
+    return cpu_module.memory_stats()["live_bytes"]
+
+
+model = nn.Sequential(*blocks())
+param_bytes = sum(int(np.prod(p.shape)) * 4 for p in model.parameters())
+x = ndl.Tensor(X, device=device, requires_grad=False)
+start = live()
+growth, out = [], x
+for block in model.modules:
+    for layer in block.modules:  # Linear, then ReLU
+        before = live()
+        out = layer(out)
+        growth.append((type(layer).__name__, live() - before))
+kept_live = live() - start
+kept_graph = graph_bytes(out) - param_bytes - X.nbytes
+del out
+print(f"parameters: {param_bytes / ACT:.2f} activations' worth ({param_bytes / 2**20:.2f} MiB)")
+print("bytes kept per layer, in activations:",
+      sorted({(name, b / ACT) for name, b in growth}))
+print(f"after the forward pass: {kept_live / ACT:.1f} activations live (allocator), "
+      f"{kept_graph / ACT:.1f} held by the graph (summed over its nodes)")
+assert all(b == (2 if name == "Linear" else 1) * ACT for name, b in growth)
+assert kept_live == kept_graph == 3 * N_BLOCKS * ACT
+
+# %% [markdown]
+# Each `Linear` keeps two arrays (the product $XW$ and the sum with the broadcast bias; the
+# broadcast itself is a view and costs nothing) and each ReLU one: three activations per block,
+# 48 for the network, measured identically by the allocator and by summing the graph's arrays.
+# For this network the activations (24 MiB) are six times the parameters (4 MiB); with a larger
+# batch or a longer sequence the ratio grows without bound.
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 3))
+cumulative = np.cumsum([b for _, b in growth]) / 2**20
+colors = ["tab:blue" if name == "Linear" else "tab:orange" for name, _ in growth]
+ax.bar(np.arange(len(growth)), [b / 2**20 for _, b in growth], color=colors)
+ax2 = ax.twinx()
+ax2.plot(np.arange(len(growth)), cumulative, color="k", lw=1)
+ax.set_xlabel("layer (blue Linear, orange ReLU)")
+ax.set_ylabel("MiB kept by the layer")
+ax2.set_ylabel("MiB kept so far (line)")
+ax.set_title("activation memory of a 16-block MLP's forward pass (batch 512, width 256)")
+save_figure(fig, "activation_memory_per_layer")
+plt.show()
+
+# %% [markdown]
+# ## 2. Activation checkpointing
+#
+# `needle.checkpoint.checkpoint_sequential(blocks, every=k)` groups the blocks into segments of
+# `k` and keeps only each segment's input; in backward each segment is run again (now recording
+# its graph) and differentiated. Peak memory during the step is then about
+#
+# $$\underbrace{\lceil N/k \rceil}_{\text{segment inputs}} + \underbrace{c\,k}_{\text{one segment
+# recomputed}} \quad\text{activations,}$$
+#
+# with $c = 3$ activations per block here, plus what every step needs (gradients, parameters).
+# It is smallest at $k = \sqrt{N/c}$; the usual "$\sqrt N$ rule" is the case $c = 1$. Every block
+# is recomputed exactly once, whatever $k$: the price is one extra forward pass.
+
+# %%
+calls = {"n": 0}
+
+
+class Counted(nn.Module):
+    """Counts calls of the wrapped block's forward (to measure recomputation)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        calls["n"] += 1
+        return self.module(x)
+
+
+def step_memory(model):
+    """(peak bytes above the start, block forwards) of one forward+backward from cleared grads."""
+    for p in model.parameters():
+        p.grad = None
+    x = ndl.Tensor(X, device=device, requires_grad=False)
+    y = ndl.Tensor(Y, device=device, requires_grad=False)
+    calls["n"] = 0
+    base = live()
+    cpu_module.reset_peak()
+    nn.SoftmaxLoss()(model(x), y).backward()
+    return cpu_module.memory_stats()["peak_bytes"] - base, calls["n"]
+
+
+plain_peak, plain_calls = step_memory(nn.Sequential(*[Counted(b) for b in blocks()]))
+KS = [1, 2, 3, 4, 6, 8, 16]
+peaks, recompute = {}, {}
+for k in KS:
+    peaks[k], n_calls = step_memory(checkpoint_sequential([Counted(b) for b in blocks()], k))
+    recompute[k] = n_calls - N_BLOCKS
+print(f"no checkpointing: peak {plain_peak / ACT:.1f} activations, {plain_calls} block forwards")
+for k in KS:
+    print(f"every {k:2d}: peak {peaks[k] / ACT:5.1f} activations, "
+          f"{recompute[k]} blocks recomputed")
+best = min(KS, key=peaks.get)
+print(f"smallest peak at k = {best}; sqrt(N/3) = {np.sqrt(N_BLOCKS / 3):.2f}, "
+      f"sqrt(N) = {sqrt_rule(N_BLOCKS)}")
+assert plain_calls == N_BLOCKS and all(r == N_BLOCKS for r in recompute.values())
+assert best in (2, 3) and peaks[sqrt_rule(N_BLOCKS)] < 0.5 * plain_peak
+assert peaks[1] > peaks[best] and peaks[16] > peaks[best]
+
+# %% [markdown]
+# The model of the curve, with the step's fixed cost fitted as one constant (the parameter
+# gradients alone are 8 activations' worth; the rest is the loss, the last output and the
+# adjoints in flight), next to the measurements:
+
+# %%
+ks = np.array(KS)
+shape = np.ceil(N_BLOCKS / ks) + 3 * ks
+fixed = float(np.median([peaks[k] / ACT for k in KS] - shape))
+print(f"fixed cost {fixed:.1f} activations; model minus measured:",
+      np.round(shape + fixed - np.array([peaks[k] / ACT for k in KS]), 1))
+assert np.all(np.abs(shape + fixed - np.array([peaks[k] / ACT for k in KS])) <= 2.5)
+
+# %% [markdown]
+# With $k = N$ the whole network is one segment: nothing is saved in forward, but backward holds
+# all of it again, so the peak is slightly *above* no checkpointing.
+#
+# Time: the step with checkpointing does one more forward pass. Measured below (median of three
+# steps; the numbers vary from run to run and are not compared):
+
+# %% tags=["nbval-ignore-output"]
+def step_seconds(model, repeats=3):
+    x = ndl.Tensor(X, device=device, requires_grad=False)
+    y = ndl.Tensor(Y, device=device, requires_grad=False)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        nn.SoftmaxLoss()(model(x), y).backward()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+plain_s = step_seconds(nn.Sequential(*blocks()))
+ckpt_s = {k: step_seconds(checkpoint_sequential(blocks(), k)) for k in KS}
+print(f"plain step {plain_s * 1e3:.0f} ms; with checkpointing: "
+      + ", ".join(f"k={k} {t / plain_s:.2f}x" for k, t in ckpt_s.items()))
+
+# %%
+fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.6))
+ax.plot(KS, [peaks[k] / 2**20 for k in KS], "o-", label="measured peak")
+ax.plot(KS, (shape + fixed) * ACT / 2**20, "--", label=r"$\lceil N/k\rceil + 3k$ + fixed")
+ax.axhline(plain_peak / 2**20, color="k", lw=0.8, label="no checkpointing")
+ax.axvline(np.sqrt(N_BLOCKS / 3), color="tab:green", lw=0.8, label=r"$\sqrt{N/3}$")
+ax.axvline(np.sqrt(N_BLOCKS), color="tab:red", lw=0.8, ls=":", label=r"$\sqrt{N}$")
+ax.set_xlabel("checkpoint every k blocks")
+ax.set_ylabel("peak MiB during the step")
+ax.set_xscale("log", base=2)
+ax.set_xticks(KS, [str(k) for k in KS])
+ax.legend(fontsize=8)
+ax2.scatter([plain_s / plain_s], [plain_peak / 2**20], color="k", label="no checkpointing")
+for k in KS:
+    ax2.scatter(ckpt_s[k] / plain_s, peaks[k] / 2**20, color="tab:blue")
+    ax2.annotate(f"k={k}", (ckpt_s[k] / plain_s, peaks[k] / 2**20), fontsize=8)
+ax2.set_xlabel("step time / step time without checkpointing (measured)")
+ax2.set_ylabel("peak MiB")
+ax2.legend(fontsize=8)
+save_figure(fig, "checkpoint_memory_vs_k")
+plt.show()
+
+# %% [markdown]
+# ## 3. Data parallelism over MPI
+#
+# `needle/distributed_train.py` trains a 64-64-10 MLP on the digits with SGD. Under
+# `mpiexec -n 2` each of the two processes computes the loss and gradients on half of every
+# global batch of 64, and `needle.distributed.allreduce_gradients` averages the gradients with
+# one MPI `Allreduce` before each step. With equal halves the average is exactly the full-batch
+# gradient, so both processes take the step a single process would take on the whole batch. The
+# same script without `mpiexec` is that single process.
+
+# %%
+mpiexec = str(Path(sys.executable).parent / "mpiexec")
+args = [sys.executable, "-m", "needle.distributed_train", "--steps", "30", "--batch", "64"]
+with tempfile.TemporaryDirectory() as tmp:
+    subprocess.run(args + ["--out", f"{tmp}/one.npz"], cwd=ROOT, check=True)
+    subprocess.run([mpiexec, "-n", "2"] + args + ["--out", f"{tmp}/two.npz"], cwd=ROOT,
+                   check=True)
+    one, two = dict(np.load(f"{tmp}/one.npz")), dict(np.load(f"{tmp}/two.npz"))
+n_params = sum(one[f"param_{i}"].size for i in range(4))
+param_diff = max(float(np.abs(one[f"param_{i}"] - two[f"param_{i}"]).max()) for i in range(4))
+print(f"loss, 1 process:   {one['losses'][0]:.4f} -> {one['losses'][-1]:.4f}")
+print(f"loss, 2 processes: {two['losses'][0]:.4f} -> {two['losses'][-1]:.4f}")
+print(f"largest parameter difference after 30 steps: {param_diff:.1e}")
+print(f"each rank sent {int(two['comm_bytes']) // int(two['comm_calls'])} bytes per step "
+      f"= 4 bytes x {n_params} parameters, in {int(two['comm_calls'])} Allreduce calls")
+assert int(two["world"]) == 2
+assert param_diff < 1e-5
+assert int(two["comm_bytes"]) == 30 * 4 * n_params
+
+# %% [markdown]
+# The two runs agree to float32 rounding (the shards' sums are added in a different order).
+# On this machine the two "devices" are two processes on the same two cores, so the run shows the
+# mechanism, not a speed-up. Its communication was measured:
+
+# %% tags=["nbval-ignore-output"]
+comm_ms = 1e3 * float(two["comm_seconds"]) / int(two["comm_calls"])
+compute_ms = 1e3 * float(two["compute_seconds"]) / 30
+print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:.0f} kB "
+      f"{comm_ms:.2f} ms")
+
+# %% [markdown]
+# ## 4. Model and pipeline parallelism, on paper, with this machine's numbers
+#
+# Two measured speeds drive the arithmetic: how fast one device multiplies matrices, and how fast
+# two processes exchange bytes.
+
+# %% tags=["nbval-ignore-output"]
+n = 1024
+a = ndl.Tensor(np.random.standard_normal((n, n)), device=device, requires_grad=False)
+b = ndl.Tensor(np.random.standard_normal((n, n)), device=device, requires_grad=False)
+(a @ b).numpy()
+start = time.perf_counter()
+for _ in range(3):
+    (a @ b).realize_cached_data()
+flops = 3 * 2 * n**3 / (time.perf_counter() - start)
+probe = [sys.executable, "-c", (
+    "import numpy as np, time; from mpi4py import MPI; c = MPI.COMM_WORLD\n"
+    "x = np.ones(2**22, np.float32); y = np.empty_like(x); c.Allreduce(x, y)\n"
+    "t = time.perf_counter()\nfor _ in range(5): c.Allreduce(x, y)\n"
+    "t = (time.perf_counter() - t) / 5\n"
+    "c.Get_rank() or print(x.nbytes / t)")]
+bandwidth = float(subprocess.run([mpiexec, "-n", "2"] + probe, capture_output=True, text=True,
+                                 check=True).stdout)
+print(f"needle matmul: {flops / 1e9:.1f} GFLOP/s; Allreduce of 16 MiB between two processes: "
+      f"{bandwidth / 1e9:.2f} GB/s")
+
+# %% [markdown]
+# **Data parallelism** copies the model to $K$ devices and splits the batch. Each step, a ring
+# all-reduce sends and receives $2\frac{K-1}{K}\cdot 4P$ bytes per device for $P$ float32
+# parameters — independent of $K$, so it scales to thousands of devices as long as each device's
+# compute per step ($\approx 6P$ flops per token: forward $2P$, backward $4P$) outlasts its
+# communication. Frameworks hide the all-reduce behind the backward pass: the gradients of the
+# last layers are complete first, so their bucket is sent while earlier layers are still being
+# differentiated (the bucketing in `allreduce_gradients` is the first half of that idea).
+#
+# **Model (tensor) parallelism** splits each weight matrix over devices: a `Linear(d, d)` on
+# $K$ devices holds $d \times d/K$ each, and each layer's output must be gathered (an all-reduce
+# of the activations, $B \cdot d$ numbers per layer in forward and again in backward). It cuts the
+# parameter and activation memory per device by $K$ but communicates *every layer*, so it is used
+# within a node with fast links.
+#
+# **Pipeline parallelism** places consecutive layers on different devices and passes activations
+# from one stage to the next ($B \cdot d$ per boundary). To keep the stages busy the batch is cut
+# into $M$ micro-batches; the first and last stages idle for $K - 1$ micro-batch slots, a "bubble"
+# fraction of $(K-1)/(M+K-1)$.
+#
+# The same formulas with the two measured speeds, for a 1.5-billion-parameter model trained on
+# 512 tokens per device per step (the cell prints estimates, not measurements):
+
+# %% tags=["nbval-ignore-output"]
+P, tokens = 1.5e9, 512
+compute_s = 6 * P * tokens / flops
+for K in (2, 64, 4096):
+    ring_bytes = 2 * (K - 1) / K * 4 * P
+    print(f"K = {K:4d}: data parallel, per device per step: compute {compute_s:7.1f} s, "
+          f"all-reduce {ring_bytes / 1e9:5.1f} GB = {ring_bytes / bandwidth:6.1f} s at this "
+          f"machine's bandwidth")
+for M in (1, 4, 32):
+    print(f"pipeline of 8 stages, {M:2d} micro-batches: bubble {(8 - 1) / (M + 8 - 1):.0%}")
+
+# %% [markdown]
+# At this machine's matmul speed one device would need minutes for one step of such a model, and
+# the all-reduce, whose volume stops growing with $K$, would add a sizable fraction of that
+# again. Large models train on accelerators with hundreds of TFLOP/s *and* links of hundreds of
+# GB/s, and overlap the communication with the backward pass so that it costs no time when it is
+# shorter than the computation. The bubble formula is exact arithmetic:
+
+# %%
+bubble = {M: (8 - 1) / (M + 8 - 1) for M in (1, 4, 32)}
+print({M: round(v, 3) for M, v in bubble.items()})
+assert bubble[1] == 7 / 8 and bubble[32] < 0.2
