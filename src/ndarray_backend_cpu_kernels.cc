@@ -22,6 +22,8 @@
 #include <memory>
 #include <new>
 
+#include <sched.h>
+
 #include "ndarray_backend_cpu_isa.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -204,11 +206,17 @@ struct Plan {
   float* panel(float* Bp, idx_t pc, idx_t s) const { return Bp + (pc * KC * nsl + s * kc(pc)) * NR; }
 };
 
+// Waits for a B unit another thread is packing; yields after a short spin, since on a busy
+// machine that thread may be waiting for this very core.
 inline void wait_ready(const std::atomic<int>& flag) {
-  while (!flag.load(std::memory_order_acquire)) {
+  for (int spin = 0; !flag.load(std::memory_order_acquire); ++spin) {
+    if (spin > 64) {
+      sched_yield();
+    } else {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
+    }
   }
 }
 
