@@ -327,3 +327,75 @@ l_ndl = sm.softmax_loss(ndl.Tensor(Z), ndl.Tensor(one_hot))
 l_np = sm.softmax_loss(Z, y_te[:50])
 print(f"needle {float(l_ndl.numpy()):.4f}   numpy {l_np:.4f}")
 assert abs(float(l_ndl.numpy()) - l_np) < 1e-5
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/01_softmax_regression.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+from needle.apps import simple_ml as sm
+from needle.check.exercises import central_difference, check_exercise
+
+rng = np.random.default_rng(0)
+z_ex = rng.standard_normal(5)            # the logits of one example, 5 classes
+y_ex = 2                                 # its label
+X_ex = rng.standard_normal((8, 4))       # a batch for the two-layer net
+y8_ex = rng.integers(0, 3, 8)
+W1_ex = rng.standard_normal((4, 6)) / 2
+W2_ex = rng.standard_normal((6, 3)) / 2
+
+# %% [markdown]
+# **Exercise 1.1 (derive a gradient).** Write the gradient of the softmax loss of one example,
+# $\ell(z, y) = \log \sum_j e^{z_j} - z_y$, with respect to its logits $z$. The check compares
+# it with central differences of `simple_ml.softmax_loss`.
+
+# %% tags=["exercise-stub"]
+def softmax_loss_grad(z, y):
+    """Gradient of log(sum_j exp(z_j)) - z[y] with respect to the logits z (shape (k,))."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("1.1 softmax_loss_grad", lambda: softmax_loss_grad(z_ex, y_ex),
+               central_difference(lambda z: sm.softmax_loss(z[None, :], np.array([y_ex])), z_ex),
+               rtol=1e-5, atol=1e-7)
+
+# %% [markdown]
+# **Exercise 1.2 (predict before you run).** A softmax regression initialised with
+# $\theta = 0$ gives every class the same logit. What is its average loss with $k$ classes,
+# whatever the labels? Write it as a formula in `k`; the check evaluates `softmax_loss` on
+# all-zero logits for $k = 2, 10, 100$. (Compare with the first point of the learning curve.)
+
+# %% tags=["exercise-stub"]
+def loss_at_zero(k):
+    """The average softmax loss of all-zero logits over k classes."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("1.2 loss_at_zero", lambda: [loss_at_zero(k) for k in (2, 10, 100)],
+               [sm.softmax_loss(np.zeros((3, k)), np.array([0, 1, 1])) for k in (2, 10, 100)])
+
+# %% [markdown]
+# **Exercise 1.3 (backpropagation by hand).** For the two-layer network of section 6, with
+# the loss $\text{softmax\_loss}(\text{ReLU}(X W_1) W_2, y)$ averaged over the batch, write its
+# gradient with respect to $W_2$. The check uses central differences.
+
+# %% tags=["exercise-stub"]
+def nn_grad_W2(X, y, W1, W2):
+    """d(mean softmax loss of ReLU(X W1) W2) / d W2, shape W2.shape."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("1.3 nn_grad_W2", lambda: nn_grad_W2(X_ex, y8_ex, W1_ex, W2_ex),
+               central_difference(
+                   lambda W: sm.softmax_loss(np.maximum(X_ex @ W1_ex, 0) @ W, y8_ex), W2_ex),
+               rtol=1e-5, atol=1e-7)

@@ -317,3 +317,104 @@ finally:
 #   come for free.
 # * The next notebook builds modules and optimizers on top of this, and shows why parameter
 #   updates go through `.data` (so the graph does not grow step after step).
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/02_automatic_differentiation.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+a_ex = rng.standard_normal((2, 3)).astype(np.float32)
+b_ex = (rng.uniform(0.5, 2.0, (2, 3)) * rng.choice([-1, 1], (2, 3))).astype(np.float32)
+g_ex = rng.standard_normal((2, 3)).astype(np.float32)      # an out_grad
+m_ex = rng.standard_normal((3, 4, 2)).astype(np.float32)
+GRAPH = {"e": ["d", "c"], "d": ["c", "a"], "c": ["a", "b"], "a": [], "b": []}  # exercise 2.2
+
+
+def needle_adjoints(f, arrays, out_grad):
+    """The adjoints needle's reverse mode gives each input of f for the seed out_grad."""
+    xs = [ndl.Tensor(a) for a in arrays]
+    f(*xs).backward(ndl.Tensor(out_grad))
+    return [x.grad.numpy() for x in xs]
+
+
+# %% [markdown]
+# **Exercise 2.1 (an adjoint by hand).** For $c = a / b$ (element-wise) and an incoming adjoint
+# $\bar c$ (`out_grad`), write the adjoints $\bar a$ and $\bar b$. The check compares them with
+# what needle's `EWiseDiv.gradient` gives.
+
+# %% tags=["exercise-stub"]
+def divide_adjoints(a, b, out_grad):
+    """(adjoint of a, adjoint of b) for c = a / b, given the adjoint out_grad of c."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("2.1 divide_adjoints", lambda: divide_adjoints(a_ex, b_ex, g_ex),
+               needle_adjoints(lambda a, b: a / b, [a_ex, b_ex], g_ex), rtol=1e-5, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 2.2 (topological order).** The graph $c = a \cdot b$, $d = c + a$, $e = d \cdot c$
+# is `GRAPH`, a dict from each node to its inputs, in order. Write the post-order
+# depth-first search that `find_topo_sort` uses and return the node names in its order.
+
+# %% tags=["exercise-stub"]
+def post_order(graph, root):
+    """Names of the nodes reachable from root, each after all of its inputs (DFS order)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _needle_order():
+    a, b = ndl.Tensor(a_ex), ndl.Tensor(b_ex)
+    c = a * b
+    d = c + a
+    e = d * c
+    names = {id(a): "a", id(b): "b", id(c): "c", id(d): "d", id(e): "e"}
+    return [names[id(n)] for n in ndl.autograd.find_topo_sort([e])]
+
+
+check_exercise("2.2 post_order", lambda: post_order(GRAPH, "e"), predicate=lambda got: None
+               if list(got) == _needle_order() else f"got {list(got)}; think again about when a "
+               "node is appended: after all of its inputs, visiting them in order")
+
+# %% [markdown]
+# **Exercise 2.3 (use reverse mode).** With needle (a `Tensor`, `ndl.exp` and `backward()`),
+# compute the derivative of $f(x) = x e^x$ at $x_0$ and return it as a float. The check
+# compares with the derivative you can write by hand.
+
+# %% tags=["exercise-stub"]
+def derivative_x_exp_x(x0):
+    """df/dx of f(x) = x·exp(x) at x0, computed by needle's backward()."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("2.3 derivative_x_exp_x", lambda: [derivative_x_exp_x(x) for x in (-1.0, 0.5)],
+               [(1 + x) * np.exp(x) for x in (-1.0, 0.5)], rtol=1e-5, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 2.4 (the adjoint of a reduction).** For $s = \sum_{\text{axis}} m$, the adjoint
+# of $m$ copies $\bar s$ back along the summed axis. Write it in numpy for a 3-D `m` summed
+# over one `axis` (no keepdims), given `out_grad` of $s$'s shape.
+
+# %% tags=["exercise-stub"]
+def summation_adjoint(out_grad, shape, axis):
+    """The adjoint of m (shape ``shape``) for s = m.sum(axis), given the adjoint of s."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+g_sum = rng.standard_normal((3, 2)).astype(np.float32)
+check_exercise("2.4 summation_adjoint", lambda: summation_adjoint(g_sum, m_ex.shape, 1),
+               needle_adjoints(lambda m: ndl.summation(m, axes=(1,)), [m_ex], g_sum)[0])

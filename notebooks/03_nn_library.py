@@ -1090,3 +1090,114 @@ assert not isinstance(plain, ndl.autograd.Value)
 #   logits get probability 0; the cross-entropy gradient is softmax minus one-hot.
 # * $\sigma_w^2 = 2/n_{in}$ keeps the second moment of ReLU activations constant with depth.
 # * Multi-output ops return a `TensorTuple` node; unused outputs receive zero adjoints.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/03_nn_library.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle import nn
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+x_ex = (rng.standard_normal((4, 6)) * 3 + 1).astype(np.float32)
+batches_ex = [(rng.standard_normal((5, 3)) + i).astype(np.float32) for i in range(3)]
+
+
+def linear_weight_range(in_features, out_features):
+    """max |w| over a freshly initialised nn.Linear's weight (seeded)."""
+    np.random.seed(0)
+    return float(np.abs(nn.Linear(in_features, out_features).weight.numpy()).max())
+
+
+# %% [markdown]
+# **Exercise 3.1 (predict an initialisation).** `nn.Linear(in_features, out_features)` draws
+# its weight uniformly from $[-b, b]$ with Kaiming's rule for ReLU. Write $b$ as a formula; the
+# check compares it with the largest weight actually drawn (which sits just below $b$).
+
+# %% tags=["exercise-stub"]
+def linear_weight_bound(in_features, out_features):
+    """The bound b of nn.Linear's uniform weight initialisation."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _bound_ok(bounds):
+    for (fan_in, fan_out), b in zip([(100, 300), (784, 128)], bounds):
+        seen = linear_weight_range(fan_in, fan_out)
+        if not seen <= b <= seen * 1.001:
+            return (f"for Linear({fan_in}, {fan_out}) the weights reach {seen:.5f}; "
+                    f"your bound is {b:.5f}")
+    return None
+
+
+check_exercise("3.1 linear_weight_bound",
+               lambda: [linear_weight_bound(100, 300), linear_weight_bound(784, 128)],
+               predicate=_bound_ok)
+
+# %% [markdown]
+# **Exercise 3.2 (a module in numpy).** Write layer normalisation of each row of `x`
+# (mean 0 and variance 1 over the features, with $\epsilon$ inside the square root, weight 1,
+# bias 0). The check compares with `nn.LayerNorm1d`.
+
+# %% tags=["exercise-stub"]
+def layernorm(x, eps=1e-5):
+    """Each row of x (batch, features) normalised to mean 0, variance 1."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("3.2 layernorm", lambda: layernorm(x_ex),
+               nn.LayerNorm1d(6)(ndl.Tensor(x_ex)).numpy(), rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 3.3 (why dropout rescales).** In training mode `nn.Dropout(p)` zeroes each entry
+# with probability $p$ and multiplies the survivors by a constant so that the expected output
+# equals the input. Which constant?
+
+# %% tags=["exercise-stub"]
+def dropout_scale(p):
+    """The factor nn.Dropout(p) multiplies surviving entries by."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _survivor_values(p):
+    np.random.seed(1)
+    out = nn.Dropout(p)(ndl.Tensor(np.ones((50, 50), dtype=np.float32))).numpy()
+    return float(out[out != 0].mean())
+
+
+check_exercise("3.3 dropout_scale", lambda: [dropout_scale(p) for p in (0.25, 0.5, 0.9)],
+               [_survivor_values(p) for p in (0.25, 0.5, 0.9)], rtol=1e-5)
+
+# %% [markdown]
+# **Exercise 3.4 (running statistics).** `nn.BatchNorm1d(dim, momentum=m)` starts its running
+# mean at 0 and, for each training batch, sets running = (1 - m)·running + m·(batch mean).
+# Compute the running mean after `batches` in numpy; the check feeds the same batches to the
+# module.
+
+# %% tags=["exercise-stub"]
+def running_mean_after(batches, momentum):
+    """BatchNorm1d's running_mean (shape (dim,)) after these training batches."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _module_running_mean(momentum):
+    bn = nn.BatchNorm1d(3, momentum=momentum)
+    for batch in batches_ex:
+        bn(ndl.Tensor(batch))
+    return bn.running_mean.numpy()
+
+
+check_exercise("3.4 running_mean_after", lambda: running_mean_after(batches_ex, 0.1),
+               _module_running_mean(0.1), rtol=1e-5, atol=1e-6)

@@ -409,3 +409,87 @@ ax.set_ylabel("error rate (log scale)")
 ax.set_title("MLP-ResNet on the digits")
 ax.legend()
 plt.show()
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/04_training.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle import init, nn, optim
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+theta_ex = rng.standard_normal((3, 2)).astype(np.float32)
+grads_ex = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(4)]
+
+
+def run_optimizer(make, theta0, grads):
+    """The parameter after one step() per gradient in grads, with the optimizer make([p])."""
+    p = nn.Parameter(ndl.Tensor(theta0))
+    opt = make([p])
+    for g in grads:
+        p.grad = ndl.Tensor(g)
+        opt.step()
+    return p.numpy()
+
+
+# %% [markdown]
+# **Exercise 4.1 (the course's momentum).** Write the SGD update with momentum in the course's
+# form — $u \leftarrow \beta u + (1 - \beta) g$, $\theta \leftarrow \theta - \eta u$ with $u$
+# starting at 0 — applied once per gradient in `grads`. The check runs `optim.SGD`.
+
+# %% tags=["exercise-stub"]
+def sgd_momentum(theta0, grads, lr, momentum):
+    """theta after one momentum-SGD step per gradient in grads (numpy)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("4.1 sgd_momentum", lambda: sgd_momentum(theta_ex, grads_ex, 0.1, 0.9),
+               run_optimizer(lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), theta_ex, grads_ex),
+               rtol=1e-5, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 4.2 (predict Adam's first step).** With bias correction, Adam's very first step
+# does not depend on the gradient's size, only on its sign (up to $\epsilon$). Write the
+# change $\theta_1 - \theta_0$ after one step of `optim.Adam(lr=lr)` (default betas and
+# $\epsilon = 10^{-8}$) for gradient `g`.
+
+# %% tags=["exercise-stub"]
+def adam_first_step(g, lr):
+    """theta_1 - theta_0 for one Adam step with gradient g."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("4.2 adam_first_step", lambda: adam_first_step(grads_ex[0], 0.01),
+               run_optimizer(lambda ps: optim.Adam(ps, lr=0.01), theta_ex, grads_ex[:1])
+               - theta_ex, rtol=1e-3, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 4.3 (an initialisation's spread).** `init.kaiming_normal(fan_in, fan_out)` draws
+# from $\mathcal N(0, \sigma^2)$ so that ReLU layers keep their activations' second moment.
+# Write $\sigma$ as a formula; the check measures the spread of 200 000 draws.
+
+# %% tags=["exercise-stub"]
+def kaiming_normal_std(fan_in):
+    """The standard deviation of init.kaiming_normal(fan_in, fan_out)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _measured_std(fan_in):
+    np.random.seed(0)
+    return float(init.kaiming_normal(fan_in, 200_000 // fan_in).numpy().std())
+
+
+check_exercise("4.3 kaiming_normal_std", lambda: [kaiming_normal_std(f) for f in (10, 500)],
+               [_measured_std(f) for f in (10, 500)], rtol=0.01)

@@ -476,3 +476,79 @@ plt.show()
 #   dilate the output gradient by the stride, and crop the rows and columns that fall beyond
 #   the input (needed unless $(H + 2P - K) \bmod S = S - 1$).
 # * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/07_convolutions.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+x_ex = rng.standard_normal((2, 6, 5, 3)).astype(np.float32)   # NHWC
+w_ex = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)   # (k, k, C_in, C_out)
+d_ex = rng.standard_normal((3, 4)).astype(np.float32)
+CONFIGS = [(7, 3, 1, 0), (7, 3, 2, 1), (8, 5, 3, 2), (32, 7, 4, 3)]  # (n, k, stride, padding)
+
+
+def needle_conv_size(n, k, stride, padding):
+    """The spatial output size needle's conv gives an n x n input and a k x k kernel."""
+    x = ndl.Tensor(np.zeros((1, n, n, 1), dtype=np.float32))
+    w = ndl.Tensor(np.zeros((k, k, 1, 1), dtype=np.float32))
+    return ndl.conv(x, w, stride=stride, padding=padding).shape[1]
+
+
+# %% [markdown]
+# **Exercise 7.1 (output sizes).** Give the output height of a convolution of an $n \times n$
+# input with a $k \times k$ kernel, stride $s$ and zero padding $p$ on each side (section 2).
+# The check runs `ndl.conv` on the configurations in `CONFIGS`.
+
+# %% tags=["exercise-stub"]
+def conv_output_size(n, k, stride, padding):
+    """Output height (= width) of the convolution."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("7.1 conv_output_size", lambda: [conv_output_size(*c) for c in CONFIGS],
+               [needle_conv_size(*c) for c in CONFIGS])
+
+# %% [markdown]
+# **Exercise 7.2 (a convolution as small matrix products).** Write a stride-1, unpadded
+# convolution of NHWC `x` with a `(k, k, C_in, C_out)` kernel `w` in numpy, as $k^2$ matrix
+# products of shifted views of `x` with `w[i, j]` (section 1). The check compares with
+# `ndl.conv`.
+
+# %% tags=["exercise-stub"]
+def conv2d(x, w):
+    """Stride-1, unpadded convolution: (N, H, W, C_in) * (k, k, C_in, C_out) -> NHWC."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("7.2 conv2d", lambda: conv2d(x_ex, w_ex),
+               ndl.conv(ndl.Tensor(x_ex), ndl.Tensor(w_ex), stride=1, padding=0).numpy(),
+               rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 7.3 (dilation, for the strided gradient).** The gradient of a strided convolution
+# dilates the output adjoint: `dilation` zeros after every element along each axis. Write it
+# for a 2-D array and both axes; the check compares with `ndl.dilate`.
+
+# %% tags=["exercise-stub"]
+def dilate2d(a, dilation):
+    """a with `dilation` zeros inserted after each element along both axes."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("7.3 dilate2d", lambda: [dilate2d(d_ex, 1), dilate2d(d_ex, 2)],
+               [ndl.dilate(ndl.Tensor(d_ex), (0, 1), d).numpy() for d in (1, 2)])

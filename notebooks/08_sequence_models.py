@@ -427,3 +427,82 @@ if DATASET == "grammar":
 # stream uses truncated BPTT, where `detach` keeps the graph (and memory) bounded per chunk. On
 # text with a known entropy rate, a small LSTM gets within 15% of the best possible perplexity.
 # Notebook 09 replaces the recurrence with attention.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/08_sequence_models.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle import nn
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+np.random.seed(0)
+cell_ex = nn.RNNCell(3, 4)
+x_ex = rng.standard_normal((2, 3)).astype(np.float32)
+h_ex = rng.standard_normal((2, 4)).astype(np.float32)
+params_ex = {name: getattr(cell_ex, name).numpy() for name in ("W_ih", "W_hh", "bias_ih",
+                                                               "bias_hh")}
+tokens_ex = list(range(26))          # a, b, c, ... as ids
+
+
+def lstm_cell_size(input_size, hidden_size):
+    """The number of numbers in nn.LSTMCell(input_size, hidden_size)'s parameters."""
+    return sum(int(np.prod(p.shape)) for p in nn.LSTMCell(input_size, hidden_size).parameters())
+
+
+# %% [markdown]
+# **Exercise 8.1 (the recurrence).** Write one step of the tanh RNN of section 1 in numpy:
+# $h' = \tanh(x W_{ih} + b_{ih} + h W_{hh} + b_{hh})$, with the weights as needle stores them
+# (`W_ih` is (input, hidden), the biases (hidden,)). The check runs `nn.RNNCell` with the
+# same parameters.
+
+# %% tags=["exercise-stub"]
+def rnn_step(x, h, W_ih, W_hh, bias_ih, bias_hh):
+    """The next hidden state (batch, hidden) of a tanh RNN cell."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("8.1 rnn_step", lambda: rnn_step(x_ex, h_ex, **params_ex),
+               cell_ex(ndl.Tensor(x_ex), ndl.Tensor(h_ex)).numpy(), rtol=1e-5, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 8.2 (count before you build).** How many numbers does an LSTM cell learn, for
+# input size $n$ and hidden size $h$ (four gates, each with its input and hidden weights and
+# two biases)? The check counts `nn.LSTMCell`'s parameters.
+
+# %% tags=["exercise-stub"]
+def lstm_parameter_count(input_size, hidden_size):
+    """The number of learned numbers in an LSTM cell."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("8.2 lstm_parameter_count",
+               lambda: [lstm_parameter_count(n, h) for n, h in ((3, 4), (100, 256))],
+               [lstm_cell_size(n, h) for n, h in ((3, 4), (100, 256))])
+
+# %% [markdown]
+# **Exercise 8.3 (batches for truncated BPTT).** `batchify(data, batch_size)` cuts the token
+# stream into `batch_size` contiguous runs, one per column, dropping the tail that does not
+# fill a row. Write it in numpy (shape (nbatch, batch_size)); the check compares with
+# `ndl.data.batchify`.
+
+# %% tags=["exercise-stub"]
+def batchify_np(data, batch_size):
+    """(len(data) // batch_size, batch_size) array whose columns are contiguous runs."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("8.3 batchify_np", lambda: [batchify_np(tokens_ex, 4), batchify_np(tokens_ex, 5)],
+               [ndl.data.batchify(tokens_ex, b, device=None, dtype="float32") for b in (4, 5)])

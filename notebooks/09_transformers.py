@@ -339,3 +339,95 @@ plt.show()
 # reshape plus a transpose. A small Transformer LM trains on a CPU in this notebook, but
 # without recurrence it must *learn* recency from positional embeddings and only sees its own
 # chunk, which is why, at this tiny scale, the LSTM is ahead.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/09_transformers.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle import nn
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+q_ex, k_ex, v_ex = (rng.standard_normal((2, 3, 5, 4)).astype(np.float32) for _ in range(3))
+
+
+def needle_attention(q, k, v, causal):
+    """(result, probabilities) of nn.MultiHeadAttention on (batch, heads, T, dim) arrays."""
+    layer = nn.MultiHeadAttention(dropout=0.0, causal=causal)
+    result, probs = layer(ndl.Tensor(q), ndl.Tensor(k), ndl.Tensor(v))
+    return result.numpy(), probs.numpy()
+
+
+def attention_layer_size(q_features, num_head, dim_head):
+    """The number of learned numbers in a self-attention nn.AttentionLayer."""
+    layer = nn.AttentionLayer(q_features, num_head, dim_head)
+    return sum(int(np.prod(p.shape)) for p in layer.parameters())
+
+
+# %% [markdown]
+# **Exercise 9.1 (the causal mask).** Build the $T \times T$ matrix added to the attention
+# scores so that position $i$ attends only to positions $j \le i$: 0 where allowed, $-\infty$
+# where not. The check compares where your mask blocks with where `nn.MultiHeadAttention`
+# (causal) gives probability 0.
+
+# %% tags=["exercise-stub"]
+def causal_mask(T):
+    """(T, T) array: 0 on and below the diagonal, -inf above."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _mask_ok(mask):
+    mask = np.asarray(mask)
+    blocked = needle_attention(q_ex, k_ex, v_ex, causal=True)[1][0, 0] == 0
+    if mask.shape != blocked.shape:
+        return f"expected shape {blocked.shape}, got {mask.shape}"
+    if not np.all(np.isneginf(mask) == blocked) or not np.all(mask[~blocked] == 0):
+        return f"the mask should be -inf exactly where {blocked.astype(int).tolist()} has 1s"
+    return None
+
+
+check_exercise("9.1 causal_mask", lambda: causal_mask(5), predicate=_mask_ok)
+
+# %% [markdown]
+# **Exercise 9.2 (scaled dot-product attention).** Write
+# $\mathrm{softmax}(Q K^\top / \sqrt{d} + M)\, V$ in numpy over (batch, heads, T, d) arrays,
+# with $M$ your causal mask when `causal` is true. The check compares with
+# `nn.MultiHeadAttention`.
+
+# %% tags=["exercise-stub"]
+def attention(q, k, v, causal):
+    """softmax(q kᵀ / sqrt(d) + mask) v over the last two axes."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("9.2 attention", lambda: [attention(q_ex, k_ex, v_ex, c) for c in (False, True)],
+               [needle_attention(q_ex, k_ex, v_ex, c)[0] for c in (False, True)],
+               rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 9.3 (count the layer).** A self-attention `nn.AttentionLayer(q_features, num_head,
+# dim_head)` has pre-norm LayerNorms for queries, keys and values (a weight and a bias each)
+# and bias-free projections to `num_head * dim_head` features and back. How many numbers
+# does it learn?
+
+# %% tags=["exercise-stub"]
+def attention_layer_parameter_count(q_features, num_head, dim_head):
+    """The number of learned numbers in a self-attention layer."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("9.3 attention_layer_parameter_count",
+               lambda: [attention_layer_parameter_count(*c) for c in ((8, 2, 4), (64, 4, 16))],
+               [attention_layer_size(*c) for c in ((8, 2, 4), (64, 4, 16))])

@@ -129,6 +129,15 @@ def test_a_not_implemented_question_is_reported_as_such(tmp_path, capsys):
     assert "1 pass, 1 not implemented" in out
 
 
+def test_a_question_that_never_returns_times_out_and_the_rest_still_run(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    nn_basic = root / "python" / "needle" / "nn" / "nn_basic.py"
+    nn_basic.write_text(nn_basic.read_text() + NOT_IMPLEMENTED.replace(
+        "raise NotImplementedError()", "while True:\n        pass"))
+    report = check(root, only=["layernorm", "flatten"], timeout=2)
+    assert statuses(report) == {"hw2_layernorm": "timeout", "hw2_flatten": "pass"}
+
+
 # The crashing extension uses Python's C API directly rather than pybind11: it compiles in well
 # under a second, and the checker builds it with the course's command all the same.
 SEGFAULT_CPP = r"""

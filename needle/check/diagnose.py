@@ -62,6 +62,9 @@ def mismatch(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | 
     close = np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
     if close.all():
         return None
+    if e.ndim == 0:
+        return (f"expected {float(e):.6g}, got {float(g):.6g} (tolerance {atol:g} + "
+                f"{rtol:g}·|expected|)")
     bad = np.argwhere(~close)
     diff = np.abs(g - e)
     diff[~np.isfinite(diff)] = np.inf

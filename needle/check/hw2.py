@@ -133,7 +133,8 @@ def hw2_softmax_loss(ctx):
     z = randn(5, 4, seed=47, scale=2.0)
     y = np.random.default_rng(48).integers(0, 4, 5)
     zt = _t(z, requires_grad=True)
-    loss = ndl.nn.SoftmaxLoss()(zt, ndl.Tensor(y.astype(np.float32), requires_grad=False))
+    # integer labels, as the course's tests pass them
+    loss = ndl.nn.SoftmaxLoss()(zt, ndl.Tensor(y, requires_grad=False))
     z64 = z.astype(np.float64)
     expected = np.mean(_lse(z64, (1,)) - z64[np.arange(5), y])
     check_close("nn.SoftmaxLoss()(logits, y)", loss, expected,

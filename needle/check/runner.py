@@ -214,7 +214,9 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                         break
                     time.sleep(0.02)
             if current is not None and current not in results:
-                tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])
+                tail = "\n".join(line for line in log_file.read_text(
+                    errors="replace").splitlines()[-15:]
+                    if not line.startswith("Extension modules:"))
                 results[current] = Result(by_id[current], "crashed",
                                           f"the worker process {_signal_name(proc.returncode)} "
                                           f"while running this question (a crash in compiled "
