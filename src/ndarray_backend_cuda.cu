@@ -525,6 +525,7 @@ __global__ void softmax_xent_kernel(const float* logits, const float* labels, in
     float m = needle_ops::Reduce_max::identity();
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
     m = block_reduce(m, max_op, scratch);
+    if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
     float s = 0.f;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       p[j] = expf(x[j] - m);
