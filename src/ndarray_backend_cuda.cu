@@ -288,16 +288,20 @@ __device__ __forceinline__ int64_t outer_offset(int64_t j, const Strided& outer)
   return off[0];
 }
 
-// One thread per output: for short extents, or when neighbouring outputs are neighbours in
-// memory and the extent is not (a column sum), so a warp's loads coalesce.
+// One thread per (output, chunk), for short extents or when neighbouring outputs are
+// neighbours in memory and the extent is not (a column sum), so a warp's loads coalesce:
+// out[c * rows + j] = the reduction of chunk c (chunk_len elements) of output j's extent.
 template <class R>
 __global__ void reduce_thread_kernel(const float* a, float* out, Strided outer, Strided inner,
-                                     R r) {
-  NEEDLE_GRID_LOOP(j, outer.size) {
+                                     int64_t chunks, int64_t chunk_len, R r) {
+  NEEDLE_GRID_LOOP(job, outer.size * chunks) {
+    const int64_t j = job % outer.size;
     const int64_t base = outer_offset(j, outer);
+    const int64_t begin = (job / outer.size) * chunk_len;
+    const int64_t end = min(begin + chunk_len, inner.size);
     float v = R::identity();
-    for (int64_t k = 0; k < inner.size; ++k) v = r(v, a[base + inner_offset(k, inner)]);
-    out[j] = v;
+    for (int64_t k = begin; k < end; ++k) v = r(v, a[base + inner_offset(k, inner)]);
+    out[job] = v;
   }
 }
 
@@ -336,12 +340,13 @@ __global__ void reduce_block_kernel(const float* a, float* out, Strided outer, S
   }
 }
 
-Strided rows_view(int64_t rows, int64_t len) {  // rows x len, compact: outer part
+// `count` elements `stride` apart, as one side (outer or inner) of a reduction.
+Strided rows_view(int64_t count, int64_t stride) {
   Strided d;
   d.ndim = 1;
-  d.size = rows;
-  d.shape[0] = rows;
-  d.strides[0][0] = len;
+  d.size = count;
+  d.shape[0] = count;
+  d.strides[0][0] = stride;
   return d;
 }
 
@@ -352,8 +357,25 @@ void reduce_impl(const float* a, float* out, const Strided& outer, const Strided
   const bool inner_unit = inner.ndim == 0 || inner.strides[0][inner.ndim - 1] == 1;
   const bool outer_unit = outer.ndim > 0 && outer.strides[0][outer.ndim - 1] == 1;
   if (len <= 8 || (outer_unit && !inner_unit)) {
-    reduce_thread_kernel<<<grid_for(rows), BLOCK>>>(a, out, outer, inner, r);
+    // Few outputs with long extents: split each extent into chunks of at least THREAD_CHUNK
+    // elements (partials laid out chunk-major), then reduce the partials the same way.
+    constexpr int64_t THREAD_CHUNK = 1024;
+    const int64_t target_threads = 4 * static_cast<int64_t>(sm_count()) * BLOCK;
+    int64_t chunks = 1;
+    if (rows < target_threads && len >= 2 * THREAD_CHUNK)
+      chunks = std::min((target_threads + rows - 1) / rows, len / THREAD_CHUNK);
+    const int64_t chunk_len = (len + chunks - 1) / chunks;
+    chunks = (len + chunk_len - 1) / chunk_len;  // no empty chunks
+    if (chunks == 1) {
+      reduce_thread_kernel<<<grid_for(rows), BLOCK>>>(a, out, outer, inner, 1, len, r);
+      check_launch("reduce kernel");
+      return;
+    }
+    CudaArray partial(rows * chunks);
+    reduce_thread_kernel<<<grid_for(rows * chunks), BLOCK>>>(a, partial.ptr, outer, inner, chunks,
+                                                             chunk_len, r);
     check_launch("reduce kernel");
+    reduce_impl(partial.ptr, out, rows_view(rows, 1), rows_view(chunks, rows), r);
     return;
   }
   if (len <= 1024) {

@@ -127,66 +127,66 @@ py::array_t<float> to_numpy(const CudaArray& a, const Ints& shape, const Ints& s
   return result;
 }
 
-void from_numpy(py::array_t<float, py::array::c_style | py::array::forcecast> a, CudaArray* out) {
-  check_size("from_numpy", "the numpy array", static_cast<idx_t>(a.size()), out->size);
+void from_numpy(py::array_t<float, py::array::c_style | py::array::forcecast> a, CudaArray& out) {
+  check_size("from_numpy", "the numpy array", static_cast<idx_t>(a.size()), out.size);
   const float* src = a.data();
   py::gil_scoped_release release;
-  needle::cuda::from_host(src, out);
+  needle::cuda::from_host(src, &out);
 }
 
-void compact(const CudaArray& a, CudaArray* out, const Ints& shape, const Ints& strides,
+void compact(const CudaArray& a, CudaArray& out, const Ints& shape, const Ints& strides,
              idx_t offset) {
   const idx_t n = check_view("compact", shape, strides, offset, a.size);
-  check_size("compact", "out", out->size, n);
-  needle::cuda::compact(a, out, iteration("compact", shape, {Operand{strides, offset}}));
+  check_size("compact", "out", out.size, n);
+  needle::cuda::compact(a, &out, iteration("compact", shape, {Operand{strides, offset}}));
 }
 
-void ewise_setitem(const CudaArray& a, CudaArray* out, const Ints& shape, const Ints& strides,
+void ewise_setitem(const CudaArray& a, CudaArray& out, const Ints& shape, const Ints& strides,
                    idx_t offset) {
-  const idx_t n = check_view("ewise_setitem", shape, strides, offset, out->size);
+  const idx_t n = check_view("ewise_setitem", shape, strides, offset, out.size);
   check_size("ewise_setitem", "a", a.size, n);
-  needle::cuda::ewise_setitem(a, out, iteration("ewise_setitem", shape, {Operand{strides, offset}}));
+  needle::cuda::ewise_setitem(a, &out, iteration("ewise_setitem", shape, {Operand{strides, offset}}));
 }
 
-void scalar_setitem(idx_t size, float val, CudaArray* out, const Ints& shape, const Ints& strides,
+void scalar_setitem(idx_t size, float val, CudaArray& out, const Ints& shape, const Ints& strides,
                     idx_t offset) {
-  const idx_t n = check_view("scalar_setitem", shape, strides, offset, out->size);
+  const idx_t n = check_view("scalar_setitem", shape, strides, offset, out.size);
   if (size != n) {
     fail("scalar_setitem", "size " + std::to_string(size) + " does not match shape " +
                                tuple_str(shape) + " (" + std::to_string(n) + " elements)");
   }
-  needle::cuda::scalar_setitem(val, out,
+  needle::cuda::scalar_setitem(val, &out,
                                iteration("scalar_setitem", shape, {Operand{strides, offset}}));
 }
 
 // ---- element-wise ---------------------------------------------------------------------------
 void ewise_binary(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset,
-                  const CudaArray& b, const Ints& b_strides, idx_t b_offset, CudaArray* out,
+                  const CudaArray& b, const Ints& b_strides, idx_t b_offset, CudaArray& out,
                   const Ints& shape) {
   check_op("ewise_binary", op, kBinaryCount);
   const idx_t n = check_view("ewise_binary (a)", shape, a_strides, a_offset, a.size);
   check_view("ewise_binary (b)", shape, b_strides, b_offset, b.size);
-  check_size("ewise_binary", "out", out->size, n);
+  check_size("ewise_binary", "out", out.size, n);
   needle::cuda::ewise_binary(
-      op, a, b, out,
+      op, a, b, &out,
       iteration("ewise_binary", shape, {Operand{a_strides, a_offset}, Operand{b_strides, b_offset}}));
 }
 
 void ewise_scalar(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset, float val,
-                  CudaArray* out, const Ints& shape, bool reverse) {
+                  CudaArray& out, const Ints& shape, bool reverse) {
   check_op("ewise_scalar", op, kBinaryCount);
   const idx_t n = check_view("ewise_scalar", shape, a_strides, a_offset, a.size);
-  check_size("ewise_scalar", "out", out->size, n);
-  needle::cuda::ewise_scalar(op, a, val, reverse, out,
+  check_size("ewise_scalar", "out", out.size, n);
+  needle::cuda::ewise_scalar(op, a, val, reverse, &out,
                              iteration("ewise_scalar", shape, {Operand{a_strides, a_offset}}));
 }
 
 void ewise_unary(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset,
-                 CudaArray* out, const Ints& shape) {
+                 CudaArray& out, const Ints& shape) {
   check_op("ewise_unary", op, kUnaryCount);
   const idx_t n = check_view("ewise_unary", shape, a_strides, a_offset, a.size);
-  check_size("ewise_unary", "out", out->size, n);
-  needle::cuda::ewise_unary(op, a, out,
+  check_size("ewise_unary", "out", out.size, n);
+  needle::cuda::ewise_unary(op, a, &out,
                             iteration("ewise_unary", shape, {Operand{a_strides, a_offset}}));
 }
 
@@ -199,19 +199,19 @@ void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
   if (with_ewise) {
     m.def(
         ewise.c_str(),
-        [op, ewise](const CudaArray& a, const CudaArray& b, CudaArray* out) {
-          check_size(ewise, "a", a.size, out->size);
-          check_size(ewise, "b", b.size, out->size);
-          needle::cuda::ewise_binary(op, a, b, out, flat(out->size));
+        [op, ewise](const CudaArray& a, const CudaArray& b, CudaArray& out) {
+          check_size(ewise, "a", a.size, out.size);
+          check_size(ewise, "b", b.size, out.size);
+          needle::cuda::ewise_binary(op, a, b, &out, flat(out.size));
         },
         py::arg("a"), py::arg("b"), py::arg("out"), nogil,
         ("out[i] = " + std::string(name) + "(a[i], b[i]) over compact buffers of one size.").c_str());
   }
   m.def(
       scalar.c_str(),
-      [op, scalar](const CudaArray& a, float val, CudaArray* out) {
-        check_size(scalar, "a", a.size, out->size);
-        needle::cuda::ewise_scalar(op, a, val, false, out, flat(out->size));
+      [op, scalar](const CudaArray& a, float val, CudaArray& out) {
+        check_size(scalar, "a", a.size, out.size);
+        needle::cuda::ewise_scalar(op, a, val, false, &out, flat(out.size));
       },
       py::arg("a"), py::arg("val"), py::arg("out"), nogil,
       ("out[i] = " + std::string(name) + "(a[i], val) over compact buffers of one size.").c_str());
@@ -222,9 +222,9 @@ void bind_course_unary(py::module_& m, const char* name) {
   const std::string fn = std::string("ewise_") + name;
   m.def(
       fn.c_str(),
-      [op, fn](const CudaArray& a, CudaArray* out) {
-        check_size(fn, "a", a.size, out->size);
-        needle::cuda::ewise_unary(op, a, out, flat(out->size));
+      [op, fn](const CudaArray& a, CudaArray& out) {
+        check_size(fn, "a", a.size, out.size);
+        needle::cuda::ewise_unary(op, a, &out, flat(out.size));
       },
       py::arg("a"), py::arg("out"), py::call_guard<py::gil_scoped_release>(),
       ("out[i] = " + std::string(name) + "(a[i]) over compact buffers of one size.").c_str());
@@ -232,7 +232,7 @@ void bind_course_unary(py::module_& m, const char* name) {
 
 // ---- reductions -----------------------------------------------------------------------------
 void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, idx_t offset,
-            idx_t keep, CudaArray* out) {
+            idx_t keep, CudaArray& out) {
   check_op("reduce", op, kReduceCount);
   check_view("reduce", shape, strides, offset, a.size);
   if (keep < 0 || keep > static_cast<idx_t>(shape.size())) {
@@ -243,33 +243,33 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
   const Ints outer_strides(strides.begin(), strides.begin() + keep),
       inner_strides(strides.begin() + keep, strides.end());
   const idx_t outputs = shape_size("reduce", outer_shape);
-  check_size("reduce", "out", out->size, outputs);
+  check_size("reduce", "out", out.size, outputs);
   if (outputs == 0) return;
   if (shape_size("reduce", inner_shape) == 0) {
     if (op == static_cast<int>(needle_ops::ReduceOp::max)) {
       fail("reduce", "the max over the empty axes " + tuple_str(inner_shape) + " of shape " +
                          tuple_str(shape) + " is undefined");
     }
-    needle::cuda::fill(out, 0.0f);  // an empty sum
+    needle::cuda::fill(&out, 0.0f);  // an empty sum
     return;
   }
   needle::cuda::reduce(op, a, iteration("reduce", outer_shape, {Operand{outer_strides, offset}}),
-                       iteration("reduce", inner_shape, {Operand{inner_strides, 0}}), out);
+                       iteration("reduce", inner_shape, {Operand{inner_strides, 0}}), &out);
 }
 
 // The course's reduce_sum / reduce_max: out[j] = op of compact a[j*rs : (j+1)*rs].
-void reduce_rows(const char* fn, needle_ops::ReduceOp op, const CudaArray& a, CudaArray* out,
+void reduce_rows(const char* fn, needle_ops::ReduceOp op, const CudaArray& a, CudaArray& out,
                  idx_t reduce_size) {
   if (reduce_size <= 0)
     fail(fn, "reduce_size must be positive, got " + std::to_string(reduce_size));
-  if (static_cast<__int128>(out->size) * reduce_size > a.size) {
+  if (static_cast<__int128>(out.size) * reduce_size > a.size) {
     std::ostringstream s;
-    s << "out has " << out->size << " elements, reducing " << reduce_size << " each needs more "
+    s << "out has " << out.size << " elements, reducing " << reduce_size << " each needs more "
       << "than the " << a.size << " elements of a";
     fail(fn, s.str());
   }
-  const auto parts = rows_of(out->size, reduce_size);
-  needle::cuda::reduce(static_cast<int>(op), a, parts.first, parts.second, out);
+  const auto parts = rows_of(out.size, reduce_size);
+  needle::cuda::reduce(static_cast<int>(op), a, parts.first, parts.second, &out);
 }
 
 // ---- matrix products ------------------------------------------------------------------------
@@ -282,12 +282,12 @@ void check_matmul_sizes(const char* fn, idx_t m, idx_t n, idx_t p) {
   }
 }
 
-void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out, idx_t m, idx_t n, idx_t p) {
+void matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx_t n, idx_t p) {
   check_matmul_sizes("matmul", m, n, p);
   check_at_least("matmul", "a", a.size, shape_size("matmul", {m, n}));
   check_at_least("matmul", "b", b.size, shape_size("matmul", {n, p}));
-  check_at_least("matmul", "out", out->size, shape_size("matmul", {m, p}));
-  needle::cuda::matmul(a, MatrixView{0, 0, n, 1}, b, MatrixView{0, 0, p, 1}, out, 1, m, n, p);
+  check_at_least("matmul", "out", out.size, shape_size("matmul", {m, p}));
+  needle::cuda::matmul(a, MatrixView{0, 0, n, 1}, b, MatrixView{0, 0, p, 1}, &out, 1, m, n, p);
 }
 
 MatrixView matrix_view(const char* fn, const char* what, const CudaArray& x, const Ints& strides,
@@ -301,18 +301,18 @@ MatrixView matrix_view(const char* fn, const char* what, const CudaArray& x, con
 }
 
 void matmul_strided(const CudaArray& a, const Ints& a_strides, idx_t a_offset, const CudaArray& b,
-                    const Ints& b_strides, idx_t b_offset, CudaArray* out, idx_t batch, idx_t m,
+                    const Ints& b_strides, idx_t b_offset, CudaArray& out, idx_t batch, idx_t m,
                     idx_t n, idx_t p) {
   const char* fn = "matmul_strided";
   check_sizes(fn, {batch});
   check_matmul_sizes(fn, m, n, p);
   const MatrixView va = matrix_view(fn, "a", a, a_strides, a_offset, batch, m, n);
   const MatrixView vb = matrix_view(fn, "b", b, b_strides, b_offset, batch, n, p);
-  check_size(fn, "out", out->size, shape_size(fn, {batch, m, p}));
-  needle::cuda::matmul(a, va, b, vb, out, batch, m, n, p);
+  check_size(fn, "out", out.size, shape_size(fn, {batch, m, p}));
+  needle::cuda::matmul(a, va, b, vb, &out, batch, m, n, p);
 }
 
-void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, idx_t m, idx_t n,
+void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx_t n,
                   idx_t p) {
   check_matmul_sizes("matmul_tiled", m, n, p);
   constexpr idx_t T = needle::cuda::TILE;
@@ -323,20 +323,20 @@ void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, idx_t 
   }
   check_at_least("matmul_tiled", "a", a.size, shape_size("matmul_tiled", {m, n}));
   check_at_least("matmul_tiled", "b", b.size, shape_size("matmul_tiled", {n, p}));
-  check_at_least("matmul_tiled", "out", out->size, shape_size("matmul_tiled", {m, p}));
-  needle::cuda::matmul_tiled(a, b, out, m, n, p);
+  check_at_least("matmul_tiled", "out", out.size, shape_size("matmul_tiled", {m, p}));
+  needle::cuda::matmul_tiled(a, b, &out, m, n, p);
 }
 
 // ---- fused kernels --------------------------------------------------------------------------
 void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, idx_t cols,
-                  CudaArray* loss, CudaArray* probs) {
+                  CudaArray& loss, CudaArray& probs) {
   const char* fn = "softmax_xent";
   const idx_t n = shape_size(fn, {rows, cols});
   check_size(fn, "logits", logits.size, n);
   check_size(fn, "labels", labels.size, rows);
-  check_size(fn, "loss", loss->size, rows);
-  check_size(fn, "probs", probs->size, n);
-  const idx_t bad = needle::cuda::softmax_xent(logits, labels, rows, cols, loss, probs);
+  check_size(fn, "loss", loss.size, rows);
+  check_size(fn, "probs", probs.size, n);
+  const idx_t bad = needle::cuda::softmax_xent(logits, labels, rows, cols, &loss, &probs);
   if (bad >= 0) {
     Strided one;
     one.offset[0] = bad;
@@ -349,16 +349,16 @@ void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, 
 }
 
 void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
-                   idx_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd) {
+                   idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd) {
   const char* fn = "layernorm_fwd";
   const idx_t n = shape_size(fn, {rows, cols});
   check_size(fn, "x", x.size, n);
   check_size(fn, "w", w.size, cols);
   check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y->size, n);
-  check_size(fn, "xhat", xhat->size, n);
-  check_size(fn, "rstd", rstd->size, rows);
-  needle::cuda::layernorm_fwd(x, w, b, rows, cols, eps, y, xhat, rstd);
+  check_size(fn, "y", y.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, rows);
+  needle::cuda::layernorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd);
 }
 
 // The arguments of layernorm_bwd and batchnorm_bwd; `stats` is the length of rstd.
@@ -376,52 +376,52 @@ void check_norm_bwd(const char* fn, const CudaArray& dy, const CudaArray& xhat,
 }
 
 void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
-                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray* dx, CudaArray* dw,
-                   CudaArray* db) {
-  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, *dx, *dw, *db, rows);
-  needle::cuda::layernorm_bwd(dy, xhat, rstd, w, rows, cols, dx, dw, db);
+                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
+                   CudaArray& db) {
+  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, rows);
+  needle::cuda::layernorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
 }
 
 void batchnorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
-                   idx_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd,
-                   CudaArray* mean, CudaArray* var) {
+                   idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd,
+                   CudaArray& mean, CudaArray& var) {
   const char* fn = "batchnorm_fwd";
   const idx_t n = shape_size(fn, {rows, cols});
   if (rows < 1) fail(fn, "rows must be at least 1 (a batch to normalise over), got " + std::to_string(rows));
   check_size(fn, "x", x.size, n);
   check_size(fn, "w", w.size, cols);
   check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y->size, n);
-  check_size(fn, "xhat", xhat->size, n);
-  check_size(fn, "rstd", rstd->size, cols);
-  check_size(fn, "mean", mean->size, cols);
-  check_size(fn, "var", var->size, cols);
-  needle::cuda::batchnorm_fwd(x, w, b, rows, cols, eps, y, xhat, rstd, mean, var);
+  check_size(fn, "y", y.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, cols);
+  check_size(fn, "mean", mean.size, cols);
+  check_size(fn, "var", var.size, cols);
+  needle::cuda::batchnorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd, &mean, &var);
 }
 
 void batchnorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
-                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray* dx, CudaArray* dw,
-                   CudaArray* db) {
-  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, *dx, *dw, *db, cols);
-  needle::cuda::batchnorm_bwd(dy, xhat, rstd, w, rows, cols, dx, dw, db);
+                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
+                   CudaArray& db) {
+  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, cols);
+  needle::cuda::batchnorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
 }
 
 void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, idx_t batch, idx_t hidden,
-                   CudaArray* h, CudaArray* c, CudaArray* act, CudaArray* tanh_c) {
+                   CudaArray& h, CudaArray& c, CudaArray& act, CudaArray& tanh_c) {
   const char* fn = "lstm_cell_fwd";
   const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
   check_size(fn, "gates", gates.size, n4);
   check_size(fn, "c_prev", c_prev.size, n);
-  check_size(fn, "h", h->size, n);
-  check_size(fn, "c", c->size, n);
-  check_size(fn, "act", act->size, n4);
-  check_size(fn, "tanh_c", tanh_c->size, n);
-  needle::cuda::lstm_cell_fwd(gates, c_prev, batch, hidden, h, c, act, tanh_c);
+  check_size(fn, "h", h.size, n);
+  check_size(fn, "c", c.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+  needle::cuda::lstm_cell_fwd(gates, c_prev, batch, hidden, &h, &c, &act, &tanh_c);
 }
 
 void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
                    const CudaArray& c_prev, const CudaArray& tanh_c, idx_t batch, idx_t hidden,
-                   CudaArray* dgates, CudaArray* dc_prev) {
+                   CudaArray& dgates, CudaArray& dc_prev) {
   const char* fn = "lstm_cell_bwd";
   const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
   check_size(fn, "dh", dh.size, n);
@@ -429,29 +429,29 @@ void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& ac
   check_size(fn, "act", act.size, n4);
   check_size(fn, "c_prev", c_prev.size, n);
   check_size(fn, "tanh_c", tanh_c.size, n);
-  check_size(fn, "dgates", dgates->size, n4);
-  check_size(fn, "dc_prev", dc_prev->size, n);
-  needle::cuda::lstm_cell_bwd(dh, dc, act, c_prev, tanh_c, batch, hidden, dgates, dc_prev);
+  check_size(fn, "dgates", dgates.size, n4);
+  check_size(fn, "dc_prev", dc_prev.size, n);
+  needle::cuda::lstm_cell_bwd(dh, dc, act, c_prev, tanh_c, batch, hidden, &dgates, &dc_prev);
 }
 
-void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
+void sgd_update(CudaArray& param, const CudaArray& grad, CudaArray& buf, float lr,
                 float momentum, float weight_decay) {
-  check_size("sgd_update", "grad", grad.size, param->size);
-  check_size("sgd_update", "buf", buf->size, param->size);
-  needle::cuda::sgd_update(param, grad, buf, lr, momentum, weight_decay);
+  check_size("sgd_update", "grad", grad.size, param.size);
+  check_size("sgd_update", "buf", buf.size, param.size);
+  needle::cuda::sgd_update(&param, grad, &buf, lr, momentum, weight_decay);
 }
 
-void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
+void adam_update(CudaArray& param, const CudaArray& grad, CudaArray& m, CudaArray& v, float lr,
                  float beta1, float beta2, float eps, float weight_decay, idx_t step) {
   const char* fn = "adam_update";
   if (step < 1) fail(fn, "step must be at least 1, got " + std::to_string(step));
-  check_size(fn, "grad", grad.size, param->size);
-  check_size(fn, "m", m->size, param->size);
-  check_size(fn, "v", v->size, param->size);
+  check_size(fn, "grad", grad.size, param.size);
+  check_size(fn, "m", m.size, param.size);
+  check_size(fn, "v", v.size, param.size);
   const double steps = static_cast<double>(step);
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), steps));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), steps));
-  needle::cuda::adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+  needle::cuda::adam_update(&param, grad, &m, &v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 }
 
 }  // namespace
@@ -496,7 +496,9 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         py::arg("offset"), "A new numpy float32 array of `shape` holding the view of `a`.");
   m.def("from_numpy", &from_numpy, py::arg("a"), py::arg("out"),
         "Copy the elements of `a` (row-major, as float32) into `out` (same size).");
-  m.def("fill", &needle::cuda::fill, py::arg("out"), py::arg("val"), nogil,
+  m.def(
+      "fill", [](CudaArray& out, float val) { needle::cuda::fill(&out, val); }, py::arg("out"),
+      py::arg("val"), nogil,
         "Set every element of `out` to `val`.");
   m.def("compact", &compact, py::arg("a"), py::arg("out"), py::arg("shape"), py::arg("strides"),
         py::arg("offset"), nogil, "out (compact, prod(shape)) = the view of `a`.");
@@ -529,14 +531,14 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         "shape[keep:] of the view of `a`; an empty extent gives 0 for sum, ValueError for max.");
   m.def(
       "reduce_sum",
-      [](const CudaArray& a, CudaArray* out, idx_t reduce_size) {
+      [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
         reduce_rows("reduce_sum", needle_ops::ReduceOp::sum, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
       "out[j] = sum of a[j*reduce_size : (j+1)*reduce_size] (compact a).");
   m.def(
       "reduce_max",
-      [](const CudaArray& a, CudaArray* out, idx_t reduce_size) {
+      [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
         reduce_rows("reduce_max", needle_ops::ReduceOp::max, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
