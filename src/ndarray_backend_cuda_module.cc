@@ -247,8 +247,8 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
   if (outputs == 0) return;
   if (shape_size("reduce", inner_shape) == 0) {
     if (op == static_cast<int>(needle_ops::ReduceOp::max)) {
-      fail("reduce", "the max over the empty axes " + tuple_str(inner_shape) + " of shape " +
-                         tuple_str(shape) + " is undefined");
+      fail("reduce", "max over an empty extent " + tuple_str(inner_shape) + " of shape " +
+                         tuple_str(shape) + " has no identity");
     }
     needle::cuda::fill(&out, 0.0f);  // an empty sum
     return;
