@@ -6,9 +6,11 @@
 # 1. builds the compiled modules in place, like `make build` (plain CMake; no network needed:
 #    it uses $PYTHON, default python3, with the numpy, pybind11, pytest and hypothesis it has),
 #    for this GPU's architecture only (CUDA_ARCH=90 etc. overrides);
-# 2. runs the NDArray suites and tests/test_cuda_backend.py on the cuda() device;
+# 2. runs tests/test_cuda_backend.py and the cuda() cases of the device-protocol conformance
+#    suite, the fused-kernel tests and the NDArray suites;
 # 3. prints matmul GFLOP/s at 1024^3 and 4096^3 (and PyTorch's fp32 figure, TF32 off, when
-#    PyTorch with CUDA is installed), plus element-wise and reduction bandwidth.
+#    PyTorch with CUDA is installed), the transposed and batched products, plus element-wise
+#    (compact and broadcast) and reduction bandwidth.
 # Exit status: non-zero when the build, a test or a result check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +56,11 @@ EOF
 
 echo "== tests on cuda()"
 tests=(tests/test_cuda_backend.py)
-for f in tests/test_ndarray*.py; do [ -e "$f" ] && tests+=("$f"); done
-# -k cuda: all of test_cuda_backend.py, and the cuda() cases of the NDArray suites
+for f in tests/test_device_protocol.py tests/test_fused.py tests/test_ndarray*.py; do
+  [ -e "$f" ] && tests+=("$f")
+done
+# -k cuda: all of test_cuda_backend.py, and the cuda() cases of the protocol conformance
+# suite, the fused kernels and the NDArray suites
 "$PY" -m pytest "${tests[@]}" -q -p no:cacheprovider -k cuda 2>&1 || status=1
 
 echo "== benchmarks"
@@ -108,6 +113,28 @@ for n, reps in [(1024, 50), (4096, 10)]:
         pass
     print(line, f"[max rel. error {err:.1e}]")
 
+# transposed operands (BLAS trans flags: no copies) and a batch sharing one matrix
+n = 2048
+a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+da, db, out = upload(a), upload(b), m.Array(n * n)
+for label, sa, sb, rows in [("A @ B", (0, n, 1), (0, n, 1), lambda: a[:8] @ b),
+                            ("A.T @ B", (0, 1, n), (0, n, 1), lambda: a.T[:8] @ b),
+                            ("A @ B.T", (0, n, 1), (0, 1, n), lambda: a[:8] @ b.T)]:
+    t = timed(lambda: m.matmul_strided(da, sa, 0, db, sb, 0, out, 1, n, n, n), 20)
+    got, ref = m.to_numpy(out, (8, n), (n, 1), 0), rows()  # the first 8 rows
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, f"matmul_strided {label}: relative error {err:.2e}"
+    print(f"matmul_strided {label} {n}^3: {2 * n**3 / t / 1e9:9.1f} GFLOP/s [err {err:.1e}]")
+batch, k = 64, 256
+x = rng.standard_normal((batch, k, k), np.float32)
+dx, w, out = upload(x), upload(b[:k, :k]), m.Array(batch * k * k)
+t = timed(lambda: m.matmul_strided(dx, (k * k, k, 1), 0, w, (0, k, 1), 0, out, batch, k, k, k), 20)
+got = m.to_numpy(out, (batch, k, k), (k * k, k, 1), 0)
+err = np.abs(got[-1] - x[-1] @ b[:k, :k]).max() / np.abs(x[-1] @ b[:k, :k]).max()
+assert err < 1e-5, f"batched matmul_strided: relative error {err:.2e}"
+print(f"matmul_strided batch {batch} x {k}^3 (shared B): {2 * batch * k**3 / t / 1e9:9.1f} "
+      f"GFLOP/s [err {err:.1e}]")
+
 n = 1 << 26  # 256 MiB per array
 x = upload(rng.standard_normal(n, np.float32))
 y, out = upload(rng.standard_normal(n, np.float32)), m.Array(n)
@@ -121,6 +148,18 @@ t = timed(lambda: m.reduce_sum(x, rows, 256), 10)
 print(f"reduce_sum of rows of 256: {4 * n / t / 1e9:.0f} GB/s")
 t = timed(lambda: m.compact(x, out, (8192, 8192), (1, 8192), 0), 10)
 print(f"compact of an 8192x8192 transpose: {2 * 4 * n / t / 1e9:.0f} GB/s")
+ADD, SUM, MAX = (m.__binary_ops__.index("add"), m.__reduce_ops__.index("sum"),
+                 m.__reduce_ops__.index("max"))
+t = timed(lambda: m.ewise_binary(ADD, x, (8192, 1), 0, y, (0, 1), 0, out, (8192, 8192)), 10)
+print(f"ewise_binary with a broadcast row (8192x8192): {2 * 4 * n / t / 1e9:.0f} GB/s")
+cols = m.Array(8192)
+t = timed(lambda: m.reduce(SUM, x, (8192, 8192), (1, 8192), 0, 1, cols), 10)
+print(f"reduce sum over axis 0 of 8192x8192 (no permute+compact): {4 * n / t / 1e9:.0f} GB/s")
+t = timed(lambda: m.reduce(MAX, x, (8192, 8192), (8192, 1), 0, 1, cols), 10)
+print(f"reduce max over axis 1 of 8192x8192: {4 * n / t / 1e9:.0f} GB/s")
+got = m.to_numpy(cols, (8192,), (1,), 0)
+ref = m.to_numpy(x, (8192, 8192), (8192, 1), 0).max(axis=1)
+assert np.array_equal(got, ref), "reduce max over axis 1 differs from numpy"
 EOF
 
 echo "== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"

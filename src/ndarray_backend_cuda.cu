@@ -1,6 +1,8 @@
-// CUDA kernels and their host launchers for needle's NDArray (the device protocol of API.md §8).
-// The pybind11 bindings live in ndarray_backend_cuda_module.cc; they validate every argument
-// before calling in here. Every CUDA call is checked and failures are thrown as
+// CUDA kernels and their host launchers for needle's NDArray (the device protocol of
+// needle/backend_ndarray/protocol.py). The pybind11 bindings live in
+// ndarray_backend_cuda_module.cc; they validate every argument before calling in here.
+// Element-wise ops and reductions come from the shared op table src/ndarray_ops.h, so a new op
+// there needs no change here. Every CUDA call is checked and failures are thrown as
 // std::runtime_error carrying cudaGetErrorString.
 #include "ndarray_backend_cuda.h"
 
@@ -8,8 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "ndarray_ops.h"
 
 namespace needle {
 namespace cuda {
@@ -17,7 +22,12 @@ namespace {
 
 constexpr int BLOCK = 256;
 // Grid-stride loops cover what a grid of this many blocks does not.
-constexpr size_t MAX_BLOCKS = 65535;
+constexpr int64_t MAX_BLOCKS = 65535;
+
+// i over [0, n) in a grid-stride loop (blocks and threads along x).
+#define NEEDLE_GRID_LOOP(i, n)                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 void check(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) {
@@ -29,8 +39,9 @@ void check(cudaError_t err, const std::string& what) {
 
 void check_launch(const char* kernel) { check(cudaGetLastError(), std::string(kernel) + " launch"); }
 
-unsigned grid_for(size_t n) {
-  return static_cast<unsigned>(std::min((n + BLOCK - 1) / BLOCK, MAX_BLOCKS));
+unsigned grid_for(int64_t n, int64_t per_block = BLOCK) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min((n + per_block - 1) / per_block,
+                                                             MAX_BLOCKS)));
 }
 
 void require_device() {
@@ -59,251 +70,181 @@ int sm_count() {
   return count;
 }
 
-// ---- strided views -----------------------------------------------------------------------------
-
-// Shape and strides as a kernel argument (by value). Size-1 dimensions are dropped and
-// dimensions that step contiguously over each other are merged, so kernels divide less.
-struct KernelView {
-  int ndim;
-  int64_t shape[MAX_DIMS];
-  int64_t strides[MAX_DIMS];
-  int64_t offset;
-};
-
-KernelView simplify(const StridedView& v) {
-  KernelView d{};
-  d.offset = v.offset;
-  for (int k = 0; k < v.ndim; ++k) {
-    if (v.shape[k] == 1) continue;
-    if (d.ndim > 0 && d.strides[d.ndim - 1] == v.strides[k] * v.shape[k]) {
-      // The outer dimension steps exactly over this one: index j = i_outer * n + i_inner.
-      d.shape[d.ndim - 1] *= v.shape[k];
-      d.strides[d.ndim - 1] = v.strides[k];
-    } else {
-      d.shape[d.ndim] = v.shape[k];
-      d.strides[d.ndim] = v.strides[k];
-      ++d.ndim;
-    }
-  }
-  return d;
+// Runs body(dst) with dst = out->ptr, or, when out shares memory with an input in a way the
+// kernel cannot handle in place (`alias`), with a scratch buffer copied into out afterwards.
+template <class F>
+void into(CudaArray* out, bool alias, F body) {
+  if (!alias) return body(out->ptr);
+  CudaArray tmp(out->size);
+  body(tmp.ptr);
+  check(cudaMemcpy(out->ptr, tmp.ptr, out->size * sizeof(float), cudaMemcpyDeviceToDevice),
+        "cudaMemcpy device to device");
 }
 
-// Buffer index of the i-th element (row-major order) of the view. IdxT is 32-bit when the
-// view has fewer than 2^31 elements: 64-bit division is several times slower on the GPU.
-template <typename IdxT>
-__device__ __forceinline__ int64_t view_index(IdxT i, const KernelView& d) {
-  int64_t off = d.offset;
-  for (int k = d.ndim - 1; k >= 0; --k) {
-    const IdxT n = static_cast<IdxT>(d.shape[k]);
+// ---- strided views -----------------------------------------------------------------------------
+
+// The buffer offsets of element i (row-major over d's shape) of the first NOPS operands of d.
+// IdxT is 32-bit when the iteration has fewer than 2^31 elements: 64-bit division is several
+// times slower on the GPU.
+template <int NOPS, typename IdxT>
+__device__ __forceinline__ void locate(IdxT i, const Strided& d, int64_t (&off)[NOPS]) {
+#pragma unroll
+  for (int k = 0; k < NOPS; ++k) off[k] = d.offset[k];
+  for (int dim = d.ndim - 1; dim >= 0; --dim) {
+    const IdxT n = static_cast<IdxT>(d.shape[dim]);
     const IdxT q = i / n;
-    off += static_cast<int64_t>(i - q * n) * d.strides[k];
+    const int64_t r = static_cast<int64_t>(i - q * n);
+#pragma unroll
+    for (int k = 0; k < NOPS; ++k) off[k] += r * d.strides[k][dim];
     i = q;
   }
-  return off;
+}
+
+// Operand k of d walks its buffer with unit stride from offset[k] (or is a single element).
+bool contiguous(const Strided& d, int k) {
+  return d.ndim == 0 || (d.ndim == 1 && d.strides[k][0] == 1);
 }
 
 enum class Copy { Gather, Scatter, Fill };
 
 // Gather: dst[i] = src[view(i)]; Scatter: dst[view(i)] = src[i]; Fill: dst[view(i)] = val.
 template <Copy mode, typename IdxT>
-__global__ void strided_kernel(const float* src, float* dst, float val, size_t n, KernelView d) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = view_index<IdxT>(static_cast<IdxT>(i), d);
+__global__ void strided_copy_kernel(const float* src, float* dst, float val, Strided d) {
+  NEEDLE_GRID_LOOP(i, d.size) {
+    int64_t j[1];
+    locate<1, IdxT>(static_cast<IdxT>(i), d, j);
     if (mode == Copy::Gather) {
-      dst[i] = src[j];
+      dst[i] = src[j[0]];
     } else if (mode == Copy::Scatter) {
-      dst[j] = src[i];
+      dst[j[0]] = src[i];
     } else {
-      dst[j] = val;
+      dst[j[0]] = val;
     }
   }
 }
 
 template <Copy mode>
-void launch_strided(const float* src, float* dst, float val, const StridedView& v) {
-  if (v.size == 0) return;
-  const KernelView d = simplify(v);
-  if (v.size <= static_cast<size_t>(INT32_MAX)) {
-    strided_kernel<mode, uint32_t><<<grid_for(v.size), BLOCK>>>(src, dst, val, v.size, d);
+void launch_strided_copy(const float* src, float* dst, float val, const Strided& d) {
+  if (d.size == 0) return;
+  if (d.size <= INT32_MAX) {
+    strided_copy_kernel<mode, uint32_t><<<grid_for(d.size), BLOCK>>>(src, dst, val, d);
   } else {
-    strided_kernel<mode, uint64_t><<<grid_for(v.size), BLOCK>>>(src, dst, val, v.size, d);
+    strided_copy_kernel<mode, uint64_t><<<grid_for(d.size), BLOCK>>>(src, dst, val, d);
   }
   check_launch("strided copy kernel");
 }
 
-__global__ void fill_kernel(float* out, float val, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    out[i] = val;
+__global__ void fill_kernel(float* out, float val, int64_t n) {
+  NEEDLE_GRID_LOOP(i, n) out[i] = val;
+}
+
+// ---- element-wise ops (functors from ndarray_ops.h) ---------------------------------------------
+
+// A binary op with one operand fixed: f(x, val), or f(val, x) when reverse.
+template <class F>
+struct WithScalar {
+  F f;
+  float val;
+  bool reverse;
+  __device__ __forceinline__ float operator()(float x) const {
+    return reverse ? f(val, x) : f(x, val);
+  }
+};
+
+template <class F>
+__global__ void binary_flat_kernel(const float* a, const float* b, float* out, int64_t n, F f) {
+  NEEDLE_GRID_LOOP(i, n) out[i] = f(a[i], b[i]);
+}
+
+template <class F, typename IdxT>
+__global__ void binary_strided_kernel(const float* a, const float* b, float* out, Strided d,
+                                      F f) {
+  NEEDLE_GRID_LOOP(i, d.size) {
+    int64_t j[2];
+    locate<2, IdxT>(static_cast<IdxT>(i), d, j);
+    out[i] = f(a[j[0]], b[j[1]]);
   }
 }
 
-// ---- element-wise ops --------------------------------------------------------------------------
+template <class F>
+__global__ void unary_flat_kernel(const float* a, float* out, int64_t n, F f) {
+  NEEDLE_GRID_LOOP(i, n) out[i] = f(a[i]);
+}
 
-// numpy's maximum: NaN in either operand gives NaN.
-__device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
-
-struct AddOp { __device__ float operator()(float a, float b) const { return a + b; } };
-struct MulOp { __device__ float operator()(float a, float b) const { return a * b; } };
-struct DivOp { __device__ float operator()(float a, float b) const { return a / b; } };
-struct PowOp { __device__ float operator()(float a, float b) const { return powf(a, b); } };
-struct MaxOp { __device__ float operator()(float a, float b) const { return max_nan(a, b); } };
-struct EqOp { __device__ float operator()(float a, float b) const { return a == b ? 1.f : 0.f; } };
-struct GeOp { __device__ float operator()(float a, float b) const { return a >= b ? 1.f : 0.f; } };
-struct LogOp { __device__ float operator()(float a) const { return logf(a); } };
-struct ExpOp { __device__ float operator()(float a) const { return expf(a); } };
-struct TanhOp { __device__ float operator()(float a) const { return tanhf(a); } };
-
-template <class Op>
-__global__ void ewise_kernel(const float* a, const float* b, float* out, size_t n, Op op) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    out[i] = op(a[i], b[i]);
+template <class F, typename IdxT>
+__global__ void unary_strided_kernel(const float* a, float* out, Strided d, F f) {
+  NEEDLE_GRID_LOOP(i, d.size) {
+    int64_t j[1];
+    locate<1, IdxT>(static_cast<IdxT>(i), d, j);
+    out[i] = f(a[j[0]]);
   }
 }
 
-template <class Op>
-__global__ void scalar_kernel(const float* a, float val, float* out, size_t n, Op op) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    out[i] = op(a[i], val);
-  }
-}
-
-template <class Op>
-__global__ void unary_kernel(const float* a, float* out, size_t n, Op op) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    out[i] = op(a[i]);
-  }
-}
-
-// b == nullptr: scalar form with val.
-template <class Op>
-void launch_binary(Op op, const float* a, const float* b, float val, float* out, size_t n) {
-  if (n == 0) return;
-  if (b != nullptr) {
-    ewise_kernel<<<grid_for(n), BLOCK>>>(a, b, out, n, op);
+template <class F>
+void launch_binary(const float* a, const float* b, float* out, const Strided& d, F f) {
+  if (contiguous(d, 0) && contiguous(d, 1)) {
+    binary_flat_kernel<<<grid_for(d.size), BLOCK>>>(a + d.offset[0], b + d.offset[1], out,
+                                                    d.size, f);
+  } else if (d.size <= INT32_MAX) {
+    binary_strided_kernel<F, uint32_t><<<grid_for(d.size), BLOCK>>>(a, b, out, d, f);
   } else {
-    scalar_kernel<<<grid_for(n), BLOCK>>>(a, val, out, n, op);
+    binary_strided_kernel<F, uint64_t><<<grid_for(d.size), BLOCK>>>(a, b, out, d, f);
   }
   check_launch("element-wise kernel");
 }
 
-void binary(BinaryOp op, const float* a, const float* b, float val, float* out, size_t n) {
+template <class F>
+void launch_unary(const float* a, float* out, const Strided& d, F f) {
+  if (contiguous(d, 0)) {
+    unary_flat_kernel<<<grid_for(d.size), BLOCK>>>(a + d.offset[0], out, d.size, f);
+  } else if (d.size <= INT32_MAX) {
+    unary_strided_kernel<F, uint32_t><<<grid_for(d.size), BLOCK>>>(a, out, d, f);
+  } else {
+    unary_strided_kernel<F, uint64_t><<<grid_for(d.size), BLOCK>>>(a, out, d, f);
+  }
+  check_launch("element-wise kernel");
+}
+
+// body(functor) for the op with code `op` in each table (codes are checked by the bindings).
+template <class Body>
+void with_binary_op(int op, Body body) {
   switch (op) {
-    case BinaryOp::Add: return launch_binary(AddOp{}, a, b, val, out, n);
-    case BinaryOp::Mul: return launch_binary(MulOp{}, a, b, val, out, n);
-    case BinaryOp::Div: return launch_binary(DivOp{}, a, b, val, out, n);
-    case BinaryOp::Power: return launch_binary(PowOp{}, a, b, val, out, n);
-    case BinaryOp::Maximum: return launch_binary(MaxOp{}, a, b, val, out, n);
-    case BinaryOp::Eq: return launch_binary(EqOp{}, a, b, val, out, n);
-    case BinaryOp::Ge: return launch_binary(GeOp{}, a, b, val, out, n);
+#define NEEDLE_CASE(name, ...) \
+  case static_cast<int>(needle_ops::BinaryOp::name): return body(needle_ops::Binary_##name{});
+    NEEDLE_BINARY_OPS(NEEDLE_CASE)
+#undef NEEDLE_CASE
   }
-  throw std::invalid_argument("unknown binary op");
+  throw std::invalid_argument("unknown binary op code " + std::to_string(op));
 }
 
-// ---- matmul ------------------------------------------------------------------------------------
-
-// C (M, P) = A (M, N) @ B (N, P), row-major. Each block computes a BM x BN tile of C: it stages
-// BM x BK tiles of A (stored transposed, padded against bank conflicts) and BK x BN tiles of B
-// through shared memory, and each thread accumulates a TM x TN block of outputs in registers.
-// A thread's outputs are strided by the thread-grid size (rows ty + i*TY, columns tx + j*TX),
-// so a warp's shared-memory reads hit distinct banks or broadcast, and its stores coalesce.
-// Out-of-range elements load as 0 and are not stored, so any M, N, P work.
-template <int BM, int BN, int BK, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
-matmul_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-              int M, int N, int P, int tiles_p) {
-  constexpr int TX = BN / TN;
-  constexpr int TY = BM / TM;
-  constexpr int THREADS = TX * TY;
-  static_assert((BM * BK) % THREADS == 0 && (BK * BN) % THREADS == 0, "tile loads must divide");
-  __shared__ float As[BK][BM + 4];
-  __shared__ float Bs[BK][BN];
-
-  const int tid = threadIdx.x;
-  const int tx = tid % TX;
-  const int ty = tid / TX;
-  const int row0 = (blockIdx.x / tiles_p) * BM;
-  const int col0 = (blockIdx.x % tiles_p) * BN;
-
-  float acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+template <class Body>
+void with_unary_op(int op, Body body) {
+  switch (op) {
+#define NEEDLE_CASE(name, ...) \
+  case static_cast<int>(needle_ops::UnaryOp::name): return body(needle_ops::Unary_##name{});
+    NEEDLE_UNARY_OPS(NEEDLE_CASE)
+#undef NEEDLE_CASE
   }
-
-  for (int k0 = 0; k0 < N; k0 += BK) {
-#pragma unroll
-    for (int l = 0; l < (BM * BK) / THREADS; ++l) {
-      const int idx = tid + l * THREADS;
-      const int r = idx / BK, c = idx % BK;
-      const int gr = row0 + r, gc = k0 + c;
-      As[c][r] = (gr < M && gc < N) ? A[static_cast<size_t>(gr) * N + gc] : 0.f;
-    }
-#pragma unroll
-    for (int l = 0; l < (BK * BN) / THREADS; ++l) {
-      const int idx = tid + l * THREADS;
-      const int r = idx / BN, c = idx % BN;
-      const int gr = k0 + r, gc = col0 + c;
-      Bs[r][c] = (gr < N && gc < P) ? B[static_cast<size_t>(gr) * P + gc] : 0.f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < BK; ++k) {
-      float ra[TM], rb[TN];
-#pragma unroll
-      for (int i = 0; i < TM; ++i) ra[i] = As[k][ty + i * TY];
-#pragma unroll
-      for (int j = 0; j < TN; ++j) rb[j] = Bs[k][tx + j * TX];
-#pragma unroll
-      for (int i = 0; i < TM; ++i) {
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
-      }
-    }
-    __syncthreads();  // the tiles are overwritten next iteration
-  }
-
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const int r = row0 + ty + i * TY;
-    if (r >= M) continue;
-#pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int c = col0 + tx + j * TX;
-      if (c < P) C[static_cast<size_t>(r) * P + c] = acc[i][j];
-    }
-  }
+  throw std::invalid_argument("unknown unary op code " + std::to_string(op));
 }
 
-template <int BM, int BN, int BK, int TM, int TN>
-void launch_matmul(const float* a, const float* b, float* out, int m, int n, int p) {
-  const size_t tiles_m = (static_cast<size_t>(m) + BM - 1) / BM;
-  const size_t tiles_p = (static_cast<size_t>(p) + BN - 1) / BN;
-  const size_t blocks = tiles_m * tiles_p;
-  if (blocks > static_cast<size_t>(INT32_MAX)) {
-    throw std::invalid_argument("matmul: output of " + std::to_string(m) + " x " +
-                                std::to_string(p) + " needs too many thread blocks");
+template <class Body>
+void with_reduce_op(int op, Body body) {
+  switch (op) {
+#define NEEDLE_CASE(name, ...) \
+  case static_cast<int>(needle_ops::ReduceOp::name): return body(needle_ops::Reduce_##name{});
+    NEEDLE_REDUCE_OPS(NEEDLE_CASE)
+#undef NEEDLE_CASE
   }
-  matmul_kernel<BM, BN, BK, TM, TN><<<static_cast<unsigned>(blocks), (BM / TM) * (BN / TN)>>>(
-      a, b, out, m, n, p, static_cast<int>(tiles_p));
-  check_launch("matmul kernel");
+  throw std::invalid_argument("unknown reduce op code " + std::to_string(op));
+}
+
+// out may be one of the inputs only where every element reads its own position.
+bool aliased(const CudaArray& in, int k, const CudaArray* out, const Strided& d) {
+  return in.ptr == out->ptr && in.ptr != nullptr && !(contiguous(d, k) && d.offset[k] == 0);
 }
 
 // ---- reductions --------------------------------------------------------------------------------
-
-struct MaxReduce {
-  __device__ static float identity() { return -INFINITY; }
-  __device__ float operator()(float a, float b) const { return max_nan(a, b); }
-};
-struct SumReduce {
-  __device__ static float identity() { return 0.f; }
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
 
 template <class R>
 __device__ __forceinline__ float warp_reduce(float v, R r) {
@@ -312,99 +253,556 @@ __device__ __forceinline__ float warp_reduce(float v, R r) {
   return v;
 }
 
-// One warp per output: out[row] = reduce(a[row * len .. row * len + len)). For short rows.
+// The reduction of v over the whole block (blockDim.x a multiple of 32), returned to every
+// thread. scratch holds 33 floats in shared memory; every thread of the block must call it.
 template <class R>
-__global__ void reduce_warp_kernel(const float* a, float* out, size_t rows, size_t len, R r) {
-  const int lane = threadIdx.x & 31;
-  const size_t warps_per_block = blockDim.x >> 5;
-  // Every lane of a warp has the same row, so the full-mask shuffles see all 32 lanes.
-  for (size_t row = blockIdx.x * warps_per_block + (threadIdx.x >> 5); row < rows;
-       row += gridDim.x * warps_per_block) {
-    const float* p = a + row * len;
-    float v = R::identity();
-    for (size_t k = lane; k < len; k += 32) v = r(v, p[k]);
-    v = warp_reduce(v, r);
-    if (lane == 0) out[row] = v;
-  }
-}
-
-// One block per (row, chunk): out[row * chunks + c] = reduce of chunk c (chunk_len elements)
-// of row `row`. Threads accumulate strided elements, then warps and the block reduce as trees.
-template <class R>
-__global__ void reduce_block_kernel(const float* a, float* out, size_t rows, size_t len,
-                                    size_t chunks, size_t chunk_len, R r) {
-  __shared__ float partial[32];
+__device__ float block_reduce(float v, R r, float* scratch) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int nwarps = blockDim.x >> 5;
-  for (size_t job = blockIdx.x; job < rows * chunks; job += gridDim.x) {
-    const size_t row = job / chunks;
-    const size_t begin = (job % chunks) * chunk_len;
-    const size_t end = begin + chunk_len < len ? begin + chunk_len : len;
-    const float* p = a + row * len;
-    float v = R::identity();
-    for (size_t k = begin + threadIdx.x; k < end; k += blockDim.x) v = r(v, p[k]);
+  v = warp_reduce(v, r);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? scratch[lane] : R::identity();
     v = warp_reduce(v, r);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-      v = lane < nwarps ? partial[lane] : R::identity();
-      v = warp_reduce(v, r);
-      if (lane == 0) out[job] = v;
-    }
-    __syncthreads();  // partial is reused by the next job
+    if (lane == 0) scratch[32] = v;
+  }
+  __syncthreads();
+  // The next call writes scratch[warp] only after its first barrier, which every thread
+  // reaches after reading scratch[32] here.
+  return scratch[32];
+}
+
+// Offset of element k (row-major) of the reduced extent.
+__device__ __forceinline__ int64_t inner_offset(int64_t k, const Strided& inner) {
+  if (inner.ndim == 1) return k * inner.strides[0][0];
+  int64_t off[1];
+  locate<1, int64_t>(k, inner, off);
+  return off[0];
+}
+
+__device__ __forceinline__ int64_t outer_offset(int64_t j, const Strided& outer) {
+  int64_t off[1];
+  locate<1, int64_t>(j, outer, off);
+  return off[0];
+}
+
+// One thread per (output, chunk), for short extents or when neighbouring outputs are
+// neighbours in memory and the extent is not (a column sum), so a warp's loads coalesce:
+// out[c * rows + j] = the reduction of chunk c (chunk_len elements) of output j's extent.
+template <class R>
+__global__ void reduce_thread_kernel(const float* a, float* out, Strided outer, Strided inner,
+                                     int64_t chunks, int64_t chunk_len, R r) {
+  NEEDLE_GRID_LOOP(job, outer.size * chunks) {
+    const int64_t j = job % outer.size;
+    const int64_t base = outer_offset(j, outer);
+    const int64_t begin = (job / outer.size) * chunk_len;
+    const int64_t end = min(begin + chunk_len, inner.size);
+    float v = R::identity();
+    for (int64_t k = begin; k < end; ++k) v = r(v, a[base + inner_offset(k, inner)]);
+    out[job] = v;
   }
 }
 
+// One warp per output, for extents up to about a thousand elements.
 template <class R>
-void launch_reduce_warp(const float* a, float* out, size_t rows, size_t len, R r) {
-  constexpr size_t warps_per_block = BLOCK / 32;
-  const size_t blocks = std::min((rows + warps_per_block - 1) / warps_per_block, MAX_BLOCKS);
-  reduce_warp_kernel<<<static_cast<unsigned>(blocks), BLOCK>>>(a, out, rows, len, r);
-  check_launch("reduce kernel");
+__global__ void reduce_warp_kernel(const float* a, float* out, Strided outer, Strided inner,
+                                   R r) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_per_block = blockDim.x >> 5;
+  // Every lane of a warp has the same output, so the full-mask shuffles see all 32 lanes.
+  for (int64_t j = blockIdx.x * warps_per_block + (threadIdx.x >> 5); j < outer.size;
+       j += gridDim.x * warps_per_block) {
+    const int64_t base = outer_offset(j, outer);
+    float v = R::identity();
+    for (int64_t k = lane; k < inner.size; k += 32) v = r(v, a[base + inner_offset(k, inner)]);
+    v = warp_reduce(v, r);
+    if (lane == 0) out[j] = v;
+  }
+}
+
+// One block per (output, chunk): out[j * chunks + c] = the reduction of chunk c (chunk_len
+// elements) of output j's extent.
+template <class R>
+__global__ void reduce_block_kernel(const float* a, float* out, Strided outer, Strided inner,
+                                    int64_t chunks, int64_t chunk_len, R r) {
+  __shared__ float scratch[33];
+  for (int64_t job = blockIdx.x; job < outer.size * chunks; job += gridDim.x) {
+    const int64_t base = outer_offset(job / chunks, outer);
+    const int64_t begin = (job % chunks) * chunk_len;
+    const int64_t end = min(begin + chunk_len, inner.size);
+    float v = R::identity();
+    for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x)
+      v = r(v, a[base + inner_offset(k, inner)]);
+    v = block_reduce(v, r, scratch);
+    if (threadIdx.x == 0) out[job] = v;
+  }
+}
+
+// `count` elements `stride` apart, as one side (outer or inner) of a reduction.
+Strided rows_view(int64_t count, int64_t stride) {
+  Strided d;
+  d.ndim = 1;
+  d.size = count;
+  d.shape[0] = count;
+  d.strides[0][0] = stride;
+  return d;
 }
 
 template <class R>
-void reduce(const CudaArray& a, CudaArray* out, size_t len, R r) {
-  const size_t rows = out->size;
+void reduce_impl(const float* a, float* out, const Strided& outer, const Strided& inner, R r) {
+  const int64_t rows = outer.size, len = inner.size;
   if (rows == 0) return;
-  if (len <= 1024) {
-    launch_reduce_warp(a.ptr, out->ptr, rows, len, r);
+  const bool inner_unit = inner.ndim == 0 || inner.strides[0][inner.ndim - 1] == 1;
+  const bool outer_unit = outer.ndim > 0 && outer.strides[0][outer.ndim - 1] == 1;
+  if (len <= 8 || (outer_unit && !inner_unit)) {
+    // Few outputs with long extents: split each extent into chunks of at least THREAD_CHUNK
+    // elements (partials laid out chunk-major), then reduce the partials the same way.
+    constexpr int64_t THREAD_CHUNK = 1024;
+    const int64_t target_threads = 4 * static_cast<int64_t>(sm_count()) * BLOCK;
+    int64_t chunks = 1;
+    if (rows < target_threads && len >= 2 * THREAD_CHUNK)
+      chunks = std::min((target_threads + rows - 1) / rows, len / THREAD_CHUNK);
+    const int64_t chunk_len = (len + chunks - 1) / chunks;
+    chunks = (len + chunk_len - 1) / chunk_len;  // no empty chunks
+    if (chunks == 1) {
+      reduce_thread_kernel<<<grid_for(rows), BLOCK>>>(a, out, outer, inner, 1, len, r);
+      check_launch("reduce kernel");
+      return;
+    }
+    CudaArray partial(rows * chunks);
+    reduce_thread_kernel<<<grid_for(rows * chunks), BLOCK>>>(a, partial.ptr, outer, inner, chunks,
+                                                             chunk_len, r);
+    check_launch("reduce kernel");
+    reduce_impl(partial.ptr, out, rows_view(rows, 1), rows_view(chunks, rows), r);
     return;
   }
-  // Long rows: one block per row; when there are too few rows to fill the GPU, split each
-  // row into chunks of at least MIN_CHUNK elements, then reduce the chunks' partial results.
-  constexpr size_t MIN_CHUNK = 8192;
-  const size_t target_blocks = 4 * static_cast<size_t>(sm_count());
-  size_t chunks = 1;
+  if (len <= 1024) {
+    reduce_warp_kernel<<<grid_for(rows, BLOCK / 32), BLOCK>>>(a, out, outer, inner, r);
+    check_launch("reduce kernel");
+    return;
+  }
+  // Long extents: one block per output; when there are too few outputs to fill the GPU,
+  // split each extent into chunks of at least MIN_CHUNK elements, then reduce the partials.
+  constexpr int64_t MIN_CHUNK = 8192;
+  const int64_t target_blocks = 4 * static_cast<int64_t>(sm_count());
+  int64_t chunks = 1;
   if (rows < target_blocks) {
     chunks = std::min((target_blocks + rows - 1) / rows, (len + MIN_CHUNK - 1) / MIN_CHUNK);
-    chunks = std::max<size_t>(chunks, 1);
+    chunks = std::max<int64_t>(chunks, 1);
   }
-  const size_t chunk_len = (len + chunks - 1) / chunks;
+  const int64_t chunk_len = (len + chunks - 1) / chunks;
   chunks = (len + chunk_len - 1) / chunk_len;  // no empty chunks
   const unsigned blocks = static_cast<unsigned>(std::min(rows * chunks, MAX_BLOCKS));
   if (chunks == 1) {
-    reduce_block_kernel<<<blocks, BLOCK>>>(a.ptr, out->ptr, rows, len, chunks, chunk_len, r);
+    reduce_block_kernel<<<blocks, BLOCK>>>(a, out, outer, inner, chunks, chunk_len, r);
     check_launch("reduce kernel");
     return;
   }
   CudaArray partial(rows * chunks);
-  reduce_block_kernel<<<blocks, BLOCK>>>(a.ptr, partial.ptr, rows, len, chunks, chunk_len, r);
+  reduce_block_kernel<<<blocks, BLOCK>>>(a, partial.ptr, outer, inner, chunks, chunk_len, r);
   check_launch("reduce kernel");
-  launch_reduce_warp(partial.ptr, out->ptr, rows, chunks, r);
+  reduce_impl(partial.ptr, out, rows_view(rows, chunks), rows_view(chunks, 1), r);
+}
+
+// ---- matmul ------------------------------------------------------------------------------------
+
+// C[k] (M, P) = A[k] (M, N) @ B[k] (N, P) for k < batch, A and B read through their strides,
+// C compact. Each block computes a BM x BN tile of one C[k]: it stages BM x BK tiles of A
+// (stored transposed, padded against bank conflicts) and BK x BN tiles of B through shared
+// memory, and each thread accumulates a TM x TN block of outputs in registers. A thread's
+// outputs are strided by the thread-grid size (rows ty + i*TY, columns tx + j*TX), so a warp's
+// shared-memory reads hit distinct banks or broadcast, and its stores coalesce. Loads walk the
+// operand's unit-stride dimension across consecutive threads (a_rows_fast: A is transposed;
+// b_k_fast: B is transposed), so they coalesce either way. Out-of-range elements load as 0
+// and are not stored, so any M, N, P work.
+template <int BM, int BN, int BK, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+matmul_kernel(const float* __restrict__ A, MatrixView va, bool a_rows_fast,
+              const float* __restrict__ B, MatrixView vb, bool b_k_fast, float* __restrict__ C,
+              int64_t batch, int M, int N, int P, int tiles_p) {
+  constexpr int TX = BN / TN;
+  constexpr int TY = BM / TM;
+  constexpr int THREADS = TX * TY;
+  static_assert((BM * BK) % THREADS == 0 && (BK * BN) % THREADS == 0, "tile loads must divide");
+  __shared__ float As[BK][BM + 4];
+  __shared__ float Bs[BK][BN + 4];
+
+  const int tid = threadIdx.x;
+  const int tx = tid % TX;
+  const int ty = tid / TX;
+  const int row0 = (blockIdx.x / tiles_p) * BM;
+  const int col0 = (blockIdx.x % tiles_p) * BN;
+
+  for (int64_t bk = blockIdx.y; bk < batch; bk += gridDim.y) {
+    const float* Ak = A + va.offset + bk * va.batch;
+    const float* Bk = B + vb.offset + bk * vb.batch;
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+#pragma unroll
+      for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+    }
+
+    for (int k0 = 0; k0 < N; k0 += BK) {
+#pragma unroll
+      for (int l = 0; l < (BM * BK) / THREADS; ++l) {
+        const int idx = tid + l * THREADS;
+        const int r = a_rows_fast ? idx % BM : idx / BK;
+        const int c = a_rows_fast ? idx / BM : idx % BK;
+        const int gr = row0 + r, gc = k0 + c;
+        As[c][r] = (gr < M && gc < N) ? Ak[gr * va.row + gc * va.col] : 0.f;
+      }
+#pragma unroll
+      for (int l = 0; l < (BK * BN) / THREADS; ++l) {
+        const int idx = tid + l * THREADS;
+        const int r = b_k_fast ? idx % BK : idx / BN;
+        const int c = b_k_fast ? idx / BK : idx % BN;
+        const int gr = k0 + r, gc = col0 + c;
+        Bs[r][c] = (gr < N && gc < P) ? Bk[gr * vb.row + gc * vb.col] : 0.f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < BK; ++k) {
+        float ra[TM], rb[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) ra[i] = As[k][ty + i * TY];
+#pragma unroll
+        for (int j = 0; j < TN; ++j) rb[j] = Bs[k][tx + j * TX];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+#pragma unroll
+          for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
+        }
+      }
+      __syncthreads();  // the tiles are overwritten next iteration
+    }
+
+    float* Ck = C + bk * static_cast<int64_t>(M) * P;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int r = row0 + ty + i * TY;
+      if (r >= M) continue;
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int c = col0 + tx + j * TX;
+        if (c < P) Ck[static_cast<int64_t>(r) * P + c] = acc[i][j];
+      }
+    }
+  }
+}
+
+template <int BM, int BN, int BK, int TM, int TN>
+void launch_matmul(const float* a, const MatrixView& va, const float* b, const MatrixView& vb,
+                   float* out, int64_t batch, int m, int n, int p) {
+  const int64_t tiles_m = (static_cast<int64_t>(m) + BM - 1) / BM;
+  const int64_t tiles_p = (static_cast<int64_t>(p) + BN - 1) / BN;
+  if (tiles_m * tiles_p > INT32_MAX) {
+    throw std::invalid_argument("matmul: output of " + std::to_string(m) + " x " +
+                                std::to_string(p) + " needs too many thread blocks");
+  }
+  const dim3 grid(static_cast<unsigned>(tiles_m * tiles_p),
+                  static_cast<unsigned>(std::min<int64_t>(batch, MAX_BLOCKS)));
+  const bool a_rows_fast = va.row == 1 && va.col != 1;
+  const bool b_k_fast = vb.row == 1 && vb.col != 1;
+  matmul_kernel<BM, BN, BK, TM, TN><<<grid, (BM / TM) * (BN / TN)>>>(
+      a, va, a_rows_fast, b, vb, b_k_fast, out, batch, m, n, p, static_cast<int>(tiles_p));
+  check_launch("matmul kernel");
+}
+
+// One thread per output element of the tiled-layout product (a lecture exhibit, not tuned).
+__global__ void matmul_tiled_kernel(const float* a, const float* b, float* out, int64_t m,
+                                    int64_t n, int64_t p) {
+  constexpr int64_t T = TILE;
+  NEEDLE_GRID_LOOP(e, m * p) {
+    const int64_t i = e / p, j = e % p;
+    float acc = 0.f;
+    for (int64_t k = 0; k < n; ++k) {
+      const float x = a[((i / T) * (n / T) + k / T) * T * T + (i % T) * T + k % T];
+      const float y = b[((k / T) * (p / T) + j / T) * T * T + (k % T) * T + j % T];
+      acc = fmaf(x, y, acc);
+    }
+    out[((i / T) * (p / T) + j / T) * T * T + (i % T) * T + j % T] = acc;
+  }
+}
+
+// ---- fused kernels -----------------------------------------------------------------------------
+
+// Threads for one block per row of `cols` elements: a multiple of 32, at most BLOCK.
+unsigned row_threads(int64_t cols) {
+  return static_cast<unsigned>(std::min<int64_t>(BLOCK, std::max<int64_t>(32, (cols + 31) / 32 * 32)));
+}
+
+__device__ unsigned long long g_bad_label_row;
+
+__global__ void softmax_xent_kernel(const float* logits, const float* labels, int64_t rows,
+                                    int64_t cols, float* loss, float* probs) {
+  __shared__ float scratch[33];
+  const needle_ops::Reduce_max max_op;
+  const needle_ops::Reduce_sum sum_op;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* x = logits + r * cols;
+    float* p = probs + r * cols;
+    float m = needle_ops::Reduce_max::identity();
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
+    m = block_reduce(m, max_op, scratch);
+    if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      p[j] = expf(x[j] - m);
+      s += p[j];
+    }
+    s = block_reduce(s, sum_op, scratch);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) p[j] /= s;
+    if (threadIdx.x == 0) {
+      const float label = labels[r];
+      if (label >= 0.f && label < static_cast<float>(cols) && label == floorf(label)) {
+        loss[r] = (m - x[static_cast<int64_t>(label)]) + logf(s);
+      } else {
+        loss[r] = NAN;
+        atomicMin(&g_bad_label_row, static_cast<unsigned long long>(r));
+      }
+    }
+  }
+}
+
+__global__ void layernorm_fwd_kernel(const float* x, const float* w, const float* b,
+                                     int64_t rows, int64_t cols, float eps, float* y,
+                                     float* xhat, float* rstd) {
+  __shared__ float scratch[33];
+  const needle_ops::Reduce_sum sum_op;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += xr[j];
+    const float mean = block_reduce(s, sum_op, scratch) / cols;
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float d = xr[j] - mean;
+      q += d * d;
+    }
+    const float rs = 1.f / sqrtf(block_reduce(q, sum_op, scratch) / cols + eps);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float h = (xr[j] - mean) * rs;
+      xhat[r * cols + j] = h;
+      y[r * cols + j] = h * w[j] + b[j];
+    }
+    if (threadIdx.x == 0) rstd[r] = rs;
+  }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row, with g = dy * w.
+__global__ void layernorm_bwd_kernel(const float* dy, const float* xhat, const float* rstd,
+                                     const float* w, int64_t rows, int64_t cols, float* dx) {
+  __shared__ float scratch[33];
+  const needle_ops::Reduce_sum sum_op;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* dyr = dy + r * cols;
+    const float* hr = xhat + r * cols;
+    float s1 = 0.f, s2 = 0.f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float g = dyr[j] * w[j];
+      s1 += g;
+      s2 += g * hr[j];
+    }
+    const float mean_g = block_reduce(s1, sum_op, scratch) / cols;
+    const float mean_gh = block_reduce(s2, sum_op, scratch) / cols;
+    const float rs = rstd[r];
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dx[r * cols + j] = rs * (dyr[j] * w[j] - mean_g - hr[j] * mean_gh);
+  }
+}
+
+// Column kernels run blocks of COL_X x COL_Y threads: threadIdx.x picks a column of a tile of
+// COL_X columns, threadIdx.y a residue class of rows; column_sum joins the COL_Y partials.
+constexpr int COL_X = 32, COL_Y = 8;
+
+// The sum of v over threadIdx.y for this thread's column, returned to every thread of the
+// block (all must call it).
+__device__ float column_sum(float v, float (*scratch)[COL_X + 1]) {
+  scratch[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  float s = 0.f;
+#pragma unroll
+  for (int y = 0; y < COL_Y; ++y) s += scratch[y][threadIdx.x];
+  __syncthreads();  // scratch is reused by the next call
+  return s;
+}
+
+// dw[c] = sum_r dy[r, c] * xhat[r, c], db[c] = sum_r dy[r, c] (LayerNorm's parameter gradients).
+__global__ void column_grads_kernel(const float* dy, const float* xhat, int64_t rows,
+                                    int64_t cols, float* dw, float* db) {
+  __shared__ float scratch[COL_Y][COL_X + 1];
+  for (int64_t c0 = blockIdx.x * static_cast<int64_t>(COL_X); c0 < cols;
+       c0 += static_cast<int64_t>(gridDim.x) * COL_X) {
+    const int64_t c = c0 + threadIdx.x;
+    float sw = 0.f, sb = 0.f;
+    if (c < cols) {
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+        const float g = dy[r * cols + c];
+        sb += g;
+        sw += g * xhat[r * cols + c];
+      }
+    }
+    sw = column_sum(sw, scratch);
+    sb = column_sum(sb, scratch);
+    if (c < cols && threadIdx.y == 0) {
+      dw[c] = sw;
+      db[c] = sb;
+    }
+  }
+}
+
+__global__ void batchnorm_fwd_kernel(const float* x, const float* w, const float* b,
+                                     int64_t rows, int64_t cols, float eps, float* y,
+                                     float* xhat, float* rstd, float* mean_out,
+                                     float* var_out) {
+  __shared__ float scratch[COL_Y][COL_X + 1];
+  for (int64_t c0 = blockIdx.x * static_cast<int64_t>(COL_X); c0 < cols;
+       c0 += static_cast<int64_t>(gridDim.x) * COL_X) {
+    const int64_t c = c0 + threadIdx.x;
+    const bool valid = c < cols;
+    float s = 0.f;
+    if (valid)
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y) s += x[r * cols + c];
+    const float mean = column_sum(s, scratch) / rows;
+    float q = 0.f;
+    if (valid)
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+        const float d = x[r * cols + c] - mean;
+        q += d * d;
+      }
+    const float var = column_sum(q, scratch) / rows;
+    const float rs = 1.f / sqrtf(var + eps);
+    if (valid) {
+      const float wc = w[c], bc = b[c];
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+        const float h = (x[r * cols + c] - mean) * rs;
+        xhat[r * cols + c] = h;
+        y[r * cols + c] = h * wc + bc;
+      }
+      if (threadIdx.y == 0) {
+        mean_out[c] = mean;
+        var_out[c] = var;
+        rstd[c] = rs;
+      }
+    }
+  }
+}
+
+// Per column: db = sum dy, dw = sum dy * xhat, dx = rstd * w * (dy - db/rows - xhat * dw/rows).
+__global__ void batchnorm_bwd_kernel(const float* dy, const float* xhat, const float* rstd,
+                                     const float* w, int64_t rows, int64_t cols, float* dx,
+                                     float* dw, float* db) {
+  __shared__ float scratch[COL_Y][COL_X + 1];
+  for (int64_t c0 = blockIdx.x * static_cast<int64_t>(COL_X); c0 < cols;
+       c0 += static_cast<int64_t>(gridDim.x) * COL_X) {
+    const int64_t c = c0 + threadIdx.x;
+    const bool valid = c < cols;
+    float sb = 0.f, sw = 0.f;
+    if (valid)
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+        const float g = dy[r * cols + c];
+        sb += g;
+        sw += g * xhat[r * cols + c];
+      }
+    sb = column_sum(sb, scratch);
+    sw = column_sum(sw, scratch);
+    if (valid) {
+      const float scale = rstd[c] * w[c];
+      const float mean_g = sb / rows, mean_gh = sw / rows;
+      for (int64_t r = threadIdx.y; r < rows; r += COL_Y)
+        dx[r * cols + c] = scale * (dy[r * cols + c] - mean_g - xhat[r * cols + c] * mean_gh);
+      if (threadIdx.y == 0) {
+        dw[c] = sw;
+        db[c] = sb;
+      }
+    }
+  }
+}
+
+dim3 column_grid(int64_t cols) { return dim3(grid_for(cols, COL_X)); }
+
+__global__ void lstm_cell_fwd_kernel(const float* gates, const float* c_prev, int64_t batch,
+                                     int64_t hidden, float* h, float* c, float* act,
+                                     float* tanh_c) {
+  const needle_ops::Unary_sigmoid sigmoid;
+  const needle_ops::Unary_tanh tanh_op;
+  NEEDLE_GRID_LOOP(e, batch * hidden) {
+    const int64_t row = e / hidden, j = e % hidden;
+    const float* g = gates + row * 4 * hidden;
+    float* a = act + row * 4 * hidden;
+    const float i_g = sigmoid(g[j]), f_g = sigmoid(g[hidden + j]);
+    const float g_g = tanh_op(g[2 * hidden + j]), o_g = sigmoid(g[3 * hidden + j]);
+    a[j] = i_g;
+    a[hidden + j] = f_g;
+    a[2 * hidden + j] = g_g;
+    a[3 * hidden + j] = o_g;
+    const float cc = f_g * c_prev[e] + i_g * g_g;
+    const float tc = tanh_op(cc);
+    c[e] = cc;
+    tanh_c[e] = tc;
+    h[e] = o_g * tc;
+  }
+}
+
+__global__ void lstm_cell_bwd_kernel(const float* dh, const float* dc, const float* act,
+                                     const float* c_prev, const float* tanh_c, int64_t batch,
+                                     int64_t hidden, float* dgates, float* dc_prev) {
+  NEEDLE_GRID_LOOP(e, batch * hidden) {
+    const int64_t row = e / hidden, j = e % hidden;
+    const float* a = act + row * 4 * hidden;
+    float* dg = dgates + row * 4 * hidden;
+    const float i_g = a[j], f_g = a[hidden + j], g_g = a[2 * hidden + j], o_g = a[3 * hidden + j];
+    const float tc = tanh_c[e];
+    const float dct = dc[e] + dh[e] * o_g * (1.f - tc * tc);  // adjoint of c, both paths
+    dg[j] = dct * g_g * i_g * (1.f - i_g);
+    dg[hidden + j] = dct * c_prev[e] * f_g * (1.f - f_g);
+    dg[2 * hidden + j] = dct * i_g * (1.f - g_g * g_g);
+    dg[3 * hidden + j] = dh[e] * tc * o_g * (1.f - o_g);
+    dc_prev[e] = dct * f_g;
+  }
+}
+
+__global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t n, float lr,
+                           float momentum, float weight_decay) {
+  NEEDLE_GRID_LOOP(i, n) {
+    const float g = grad[i] + weight_decay * param[i];
+    const float u = momentum * buf[i] + (1.f - momentum) * g;
+    buf[i] = u;
+    param[i] -= lr * u;
+  }
+}
+
+__global__ void adam_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            float bc1, float bc2) {
+  NEEDLE_GRID_LOOP(i, n) {
+    const float g = grad[i] + weight_decay * param[i];
+    const float mi = beta1 * m[i] + (1.f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+  }
 }
 
 }  // namespace
 
 // ---- public host functions ---------------------------------------------------------------------
 
-CudaArray::CudaArray(size_t size_) : size(size_) {
+CudaArray::CudaArray(int64_t size_) : size(size_) {
   require_device();
   if (size > 0) {
     void* p = nullptr;
-    check(cudaMalloc(&p, size * sizeof(float)),
-          "cudaMalloc of " + std::to_string(size * sizeof(float)) + " bytes");
+    const size_t bytes = static_cast<size_t>(size) * sizeof(float);
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw OutOfMemory("cudaMalloc of " + std::to_string(bytes) + " bytes: out of device memory");
+    }
+    check(err, "cudaMalloc of " + std::to_string(bytes) + " bytes");
     ptr = static_cast<float*>(p);
   }
 }
@@ -427,23 +825,23 @@ int device_count() {
 
 void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
-void to_host(const CudaArray& a, const StridedView& view, float* dst) {
-  if (view.size == 0) return;
-  const KernelView d = simplify(view);
-  const size_t bytes = view.size * sizeof(float);
-  if (d.ndim == 0 || (d.ndim == 1 && d.strides[0] == 1)) {  // contiguous: copy directly
-    check(cudaMemcpy(dst, a.ptr + view.offset, bytes, cudaMemcpyDeviceToHost),
+void to_host(const CudaArray& a, const Strided& v, float* dst) {
+  if (v.size == 0) return;
+  const size_t bytes = static_cast<size_t>(v.size) * sizeof(float);
+  if (contiguous(v, 0)) {
+    check(cudaMemcpy(dst, a.ptr + v.offset[0], bytes, cudaMemcpyDeviceToHost),
           "cudaMemcpy device to host");
     return;
   }
-  CudaArray tmp(view.size);
-  launch_strided<Copy::Gather>(a.ptr, tmp.ptr, 0.f, view);
+  CudaArray tmp(v.size);
+  launch_strided_copy<Copy::Gather>(a.ptr, tmp.ptr, 0.f, v);
   check(cudaMemcpy(dst, tmp.ptr, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
 }
 
 void from_host(const float* src, CudaArray* out) {
   if (out->size == 0) return;
-  check(cudaMemcpy(out->ptr, src, out->size * sizeof(float), cudaMemcpyHostToDevice),
+  check(cudaMemcpy(out->ptr, src, static_cast<size_t>(out->size) * sizeof(float),
+                   cudaMemcpyHostToDevice),
         "cudaMemcpy host to device");
 }
 
@@ -453,61 +851,177 @@ void fill(CudaArray* out, float val) {
   check_launch("fill kernel");
 }
 
-void compact(const CudaArray& a, CudaArray* out, const StridedView& view) {
-  launch_strided<Copy::Gather>(a.ptr, out->ptr, 0.f, view);
+void compact(const CudaArray& a, CudaArray* out, const Strided& v) {
+  into(out, a.ptr == out->ptr && v.size > 0,
+       [&](float* dst) { launch_strided_copy<Copy::Gather>(a.ptr, dst, 0.f, v); });
 }
 
-void ewise_setitem(const CudaArray& a, CudaArray* out, const StridedView& view) {
-  launch_strided<Copy::Scatter>(a.ptr, out->ptr, 0.f, view);
-}
-
-void scalar_setitem(float val, CudaArray* out, const StridedView& view) {
-  launch_strided<Copy::Fill>(nullptr, out->ptr, val, view);
-}
-
-void ewise_binary(BinaryOp op, const CudaArray& a, const CudaArray& b, CudaArray* out) {
-  binary(op, a.ptr, b.ptr, 0.f, out->ptr, out->size);
-}
-
-void scalar_binary(BinaryOp op, const CudaArray& a, float val, CudaArray* out) {
-  binary(op, a.ptr, nullptr, val, out->ptr, out->size);
-}
-
-void ewise_unary(UnaryOp op, const CudaArray& a, CudaArray* out) {
-  const size_t n = out->size;
-  if (n == 0) return;
-  switch (op) {
-    case UnaryOp::Log: unary_kernel<<<grid_for(n), BLOCK>>>(a.ptr, out->ptr, n, LogOp{}); break;
-    case UnaryOp::Exp: unary_kernel<<<grid_for(n), BLOCK>>>(a.ptr, out->ptr, n, ExpOp{}); break;
-    case UnaryOp::Tanh: unary_kernel<<<grid_for(n), BLOCK>>>(a.ptr, out->ptr, n, TanhOp{}); break;
-  }
-  check_launch("element-wise kernel");
-}
-
-void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
-            int64_t p) {
-  if (m == 0 || p == 0) return;
-  if (n == 0) {
-    fill(out, 0.f);
+void ewise_setitem(const CudaArray& a, CudaArray* out, const Strided& v) {
+  if (a.ptr == out->ptr && v.size > 0) {  // source and destination share memory
+    CudaArray tmp(a.size);
+    check(cudaMemcpy(tmp.ptr, a.ptr, static_cast<size_t>(a.size) * sizeof(float),
+                     cudaMemcpyDeviceToDevice),
+          "cudaMemcpy device to device");
+    launch_strided_copy<Copy::Scatter>(tmp.ptr, out->ptr, 0.f, v);
     return;
   }
-  const int M = static_cast<int>(m), N = static_cast<int>(n), P = static_cast<int>(p);
-  // Large outputs: 128x128 tiles, 8x8 per thread. Otherwise 64x64 tiles, 4x4 per thread, so
-  // that more blocks keep the multiprocessors busy.
-  const size_t big_tiles = ((m + 127) / 128) * ((p + 127) / 128);
-  if (big_tiles >= 2 * static_cast<size_t>(sm_count())) {
-    launch_matmul<128, 128, 8, 8, 8>(a.ptr, b.ptr, out->ptr, M, N, P);
-  } else {
-    launch_matmul<64, 64, 8, 4, 4>(a.ptr, b.ptr, out->ptr, M, N, P);
+  launch_strided_copy<Copy::Scatter>(a.ptr, out->ptr, 0.f, v);
+}
+
+void scalar_setitem(float val, CudaArray* out, const Strided& v) {
+  launch_strided_copy<Copy::Fill>(nullptr, out->ptr, val, v);
+}
+
+void ewise_binary(int op, const CudaArray& a, const CudaArray& b, CudaArray* out,
+                  const Strided& v) {
+  if (v.size == 0) return;
+  into(out, aliased(a, 0, out, v) || aliased(b, 1, out, v), [&](float* dst) {
+    with_binary_op(op, [&](auto f) { launch_binary(a.ptr, b.ptr, dst, v, f); });
+  });
+}
+
+void ewise_scalar(int op, const CudaArray& a, float val, bool reverse, CudaArray* out,
+                  const Strided& v) {
+  if (v.size == 0) return;
+  into(out, aliased(a, 0, out, v), [&](float* dst) {
+    with_binary_op(op, [&](auto f) {
+      launch_unary(a.ptr, dst, v, WithScalar<decltype(f)>{f, val, reverse});
+    });
+  });
+}
+
+void ewise_unary(int op, const CudaArray& a, CudaArray* out, const Strided& v) {
+  if (v.size == 0) return;
+  into(out, aliased(a, 0, out, v), [&](float* dst) {
+    with_unary_op(op, [&](auto f) { launch_unary(a.ptr, dst, v, f); });
+  });
+}
+
+void reduce(int op, const CudaArray& a, const Strided& outer, const Strided& inner,
+            CudaArray* out) {
+  if (outer.size == 0) return;
+  into(out, a.ptr == out->ptr, [&](float* dst) {
+    with_reduce_op(op, [&](auto r) { reduce_impl(a.ptr, dst, outer, inner, r); });
+  });
+}
+
+void matmul(const CudaArray& a, const MatrixView& va, const CudaArray& b, const MatrixView& vb,
+            CudaArray* out, int64_t batch, int64_t m, int64_t n, int64_t p) {
+  if (batch == 0 || m == 0 || p == 0) return;
+  into(out, out->ptr == a.ptr || out->ptr == b.ptr, [&](float* dst) {
+    if (n == 0) {
+      fill_kernel<<<grid_for(batch * m * p), BLOCK>>>(dst, 0.f, batch * m * p);
+      check_launch("fill kernel");
+      return;
+    }
+    const int M = static_cast<int>(m), N = static_cast<int>(n), P = static_cast<int>(p);
+    // Large outputs: 128x128 tiles, 8x8 per thread. Otherwise 64x64 tiles, 4x4 per thread, so
+    // that more blocks keep the multiprocessors busy.
+    const int64_t big_tiles = ((m + 127) / 128) * ((p + 127) / 128) * batch;
+    if (big_tiles >= 2 * static_cast<int64_t>(sm_count())) {
+      launch_matmul<128, 128, 8, 8, 8>(a.ptr, va, b.ptr, vb, dst, batch, M, N, P);
+    } else {
+      launch_matmul<64, 64, 8, 4, 4>(a.ptr, va, b.ptr, vb, dst, batch, M, N, P);
+    }
+  });
+}
+
+void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
+                  int64_t p) {
+  if (m == 0 || p == 0) return;
+  into(out, out->ptr == a.ptr || out->ptr == b.ptr, [&](float* dst) {
+    matmul_tiled_kernel<<<grid_for(m * p), BLOCK>>>(a.ptr, b.ptr, dst, m, n, p);
+    check_launch("matmul_tiled kernel");
+  });
+}
+
+int64_t softmax_xent(const CudaArray& logits, const CudaArray& labels, int64_t rows,
+                     int64_t cols, CudaArray* loss, CudaArray* probs) {
+  if (rows == 0) return -1;
+  const unsigned long long none = ~0ull;
+  check(cudaMemcpyToSymbol(g_bad_label_row, &none, sizeof(none)), "cudaMemcpyToSymbol");
+  softmax_xent_kernel<<<grid_for(rows, 1), row_threads(cols)>>>(logits.ptr, labels.ptr, rows,
+                                                                cols, loss->ptr, probs->ptr);
+  check_launch("softmax_xent kernel");
+  unsigned long long bad = none;
+  check(cudaMemcpyFromSymbol(&bad, g_bad_label_row, sizeof(bad)), "cudaMemcpyFromSymbol");
+  return bad == none ? -1 : static_cast<int64_t>(bad);
+}
+
+void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,
+                   int64_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd) {
+  if (rows == 0) return;
+  layernorm_fwd_kernel<<<grid_for(rows, 1), row_threads(cols)>>>(
+      x.ptr, w.ptr, b.ptr, rows, cols, eps, y->ptr, xhat->ptr, rstd->ptr);
+  check_launch("layernorm_fwd kernel");
+}
+
+void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, int64_t rows, int64_t cols, CudaArray* dx, CudaArray* dw,
+                   CudaArray* db) {
+  if (rows > 0 && cols > 0) {
+    layernorm_bwd_kernel<<<grid_for(rows, 1), row_threads(cols)>>>(dy.ptr, xhat.ptr, rstd.ptr,
+                                                                   w.ptr, rows, cols, dx->ptr);
+    check_launch("layernorm_bwd kernel");
+  }
+  if (cols > 0) {
+    column_grads_kernel<<<column_grid(cols), dim3(COL_X, COL_Y)>>>(dy.ptr, xhat.ptr, rows, cols,
+                                                                   dw->ptr, db->ptr);
+    check_launch("layernorm_bwd column kernel");
   }
 }
 
-void reduce_max(const CudaArray& a, CudaArray* out, size_t reduce_size) {
-  reduce(a, out, reduce_size, MaxReduce{});
+void batchnorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,
+                   int64_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd,
+                   CudaArray* mean, CudaArray* var) {
+  if (cols == 0) return;
+  batchnorm_fwd_kernel<<<column_grid(cols), dim3(COL_X, COL_Y)>>>(
+      x.ptr, w.ptr, b.ptr, rows, cols, eps, y->ptr, xhat->ptr, rstd->ptr, mean->ptr, var->ptr);
+  check_launch("batchnorm_fwd kernel");
 }
 
-void reduce_sum(const CudaArray& a, CudaArray* out, size_t reduce_size) {
-  reduce(a, out, reduce_size, SumReduce{});
+void batchnorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, int64_t rows, int64_t cols, CudaArray* dx, CudaArray* dw,
+                   CudaArray* db) {
+  if (cols == 0) return;
+  batchnorm_bwd_kernel<<<column_grid(cols), dim3(COL_X, COL_Y)>>>(
+      dy.ptr, xhat.ptr, rstd.ptr, w.ptr, rows, cols, dx->ptr, dw->ptr, db->ptr);
+  check_launch("batchnorm_bwd kernel");
+}
+
+void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, int64_t batch,
+                   int64_t hidden, CudaArray* h, CudaArray* c, CudaArray* act,
+                   CudaArray* tanh_c) {
+  if (batch * hidden == 0) return;
+  lstm_cell_fwd_kernel<<<grid_for(batch * hidden), BLOCK>>>(
+      gates.ptr, c_prev.ptr, batch, hidden, h->ptr, c->ptr, act->ptr, tanh_c->ptr);
+  check_launch("lstm_cell_fwd kernel");
+}
+
+void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
+                   const CudaArray& c_prev, const CudaArray& tanh_c, int64_t batch,
+                   int64_t hidden, CudaArray* dgates, CudaArray* dc_prev) {
+  if (batch * hidden == 0) return;
+  lstm_cell_bwd_kernel<<<grid_for(batch * hidden), BLOCK>>>(
+      dh.ptr, dc.ptr, act.ptr, c_prev.ptr, tanh_c.ptr, batch, hidden, dgates->ptr, dc_prev->ptr);
+  check_launch("lstm_cell_bwd kernel");
+}
+
+void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
+                float momentum, float weight_decay) {
+  if (param->size == 0) return;
+  sgd_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, buf->ptr, param->size, lr,
+                                               momentum, weight_decay);
+  check_launch("sgd_update kernel");
+}
+
+void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2) {
+  if (param->size == 0) return;
+  adam_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, m->ptr, v->ptr,
+                                                param->size, lr, beta1, beta2, eps, weight_decay,
+                                                bc1, bc2);
+  check_launch("adam_update kernel");
 }
 
 }  // namespace cuda

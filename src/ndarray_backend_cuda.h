@@ -2,74 +2,126 @@
 // (ndarray_backend_cuda.cu, compiled by nvcc) and the pybind11 bindings
 // (ndarray_backend_cuda_module.cc, compiled by the C++ compiler).
 //
-// The host functions declared here trust their arguments: every size, shape, stride and
-// offset is validated by the bindings before they are called. CUDA failures are thrown as
-// std::runtime_error (pybind11 turns them into Python RuntimeError).
+// The host functions declared here trust their arguments: the bindings validate every size,
+// shape, stride, offset and op code (src/ndarray_checks.h) before calling them. Op codes index
+// the shared op tables of src/ndarray_ops.h. CUDA failures are thrown as std::runtime_error
+// (RuntimeError in Python), a failed cudaMalloc as OutOfMemory (MemoryError).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace needle {
 namespace cuda {
 
-// Most dimensions a strided view may have (shape and strides travel to the kernels by value).
+// Most dimensions an iteration may keep after size-1 dimensions are dropped and contiguous
+// neighbours merged (shapes and strides travel to the kernels by value).
 constexpr int MAX_DIMS = 16;
-// The course's tile size; the CUDA module has no matmul_tiled, so NDArray never tiles for it.
+// Tile size of the tiled layout that matmul_tiled reads and writes (the module's __tile_size__).
 constexpr int TILE = 4;
 
-// A flat float32 buffer in device memory (cudaMalloc'd, freed in the destructor).
+// A cudaMalloc that failed for lack of device memory (MemoryError in Python).
+struct OutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A flat float32 buffer in device memory (cudaMalloc'd, freed in the destructor). Constructing
+// one without a usable GPU throws std::runtime_error ("CUDA is not available ...").
 struct CudaArray {
-  explicit CudaArray(size_t size);
+  explicit CudaArray(int64_t size);
   ~CudaArray();
   CudaArray(const CudaArray&) = delete;
   CudaArray& operator=(const CudaArray&) = delete;
 
   float* ptr = nullptr;
-  size_t size = 0;
+  int64_t size = 0;
 };
 
-// A strided view over a buffer: element (i_0, .., i_{ndim-1}) lives at
-// offset + sum_k i_k * strides[k] (in elements; strides may be 0 or negative).
-struct StridedView {
+// Row-major iteration over `shape` of up to two strided operands: element i (row-major index
+// over the shape) of operand k lives at offset[k] + sum_d i_d * strides[k][d]. The bindings
+// build it with size-1 dimensions dropped and neighbours that step over each other in every
+// operand merged; ndim == 0 means a single element. Compact outputs are indexed by i itself.
+struct Strided {
   int ndim = 0;
+  int64_t size = 1;  // product of shape
   int64_t shape[MAX_DIMS] = {};
-  int64_t strides[MAX_DIMS] = {};
-  int64_t offset = 0;
-  size_t size = 1;  // product of shape
+  int64_t strides[2][MAX_DIMS] = {};
+  int64_t offset[2] = {};
 };
 
-// Device queries. is_available(): a CUDA device is visible and the driver works.
-bool is_available();
+// A batch of matrices: element (k, i, j) lives at offset + k*batch + i*row + j*col.
+struct MatrixView {
+  int64_t offset = 0, batch = 0, row = 0, col = 0;
+};
+
+// ---- device ---------------------------------------------------------------------------------
+bool is_available();  // a CUDA device is visible and the driver works
 int device_count();
 void synchronize();
 
-// Memory movement. to_host writes the view's size elements, row-major, to host memory dst.
-void to_host(const CudaArray& a, const StridedView& view, float* dst);
+// ---- memory ---------------------------------------------------------------------------------
+// to_host writes the view (operand 0 of v) of a, row-major, to host memory dst.
+void to_host(const CudaArray& a, const Strided& v, float* dst);
 void from_host(const float* src, CudaArray* out);  // copies out->size elements
 void fill(CudaArray* out, float val);
+// compact: out (compact) = the view (operand 0) of a. ewise_setitem: the view (operand 0) of
+// out = compact a. scalar_setitem: every element of the view (operand 0) of out = val.
+void compact(const CudaArray& a, CudaArray* out, const Strided& v);
+void ewise_setitem(const CudaArray& a, CudaArray* out, const Strided& v);
+void scalar_setitem(float val, CudaArray* out, const Strided& v);
 
-// Strided copies: compact gathers the view of a into out; ewise_setitem scatters compact a
-// into the view of out; scalar_setitem writes val at every element of the view of out.
-void compact(const CudaArray& a, CudaArray* out, const StridedView& view);
-void ewise_setitem(const CudaArray& a, CudaArray* out, const StridedView& view);
-void scalar_setitem(float val, CudaArray* out, const StridedView& view);
+// ---- element-wise (op codes of src/ndarray_ops.h); out is compact with v.size elements -------
+// out = BINARY_OPS[op](view 0 of a, view 1 of b)
+void ewise_binary(int op, const CudaArray& a, const CudaArray& b, CudaArray* out,
+                  const Strided& v);
+// out = BINARY_OPS[op](view 0 of a, val), or BINARY_OPS[op](val, view 0 of a) when reverse
+void ewise_scalar(int op, const CudaArray& a, float val, bool reverse, CudaArray* out,
+                  const Strided& v);
+// out = UNARY_OPS[op](view 0 of a)
+void ewise_unary(int op, const CudaArray& a, CudaArray* out, const Strided& v);
 
-// Element-wise ops over out->size elements of compact buffers.
-enum class BinaryOp { Add, Mul, Div, Power, Maximum, Eq, Ge };
-enum class UnaryOp { Log, Exp, Tanh };
-void ewise_binary(BinaryOp op, const CudaArray& a, const CudaArray& b, CudaArray* out);
-void scalar_binary(BinaryOp op, const CudaArray& a, float val, CudaArray* out);
-void ewise_unary(UnaryOp op, const CudaArray& a, CudaArray* out);
+// ---- reductions -----------------------------------------------------------------------------
+// out[j] (j < outer.size) = REDUCE_OPS[op] over k < inner.size of
+// a[view 0 of outer at j + view 0 of inner at k] (inner.offset[0] == 0); inner.size >= 1.
+void reduce(int op, const CudaArray& a, const Strided& outer, const Strided& inner,
+            CudaArray* out);
 
-// out (m, p) = a (m, n) @ b (n, p), all compact row-major; m, n, p fit in int32.
-void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
-            int64_t p);
+// ---- matrix products ------------------------------------------------------------------------
+// out (compact, batch x m x p) = A[k] (m x n) @ B[k] (n x p); m, n, p < 2^31 - 1024.
+void matmul(const CudaArray& a, const MatrixView& va, const CudaArray& b, const MatrixView& vb,
+            CudaArray* out, int64_t batch, int64_t m, int64_t n, int64_t p);
+// The same product with a, b and out in the (rows/TILE, cols/TILE, TILE, TILE) tiled layout.
+void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
+                  int64_t p);
 
-// out[i] = max / sum of a[i * reduce_size .. (i + 1) * reduce_size) for i < out->size;
-// reduce_size >= 1.
-void reduce_max(const CudaArray& a, CudaArray* out, size_t reduce_size);
-void reduce_sum(const CudaArray& a, CudaArray* out, size_t reduce_size);
+// ---- fused kernels (compact operands of the sizes protocol.py states) -------------------------
+// Returns -1, or the first row whose label is not an integer in [0, cols).
+int64_t softmax_xent(const CudaArray& logits, const CudaArray& labels, int64_t rows,
+                     int64_t cols, CudaArray* loss, CudaArray* probs);
+void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,
+                   int64_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd);
+void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, int64_t rows, int64_t cols, CudaArray* dx, CudaArray* dw,
+                   CudaArray* db);
+void batchnorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,
+                   int64_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd,
+                   CudaArray* mean, CudaArray* var);
+void batchnorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, int64_t rows, int64_t cols, CudaArray* dx, CudaArray* dw,
+                   CudaArray* db);
+void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, int64_t batch,
+                   int64_t hidden, CudaArray* h, CudaArray* c, CudaArray* act,
+                   CudaArray* tanh_c);
+void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
+                   const CudaArray& c_prev, const CudaArray& tanh_c, int64_t batch,
+                   int64_t hidden, CudaArray* dgates, CudaArray* dc_prev);
+void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
+                float momentum, float weight_decay);
+// bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (the bias corrections, computed by the caller).
+void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2);
 
 }  // namespace cuda
 }  // namespace needle

@@ -1,189 +1,483 @@
-// pybind11 bindings of needle's CUDA device module (`ndarray_backend_cuda`).
+// pybind11 bindings of needle's CUDA device module (`ndarray_backend_cuda`), implementing the
+// device protocol of needle/backend_ndarray/protocol.py.
 //
-// This is the Python/C++ border: every buffer size, shape, stride and offset is validated here
-// (bad input raises ValueError naming the problem) before the kernels in
-// ndarray_backend_cuda.cu run. CUDA failures arrive as std::runtime_error -> RuntimeError.
+// This is the Python/C++ border: every buffer size, shape, stride, offset and op code is
+// validated here with the checks shared with the CPU module (src/ndarray_checks.h: a wrong
+// value raises ValueError naming the function and the numbers) before the kernels in
+// ndarray_backend_cuda.cu run. CUDA failures arrive as std::runtime_error -> RuntimeError, a
+// failed allocation as MemoryError.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
-#include <stdexcept>
+#include <cstring>
+#include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ndarray_backend_cuda.h"
+#include "ndarray_checks.h"
+#include "ndarray_ops.h"
 
 namespace py = pybind11;
 
 namespace {
 
-using needle::cuda::BinaryOp;
 using needle::cuda::CudaArray;
-using needle::cuda::StridedView;
-using needle::cuda::UnaryOp;
-using Ints = std::vector<int64_t>;
+using needle::cuda::MatrixView;
+using needle::cuda::Strided;
+using needle_checks::check_at_least;
+using needle_checks::check_op;
+using needle_checks::check_size;
+using needle_checks::check_sizes;
+using needle_checks::check_view;
+using needle_checks::fail;
+using needle_checks::idx_t;
+using needle_checks::shape_size;
+using needle_checks::tuple_str;
+using Ints = std::vector<idx_t>;
 
-// Element counts above this are refused (their byte sizes would overflow).
-constexpr int64_t MAX_ELEMENTS = int64_t{1} << 60;
-// matmul sizes stay below this so that tile indices never overflow int32 in the kernel.
-constexpr int64_t MAX_MATMUL_DIM = (int64_t{1} << 31) - 1024;
+constexpr int kBinaryCount = static_cast<int>(needle_ops::BinaryOp::count);
+constexpr int kUnaryCount = static_cast<int>(needle_ops::UnaryOp::count);
+constexpr int kReduceCount = static_cast<int>(needle_ops::ReduceOp::count);
+// Matrix sizes stay below this so that tile indices never overflow int32 in the kernel.
+constexpr idx_t kMaxMatmulDim = (idx_t{1} << 31) - 1024;
 
-std::string tuple_str(const Ints& v) {
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  if (v.size() == 1) s += ",";
-  return s + ")";
-}
+// One strided operand of an iteration: its strides and offset.
+struct Operand {
+  const Ints& strides;
+  idx_t offset;
+};
 
-std::string i128_str(__int128 v) { return std::to_string(static_cast<long long>(v)); }
-
-// The view (shape, strides, offset) of a buffer of buffer_size elements, checked to stay
-// inside the buffer. `what` names the function and the buffer in error messages.
-StridedView make_view(const std::string& what, const Ints& shape, const Ints& strides,
-                      int64_t offset, size_t buffer_size) {
-  if (shape.size() != strides.size()) {
-    throw std::invalid_argument(what + ": shape " + tuple_str(shape) + " and strides " +
-                                tuple_str(strides) + " differ in length");
-  }
-  if (shape.size() > static_cast<size_t>(needle::cuda::MAX_DIMS)) {
-    throw std::invalid_argument(what + ": a view of " + std::to_string(shape.size()) +
-                                " dimensions; the CUDA backend supports at most " +
-                                std::to_string(needle::cuda::MAX_DIMS));
-  }
-  if (offset < 0) {
-    throw std::invalid_argument(what + ": negative offset " + std::to_string(offset));
-  }
-  StridedView v;
-  v.ndim = static_cast<int>(shape.size());
-  v.offset = offset;
-  bool empty = false;
-  for (size_t k = 0; k < shape.size(); ++k) {
-    if (shape[k] < 0) {
-      throw std::invalid_argument(what + ": negative dimension in shape " + tuple_str(shape));
+// The iteration over `shape` (whose operands' views the caller has checked) in kernel form:
+// size-1 dimensions dropped and neighbours merged where every operand steps over the inner one
+// exactly, so kernels divide less and compact operands become one unit-stride run.
+Strided iteration(const std::string& fn, const Ints& shape, std::initializer_list<Operand> ops) {
+  Strided d;
+  d.size = shape_size(fn, shape);
+  int k = 0;
+  for (const Operand& op : ops) d.offset[k++] = op.offset;
+  if (d.size == 0) return d;
+  for (size_t dim = 0; dim < shape.size(); ++dim) {
+    if (shape[dim] == 1) continue;
+    bool merge = d.ndim > 0;
+    k = 0;
+    for (const Operand& op : ops) {
+      merge = merge && d.strides[k][d.ndim - 1] == op.strides[dim] * shape[dim];
+      ++k;
     }
-    empty = empty || shape[k] == 0;
-    v.shape[k] = shape[k];
-    v.strides[k] = strides[k];
-  }
-  if (empty) {
-    v.size = 0;
-    return v;
-  }
-  __int128 size = 1, lo = offset, hi = offset;
-  for (size_t k = 0; k < shape.size(); ++k) {
-    size *= shape[k];
-    if (size > MAX_ELEMENTS) {
-      throw std::invalid_argument(what + ": shape " + tuple_str(shape) + " has too many elements");
+    if (!merge && d.ndim == needle::cuda::MAX_DIMS) {
+      fail(fn, "shape " + tuple_str(shape) + " needs more than " +
+                   std::to_string(needle::cuda::MAX_DIMS) +
+                   " dimensions after merging contiguous ones; the CUDA module supports " +
+                   std::to_string(needle::cuda::MAX_DIMS));
     }
-    const __int128 extent = static_cast<__int128>(shape[k] - 1) * strides[k];
-    (extent > 0 ? hi : lo) += extent;
+    if (!merge) d.shape[d.ndim++] = 1;
+    d.shape[d.ndim - 1] *= shape[dim];
+    k = 0;
+    for (const Operand& op : ops) d.strides[k++][d.ndim - 1] = op.strides[dim];
   }
-  if (lo < 0 || hi >= static_cast<__int128>(buffer_size)) {
-    throw std::invalid_argument(
-        what + ": the view with shape " + tuple_str(shape) + ", strides " + tuple_str(strides) +
-        " and offset " + std::to_string(offset) + " reaches elements " + i128_str(lo) + " to " +
-        i128_str(hi) + ", outside the buffer of " + std::to_string(buffer_size) + " elements");
-  }
-  v.size = static_cast<size_t>(size);
-  return v;
+  return d;
 }
 
-void check_size(const std::string& what, size_t got, size_t expected, const char* expected_of) {
-  if (got != expected) {
-    throw std::invalid_argument(what + " has " + std::to_string(got) + " elements, expected " +
-                                std::to_string(expected) + " (" + expected_of + ")");
+// n elements of compact buffers.
+Strided flat(idx_t n) {
+  static const Ints unit{1};
+  return iteration("flat", Ints{n}, {Operand{unit, 0}, Operand{unit, 0}});
+}
+
+// A compact (rows, len) matrix as the outer and inner parts of a row reduction.
+std::pair<Strided, Strided> rows_of(idx_t rows, idx_t len) {
+  const Ints outer_strides{len}, inner_strides{1};
+  return {iteration("reduce", Ints{rows}, {Operand{outer_strides, 0}}),
+          iteration("reduce", Ints{len}, {Operand{inner_strides, 0}})};
+}
+
+int binary_code(const char* name) {
+  for (int i = 0; i < kBinaryCount; ++i)
+    if (std::strcmp(needle_ops::kBinaryOpNames[i], name) == 0) return i;
+  throw std::logic_error(std::string("no binary op named ") + name);
+}
+
+int unary_code(const char* name) {
+  for (int i = 0; i < kUnaryCount; ++i)
+    if (std::strcmp(needle_ops::kUnaryOpNames[i], name) == 0) return i;
+  throw std::logic_error(std::string("no unary op named ") + name);
+}
+
+template <size_t N>
+py::tuple names(const char* const (&table)[N]) {
+  py::tuple t(N);
+  for (size_t i = 0; i < N; ++i) t[i] = py::str(table[i]);
+  return t;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+py::array_t<float> to_numpy(const CudaArray& a, const Ints& shape, const Ints& strides,
+                            idx_t offset) {
+  check_view("to_numpy", shape, strides, offset, a.size);
+  const Strided v = iteration("to_numpy", shape, {Operand{strides, offset}});
+  py::array_t<float> result(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  float* dst = result.mutable_data();
+  py::gil_scoped_release release;
+  needle::cuda::to_host(a, v, dst);
+  return result;
+}
+
+void from_numpy(py::array_t<float, py::array::c_style | py::array::forcecast> a, CudaArray& out) {
+  check_size("from_numpy", "the numpy array", static_cast<idx_t>(a.size()), out.size);
+  const float* src = a.data();
+  py::gil_scoped_release release;
+  needle::cuda::from_host(src, &out);
+}
+
+void compact(const CudaArray& a, CudaArray& out, const Ints& shape, const Ints& strides,
+             idx_t offset) {
+  const idx_t n = check_view("compact", shape, strides, offset, a.size);
+  check_size("compact", "out", out.size, n);
+  needle::cuda::compact(a, &out, iteration("compact", shape, {Operand{strides, offset}}));
+}
+
+void ewise_setitem(const CudaArray& a, CudaArray& out, const Ints& shape, const Ints& strides,
+                   idx_t offset) {
+  const idx_t n = check_view("ewise_setitem", shape, strides, offset, out.size);
+  check_size("ewise_setitem", "a", a.size, n);
+  needle::cuda::ewise_setitem(a, &out, iteration("ewise_setitem", shape, {Operand{strides, offset}}));
+}
+
+void scalar_setitem(idx_t size, float val, CudaArray& out, const Ints& shape, const Ints& strides,
+                    idx_t offset) {
+  const idx_t n = check_view("scalar_setitem", shape, strides, offset, out.size);
+  if (size != n) {
+    fail("scalar_setitem", "size " + std::to_string(size) + " does not match shape " +
+                               tuple_str(shape) + " (" + std::to_string(n) + " elements)");
   }
+  needle::cuda::scalar_setitem(val, &out,
+                               iteration("scalar_setitem", shape, {Operand{strides, offset}}));
 }
 
-void check_ewise(const char* fn, const CudaArray& a, const CudaArray* b, const CudaArray& out) {
-  const std::string f(fn);
-  check_size(f + ": input a", a.size, out.size, "the size of out");
-  if (b != nullptr) check_size(f + ": input b", b->size, out.size, "the size of out");
+// ---- element-wise ---------------------------------------------------------------------------
+void ewise_binary(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset,
+                  const CudaArray& b, const Ints& b_strides, idx_t b_offset, CudaArray& out,
+                  const Ints& shape) {
+  check_op("ewise_binary", op, kBinaryCount);
+  const idx_t n = check_view("ewise_binary (a)", shape, a_strides, a_offset, a.size);
+  check_view("ewise_binary (b)", shape, b_strides, b_offset, b.size);
+  check_size("ewise_binary", "out", out.size, n);
+  needle::cuda::ewise_binary(
+      op, a, b, &out,
+      iteration("ewise_binary", shape, {Operand{a_strides, a_offset}, Operand{b_strides, b_offset}}));
 }
 
-// Binds `ewise_name` (out[i] = a[i] OP b[i]) when given, and `scalar_name` (out[i] = a[i] OP val);
-// `formula` writes the operation with B standing for the second operand (for the docstrings).
-void bind_binary(py::module_& m, const char* ewise_name, const char* scalar_name, BinaryOp op,
-                 const std::string& formula) {
-  auto doc = [&formula](const std::string& b) {
-    std::string f = formula;
-    f.replace(f.find('B'), 1, b);
-    return "out[i] = " + f + " (compact buffers of one size).";
-  };
-  if (ewise_name != nullptr) {
+void ewise_scalar(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset, float val,
+                  CudaArray& out, const Ints& shape, bool reverse) {
+  check_op("ewise_scalar", op, kBinaryCount);
+  const idx_t n = check_view("ewise_scalar", shape, a_strides, a_offset, a.size);
+  check_size("ewise_scalar", "out", out.size, n);
+  needle::cuda::ewise_scalar(op, a, val, reverse, &out,
+                             iteration("ewise_scalar", shape, {Operand{a_strides, a_offset}}));
+}
+
+void ewise_unary(int op, const CudaArray& a, const Ints& a_strides, idx_t a_offset,
+                 CudaArray& out, const Ints& shape) {
+  check_op("ewise_unary", op, kUnaryCount);
+  const idx_t n = check_view("ewise_unary", shape, a_strides, a_offset, a.size);
+  check_size("ewise_unary", "out", out.size, n);
+  needle::cuda::ewise_unary(op, a, &out,
+                            iteration("ewise_unary", shape, {Operand{a_strides, a_offset}}));
+}
+
+// The course's compact forms: ewise_<name>(a, b, out), scalar_<name>(a, val, out),
+// ewise_<unary>(a, out), all over out.size elements.
+void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
+  const int op = binary_code(name);
+  const std::string ewise = std::string("ewise_") + name, scalar = std::string("scalar_") + name;
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  if (with_ewise) {
     m.def(
-        ewise_name,
-        [op, ewise_name](const CudaArray& a, const CudaArray& b, CudaArray* out) {
-          check_ewise(ewise_name, a, &b, *out);
-          needle::cuda::ewise_binary(op, a, b, out);
+        ewise.c_str(),
+        [op, ewise](const CudaArray& a, const CudaArray& b, CudaArray& out) {
+          check_size(ewise, "a", a.size, out.size);
+          check_size(ewise, "b", b.size, out.size);
+          needle::cuda::ewise_binary(op, a, b, &out, flat(out.size));
         },
-        py::arg("a"), py::arg("b"), py::arg("out"), doc("b[i]").c_str());
+        py::arg("a"), py::arg("b"), py::arg("out"), nogil,
+        ("out[i] = " + std::string(name) + "(a[i], b[i]) over compact buffers of one size.").c_str());
   }
   m.def(
-      scalar_name,
-      [op, scalar_name](const CudaArray& a, float val, CudaArray* out) {
-        check_ewise(scalar_name, a, nullptr, *out);
-        needle::cuda::scalar_binary(op, a, val, out);
+      scalar.c_str(),
+      [op, scalar](const CudaArray& a, float val, CudaArray& out) {
+        check_size(scalar, "a", a.size, out.size);
+        needle::cuda::ewise_scalar(op, a, val, false, &out, flat(out.size));
       },
-      py::arg("a"), py::arg("val"), py::arg("out"), doc("val").c_str());
+      py::arg("a"), py::arg("val"), py::arg("out"), nogil,
+      ("out[i] = " + std::string(name) + "(a[i], val) over compact buffers of one size.").c_str());
 }
 
-void bind_unary(py::module_& m, const char* name, UnaryOp op, const char* what) {
+void bind_course_unary(py::module_& m, const char* name) {
+  const int op = unary_code(name);
+  const std::string fn = std::string("ewise_") + name;
   m.def(
-      name,
-      [op, name](const CudaArray& a, CudaArray* out) {
-        check_ewise(name, a, nullptr, *out);
-        needle::cuda::ewise_unary(op, a, out);
+      fn.c_str(),
+      [op, fn](const CudaArray& a, CudaArray& out) {
+        check_size(fn, "a", a.size, out.size);
+        needle::cuda::ewise_unary(op, a, &out, flat(out.size));
       },
-      py::arg("a"), py::arg("out"), (std::string("out[i] = ") + what + "(a[i]).").c_str());
+      py::arg("a"), py::arg("out"), py::call_guard<py::gil_scoped_release>(),
+      ("out[i] = " + std::string(name) + "(a[i]) over compact buffers of one size.").c_str());
 }
 
-template <void (*Kernel)(const CudaArray&, CudaArray*, size_t)>
-void reduce_checked(const char* fn, const CudaArray& a, CudaArray* out, int64_t reduce_size) {
-  const std::string f(fn);
-  if (reduce_size < 0) {
-    throw std::invalid_argument(f + ": negative reduce_size " + std::to_string(reduce_size));
+// ---- reductions -----------------------------------------------------------------------------
+void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, idx_t offset,
+            idx_t keep, CudaArray& out) {
+  check_op("reduce", op, kReduceCount);
+  check_view("reduce", shape, strides, offset, a.size);
+  if (keep < 0 || keep > static_cast<idx_t>(shape.size())) {
+    fail("reduce", "keep " + std::to_string(keep) + " is outside [0, " +
+                       std::to_string(shape.size()) + "] for shape " + tuple_str(shape));
   }
-  const __int128 needed = static_cast<__int128>(out->size) * reduce_size;
-  if (needed > static_cast<__int128>(a.size)) {
-    throw std::invalid_argument(f + ": " + std::to_string(out->size) + " outputs of " +
-                                std::to_string(reduce_size) + " elements need " +
-                                i128_str(needed) + ", but the input buffer has " +
-                                std::to_string(a.size));
-  }
-  if (out->size == 0) return;
-  if (reduce_size == 0) {
-    if (Kernel == &needle::cuda::reduce_max) {
-      throw std::invalid_argument(f + ": the max over 0 elements (reduce_size 0) has no identity");
+  const Ints outer_shape(shape.begin(), shape.begin() + keep), inner_shape(shape.begin() + keep, shape.end());
+  const Ints outer_strides(strides.begin(), strides.begin() + keep),
+      inner_strides(strides.begin() + keep, strides.end());
+  const idx_t outputs = shape_size("reduce", outer_shape);
+  check_size("reduce", "out", out.size, outputs);
+  if (outputs == 0) return;
+  if (shape_size("reduce", inner_shape) == 0) {
+    if (op == static_cast<int>(needle_ops::ReduceOp::max)) {
+      fail("reduce", "max over an empty extent " + tuple_str(inner_shape) + " of shape " +
+                         tuple_str(shape) + " has no identity");
     }
-    needle::cuda::fill(out, 0.f);
+    needle::cuda::fill(&out, 0.0f);  // an empty sum
     return;
   }
-  Kernel(a, out, static_cast<size_t>(reduce_size));
+  needle::cuda::reduce(op, a, iteration("reduce", outer_shape, {Operand{outer_strides, offset}}),
+                       iteration("reduce", inner_shape, {Operand{inner_strides, 0}}), &out);
+}
+
+// The course's reduce_sum / reduce_max: out[j] = op of compact a[j*rs : (j+1)*rs].
+void reduce_rows(const char* fn, needle_ops::ReduceOp op, const CudaArray& a, CudaArray& out,
+                 idx_t reduce_size) {
+  if (reduce_size <= 0)
+    fail(fn, "reduce_size must be positive, got " + std::to_string(reduce_size));
+  if (static_cast<__int128>(out.size) * reduce_size > a.size) {
+    std::ostringstream s;
+    s << "out has " << out.size << " elements, reducing " << reduce_size << " each needs more "
+      << "than the " << a.size << " elements of a";
+    fail(fn, s.str());
+  }
+  const auto parts = rows_of(out.size, reduce_size);
+  needle::cuda::reduce(static_cast<int>(op), a, parts.first, parts.second, &out);
+}
+
+// ---- matrix products ------------------------------------------------------------------------
+void check_matmul_sizes(const char* fn, idx_t m, idx_t n, idx_t p) {
+  check_sizes(fn, {m, n, p});
+  if (m > kMaxMatmulDim || n > kMaxMatmulDim || p > kMaxMatmulDim) {
+    fail(fn, "sizes m=" + std::to_string(m) + ", n=" + std::to_string(n) + ", p=" +
+                 std::to_string(p) + " exceed the CUDA module's limit " +
+                 std::to_string(kMaxMatmulDim));
+  }
+}
+
+void matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx_t n, idx_t p) {
+  check_matmul_sizes("matmul", m, n, p);
+  check_at_least("matmul", "a", a.size, shape_size("matmul", {m, n}));
+  check_at_least("matmul", "b", b.size, shape_size("matmul", {n, p}));
+  check_at_least("matmul", "out", out.size, shape_size("matmul", {m, p}));
+  needle::cuda::matmul(a, MatrixView{0, 0, n, 1}, b, MatrixView{0, 0, p, 1}, &out, 1, m, n, p);
+}
+
+MatrixView matrix_view(const char* fn, const char* what, const CudaArray& x, const Ints& strides,
+                       idx_t offset, idx_t batch, idx_t rows, idx_t cols) {
+  if (strides.size() != 3) {
+    fail(fn, std::string(what) + "_strides " + tuple_str(strides) +
+                 " must have 3 entries (batch, row, column)");
+  }
+  check_view(std::string(fn) + " (" + what + ")", {batch, rows, cols}, strides, offset, x.size);
+  return MatrixView{offset, strides[0], strides[1], strides[2]};
+}
+
+void matmul_strided(const CudaArray& a, const Ints& a_strides, idx_t a_offset, const CudaArray& b,
+                    const Ints& b_strides, idx_t b_offset, CudaArray& out, idx_t batch, idx_t m,
+                    idx_t n, idx_t p) {
+  const char* fn = "matmul_strided";
+  check_sizes(fn, {batch});
+  check_matmul_sizes(fn, m, n, p);
+  const MatrixView va = matrix_view(fn, "a", a, a_strides, a_offset, batch, m, n);
+  const MatrixView vb = matrix_view(fn, "b", b, b_strides, b_offset, batch, n, p);
+  check_size(fn, "out", out.size, shape_size(fn, {batch, m, p}));
+  needle::cuda::matmul(a, va, b, vb, &out, batch, m, n, p);
+}
+
+void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx_t n,
+                  idx_t p) {
+  check_matmul_sizes("matmul_tiled", m, n, p);
+  constexpr idx_t T = needle::cuda::TILE;
+  if (m % T || n % T || p % T) {
+    fail("matmul_tiled", "m=" + std::to_string(m) + ", n=" + std::to_string(n) + ", p=" +
+                             std::to_string(p) + " must be multiples of the tile size " +
+                             std::to_string(T));
+  }
+  check_at_least("matmul_tiled", "a", a.size, shape_size("matmul_tiled", {m, n}));
+  check_at_least("matmul_tiled", "b", b.size, shape_size("matmul_tiled", {n, p}));
+  check_at_least("matmul_tiled", "out", out.size, shape_size("matmul_tiled", {m, p}));
+  needle::cuda::matmul_tiled(a, b, &out, m, n, p);
+}
+
+// ---- fused kernels --------------------------------------------------------------------------
+void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, idx_t cols,
+                  CudaArray& loss, CudaArray& probs) {
+  const char* fn = "softmax_xent";
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "logits", logits.size, n);
+  check_size(fn, "labels", labels.size, rows);
+  check_size(fn, "loss", loss.size, rows);
+  check_size(fn, "probs", probs.size, n);
+  const idx_t bad = needle::cuda::softmax_xent(logits, labels, rows, cols, &loss, &probs);
+  if (bad >= 0) {
+    Strided one;
+    one.offset[0] = bad;
+    float label = 0.0f;
+    needle::cuda::to_host(labels, one, &label);
+    std::ostringstream s;
+    s << "label " << label << " of row " << bad << " is not an integer in [0, " << cols << ")";
+    fail(fn, s.str());
+  }
+}
+
+void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
+                   idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd) {
+  const char* fn = "layernorm_fwd";
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "x", x.size, n);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "b", b.size, cols);
+  check_size(fn, "y", y.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, rows);
+  needle::cuda::layernorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd);
+}
+
+// The arguments of layernorm_bwd and batchnorm_bwd; `stats` is the length of rstd.
+void check_norm_bwd(const char* fn, const CudaArray& dy, const CudaArray& xhat,
+                    const CudaArray& rstd, const CudaArray& w, idx_t rows, idx_t cols,
+                    const CudaArray& dx, const CudaArray& dw, const CudaArray& db, idx_t stats) {
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "dy", dy.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, stats);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "dx", dx.size, n);
+  check_size(fn, "dw", dw.size, cols);
+  check_size(fn, "db", db.size, cols);
+}
+
+void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
+                   CudaArray& db) {
+  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, rows);
+  needle::cuda::layernorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
+}
+
+void batchnorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
+                   idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd,
+                   CudaArray& mean, CudaArray& var) {
+  const char* fn = "batchnorm_fwd";
+  const idx_t n = shape_size(fn, {rows, cols});
+  if (rows < 1) fail(fn, "rows must be at least 1 (a batch to normalise over), got " + std::to_string(rows));
+  check_size(fn, "x", x.size, n);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "b", b.size, cols);
+  check_size(fn, "y", y.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, cols);
+  check_size(fn, "mean", mean.size, cols);
+  check_size(fn, "var", var.size, cols);
+  needle::cuda::batchnorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd, &mean, &var);
+}
+
+void batchnorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
+                   const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
+                   CudaArray& db) {
+  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, cols);
+  needle::cuda::batchnorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
+}
+
+void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, idx_t batch, idx_t hidden,
+                   CudaArray& h, CudaArray& c, CudaArray& act, CudaArray& tanh_c) {
+  const char* fn = "lstm_cell_fwd";
+  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
+  check_size(fn, "gates", gates.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "h", h.size, n);
+  check_size(fn, "c", c.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+  needle::cuda::lstm_cell_fwd(gates, c_prev, batch, hidden, &h, &c, &act, &tanh_c);
+}
+
+void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
+                   const CudaArray& c_prev, const CudaArray& tanh_c, idx_t batch, idx_t hidden,
+                   CudaArray& dgates, CudaArray& dc_prev) {
+  const char* fn = "lstm_cell_bwd";
+  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
+  check_size(fn, "dh", dh.size, n);
+  check_size(fn, "dc", dc.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+  check_size(fn, "dgates", dgates.size, n4);
+  check_size(fn, "dc_prev", dc_prev.size, n);
+  needle::cuda::lstm_cell_bwd(dh, dc, act, c_prev, tanh_c, batch, hidden, &dgates, &dc_prev);
+}
+
+void sgd_update(CudaArray& param, const CudaArray& grad, CudaArray& buf, float lr,
+                float momentum, float weight_decay) {
+  check_size("sgd_update", "grad", grad.size, param.size);
+  check_size("sgd_update", "buf", buf.size, param.size);
+  needle::cuda::sgd_update(&param, grad, &buf, lr, momentum, weight_decay);
+}
+
+void adam_update(CudaArray& param, const CudaArray& grad, CudaArray& m, CudaArray& v, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, idx_t step) {
+  const char* fn = "adam_update";
+  if (step < 1) fail(fn, "step must be at least 1, got " + std::to_string(step));
+  check_size(fn, "grad", grad.size, param.size);
+  check_size(fn, "m", m.size, param.size);
+  check_size(fn, "v", v.size, param.size);
+  const double steps = static_cast<double>(step);
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), steps));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), steps));
+  needle::cuda::adam_update(&param, grad, &m, &v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(ndarray_backend_cuda, m) {
-  m.doc() = "needle's CUDA device module: float32 buffers in GPU memory and the kernels of the "
-            "NDArray device protocol.";
+  m.doc() = R"doc(needle's CUDA device module: float32 buffers in GPU memory and the kernels of
+the device protocol (needle/backend_ndarray/protocol.py).
+
+Every function validates its arguments first (ValueError for sizes that disagree, a view that
+leaves its buffer, an unknown op code; the same checks as the CPU module) and raises
+RuntimeError when no GPU is usable or CUDA fails, MemoryError when device memory runs out.
+Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc";
   m.attr("__device_name__") = "cuda";
   m.attr("__tile_size__") = needle::cuda::TILE;
+  m.attr("__binary_ops__") = names(needle_ops::kBinaryOpNames);
+  m.attr("__unary_ops__") = names(needle_ops::kUnaryOpNames);
+  m.attr("__reduce_ops__") = names(needle_ops::kReduceOpNames);
+  py::register_exception<needle::cuda::OutOfMemory>(m, "OutOfMemory", PyExc_MemoryError);
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
 
   py::class_<CudaArray>(m, "Array", "A flat float32 buffer of `size` elements in GPU memory.")
-      .def(py::init([](int64_t size) {
-             if (size < 0) {
-               throw std::invalid_argument("Array size must be non-negative, got " +
-                                           std::to_string(size));
-             }
-             if (size > MAX_ELEMENTS) {
-               throw std::invalid_argument("Array size " + std::to_string(size) + " is too large");
-             }
-             return new CudaArray(static_cast<size_t>(size));
+      .def(py::init([](idx_t size) {
+             if (size < 0) fail("Array", "size must be non-negative, got " + std::to_string(size));
+             if (size > needle_checks::kMaxElements)
+               fail("Array", "size " + std::to_string(size) + " is too large");
+             return new CudaArray(size);
            }),
            py::arg("size"))
       .def_readonly("size", &CudaArray::size, "Number of float32 elements.")
@@ -195,108 +489,104 @@ PYBIND11_MODULE(ndarray_backend_cuda, m) {
         "True when the CUDA runtime sees at least one GPU (cudaGetDeviceCount).");
   m.def("device_count", &needle::cuda::device_count,
         "Number of visible CUDA devices (0 when there is no GPU or driver).");
-  m.def("synchronize", &needle::cuda::synchronize,
+  m.def("synchronize", &needle::cuda::synchronize, nogil,
         "Wait for every queued kernel to finish (for timing); raises on an asynchronous error.");
 
+  m.def("to_numpy", &to_numpy, py::arg("a"), py::arg("shape"), py::arg("strides"),
+        py::arg("offset"), "A new numpy float32 array of `shape` holding the view of `a`.");
+  m.def("from_numpy", &from_numpy, py::arg("a"), py::arg("out"),
+        "Copy the elements of `a` (row-major, as float32) into `out` (same size).");
   m.def(
-      "to_numpy",
-      [](const CudaArray& a, const Ints& shape, const Ints& strides, int64_t offset) {
-        const StridedView v = make_view("to_numpy", shape, strides, offset, a.size);
-        py::array_t<float> result(std::vector<py::ssize_t>(shape.begin(), shape.end()));
-        if (v.size > 0) needle::cuda::to_host(a, v, result.mutable_data());
-        return result;
-      },
-      py::arg("a"), py::arg("shape"), py::arg("strides"), py::arg("offset"),
-      "A numpy copy (shape `shape`) of the strided view (strides in elements) of `a`.");
-  m.def(
-      "from_numpy",
-      [](py::array_t<float, py::array::c_style | py::array::forcecast> a, CudaArray* out) {
-        check_size("from_numpy: the numpy array", static_cast<size_t>(a.size()), out->size,
-                   "the size of out");
-        needle::cuda::from_host(a.data(), out);
-      },
-      py::arg("a"), py::arg("out"), "Copy the elements of `a` (row-major, as float32) into `out`.");
-  m.def("fill", &needle::cuda::fill, py::arg("out"), py::arg("val"),
+      "fill", [](CudaArray& out, float val) { needle::cuda::fill(&out, val); }, py::arg("out"),
+      py::arg("val"), nogil,
         "Set every element of `out` to `val`.");
+  m.def("compact", &compact, py::arg("a"), py::arg("out"), py::arg("shape"), py::arg("strides"),
+        py::arg("offset"), nogil, "out (compact, prod(shape)) = the view of `a`.");
+  m.def("ewise_setitem", &ewise_setitem, py::arg("a"), py::arg("out"), py::arg("shape"),
+        py::arg("strides"), py::arg("offset"), nogil,
+        "The view of `out` = the compact `a` (prod(shape) elements, row-major).");
+  m.def("scalar_setitem", &scalar_setitem, py::arg("size"), py::arg("val"), py::arg("out"),
+        py::arg("shape"), py::arg("strides"), py::arg("offset"), nogil,
+        "Every element of the view of `out` (`size` = prod(shape) elements) = `val`.");
 
-  m.def(
-      "compact",
-      [](const CudaArray& a, CudaArray* out, const Ints& shape, const Ints& strides,
-         int64_t offset) {
-        const StridedView v = make_view("compact (input a)", shape, strides, offset, a.size);
-        check_size("compact: out", out->size, v.size, "the number of elements of the view");
-        needle::cuda::compact(a, out, v);
-      },
-      py::arg("a"), py::arg("out"), py::arg("shape"), py::arg("strides"), py::arg("offset"),
-      "Write the strided view of `a` into `out` in row-major order.");
-  m.def(
-      "ewise_setitem",
-      [](const CudaArray& a, CudaArray* out, const Ints& shape, const Ints& strides,
-         int64_t offset) {
-        const StridedView v = make_view("ewise_setitem (out)", shape, strides, offset, out->size);
-        check_size("ewise_setitem: input a", a.size, v.size, "the number of elements of the view");
-        needle::cuda::ewise_setitem(a, out, v);
-      },
-      py::arg("a"), py::arg("out"), py::arg("shape"), py::arg("strides"), py::arg("offset"),
-      "Write compact `a` (row-major) into the strided view of `out`.");
-  m.def(
-      "scalar_setitem",
-      [](int64_t size, float val, CudaArray* out, const Ints& shape, const Ints& strides,
-         int64_t offset) {
-        const StridedView v = make_view("scalar_setitem (out)", shape, strides, offset, out->size);
-        if (size < 0 || static_cast<size_t>(size) != v.size) {
-          throw std::invalid_argument("scalar_setitem: size " + std::to_string(size) +
-                                      " differs from the " + std::to_string(v.size) +
-                                      " elements of the view");
-        }
-        needle::cuda::scalar_setitem(val, out, v);
-      },
-      py::arg("size"), py::arg("val"), py::arg("out"), py::arg("shape"), py::arg("strides"),
-      py::arg("offset"), "Set every element of the strided view of `out` to `val`.");
+  for (const char* name : {"add", "mul", "div", "maximum", "eq", "ge"}) bind_course_binary(m, name, true);
+  bind_course_binary(m, "power", false);
+  for (const char* name : {"log", "exp", "tanh"}) bind_course_unary(m, name);
 
-  bind_binary(m, "ewise_add", "scalar_add", BinaryOp::Add, "a[i] + B");
-  bind_binary(m, "ewise_mul", "scalar_mul", BinaryOp::Mul, "a[i] * B");
-  bind_binary(m, "ewise_div", "scalar_div", BinaryOp::Div, "a[i] / B");
-  bind_binary(m, nullptr, "scalar_power", BinaryOp::Power, "a[i] ** B");
-  bind_binary(m, "ewise_maximum", "scalar_maximum", BinaryOp::Maximum,
-              "max(a[i], B), NaN if either is NaN");
-  bind_binary(m, "ewise_eq", "scalar_eq", BinaryOp::Eq, "1.0 if a[i] == B else 0.0");
-  bind_binary(m, "ewise_ge", "scalar_ge", BinaryOp::Ge, "1.0 if a[i] >= B else 0.0");
-  bind_unary(m, "ewise_log", UnaryOp::Log, "log");
-  bind_unary(m, "ewise_exp", UnaryOp::Exp, "exp");
-  bind_unary(m, "ewise_tanh", UnaryOp::Tanh, "tanh");
+  m.def("ewise_binary", &ewise_binary, py::arg("op"), py::arg("a"), py::arg("a_strides"),
+        py::arg("a_offset"), py::arg("b"), py::arg("b_strides"), py::arg("b_offset"),
+        py::arg("out"), py::arg("shape"), nogil,
+        "out (compact, prod(shape)) = __binary_ops__[op](view of a, view of b), both of `shape`.");
+  m.def("ewise_scalar", &ewise_scalar, py::arg("op"), py::arg("a"), py::arg("a_strides"),
+        py::arg("a_offset"), py::arg("val"), py::arg("out"), py::arg("shape"), py::arg("reverse"),
+        nogil,
+        "out = __binary_ops__[op](view of a, val), or (val, view of a) when `reverse`.");
+  m.def("ewise_unary", &ewise_unary, py::arg("op"), py::arg("a"), py::arg("a_strides"),
+        py::arg("a_offset"), py::arg("out"), py::arg("shape"), nogil,
+        "out = __unary_ops__[op](view of a).");
 
-  m.def(
-      "matmul",
-      [](const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m_, int64_t n,
-         int64_t p) {
-        for (int64_t s : {m_, n, p}) {
-          if (s < 0 || s > MAX_MATMUL_DIM) {
-            throw std::invalid_argument("matmul: sizes m, n, p = " + std::to_string(m_) + ", " +
-                                        std::to_string(n) + ", " + std::to_string(p) +
-                                        " must lie in [0, " + std::to_string(MAX_MATMUL_DIM) +
-                                        "]");
-          }
-        }
-        check_size("matmul: a", a.size, static_cast<size_t>(m_ * n), "m * n");
-        check_size("matmul: b", b.size, static_cast<size_t>(n * p), "n * p");
-        check_size("matmul: out", out->size, static_cast<size_t>(m_ * p), "m * p");
-        needle::cuda::matmul(a, b, out, m_, n, p);
-      },
-      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("m"), py::arg("n"), py::arg("p"),
-      "out (m, p) = a (m, n) @ b (n, p), all compact row-major (shared-memory tiled kernel).");
-  m.def(
-      "reduce_max",
-      [](const CudaArray& a, CudaArray* out, int64_t reduce_size) {
-        reduce_checked<&needle::cuda::reduce_max>("reduce_max", a, out, reduce_size);
-      },
-      py::arg("a"), py::arg("out"), py::arg("reduce_size"),
-      "out[i] = max of a[i*reduce_size : (i+1)*reduce_size] (NaN propagates).");
+  m.def("reduce", &reduce, py::arg("op"), py::arg("a"), py::arg("shape"), py::arg("strides"),
+        py::arg("offset"), py::arg("keep"), py::arg("out"), nogil,
+        "out (compact, prod(shape[:keep])) = __reduce_ops__[op] over the trailing axes "
+        "shape[keep:] of the view of `a`; an empty extent gives 0 for sum, ValueError for max.");
   m.def(
       "reduce_sum",
-      [](const CudaArray& a, CudaArray* out, int64_t reduce_size) {
-        reduce_checked<&needle::cuda::reduce_sum>("reduce_sum", a, out, reduce_size);
+      [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
+        reduce_rows("reduce_sum", needle_ops::ReduceOp::sum, a, out, reduce_size);
       },
-      py::arg("a"), py::arg("out"), py::arg("reduce_size"),
-      "out[i] = sum of a[i*reduce_size : (i+1)*reduce_size].");
+      py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
+      "out[j] = sum of a[j*reduce_size : (j+1)*reduce_size] (compact a).");
+  m.def(
+      "reduce_max",
+      [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
+        reduce_rows("reduce_max", needle_ops::ReduceOp::max, a, out, reduce_size);
+      },
+      py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
+      "out[j] = max of a[j*reduce_size : (j+1)*reduce_size] (compact a; NaN propagates).");
+
+  m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("m"), py::arg("n"),
+        py::arg("p"), nogil, "out (m, p) = a (m, n) @ b (n, p), all compact row-major.");
+  m.def("matmul_strided", &matmul_strided, py::arg("a"), py::arg("a_strides"),
+        py::arg("a_offset"), py::arg("b"), py::arg("b_strides"), py::arg("b_offset"),
+        py::arg("out"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("p"), nogil,
+        "out (compact, (batch, m, p)) = A[k] @ B[k], A and B read through (batch, row, column) "
+        "strides (0 shares one matrix across the batch; swapped strides transpose).");
+  m.def("matmul_tiled", &matmul_tiled, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("m"),
+        py::arg("n"), py::arg("p"), nogil,
+        "out = a @ b with all three in the (rows/T, cols/T, T, T) tiled layout, T = "
+        "__tile_size__ (a lecture exhibit).");
+
+  m.def("softmax_xent", &softmax_xent, py::arg("logits"), py::arg("labels"), py::arg("rows"),
+        py::arg("cols"), py::arg("loss"), py::arg("probs"), nogil,
+        "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x "
+        "cols); ValueError for a label outside [0, cols).");
+  m.def("layernorm_fwd", &layernorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
+        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
+        py::arg("rstd"), nogil,
+        "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.");
+  m.def("layernorm_bwd", &layernorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
+        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
+        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of layernorm_fwd.");
+  m.def("batchnorm_fwd", &batchnorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
+        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
+        py::arg("rstd"), py::arg("mean"), py::arg("var"), nogil,
+        "Column-wise BatchNorm of x (rows x cols) over the rows: xhat, y, and per column rstd, "
+        "mean and biased var.");
+  m.def("batchnorm_bwd", &batchnorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
+        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
+        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of batchnorm_fwd.");
+  m.def("lstm_cell_fwd", &lstm_cell_fwd, py::arg("gates"), py::arg("c_prev"), py::arg("batch"),
+        py::arg("hidden"), py::arg("h"), py::arg("c"), py::arg("act"), py::arg("tanh_c"), nogil,
+        "One LSTM step from gate pre-activations (batch x 4*hidden, order i, f, g, o).");
+  m.def("lstm_cell_bwd", &lstm_cell_bwd, py::arg("dh"), py::arg("dc"), py::arg("act"),
+        py::arg("c_prev"), py::arg("tanh_c"), py::arg("batch"), py::arg("hidden"),
+        py::arg("dgates"), py::arg("dc_prev"), nogil,
+        "The exact gradients dgates (batch x 4*hidden) and dc_prev of lstm_cell_fwd.");
+  m.def("sgd_update", &sgd_update, py::arg("param"), py::arg("grad"), py::arg("buf"),
+        py::arg("lr"), py::arg("momentum"), py::arg("weight_decay"), nogil,
+        "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.");
+  m.def("adam_update", &adam_update, py::arg("param"), py::arg("grad"), py::arg("m"),
+        py::arg("v"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+        py::arg("weight_decay"), py::arg("step"), nogil,
+        "In place Adam step with bias corrections (step >= 1) on param, m and v.");
 }
