@@ -40,6 +40,9 @@
 #
 # Part 1 repeats the course's lecture: a linear generator learns a 2-D Gaussian. Part 2 trains a
 # small MLP GAN on scikit-learn's 8 × 8 handwritten digits (offline).
+#
+# A GAN's trajectory depends on every rounding of the run, so the cells that print its numbers
+# are not compared digit for digit by the test suite; their asserts, with margins, are the check.
 
 # %%
 import matplotlib.pyplot as plt
@@ -173,7 +176,7 @@ plt.show()
 # not equal $A$: any $W = QA$ with $Q$ orthogonal gives the same distribution, and the GAN only
 # sees samples.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 W, b = (p.numpy().astype(np.float64) for p in G.parameters())
 print("generator mean      ", b.ravel(), "  target", mu)
 print("generator covariance\n", W.T @ W)
@@ -188,7 +191,7 @@ assert late_cov_err < 0.15 and late_cov_err < moments[0, 1] / 2
 # %% [markdown]
 # The discriminator's accuracy on fresh real and generated samples, and the loss curves:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 fresh_real = np.random.normal(0, 1, (4000, 2)) @ A + mu
 fresh_fake = G(tensor(np.random.normal(0, 1, (4000, 2)))).numpy()
 d_acc = 0.5 * ((p_real(D, fresh_real) > 0.5).mean() + (p_real(D, fresh_fake) < 0.5).mean())
@@ -239,7 +242,7 @@ plt.show()
 # digit classifier trained on the real digits (scikit-learn, independent of needle) says how
 # confidently each generated image looks like some digit, and which digit.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 digits = load_digits()
 X_digits = digits.data / 16.0
 classifier = LogisticRegression(max_iter=3000).fit(X_digits, digits.target)
@@ -300,7 +303,7 @@ plt.show()
 # independent classifier, every digit class is produced (no collapse onto a few modes in this
 # run), and the generated pixel mean matches the data's.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 fresh = G2(tensor(np.random.normal(0, 1, (2000, ZD)))).numpy()
 class_share = classes[STEPS2] / classes[STEPS2].sum()
 d2_acc = 0.5 * ((p_real(D2, X_digits) > 0.5).mean() + (p_real(D2, fresh) < 0.5).mean())
