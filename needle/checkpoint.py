@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from needle import autograd
 from needle.autograd import Tensor, TensorOp
+from needle.backend_selection import NDArray
 from needle.nn import Module, Sequential
 
 
@@ -48,7 +49,7 @@ class CheckpointOp(TensorOp):
         self.params = list(params)
         self.rng_state = None
 
-    def compute(self, x, *param_arrays):
+    def compute(self, x: NDArray, *param_arrays: NDArray) -> NDArray:
         self.rng_state = np.random.get_state()
         with _grad_mode(False):
             out = self.fn(Tensor.make_const(x))
@@ -56,7 +57,7 @@ class CheckpointOp(TensorOp):
             raise TypeError(f"checkpoint: fn must return a Tensor, got {type(out).__name__}")
         return out.realize_cached_data()
 
-    def gradient(self, out_grad: Tensor, node: Tensor):
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tuple[Tensor, ...]:
         if autograd._GRAD_ENABLED:
             raise NotImplementedError("backward(create_graph=True) through a checkpoint is not "
                                       "supported: its gradient is computed by a separate pass")

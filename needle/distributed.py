@@ -28,7 +28,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 _STATS: Dict[str, float] = {"seconds": 0.0, "bytes": 0, "calls": 0}
 
 
-def init():
+def init() -> "MPI.Intracomm":
     """The MPI communicator of all processes (MPI is initialised on import of mpi4py)."""
     return MPI.COMM_WORLD
 

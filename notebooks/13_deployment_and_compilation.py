@@ -327,8 +327,8 @@ plt.show()
 # two to three orders of magnitude over the naive loops. (The parallel step needs two idle
 # cores: on a busy machine its two threads wait for each other and it can come out slower than
 # the vectorized single-thread version.) The remaining gap to needle's engine and to OpenBLAS is
-# register blocking and packing, the next rungs of notebook 06's ladder. Hand-written, the same steps are
-# what notebook 06's C++ kernel does. TVM can also *search* over such schedules automatically
+# register blocking and packing, the next rungs of notebook 06's ladder; hand-written, the same
+# steps are what notebook 06's C++ kernel does. TVM can also *search* over such schedules automatically
 # (MetaSchedule), which is how it produces fast kernels for shapes no library anticipated.
 #
 # ## 5. The exported model compiled by TVM
