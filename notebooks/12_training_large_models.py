@@ -346,9 +346,9 @@ for M in (1, 4, 32):
     print(f"pipeline of 8 stages, {M:2d} micro-batches: bubble {(8 - 1) / (M + 8 - 1):.0%}")
 
 # %% [markdown]
-# At this machine's matmul speed one device would need minutes for one step of such a model, and
-# the all-reduce, whose volume stops growing with $K$, would add a sizable fraction of that
-# again. Large models train on accelerators with hundreds of TFLOP/s *and* links of hundreds of
+# At this machine's matmul speed one device would need a minute or more for one step of such a
+# model, and the all-reduce, whose volume stops growing with $K$, would add a sizable fraction of
+# that again. Large models train on accelerators with hundreds of TFLOP/s *and* links of hundreds of
 # GB/s, and overlap the communication with the backward pass so that it costs no time when it is
 # shorter than the computation. The bubble formula is exact arithmetic:
 
