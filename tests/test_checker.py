@@ -170,6 +170,7 @@ def test_a_segfault_in_student_cpp_costs_only_that_question(tmp_path):
     assert failures(report) == {"hw0_softmax_regression_epoch_cpp": "crashed"}, report.format()
     detail = report.results[-1].detail
     assert "SIGSEGV" in detail and "Segmentation fault" in detail
+    assert "during the call softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15)" in detail
 
 
 def test_layout_errors_name_the_problem(tmp_path):

@@ -36,7 +36,11 @@ def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, 
             raise AssertionError(message) from None
         print(message)
         return False
-    problem = predicate(got) if predicate is not None else _compare(got, expected, rtol, atol)
+    try:
+        problem = (predicate(got) if predicate is not None
+                   else _compare(got, expected, rtol, atol))
+    except Exception as exc:  # an answer of the wrong structure: say so, don't crash the cell
+        problem = f"could not compare your answer {got!r:.100} ({type(exc).__name__}: {exc})"
     if problem is None:
         print(f"{label}: correct")
         return True

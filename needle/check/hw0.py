@@ -133,6 +133,8 @@ def hw0_softmax_regression_epoch_cpp(ctx):
     X, y = _problem()
     theta = np.zeros((5, 3), dtype=np.float32)
     expected = softmax_epoch_reference(X, y, theta, 0.2, 15)
+    ctx.note("softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15) with X (50, 5) "
+             "float32, y (50,) uint8 in [0, 3), theta (5, 3) float32")
     softmax_regression_epoch_cpp(X, y, theta, 0.2, 15)
     check_close("theta after softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15)",
                 theta, expected, rtol=1e-4, atol=1e-5, inputs={"X": X, "y": y})

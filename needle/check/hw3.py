@@ -92,6 +92,7 @@ def hw3_compact(ctx):
                 (arr(a[:, :1], dev).broadcast_to((4, 3, 6)), np.broadcast_to(a[:, :1],
                                                                           (4, 3, 6)),
                  "A[:, :1].broadcast_to((4, 3, 6))")]:
+            ctx.note(f"on {dev}: {text}.compact() for A of shape (4, 5, 6)")
             C = view.compact()
             require(C.is_compact(), f"on {dev}: {text}.compact() is not compact")
             check_close(f"on {dev}: {text}.compact()", C.numpy(), expected,
@@ -104,11 +105,13 @@ def hw3_setitem(ctx):
     b = randn(2, 3, seed=76)
     for dev in devices():
         A = arr(a, dev)
+        ctx.note(f"on {dev}: A[1:5:2, 2:5] = B for A (5, 6), B (2, 3)")
         A[1:5:2, 2:5] = arr(b, dev)
         e = a.copy()
         e[1:5:2, 2:5] = b
         check_close(f"on {dev}: A[1:5:2, 2:5] = B (ewise_setitem)", A.numpy(), e)
         A = arr(a, dev)
+        ctx.note(f"on {dev}: A[::2, 1:3] = 7.5 for A (5, 6)")
         A[::2, 1:3] = 7.5
         e = a.copy()
         e[::2, 1:3] = 7.5
@@ -132,6 +135,7 @@ def hw3_ewise_ops(ctx):
                                ("A.exp()", lambda: A.exp(), np.exp(a)),
                                ("A.tanh()", lambda: A.tanh(), np.tanh(a)),
                                ("A_view + B (A a permuted view)", lambda: AT + B, a + b)]:
+            ctx.note(f"on {dev}: {text} with A, B of shape (3, 4)")
             check_close(f"on {dev}: {text}", got().numpy(), exp, rtol=1e-5, atol=1e-6,
                         inputs={"A": a, "B": b})
 
@@ -150,6 +154,7 @@ def hw3_scalar_ops(ctx):
                                ("A == A[0, 0]", lambda: A == float(a[0, 0]),
                                 (a == a[0, 0]).astype(np.float32)),
                                ("A >= 0.2", lambda: A >= 0.2, (a >= 0.2).astype(np.float32))]:
+            ctx.note(f"on {dev}: {text} with A of shape (3, 4)")
             check_close(f"on {dev}: {text}", got().numpy(), exp, rtol=1e-5, atol=1e-6,
                         inputs={"A": a})
 
@@ -165,6 +170,7 @@ def hw3_reductions(ctx):
     for dev in devices():
         A = arr(a, dev)
         for axis in (0, 1, 2):
+            ctx.note(f"on {dev}: A.sum(axis={axis}) / A.max(axis={axis}), A (3, 4, 5)")
             check_close(f"on {dev}: A.sum(axis={axis}) for A of shape (3, 4, 5)",
                         _reduced(A.sum(axis=axis).numpy(), a.sum(axis)), a.sum(axis),
                         rtol=1e-5, atol=1e-5)
@@ -179,6 +185,7 @@ def hw3_matmul(ctx):
     for dev in devices():
         for m, n, p in [(5, 7, 3), (1, 1, 1), (16, 24, 8), (33, 17, 9)]:
             a, b = randn(m, n, seed=81), randn(n, p, seed=82)
+            ctx.note(f"on {dev}: A @ B with A ({m}, {n}), B ({n}, {p})")
             check_close(f"on {dev}: A @ B with A ({m}, {n}), B ({n}, {p})"
                         + (" (every size a multiple of the tile: matmul_tiled)"
                            if m % 8 == n % 8 == p % 8 == 0 else ""),

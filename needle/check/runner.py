@@ -181,7 +181,7 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
             with open(log_file, "w") as log:
                 proc = subprocess.Popen([sys.executable, str(WORKER), str(config)], cwd=root,
                                         env=_worker_env(), stdout=log, stderr=subprocess.STDOUT)
-                current, started, seen = None, 0.0, 0
+                current, started, seen, note = None, 0.0, 0, ""
                 while True:
                     finished = proc.poll() is not None
                     # Every event ends with a newline: the last fragment may be half written.
@@ -190,6 +190,9 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                         event = json.loads(line)
                         if "start" in event:
                             current, started = event["start"], time.monotonic()
+                            note = ""
+                        elif "note" in event:
+                            note = event["note"]
                         else:
                             results[event["id"]] = Result(by_id[event["id"]], event["status"],
                                                           event["detail"])
@@ -217,10 +220,11 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                 tail = "\n".join(line for line in log_file.read_text(
                     errors="replace").splitlines()[-15:]
                     if not line.startswith("Extension modules:"))
+                call = f" during the call {note}" if note else ""
                 results[current] = Result(by_id[current], "crashed",
-                                          f"the worker process {_signal_name(proc.returncode)} "
-                                          f"while running this question (a crash in compiled "
-                                          f"code?); its last output:\n{tail}")
+                                          f"the process {_signal_name(proc.returncode)}{call} "
+                                          "(a crash in compiled code: look for an index or "
+                                          f"pointer out of bounds); its last output:\n{tail}")
             left = [q for q in remaining if q not in results]
             if left and left[0] == remaining[0] and current is None and proc.returncode:
                 # The worker died before starting anything (for example a broken import).

@@ -78,11 +78,17 @@ def _run_one(qid, hw_module, ctx, roots):
 
 
 class Context:
-    """What a check may use: the homework folder and a scratch folder for generated files."""
+    """What a check may use: the homework folder, a scratch folder for generated files, and
+    ``note(text)``, which records the call about to run (shown if the process then crashes)."""
 
-    def __init__(self, root: str, scratch: str):
+    def __init__(self, root: str, scratch: str, out):
         self.root = root
         self.scratch = scratch
+        self._out = out
+
+    def note(self, text: str) -> None:
+        self._out.write(json.dumps({"note": text}) + "\n")
+        self._out.flush()
 
 
 def main(config_path: str) -> None:
@@ -93,8 +99,8 @@ def main(config_path: str) -> None:
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"_needle_check.{config['hw']}")
-    ctx = Context(config["root"], config["scratch"])
     with open(config["results"], "a", buffering=1) as out:
+        ctx = Context(config["root"], config["scratch"], out)
         for qid in config["questions"]:
             out.write(json.dumps({"start": qid}) + "\n")
             out.flush()
