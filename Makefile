@@ -33,7 +33,7 @@ $(PY):
 
 $(INSTALLED): $(PY) pyproject.toml environment.yml
 	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy
-	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation -e ".[dev]"
+	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation -e ".[dev,lectures]"
 	@touch $(INSTALLED) $(BUILT)
 	@echo "needle: environment ready in $(VENV)"
 
