@@ -83,6 +83,7 @@ def _softmax_loss_np(logits, y):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_epoch_cifar10
 def test_evaluate_cifar10_matches_numpy(device):
     np.random.seed(2)
     model = ResNet9(device=device)

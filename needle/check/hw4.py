@@ -183,6 +183,29 @@ def hw4_resnet9(ctx):
     require(np.all(np.isfinite(to_numpy(out))), "ResNet9 produced non-finite logits")
 
 
+def hw4_epoch_cifar10(ctx):
+    import needle as ndl
+    from simple_ml import epoch_general_cifar10
+    np.random.seed(18)
+    model = ndl.nn.Sequential(ndl.nn.Flatten(), ndl.nn.Linear(3 * 4 * 4, 10))
+    X = randn(12, 3, 4, 4, seed=117)
+    y = np.random.default_rng(118).integers(0, 10, 12).astype(np.uint8)
+    w, b = to_numpy(model.modules[1].weight), to_numpy(model.modules[1].bias)
+    logits = X.reshape(12, -1).astype(np.float64) @ w + b
+    z = logits - logits.max(axis=1, keepdims=True)
+    loss = np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(12), y])
+    loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), batch_size=4)
+    out = epoch_general_cifar10(loader, model, loss_fn=ndl.nn.SoftmaxLoss(), opt=None)
+    require(isinstance(out, tuple) and len(out) == 2,
+            f"epoch_general_cifar10 must return (average accuracy, average loss), got {out!r}")
+    check_close("accuracy from epoch_general_cifar10(loader, model, opt=None) (12 samples, "
+                "batches of 4)", np.float64(out[0]), np.mean(logits.argmax(1) == y), rtol=1e-6,
+                atol=1e-6, hint="accuracy, not error: the fraction of correct predictions")
+    check_close("average loss from epoch_general_cifar10(loader, model, opt=None)",
+                np.float64(out[1]), loss, rtol=1e-4, atol=1e-5,
+                hint="evaluation mode (model.eval()) when opt is None")
+
+
 def _sig(x):
     return 1 / (1 + np.exp(-x))
 

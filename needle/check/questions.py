@@ -95,6 +95,7 @@ def _build() -> tuple[Question, ...]:
         ("hw4", "nn_conv", "nn.Conv (NCHW, same padding)"),
         ("hw4", "cifar10_dataset", "data.CIFAR10Dataset"),
         ("hw4", "resnet9", "models.ResNet9"),
+        ("hw4", "epoch_cifar10", "simple_ml.epoch_general_cifar10 (evaluation)"),
         ("hw4", "rnn_cell", "nn.RNNCell"),
         ("hw4", "rnn", "nn.RNN"),
         ("hw4", "lstm_cell", "nn.LSTMCell"),
