@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mpi4py", reason="needle.distributed needs the lectures extra (mpi4py)")
+# The lectures extra (installed by `make test`) provides mpi4py and mpiexec.
+import mpi4py  # noqa: E402,F401
 
 import needle as ndl  # noqa: E402
 from needle import distributed as dist  # noqa: E402
