@@ -1,6 +1,6 @@
-"""Every op of API.md §3: forward against numpy, gradient against central finite differences.
+"""Every op of the course's op library: forward against numpy, gradient against central finite differences.
 
-One table row per case (STYLE.md): the needle expression, the numpy oracle and a generator of
+One table row per case: the needle expression, the numpy oracle and a generator of
 random inputs (random shapes drawn from a seeded RNG). Each row runs on every enabled device of
 the current backend (run once with ``NEEDLE_BACKEND=np`` and once with the default ``nd``).
 Convolution has its own file (test_ops_conv.py), numerical edge cases theirs
