@@ -493,10 +493,13 @@ else:
 #
 # Where the figure dips, the reasons are known ones:
 #
-# * **the naive loop at $n = 256$ and $512$** (powers of two): its column walk through $B$
-#   steps by $4n$ bytes, a multiple of 4 KiB at $n = 512$, so the lines it touches map to the
-#   same few cache sets and evict one another (conflict misses); sizes just off a power of
-#   two (say 500 or 520) run the same loop noticeably faster per flop;
+# * **the naive loop after $n = 64$**: at $n = 64$ the three matrices (48 KiB) sit in the
+#   caches, so the column walk down $B$ (one float from every row) still hits cache, and the
+#   naive loop even beats the tiled one, whose tiling then buys nothing; from $n = 128$ on, each
+#   step of that walk is a cache miss. At powers of two it is worse still: the walk steps by
+#   $4n$ bytes, a multiple of 4 KiB at $n = 512$, so its lines map to the same few cache sets
+#   and evict one another (conflict misses); sizes just off a power of two (say 500 or 520)
+#   run the same loop noticeably faster per flop;
 # * **every blocked kernel at $n = 64$**: $2 \cdot 64^3$ flops is about half a million, a few
 #   microseconds, so packing, the call itself and (below about $2^{21}$ flops) running on one
 #   thread instead of two dominate; numpy pays the same fixed costs;
