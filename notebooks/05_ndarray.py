@@ -27,7 +27,7 @@
 # changes of (shape, strides, offset); follow a Python call down to a C++ kernel; and measure
 # matmul kernels robustly and explain the naive → tiled → packed/SIMD → BLAS ladder.
 #
-# **Run time:** about 30 s on a 2-core x86-64 machine
+# **Run time:** about 15 s on a 2-core x86-64 machine (30 s when other jobs load it)
 #
 # In homework 3 needle stops borrowing numpy and gets its own array, `NDArray`
 # (`needle/backend_ndarray/ndarray.py`). It is deliberately small: a **flat buffer of float32**

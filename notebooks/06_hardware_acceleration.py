@@ -27,7 +27,7 @@
 # a tiled matmul and check its accesses for coalescing and bank conflicts; and split a
 # training step into time inside kernels and framework overhead.
 #
-# **Run time:** about 45 s on a 2-core x86-64 machine
+# **Run time:** about 20 s on a 2-core x86-64 machine (a minute when other jobs load it)
 #
 # Notebook 05 built the NDArray: a flat buffer plus (shape, strides, offset), views without
 # copies, and `compact()`. It ended with a measurement: the same product $C = AB$ runs far
@@ -999,8 +999,9 @@ plt.show()
 # Read the bars as two separate budgets. The kernel part shrinks with better kernels (strided
 # operands instead of copies, fused kernels, a direct path for small products); the overhead
 # part shrinks only with less Python per op and fewer ops per step (fused composites, in-place
-# optimizer updates). A model made of many small ops, like the language models here, is
-# dominated by the second; PyTorch's line shows how much of either is left to win.
+# optimizer updates). Before the rework, the models made of many small ops (the MLP and the
+# language models) spent two thirds or more of a step on overhead; compare the live bars, and
+# PyTorch's line shows how much of either is left to win.
 
 # %% [markdown]
 # ## Summary
