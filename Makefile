@@ -16,7 +16,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench data clean help
+.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -24,6 +24,7 @@ help:
 	@echo "make notebooks  regenerate each .ipynb from its .py and re-execute it"
 	@echo "make figures    re-execute the notebooks, saving figures/*.png"
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
+	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
@@ -94,6 +95,9 @@ figures: $(BUILT)
 
 bench: $(BUILT)
 	$(PY) -m benchmarks
+
+profile: $(BUILT)
+	$(PY) -m benchmarks.step_profile
 
 data: $(INSTALLED)
 	$(PY) -m needle.data.download --all --root data
