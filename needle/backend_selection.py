@@ -11,32 +11,23 @@ BACKEND = os.environ.get("NEEDLE_BACKEND", "nd")
 
 if BACKEND == "nd":
     from . import backend_ndarray as array_api
-    from .backend_ndarray import (
-        BackendDevice as Device,
-        all_devices,
-        cpu,
-        cpu_numpy,
-        cuda,
-        default_device,
-        default_tensor_device,
-    )
 
-    NDArray = array_api.NDArray
+    Device = array_api.BackendDevice
 elif BACKEND == "np":
     from . import backend_numpy as array_api
-    from .backend_numpy import (
-        Device,
-        all_devices,
-        cpu,
-        cpu_numpy,
-        cuda,
-        default_device,
-        default_tensor_device,
-    )
 
-    NDArray = array_api.NDArray
+    Device = array_api.Device
 else:
     raise RuntimeError(f"Unknown needle array backend {BACKEND!r}: set NEEDLE_BACKEND to 'nd' or 'np'")
+
+# Both array modules expose the same device functions.
+NDArray = array_api.NDArray
+all_devices = array_api.all_devices
+cpu = array_api.cpu
+cpu_numpy = array_api.cpu_numpy
+cuda = array_api.cuda
+default_device = array_api.default_device
+default_tensor_device = array_api.default_tensor_device
 
 __all__ = ["BACKEND", "array_api", "NDArray", "Device", "all_devices", "cpu", "cpu_numpy", "cuda",
            "default_device", "default_tensor_device"]
