@@ -45,6 +45,11 @@ class Op:
         """
         raise NotImplementedError()
 
+    # Set by ops that pick component ``self.index`` of a TensorTuple (``tuple_get_item``): the
+    # backward pass then routes the adjoint to that component directly instead of building a
+    # mostly-zero tuple per pick (O(len²) work when every component of a split is picked).
+    selects_component = False
+
     def gradient_as_tuple(self, out_grad: "Value", node: "Value") -> Tuple["Value"]:
         """``gradient`` always returned as a tuple (one entry per input)."""
         output = self.gradient(out_grad, node)
@@ -421,8 +426,13 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
     _GRAD_ENABLED = create_graph
     try:
         node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
+        # TensorTuple -> {component index: adjoint contributions} from the ops that picked it
+        component_grads: Dict[Value, Dict[int, List[Value]]] = {}
         for node in reversed(find_topo_sort([output_tensor])):
             grads = node_to_output_grads_list.pop(node, None)
+            picked = component_grads.pop(node, None)
+            if picked is not None:
+                grads = (grads or []) + [_tuple_adjoint(node, picked)]
             if grads is None:  # no path to the output needs this node
                 continue
             grad = grads[0] if len(grads) == 1 else sum_node_list(grads)
@@ -430,6 +440,12 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
             if leaf or node._retains_grad:
                 node.grad = grad if create_graph or not grad.requires_grad else grad.detach()
             if leaf:
+                continue
+            if node.op.selects_component:
+                source = node.inputs[0]
+                if source.requires_grad:
+                    component_grads.setdefault(source, {}).setdefault(
+                        node.op.index, []).append(grad)
                 continue
             for inp, inp_grad in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
                 if inp_grad is not None and inp.requires_grad:
@@ -471,6 +487,37 @@ def topo_sort_dfs(node: Value, visited: set, topo_order: List[Value]) -> None:
         else:
             stack.pop()
             topo_order.append(current)
+
+
+def zero_adjoints(arrays) -> List[Value]:
+    """Constant all-zero Tensors shaped like each array of ``arrays`` (one shared constant per
+    shape, dtype and device), marked so that ``TensorTuple.__add__`` skips adding them."""
+    zeros: dict = {}
+    out = []
+    for value in arrays:
+        key = (tuple(value.shape), str(value.dtype), str(value.device))
+        if key not in zeros:
+            zero = Tensor.make_const(_full(value.shape, 0.0, value.dtype, value.device))
+            zero._zero_adjoint = True
+            zeros[key] = zero
+        out.append(zeros[key])
+    return out
+
+
+def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
+    """The adjoint of TensorTuple ``node`` given the adjoints of its picked components (lists
+    indexed by component): their sums, and zeros for the components nobody picked."""
+    parts = node.realize_cached_data()
+    missing = [parts[i] for i in range(len(parts)) if i not in picked]
+    zeros = iter(zero_adjoints(missing))
+    components = []
+    for i in range(len(parts)):
+        grads = picked.get(i)
+        if grads is None:
+            components.append(next(zeros))
+        else:
+            components.append(grads[0] if len(grads) == 1 else sum_node_list(grads))
+    return needle.ops.make_tuple(*components)
 
 
 def sum_node_list(node_list: List[Value]) -> Value:

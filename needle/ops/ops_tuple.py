@@ -1,7 +1,7 @@
 """Ops on TensorTuples: build one, pick a component, stack/split, a fused example op (hw4)."""
 from __future__ import annotations
 
-from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, _full
+from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, zero_adjoints
 from ..backend_selection import array_api
 
 
@@ -26,6 +26,8 @@ def make_tuple(*args) -> TensorTuple:
 class TupleGetItem(TensorOp):
     """Component ``index`` of a TensorTuple; the gradient sends zeros to every other component."""
 
+    selects_component = True  # the backward pass routes adjoints to component ``index``
+
     def __init__(self, index: int):
         self.index = index
 
@@ -42,18 +44,8 @@ class TupleGetItem(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         parts = node.inputs[0].realize_cached_data()
-        zeros = {}  # one zero constant per shape/dtype/device, shared by the other components
-        in_grad = []
-        for i, value in enumerate(parts):
-            if i == self.index:
-                in_grad.append(out_grad)
-                continue
-            key = (tuple(value.shape), str(value.dtype), str(value.device))
-            if key not in zeros:
-                zero = Tensor.make_const(_full(value.shape, 0.0, value.dtype, value.device))
-                zero._zero_adjoint = True  # lets TensorTuple.__add__ skip adding it
-                zeros[key] = zero
-            in_grad.append(zeros[key])
+        in_grad = zero_adjoints(parts)
+        in_grad[self.index] = out_grad
         return MakeTensorTuple()(*in_grad)
 
 
