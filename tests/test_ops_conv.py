@@ -96,6 +96,39 @@ def test_conv_second_order(device, stride, padding):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,stride,padding", [(3, 1, 1), (3, 2, 1), (2, 2, 0), (3, 3, 1)])
+def test_conv_weight_gradient_second_order(device, k, stride, padding):
+    """Differentiate the weight gradient with respect to the input and the output adjoint.
+
+    With L = Σ conv(x, w)·R, dL/dw is bilinear in (x, R) and Σ (dL/dw)·V = Σ conv(x, V)·R
+    exactly: its gradient in x is checked against finite differences of that forward
+    expression, and its gradient in R is conv(x, V) itself (against the direct loop).
+    """
+    rng = np.random.default_rng(5 * k + stride + padding)
+    dtype = backend_dtype()
+    x, w = rand((2, 7, 6, 2), rng), rand((k, k, 2, 3), rng)
+    xt, wt = tensor(x, device), tensor(w, device)
+    out = ndl.conv(xt, wt, stride=stride, padding=padding)
+    R = rng.standard_normal(out.shape).astype(dtype)
+    V = rng.standard_normal(w.shape).astype(dtype)
+    Rt = tensor(R, device)
+    (out * Rt).sum().backward(create_graph=True)
+    directional = (wt.grad * tensor(V, device, requires_grad=False)).sum()
+    xt.grad, Rt.grad = None, None
+    directional.backward()
+    tol = tolerances()
+    numeric = numerical_gradients(
+        lambda xv: ndl.conv(xv, tensor(V, device, requires_grad=False), stride=stride,
+                            padding=padding),
+        [x.astype(dtype)], device, R, tol["eps"])[0]
+    np.testing.assert_allclose(xt.grad.numpy(), numeric, rtol=tol["rtol"],
+                               atol=tol["atol"] * np.abs(numeric).max())
+    expected = conv_loop(x.astype(dtype), V, stride, padding)
+    np.testing.assert_allclose(Rt.grad.numpy(), expected, rtol=tol["rtol"],
+                               atol=tol["atol"] * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_conv_forward_is_one_strided_view_and_one_matmul(device, monkeypatch):
     """im2col: the forward pass calls as_strided once and a 2-D matmul once (no pixel loops)."""
     if ndl.BACKEND != "nd":

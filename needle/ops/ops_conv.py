@@ -144,41 +144,26 @@ class Conv(TensorOp):
         if H + 2 * p < KH or W + 2 * p < KW:
             raise ValueError(f"conv: kernel {KH}x{KW} is larger than the padded input "
                              f"{H + 2 * p}x{W + 2 * p}")
-        pads = ((0, 0), (p, p), (p, p), (0, 0))
-        if p:
-            A = A.pad(pads)
-        A = A.compact()
-        Hp, Wp = H + 2 * p, W + 2 * p
-        Ho, Wo = (Hp - KH) // s + 1, (Wp - KW) // s + 1
-        sn, sh, sw, sc = Hp * Wp * C, Wp * C, C, 1
-        cols = A.as_strided((N, Ho, Wo, KH, KW, C), (sn, sh * s, sw * s, sh, sw, sc))
-        cols = cols.compact().reshape((N * Ho * Wo, KH * KW * C))
+        cols, (Ho, Wo) = _im2col(A, KH, KW, s, p)
         out = cols @ B.compact().reshape((KH * KW * C, C_out))
-        return out.compact().reshape((N, Ho, Wo, C_out))
+        return out.reshape((N, Ho, Wo, C_out))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
         N, H, W, C_in = X.shape
         KH, KW, _, C_out = Wt.shape
         s, p = self.stride, self.padding
-        # Spread the adjoint back onto the stride-1 grid: (N, Ho·s, Wo·s, C_out), the last
-        # s - 1 rows/columns being zeros.
-        G = dilate(out_grad, (1, 2), s - 1) if s > 1 else out_grad
-
         # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
         # images the full convolution would be the most expensive product of a ResNet-9 step.
-        grad_X = self._input_gradient(G, Wt, (N, H, W, C_in)) if X.requires_grad else None
+        grad_X = None
+        if X.requires_grad:
+            G = dilate(out_grad, (1, 2), s - 1) if s > 1 else out_grad
+            grad_X = self._input_gradient(G, Wt, (N, H, W, C_in))
 
-        # dW: correlate the padded input with G, batch and channels exchanged:
-        # (C_in, Hp, Wp, N) * (Ho', Wo', N, C_out) -> (C_in, >=KH, >=KW, C_out).
-        Gc = G
-        if s > 1:  # drop G's trailing zeros so the result is not shorter than K
-            Gc = _PadCrop(((0, 0), (0, 1 - s), (0, 1 - s), (0, 0)))(G)
-        Xt = transpose(X, (0, 3))                            # (C_in, H, W, N)
-        Gt = transpose(transpose(Gc, (0, 1)), (1, 2))        # (Ho', Wo', N, C_out)
-        gW = conv(Xt, Gt, stride=1, padding=p)
-        gW = _crop(gW, (0, 0, 0, 0), (C_in, KH, KW, C_out))
-        grad_W = transpose(transpose(gW, (0, 1)), (1, 2))    # (KH, KW, C_in, C_out)
+        # dW[kh, kw, ci, co] = sum over (n, i, j) of Xpad[n, i·s+kh, j·s+kw, ci]·G[n, i, j, co]:
+        # one product of the forward pass's im2col matrix (transposed) with out_grad, at any
+        # stride (correlating with the dilated adjoint would multiply mostly zeros).
+        grad_W = ConvWeightGrad((KH, KW), s, p)(X, out_grad)
         return grad_X, grad_W
 
 
@@ -194,6 +179,58 @@ class Conv(TensorOp):
             full = conv(_PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
                         W_flip, stride=1, padding=0)
         return _crop(full, (0, p, p, 0), in_shape)
+
+
+def _im2col(A: NDArray, KH: int, KW: int, stride: int, padding: int):
+    """The patches of NHWC ``A`` (N, H, W, C) zero-padded by ``padding``: a compact
+    (N·H_out·W_out, KH·KW·C) array whose row (n, i, j) is the window at (i·stride, j·stride),
+    and (H_out, W_out). The padded input is viewed as (N, H_out, W_out, KH, KW, C) with
+    ``as_strided`` (no copy) and compacted once."""
+    N, H, W, C = A.shape
+    p, s = padding, stride
+    if p:
+        A = A.pad(((0, 0), (p, p), (p, p), (0, 0)))
+    A = A.compact()
+    Hp, Wp = H + 2 * p, W + 2 * p
+    Ho, Wo = (Hp - KH) // s + 1, (Wp - KW) // s + 1
+    sn, sh, sw = Hp * Wp * C, Wp * C, C
+    cols = A.as_strided((N, Ho, Wo, KH, KW, C), (sn, sh * s, sw * s, sh, sw, 1))
+    return cols.compact().reshape((N * Ho * Wo, KH * KW * C)), (Ho, Wo)
+
+
+class ConvWeightGrad(TensorOp):
+    """The weight adjoint of ``conv(X, W, stride, padding)`` for an output adjoint G.
+
+    X: (N, H, W, C_in) NHWC, G: (N, H_out, W_out, C_out) -> (KH, KW, C_in, C_out), computed as
+    im2col(X)ᵀ @ G in one product. Linear in each input: its own adjoints are the input
+    gradient of the convolution (for X) and the convolution itself (for G), so it is
+    differentiable again. Internal: the gradient of :class:`Conv`.
+    """
+
+    def __init__(self, kernel: tuple, stride: int, padding: int):
+        self.kernel = (int(kernel[0]), int(kernel[1]))
+        self.stride = int(stride)
+        self.padding = int(padding)
+
+    def compute(self, X: NDArray, G: NDArray):
+        KH, KW = self.kernel
+        C_in, C_out = X.shape[3], G.shape[3]
+        cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)
+        if (G.shape[1], G.shape[2]) != (Ho, Wo):
+            raise ValueError(f"conv weight gradient: adjoint {tuple(G.shape)} does not match "
+                             f"the output size {(Ho, Wo)}")
+        g = G.compact().reshape((cols.shape[0], C_out))
+        return (cols.permute((1, 0)) @ g).reshape((KH, KW, C_in, C_out))
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        X, G = node.inputs
+        conv_op = Conv(self.stride, self.padding)
+        s = self.stride
+        grad_X = None
+        if X.requires_grad:  # <V, im2col(X)ᵀ G> = <conv(X, V), G>: conv's input adjoint
+            Gs = dilate(G, (1, 2), s - 1) if s > 1 else G
+            grad_X = conv_op._input_gradient(Gs, out_grad, tuple(X.shape))
+        return grad_X, conv_op(X, out_grad)
 
 
 def _crop(x: Tensor, starts, lengths) -> Tensor:
