@@ -7,8 +7,8 @@
 //
 // The matrix product follows Goto/BLIS, with B packed whole up front:
 //   pack B, for every K panel pc (KC rows): NR-wide slivers, [k][NR] each
-//   for each task (MC rows of C, a group of B slivers):
-//     for pc in n by KC:          pack A (MC x KC) into MR-tall slivers, [k][MR] each
+//   for each task (a row block of at most MC rows of C, a group of B slivers):
+//     for pc in n by KC:          pack A (row block x KC) into MR-tall slivers, [k][MR] each
 //       for (jr, ir) slivers:     micro-kernel: an MR x NR block of C held in registers
 // Operands are read straight from strided views (a transposed operand is a swapped pair of
 // strides, a shared matrix a batch stride of 0); packing is the only copy. Products of at
@@ -107,6 +107,12 @@ inline void micro_kernel(idx_t kc, const float* __restrict__ A, const float* __r
   for (int r = 0; r < ROWS; ++r)
 #pragma GCC unroll 8
     for (int v = 0; v < COLV; ++v) c[r][v] = vec{};
+  // The block of C is read (or written) once at the end: fetch its lines meanwhile.
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) {
+    __builtin_prefetch(C + r * ldc, 1);
+    __builtin_prefetch(C + r * ldc + COLV * VW - 1, 1);
+  }
   for (idx_t k = 0; k < kc; ++k) {
     vec b[COLV];
 #pragma GCC unroll 8
@@ -193,13 +199,14 @@ inline void pack_b(const float* b, idx_t rs, idx_t cs, idx_t k0, idx_t kc, idx_t
 
 // ---- the blocked driver for one product -----------------------------------------------------
 // Work split: B is packed once, whole, in units of (KC rows, column group); C is computed in
-// tasks of (MC rows, column group), each packing its own A block. Items are numbered units
+// tasks of (row block, column group), each packing its own A block. Items are numbered units
 // first, then tasks, and threads claim them in that order; a task waits only for the B units
 // it reads (a ready flag each), so nothing waits for a thread that has not started.
 struct Plan {
   idx_t m, n, p;
-  idx_t nsl, npc, nrb, ncg;  // B slivers, K panels, row blocks, column groups
+  idx_t nsl, npc, nrb, ncg, nsa;  // B slivers, K panels, row blocks, column groups, A slivers
   idx_t sl_begin(idx_t g) const { return nsl * g / ncg; }
+  idx_t sa_begin(idx_t r) const { return nsa * r / nrb; }  // row blocks: even runs of slivers
   idx_t kc(idx_t pc) const { return std::min(KC, n - pc * KC); }
   idx_t units() const { return npc * ncg; }
   idx_t tasks() const { return nrb * ncg; }
@@ -228,11 +235,12 @@ inline void pack_unit(const Plan& P, const float* b, idx_t rs, idx_t cs, float* 
 
 inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C, float* Bp,
                      const std::atomic<int>* ready, idx_t t) {
+  const idx_t rb = t / P.ncg, g = t % P.ncg, ldc = P.p;
+  const idx_t s0 = P.sa_begin(rb), nsla = P.sa_begin(rb + 1) - s0;
+  const idx_t ic = s0 * MR, mc = std::min(P.m, (s0 + nsla) * MR) - ic;
   thread_local Scratch abuf;
-  float* Ap = abuf.get(size_t(MC * KC));
+  float* Ap = abuf.get(size_t(nsla * MR * KC));
   alignas(64) float tmp[MR * NR];
-  const idx_t ic = (t / P.ncg) * MC, g = t % P.ncg, ldc = P.p;
-  const idx_t mc = std::min(MC, P.m - ic), nsla = (mc + MR - 1) / MR;
   for (idx_t pc = 0; pc < P.npc; ++pc) {
     const idx_t kc = P.kc(pc);
     const bool acc = pc > 0;
@@ -268,10 +276,15 @@ inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float*
 void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, idx_t bcs,
                   float* C, idx_t m, idx_t n, idx_t p, const Runner& run, bool threaded) {
   const int nt = threaded ? run.threads : 1;
-  Plan P{m, n, p, (p + NR - 1) / NR, (n + KC - 1) / KC, (m + MC - 1) / MC, 1};
-  // About 8 tasks per thread, so that claiming them dynamically balances the threads: split
-  // the columns into groups when there are fewer row blocks (each group repacks its A blocks).
-  if (nt > 1) P.ncg = std::min(P.nsl, std::max<idx_t>(1, (8 * nt + P.nrb - 1) / P.nrb));
+  const idx_t nsa = (m + MR - 1) / MR;
+  Plan P{m, n, p, (p + NR - 1) / NR, (n + KC - 1) / KC, (nsa + MC / MR - 1) / (MC / MR), 1, nsa};
+  // Row blocks of at most MC rows, as many as a multiple of the thread count (each block packs
+  // its A panel once and the threads get equal shares); only when there are fewer slivers of A
+  // than threads are the columns split into groups too (each group repacks its A block).
+  if (nt > 1) {
+    P.nrb = std::min(nsa, (P.nrb + nt - 1) / nt * nt);
+    if (P.nrb < nt) P.ncg = std::min<idx_t>(P.nsl, (nt + P.nrb - 1) / P.nrb);
+  }
   thread_local Scratch bbuf;
   float* Bp = bbuf.get(size_t(P.npc * KC * P.nsl * NR));
   if (nt <= 1) {
