@@ -155,3 +155,37 @@ def test_conv_rejects_wrong_input_shape(device):
         f(ndl.init.rand(2, 4, 5, 5, device=device))
     with pytest.raises(ValueError, match="expects input"):
         f(ndl.init.rand(3, 5, 5, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_forward_nhwc_is_forward_channels_last(stride, device):
+    """forward_nhwc on (N, H, W, C) equals the direct loop's NCHW output moved channels-last."""
+    np.random.seed(4)
+    f = ndl.nn.Conv(3, 5, 3, stride=stride, device=device)
+    x = np.random.randn(2, 3, 7, 6).astype(np.float32)
+    out = f.forward_nhwc(ndl.Tensor(x.transpose(0, 2, 3, 1), device=device))
+    expected = conv_loop(x, f.weight.numpy(), f.bias.numpy(), stride).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"\(N, H, W, 3\).*\(2, 7, 6, 4\)"):
+        f.forward_nhwc(ndl.init.rand(2, 7, 6, 4, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm2d_forward_nhwc_normalises_each_channel(device):
+    """forward_nhwc on (N, H, W, C): per-channel batch statistics (numpy), affine parameters
+    applied, and the same values as forward on the NCHW layout."""
+    np.random.seed(5)
+    bn = ndl.nn.BatchNorm2d(3, device=device)
+    bn.weight.data = ndl.Tensor(np.array([1.0, 2.0, 0.5], np.float32), device=device)
+    bn.bias.data = ndl.Tensor(np.array([0.0, -1.0, 3.0], np.float32), device=device)
+    x = np.random.randn(2, 4, 5, 3).astype(np.float32)
+    out = bn.forward_nhwc(ndl.Tensor(x, device=device)).numpy()
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(axis=(0, 1, 2)), x64.var(axis=(0, 1, 2))
+    expected = (x64 - mean) / np.sqrt(var + bn.eps) * [1.0, 2.0, 0.5] + [0.0, -1.0, 3.0]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    nchw = bn(ndl.Tensor(x.transpose(0, 3, 1, 2), device=device)).numpy()
+    np.testing.assert_allclose(nchw.transpose(0, 2, 3, 1), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"\(N, H, W, 3\)"):
+        bn.forward_nhwc(ndl.init.rand(2, 3, 4, 5, device=device))

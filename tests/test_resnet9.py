@@ -67,6 +67,44 @@ def test_resnet9_directional_derivative(device):
     assert numeric == pytest.approx(analytic, rel=2e-2)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_resnet9_channels_last_matches_nchw_layers(device):
+    """ResNet9 runs its ConvBNs channels-last; switching them back to the NCHW layout (where
+    each Conv and BatchNorm2d moves channels itself) gives the same logits and gradients."""
+    np.random.seed(6)
+    model = ResNet9(device=device)
+    x = ndl.Tensor(np.random.randn(4, 3, 32, 32).astype(np.float32), device=device)
+    R = ndl.Tensor(np.random.randn(4, 10).astype(np.float32), device=device)
+    params = model.parameters()
+
+    def run(call):
+        for p in params:
+            p.grad = None
+        out = call()
+        (out * R).sum().backward()
+        return out.numpy(), [p.grad.numpy() for p in params]
+
+    out_cl, grads_cl = run(lambda: model(x))
+    convbns = [m for m in _modules(model) if isinstance(m, ConvBN)]
+    assert len(convbns) == 8 and all(m.channels_last for m in convbns)
+    for m in convbns:
+        m.channels_last = False
+    out_nchw, grads_nchw = run(lambda: model.model(x))  # Flatten of (N, 128, 1, 1) is (N, 128)
+    np.testing.assert_allclose(out_cl, out_nchw, rtol=1e-4, atol=1e-4)
+    for g_cl, g in zip(grads_cl, grads_nchw):
+        np.testing.assert_allclose(g_cl, g, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(g).max()))
+
+
+def _modules(module):
+    """``module`` and every module inside it, depth first."""
+    yield module
+    for value in vars(module).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, ndl.nn.Module):
+                yield from _modules(item)
+
+
 def test_resnet9_rejects_wrong_image_shape():
     with pytest.raises(ValueError, match=r"\(N, 3, 32, 32\).*\(2, 3, 28, 28\)"):
         ResNet9()(ndl.init.rand(2, 3, 28, 28))

@@ -10,15 +10,23 @@ __all__ = ["ConvBN", "ResNet9", "LanguageModel"]
 
 
 class ConvBN(ndl.nn.Module):
-    """Conv(a, b, k, stride=s) -> BatchNorm2d(b) -> ReLU; (N, a, H, W) -> (N, b, H', W')."""
+    """Conv(a, b, k, stride=s) -> BatchNorm2d(b) -> ReLU; (N, a, H, W) -> (N, b, H', W').
 
-    def __init__(self, a: int, b: int, k: int, s: int, device=None, dtype: str = "float32"):
+    With ``channels_last=True`` it maps (N, H, W, a) -> (N, H', W', b) instead (the same
+    parameters and values, no layout changes inside).
+    """
+
+    def __init__(self, a: int, b: int, k: int, s: int, device=None, dtype: str = "float32",
+                 channels_last: bool = False):
         super().__init__()
         self.conv = nn.Conv(a, b, k, stride=s, device=device, dtype=dtype)
         self.bn = nn.BatchNorm2d(b, device=device, dtype=dtype)
         self.relu = nn.ReLU()
+        self.channels_last = channels_last
 
     def forward(self, x: ndl.Tensor) -> ndl.Tensor:
+        if self.channels_last:
+            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
         return self.relu(self.bn(self.conv(x)))
 
 
@@ -28,6 +36,9 @@ class ResNet9(ndl.nn.Module):
     ConvBN(3,16,7,4), ConvBN(16,32,3,2), Residual(ConvBN(32,32,3,1), ConvBN(32,32,3,1)),
     ConvBN(32,64,3,2), ConvBN(64,128,3,2), Residual(ConvBN(128,128,3,1) x 2), Flatten,
     Linear(128,128), ReLU, Linear(128,10). The strides take 32x32 down to 1x1 before Flatten.
+    The images are moved channels-last once and the ConvBNs run in that layout (no layout
+    change per layer); at 1x1 Flatten gives the same (N, 128) in either layout, so
+    ``self.model`` takes (N, 32, 32, 3) input.
     """
 
     def __init__(self, device=None, dtype: str = "float32"):
@@ -35,14 +46,15 @@ class ResNet9(ndl.nn.Module):
         self.device = device
         self.dtype = dtype
         kw = dict(device=device, dtype=dtype)
+        cl = dict(kw, channels_last=True)
         self.model = nn.Sequential(
-            ConvBN(3, 16, 7, 4, **kw),
-            ConvBN(16, 32, 3, 2, **kw),
-            nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **kw), ConvBN(32, 32, 3, 1, **kw))),
-            ConvBN(32, 64, 3, 2, **kw),
-            ConvBN(64, 128, 3, 2, **kw),
-            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **kw),
-                                      ConvBN(128, 128, 3, 1, **kw))),
+            ConvBN(3, 16, 7, 4, **cl),
+            ConvBN(16, 32, 3, 2, **cl),
+            nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **cl), ConvBN(32, 32, 3, 1, **cl))),
+            ConvBN(32, 64, 3, 2, **cl),
+            ConvBN(64, 128, 3, 2, **cl),
+            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **cl),
+                                      ConvBN(128, 128, 3, 1, **cl))),
             nn.Flatten(),
             nn.Linear(128, 128, **kw),
             nn.ReLU(),
@@ -54,4 +66,4 @@ class ResNet9(ndl.nn.Module):
         if len(x.shape) != 4 or tuple(x.shape[1:]) != (3, 32, 32):
             raise ValueError(f"ResNet9 expects images of shape (N, 3, 32, 32), "
                              f"got {tuple(x.shape)}")
-        return self.model(x)
+        return self.model(x.transpose((1, 2)).transpose((2, 3)))

@@ -313,10 +313,18 @@ class BatchNorm2d(BatchNorm1d):
         if len(x.shape) != 4 or x.shape[1] != self.dim:
             raise ValueError(f"BatchNorm2d expects input of shape (N, {self.dim}, H, W), "
                              f"got {x.shape}")
-        n, c, h, w = x.shape
-        flat = x.transpose((1, 2)).transpose((2, 3)).reshape((n * h * w, c))
-        y = super().forward(flat).reshape((n, h, w, c))
+        y = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
         return y.transpose((2, 3)).transpose((1, 2))
+
+    def forward_nhwc(self, x: Tensor) -> Tensor:
+        """Normalise channels-last ``x`` (N, H, W, C) per channel; returns (N, H, W, C).
+
+        The same map as :meth:`forward` without its two layout changes."""
+        if len(x.shape) != 4 or x.shape[3] != self.dim:
+            raise ValueError(f"BatchNorm2d.forward_nhwc expects input of shape "
+                             f"(N, H, W, {self.dim}), got {x.shape}")
+        n, h, w, c = x.shape
+        return super().forward(x.reshape((n * h * w, c))).reshape((n, h, w, c))
 
 
 class LayerNorm1d(Module):

@@ -57,8 +57,19 @@ class Conv(Module):
         if len(x.shape) != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"Conv({self.in_channels}, {self.out_channels}) expects input of "
                              f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
-        nhwc = x.transpose((1, 2)).transpose((2, 3))
-        out = ops.conv(nhwc, self.weight, stride=self.stride, padding=self.padding)
+        out = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
+        return out.transpose((2, 3)).transpose((1, 2))
+
+    def forward_nhwc(self, x: Tensor) -> Tensor:
+        """Convolve channels-last ``x`` (N, H, W, C_in); returns (N, H_out, W_out, C_out).
+
+        The same map as :meth:`forward` without its two layout changes, for networks that
+        keep their activations channels-last throughout."""
+        if len(x.shape) != 4 or x.shape[3] != self.in_channels:
+            raise ValueError(f"Conv({self.in_channels}, {self.out_channels}).forward_nhwc "
+                             f"expects input of shape (N, H, W, {self.in_channels}), "
+                             f"got {tuple(x.shape)}")
+        out = ops.conv(x, self.weight, stride=self.stride, padding=self.padding)
         if self.bias is not None:
             out = out + self.bias.reshape((1, 1, 1, self.out_channels)).broadcast_to(out.shape)
-        return out.transpose((2, 3)).transpose((1, 2))
+        return out
