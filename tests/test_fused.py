@@ -561,14 +561,20 @@ def test_lstm_gradient_through_time_matches_the_unfused_composition(device):
 
     for p in model.parameters():
         p.grad = None
-    original = nn.LSTMCell._step
-    try:  # the same model, its step written with the course's ops
-        nn.LSTMCell._step = lambda cell, xw, state: unfused_lstm(xw + state[0] @ cell.W_hh,
-                                                                 state[1])
-        out, (h_n, c_n) = model(float32_tensor(x, device))
-        (out.sum() + c_n.sum() * 0.5).backward()
-    finally:
-        nn.LSTMCell._step = original
+    # the same model run step by step, each step written with the course's ops
+    layer_input, h_n, c_n = float32_tensor(x, device), [], []
+    for cell in model.lstm_cells:
+        h = c = ndl.init.zeros(2, 4, device=device)
+        outputs = []
+        for x_t in ndl.split(layer_input, 0):
+            h, c = unfused_lstm(x_t @ cell.W_ih + cell.bias_ih.reshape((1, 16)).broadcast_to(
+                (2, 16)) + cell.bias_hh.reshape((1, 16)).broadcast_to((2, 16)) + h @ cell.W_hh, c)
+            outputs.append(h)
+        h_n.append(h)
+        c_n.append(c)
+        layer_input = ndl.stack(outputs, 0)
+    out, h_n, c_n = layer_input, ndl.stack(h_n, 0), ndl.stack(c_n, 0)
+    (out.sum() + c_n.sum() * 0.5).backward()
     for a, b in zip(values, (out.numpy(), h_n.numpy(), c_n.numpy())):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for a, p in zip(fused_grads, model.parameters()):
@@ -576,7 +582,7 @@ def test_lstm_gradient_through_time_matches_the_unfused_composition(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("which", ["softmax", "layernorm", "batchnorm", "lstm"])
+@pytest.mark.parametrize("which", ["softmax", "layernorm", "batchnorm", "lstm", "lstm_layer"])
 def test_second_derivative_of_a_fused_op_raises(device, which):
     rng = np.random.default_rng(9)
     x = float32_tensor(rng.standard_normal((3, 4)), device)
@@ -586,6 +592,10 @@ def test_second_derivative_of_a_fused_op_raises(device, which):
         out = ops_fused.softmax_cross_entropy(x, ndl.Tensor([0.0, 1.0, 3.0], device=device))
     elif which == "lstm":
         out = ops_fused.lstm_cell_step(x, float32_tensor(rng.standard_normal((3, 1)), device))[0]
+    elif which == "lstm_layer":
+        state = float32_tensor(rng.standard_normal((3, 1)), device)
+        w_hh = float32_tensor(rng.standard_normal((1, 4)), device)
+        out = ops_fused.lstm_layer(x.reshape((1, 3, 4)), state, state, w_hh)[0]
     else:
         out = getattr(ops_fused, which + "_rows" if which == "layernorm" else which +
                       "_columns")(x, w, b, 1e-5)

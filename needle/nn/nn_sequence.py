@@ -246,15 +246,12 @@ class LSTM(Module):
             states = list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
         layer_input = X.reshape((seq_len * bs, self.input_size))
         h_n, c_n = [], []
-        for cell, state in zip(self.lstm_cells, states):
+        for cell, (h_0, c_0) in zip(self.lstm_cells, states):
             xw = _input_projection(cell, layer_input).reshape((seq_len, bs, 4 * H))
-            outputs = []
-            for xw_t in _unpack(ops.split(xw, 0)):
-                state = cell._step(xw_t, state)
-                outputs.append(state[0])
-            h_n.append(state[0])
-            c_n.append(state[1])
-            output = ops.stack(outputs, 0)
+            # the T steps of cell._step as one op (one graph node; one dW_hh product backward)
+            output, h_t, c_t = ops_fused.lstm_layer(xw, h_0, c_0, cell.W_hh)
+            h_n.append(h_t)
+            c_n.append(c_t)
             layer_input = output.reshape((seq_len * bs, H))
         return output, (ops.stack(h_n, 0), ops.stack(c_n, 0))
 

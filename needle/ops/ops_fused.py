@@ -1,5 +1,6 @@
 """Fused ops: softmax cross-entropy, layer norm, batch norm (training statistics) and the LSTM
-cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.).
+cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.), and a
+whole LSTM layer over a sequence (one graph node; its backward makes one W_hh product).
 
 They compute exactly what the course's compositions of small ops compute (the tests compare
 both, values and gradients) with far fewer graph nodes and array passes per training step.
@@ -15,7 +16,8 @@ from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
 from ..backend_selection import array_api
 
 __all__ = ["SoftmaxCrossEntropy", "softmax_cross_entropy", "LayerNormRows", "layernorm_rows",
-           "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step"]
+           "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step",
+           "LSTMLayer", "lstm_layer"]
 
 
 class _BackwardOp:
@@ -184,3 +186,79 @@ def lstm_cell_step(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
     """One LSTM step: (h, c), each (B, H), from ``gates`` (B, 4H) and ``c_prev`` (B, H)."""
     out = LSTMCellStep()(gates, c_prev)
     return out[0], out[1]
+
+
+# ---- LSTM layer over a sequence -----------------------------------------------------------------
+def _step(a, t: int):
+    """Time step ``t`` of ``a`` (T, ...) as a compact array of shape a.shape[1:]."""
+    return a[t:t + 1].compact().reshape(tuple(a.shape[1:]))
+
+
+def _put(out, t: int, value) -> None:
+    """out[t] = value, for out (T, ...) and value of shape out.shape[1:]."""
+    out[t:t + 1] = value.compact().reshape((1,) + tuple(value.shape))
+
+
+class LSTMLayer(TensorTupleOp):
+    """One LSTM layer run over a sequence, as one op: inputs ``xw`` (T, B, 4H), the input
+    projections X_t W_ih + biases of every step, ``h0``, ``c0`` (B, H) and ``W_hh`` (H, 4H);
+    output the tuple (hidden states (T, B, H), h_T, c_T). Step t is exactly LSTMCell's:
+    gates = xw[t] + h_{t-1} W_hh, then :class:`LSTMCellStep`'s kernel.
+
+    Its backward runs the steps in reverse and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one
+    product of the stacked states, instead of T small products and T-1 additions."""
+
+    def __init__(self):
+        self.saved = self.out = None
+
+    def compute(self, xw, h0, c0, w_hh):
+        steps, batch, four = xw.shape
+        out = array_api.empty((steps, batch, four // 4), dtype=xw.dtype, device=xw.device)
+        h, c, saved = h0, c0, []
+        for t in range(steps):
+            c_prev = c
+            h, c, act, tanh_c = array_api.lstm_cell_fwd(_step(xw, t) + h @ w_hh, c_prev)
+            saved.append((act, c_prev, tanh_c))
+            _put(out, t, h)
+        self.saved, self.out = saved, out
+        return out, h, c
+
+    def gradient(self, out_grad: TensorTuple, node: TensorTuple):
+        grads = LSTMLayerBackward(self)(out_grad, *node.inputs)
+        return tuple(grads[k] for k in range(4))
+
+
+class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
+    """(d xw, d h0, d c0, d W_hh) of :class:`LSTMLayer`; inputs (the tuple adjoint (d output,
+    d h_T, d c_T), xw, h0, c0, W_hh)."""
+
+    forward_name = "lstm_layer"
+
+    def __init__(self, forward: LSTMLayer):
+        self.forward = forward
+
+    def compute(self, adjoint, xw, h0, _c0, w_hh):
+        d_out, dh, dc = adjoint
+        saved, out = self.forward.saved, self.forward.out
+        steps, batch, hidden = out.shape
+        dxw = array_api.empty(tuple(xw.shape), dtype=xw.dtype, device=xw.device)
+        w_hh_t = w_hh.permute((1, 0))
+        for t in reversed(range(steps)):
+            act, c_prev, tanh_c = saved[t]
+            dgates, dc = array_api.lstm_cell_bwd(dh + _step(d_out, t), dc, act, c_prev, tanh_c)
+            _put(dxw, t, dgates)
+            dh = dgates @ w_hh_t
+        h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
+        _put(h_prev, 0, h0)
+        if steps > 1:
+            h_prev[1:] = out[:steps - 1]
+        d_w = (h_prev.reshape((steps * batch, hidden)).permute((1, 0))
+               @ dxw.reshape((steps * batch, 4 * hidden)))
+        return dxw, dh, dc, d_w
+
+
+def lstm_layer(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """An LSTM layer over a sequence: (output (T, B, H), h_T, c_T) from the input projections
+    ``xw`` (T, B, 4H), the initial state ``h0``, ``c0`` (B, H) and ``w_hh`` (H, 4H)."""
+    out = LSTMLayer()(xw, h0, c0, w_hh)
+    return out[0], out[1], out[2]
