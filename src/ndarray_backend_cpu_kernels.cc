@@ -95,6 +95,8 @@ struct Scratch {
   }
   ~Scratch() { std::free(p); }
 };
+// B slivers of one column group: a KC-deep panel of them fills 1 MiB (half a 2 MiB L2).
+constexpr idx_t kPanelSlivers = std::max<idx_t>(1, (idx_t(1) << 20) / (KC * NR * idx_t(sizeof(float))));
 // Packed-B buffers up to this many elements (16 MiB) stay allocated for the next product.
 constexpr size_t kKeepPacked = size_t(1) << 22;
 
@@ -235,7 +237,7 @@ inline void pack_unit(const Plan& P, const float* b, idx_t rs, idx_t cs, float* 
 
 inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C, float* Bp,
                      const std::atomic<int>* ready, idx_t t) {
-  const idx_t rb = t / P.ncg, g = t % P.ncg, ldc = P.p;
+  const idx_t rb = t % P.nrb, g = t / P.nrb, ldc = P.p;  // consecutive tasks share B columns
   const idx_t s0 = P.sa_begin(rb), nsla = P.sa_begin(rb + 1) - s0;
   const idx_t ic = s0 * MR, mc = std::min(P.m, (s0 + nsla) * MR) - ic;
   thread_local Scratch abuf;
@@ -285,6 +287,9 @@ void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t br
     P.nrb = std::min(nsa, (P.nrb + nt - 1) / nt * nt);
     if (P.nrb < nt) P.ncg = std::min<idx_t>(P.nsl, (nt + P.nrb - 1) / P.nrb);
   }
+  // Column groups narrow enough that a task's K panel of B stays in L2 while its A slivers
+  // pass over it (each sliver of B is read once per A sliver; from L3 that is the bottleneck).
+  P.ncg = std::max(P.ncg, (P.nsl + kPanelSlivers - 1) / kPanelSlivers);
   thread_local Scratch bbuf;
   float* Bp = bbuf.get(size_t(P.npc * KC * P.nsl * NR));
   if (nt <= 1) {
