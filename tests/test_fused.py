@@ -465,6 +465,33 @@ def test_softmax_loss_matches_the_unfused_composition(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_softmax_last_axis_matches_numpy_finite_differences_and_twice(device):
+    rng = np.random.default_rng(4)
+    z = rng.standard_normal((2, 3, 5)) * 3
+    z[0, 1, 2] = -np.finfo(np.float32).max  # a masked logit (the causal mask) gets weight 0
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    out = ops_fused.softmax_last_axis(float32_tensor(z, device))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(axis=-1, keepdims=True), rtol=1e-5,
+                               atol=1e-7)
+    check_gradients(ops_fused.softmax_last_axis, rng.standard_normal((3, 4)), device=device)
+    # its gradient is built from needle ops: d/dz Σ_j (∂/∂z_j Σ w·softmax(z)) by differences
+    w = rng.standard_normal((1, 4))
+    x = rng.standard_normal((1, 4))
+
+    def first(v):
+        s = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
+        return (s * (w - (w * s).sum())).sum()
+    zt = float32_tensor(x, device)
+    (ops_fused.softmax_last_axis(zt) * float32_tensor(w, device)).sum().backward(
+        create_graph=True)
+    grad = zt.grad
+    zt.grad = None
+    grad.sum().backward()
+    np.testing.assert_allclose(zt.grad.numpy(), central_difference(first, x), rtol=2e-3,
+                               atol=2e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_softmax_loss_with_minus_inf_logit(device):
     # the course's logits·one_hot gives -inf·0 = NaN here; PyTorch gives 1.3133
     z = float32_tensor([[-np.inf, 0.0, 1.0]], device)

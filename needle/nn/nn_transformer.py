@@ -14,6 +14,7 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
+from needle.ops import ops_fused
 
 from .nn_basic import Dropout, LayerNorm1d, Linear, Module, ReLU, Sequential
 from .nn_sequence import Embedding
@@ -26,6 +27,11 @@ def _check_tensor(x, ndim: int, what: str, layout: str) -> None:
         raise TypeError(f"{what} expects a needle Tensor, got {type(x).__name__}")
     if len(x.shape) != ndim:
         raise ValueError(f"{what} expects a {ndim}-D input {layout}, got shape {tuple(x.shape)}")
+
+
+def _dropout(module: Dropout, x: Tensor) -> Tensor:
+    """``module(x)``, skipped when its p is 0 (the mask is all ones then: the result is x)."""
+    return x if module.p == 0 else module(x)
 
 
 class MultiHeadAttention(Module):
@@ -56,14 +62,9 @@ class MultiHeadAttention(Module):
         return ops.matmul(a, ops.transpose(b_transpose))
 
     def softmax(self, logit: Tensor) -> Tensor:
-        """Softmax over the last axis, shifted by the (constant) row max for stability."""
-        max_val = Tensor(logit.realize_cached_data().max(axis=len(logit.shape) - 1),
-                         device=logit.device, dtype=logit.dtype, requires_grad=False)
-        max_val = max_val.reshape((*logit.shape[:-1], 1)).broadcast_to(logit.shape)
-        probs = ops.exp(logit - max_val)
-        denom = probs.sum(axes=len(logit.shape) - 1)
-        denom = denom.reshape((*logit.shape[:-1], 1)).broadcast_to(logit.shape)
-        return probs / denom
+        """Softmax over the last axis, shifted by the (constant) row max for stability (one op,
+        ``ops_fused.softmax_last_axis``)."""
+        return ops_fused.softmax_last_axis(logit)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         """q (B, H, Tq, D), k and v (B, H, Tk, D) → (result (B, H, Tq, D), probs (B, H, Tq, Tk)).
@@ -84,7 +85,7 @@ class MultiHeadAttention(Module):
         if self.causal:
             mask = self.create_causal_mask(queries_len, keys_values_len, q.device)
             logits = logits + mask.broadcast_to(logits.shape)
-        probs = self.dropout(self.softmax(logits))
+        probs = _dropout(self.dropout, self.softmax(logits))
         result = ops.matmul(probs, v)
         return result, probs
 
@@ -187,10 +188,10 @@ class TransformerLayer(Module):
         """x (batch_size, seq_len, q_features) → same shape."""
         _check_tensor(x, 3, "TransformerLayer", "(batch, seq_len, features)")
         b, t, f = x.shape
-        x = x + self.dropout(self.attn(x))
+        x = x + _dropout(self.dropout, self.attn(x))
         y = self.layernorm(x.reshape((b * t, f)))
-        y = self.linear2(self.dropout(self.relu(self.linear1(y))))
-        return x + self.dropout(y.reshape((b, t, f)))
+        y = self.linear2(_dropout(self.dropout, self.relu(self.linear1(y))))
+        return x + _dropout(self.dropout, y.reshape((b, t, f)))
 
 
 class Transformer(Module):
