@@ -349,6 +349,77 @@ void gemm_direct(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs
     }
 }
 
+// ---- one-thread products of rows-contiguous operands: the micro-kernel reads them in place --
+// C[ROWS x COLV*VW] = A[rows x n] @ B[n x COLV*VW], A(r, k) = A[r * ars + k], B(k, c) =
+// B[k * brs + c]. Rows at or past mr repeat row mr - 1 (their results are not used).
+template <int ROWS, int COLV>
+inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const float* B,
+                            idx_t brs, float* C, idx_t ldc) {
+  const float* ar[ROWS];
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) ar[r] = A + std::min<idx_t>(r, mr - 1) * ars;
+  vec c[ROWS][COLV];
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) c[r][v] = vec{};
+  for (idx_t k = 0; k < n; ++k) {
+    vec b[COLV];
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) b[v] = load(B + k * brs + v * VW);
+#pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r) {
+      const vec a = splat(ar[r][k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < COLV; ++v) c[r][v] += a * b[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
+}
+
+// C (m x p, compact) = A (m x n) @ B (n x p), rows of both contiguous, on one thread without
+// packing (small products, where packing would cost a third of the time): the last, narrow
+// sliver of B alone is copied, zero-padded to NR columns.
+void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t m,
+                   idx_t n, idx_t p) {
+  constexpr int R1 = MR / 3, R2 = 2 * MR / 3, C1 = NV / 2;
+  thread_local Scratch ebuf;
+  alignas(64) float tmp[MR * NR];
+  for (idx_t j = 0; j < p; j += NR) {
+    const idx_t nr = std::min<idx_t>(NR, p - j);
+    const float* bs = b + j;
+    idx_t bstride = brs;
+    if (nr < NR) {
+      float* e = ebuf.get(size_t(n * NR));
+      pack_b(b, brs, 1, 0, n, j, nr, e);
+      bs = e;
+      bstride = NR;
+    }
+    for (idx_t i = 0; i < m; i += MR) {
+      const idx_t mr = std::min<idx_t>(MR, m - i);
+      const float* ai = a + i * ars;
+      if (mr == MR && nr == NR) {
+        unpacked_kernel<MR, NV>(n, ai, ars, mr, bs, bstride, C + i * p + j, p);
+        continue;
+      }
+      if (nr <= C1 * VW) {
+        if (mr <= R1) unpacked_kernel<R1, C1>(n, ai, ars, mr, bs, bstride, tmp, NR);
+        else if (mr <= R2) unpacked_kernel<R2, C1>(n, ai, ars, mr, bs, bstride, tmp, NR);
+        else unpacked_kernel<MR, C1>(n, ai, ars, mr, bs, bstride, tmp, NR);
+      } else {
+        if (mr <= R1) unpacked_kernel<R1, NV>(n, ai, ars, mr, bs, bstride, tmp, NR);
+        else if (mr <= R2) unpacked_kernel<R2, NV>(n, ai, ars, mr, bs, bstride, tmp, NR);
+        else unpacked_kernel<MR, NV>(n, ai, ars, mr, bs, bstride, tmp, NR);
+      }
+      for (idx_t r = 0; r < mr; ++r) std::memcpy(C + (i + r) * p + j, tmp + r * NR, nr * sizeof(float));
+    }
+  }
+  ebuf.trim(kKeepPacked);
+}
+
 // C (1 x p) = a (1 x n) @ B (n x p), B rows contiguous; threads split the columns.
 void gemv_row(const float* a, idx_t acs, const float* b, idx_t brs, float* C, idx_t n, idx_t p,
               const Runner& run, bool threaded) {
@@ -407,6 +478,8 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   const bool threaded = may_thread && run.threads > 1 && flops >= kGemmParallelFlops;
   if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
+  if (!threaded && acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
+    return gemm_unpacked(a, ars, b, brs, C, m, n, p);
   gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
 }
 

@@ -86,11 +86,13 @@ def test_matmul_strided_layouts(mod, size):
 
 
 def test_matmul_threads_and_batches(mod):
-    """Products large enough to use the thread pool, and batches of small products that run
-    one product per thread, agree with numpy."""
+    """Products large enough to use the thread pool (including wide ones whose columns are
+    split into groups, and ones with fewer row slivers than threads), and batches of small
+    products that run one product per thread, agree with numpy."""
     rng = np.random.default_rng(7)
     for batch, m, n, p in [(1, 300, 400, 500), (300, 20, 20, 20), (4, 130, 140, 150),
-                           (1, 1, 3000, 2000), (1, 2000, 3000, 1)]:
+                           (1, 1, 3000, 2000), (1, 2000, 3000, 1), (1, 5, 400, 1100),
+                           (1, 30, 300, 2100)]:
         a = rng.standard_normal(batch * m * n).astype(np.float32)
         b = rng.standard_normal(batch * n * p).astype(np.float32)
         got, expected = strided_product(mod, a, (m * n, n, 1), 0, b, (n * p, p, 1), 0,
@@ -139,7 +141,9 @@ ISA_SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     worst = 0.0
     for batch, m, n, p, ta, tb in [(1, 37, 71, 53, False, True), (3, 50, 300, 41, True, False),
-                                   (2, 130, 257, 70, True, True), (1, 8, 8, 8, False, False)]:
+                                   (2, 130, 257, 70, True, True), (1, 8, 8, 8, False, False),
+                                   (1, 13, 300, 1100, False, False),
+                                   (1, 25, 60, 70, False, False)]:
         A = rng.standard_normal((batch, m, n)).astype(np.float32)
         B = rng.standard_normal((batch, n, p)).astype(np.float32)
         a = np.ascontiguousarray(A.transpose(0, 2, 1) if ta else A).ravel()
