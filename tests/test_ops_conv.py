@@ -67,12 +67,13 @@ def test_conv_defaults_are_the_courses(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (2, 0)])
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (2, 0), (3, 2)])
 def test_conv_second_order(device, stride, padding):
-    """Differentiate the input gradient with respect to the weight.
+    """Differentiate the input gradient with respect to the weight and the output adjoint.
 
     L(x, w) = Σ conv(x, w)·R is linear in x, so Σ (dL/dx)·S = Σ conv(S, w)·R exactly: its
-    gradient in w is checked against finite differences of that forward expression.
+    gradient in w is checked against finite differences of that forward expression, and its
+    gradient in R is conv(S, w) itself (against the direct loop).
     """
     rng = np.random.default_rng(11 + stride + padding)
     dtype = backend_dtype()
@@ -81,11 +82,15 @@ def test_conv_second_order(device, stride, padding):
     out = ndl.conv(xt, wt, stride=stride, padding=padding)
     R = rng.standard_normal(out.shape)
     S = rng.standard_normal(x.shape)
-    out.backward(tensor(R, device, requires_grad=False), create_graph=True)
+    Rt = tensor(R, device)
+    (out * Rt).sum().backward(create_graph=True)
     directional = (xt.grad * tensor(S, device, requires_grad=False)).sum()
-    wt.grad = None
+    wt.grad, Rt.grad = None, None
     directional.backward()
     tol = tolerances()
+    expected = conv_loop(S.astype(dtype), w.astype(dtype), stride, padding)
+    np.testing.assert_allclose(Rt.grad.numpy(), expected, rtol=tol["rtol"],
+                               atol=tol["atol"] * np.abs(expected).max())
     Sd = S.astype(dtype)
     numeric = numerical_gradients(
         lambda wv: ndl.conv(tensor(Sd, device, requires_grad=False), wv, stride=stride,

@@ -155,10 +155,7 @@ class Conv(TensorOp):
         s, p = self.stride, self.padding
         # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
         # images the full convolution would be the most expensive product of a ResNet-9 step.
-        grad_X = None
-        if X.requires_grad:
-            G = dilate(out_grad, (1, 2), s - 1) if s > 1 else out_grad
-            grad_X = self._input_gradient(G, Wt, (N, H, W, C_in))
+        grad_X = self._input_gradient(out_grad, Wt, (N, H, W, C_in)) if X.requires_grad else None
 
         # dW[kh, kw, ci, co] = sum over (n, i, j) of Xpad[n, i·s+kh, j·s+kw, ci]·G[n, i, j, co]:
         # one product of the forward pass's im2col matrix (transposed) with out_grad, at any
@@ -168,11 +165,14 @@ class Conv(TensorOp):
 
 
     def _input_gradient(self, G: Tensor, Wt: Tensor, in_shape) -> Tensor:
-        """dX: full convolution of G with the flipped kernel (channels swapped), then the
-        padding p (and any trailing rows the strided forward pass never reached) cropped."""
+        """dX for the output adjoint G. Stride 1: full convolution of G with the flipped kernel
+        (channels swapped), the padding p cropped. Larger strides: :class:`ConvInputGrad`
+        (convolving the dilated G would multiply mostly zeros)."""
         KH, KW = Wt.shape[0], Wt.shape[1]
         p = self.padding
-        W_flip = transpose(flip(Wt, (0, 1)), (2, 3))  # (KH, KW, C_out, C_in)
+        if self.stride > 1:
+            return ConvInputGrad((in_shape[1], in_shape[2]), self.stride, p)(G, Wt)
+        W_flip = flip(transpose(Wt, (2, 3)), (0, 1))  # (KH, KW, C_out, C_in), one copy
         if KH == KW:
             full = conv(G, W_flip, stride=1, padding=KH - 1)
         else:  # non-square kernels only arise when differentiating a weight gradient
@@ -225,12 +225,56 @@ class ConvWeightGrad(TensorOp):
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, G = node.inputs
         conv_op = Conv(self.stride, self.padding)
-        s = self.stride
         grad_X = None
         if X.requires_grad:  # <V, im2col(X)ᵀ G> = <conv(X, V), G>: conv's input adjoint
-            Gs = dilate(G, (1, 2), s - 1) if s > 1 else G
-            grad_X = conv_op._input_gradient(Gs, out_grad, tuple(X.shape))
+            grad_X = conv_op._input_gradient(G, out_grad, tuple(X.shape))
         return grad_X, conv_op(X, out_grad)
+
+
+class ConvInputGrad(TensorOp):
+    """The input adjoint of ``conv(X, W, stride, padding)`` for an output adjoint G.
+
+    G: (N, H_out, W_out, C_out), W: (KH, KW, C_in, C_out) -> (N, H, W, C_in) for the input
+    size ``in_hw`` = (H, W): the patches' adjoints G @ Wᵀ (one product) are added back
+    into the zero-padded input at each of the KH·KW kernel offsets (col2im), then the padding
+    is cropped. Linear in each input: its adjoints are the convolution (for G) and
+    :class:`ConvWeightGrad` (for W), so it is differentiable again. Internal: the gradient
+    of :class:`Conv` at strides above 1.
+    """
+
+    def __init__(self, in_hw: tuple, stride: int, padding: int):
+        self.in_hw = (int(in_hw[0]), int(in_hw[1]))
+        self.stride = int(stride)
+        self.padding = int(padding)
+
+    def compute(self, G: NDArray, W: NDArray):
+        N, Ho, Wo, C_out = G.shape
+        KH, KW, C_in, _ = W.shape
+        (H, Wd), s, p = self.in_hw, self.stride, self.padding
+        Hp, Wp = H + 2 * p, Wd + 2 * p
+        if ((Hp - KH) // s + 1, (Wp - KW) // s + 1) != (Ho, Wo):
+            raise ValueError(f"conv input gradient: adjoint {tuple(G.shape)} does not match "
+                             f"input size {(H, Wd)} with kernel {(KH, KW)}")
+        cols = (G.compact().reshape((N * Ho * Wo, C_out))
+                @ W.compact().reshape((KH * KW * C_in, C_out)).permute((1, 0)))
+        cols = cols.reshape((N, Ho, Wo, KH, KW, C_in))
+        # Both the padded input and the patches carry (size-1) kernel axes, so each offset's
+        # update is a same-shape strided add on every backend.
+        out = array_api.full((N, Hp, Wp, 1, 1, C_in), 0.0, dtype=G.dtype, device=G.device)
+        for kh in range(KH):
+            for kw in range(KW):
+                window = (slice(None), slice(kh, kh + s * (Ho - 1) + 1, s),
+                          slice(kw, kw + s * (Wo - 1) + 1, s))
+                out[window] = out[window] + cols[:, :, :, kh:kh + 1, kw:kw + 1, :]
+        out = out.reshape((N, Hp, Wp, C_in))
+        return out[:, p:p + H, p:p + Wd, :].compact() if p else out
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        G, W = node.inputs
+        # <V, dX(G, W)> = <conv(V, W), G>
+        grad_G = conv(out_grad, W, stride=self.stride, padding=self.padding)
+        grad_W = ConvWeightGrad((W.shape[0], W.shape[1]), self.stride, self.padding)(out_grad, G)
+        return grad_G, grad_W
 
 
 def _crop(x: Tensor, starts, lengths) -> Tensor:
