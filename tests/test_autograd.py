@@ -484,3 +484,19 @@ def test_check_gradients_through_an_expression_with_reuse(device):
         return ndl.logsoftmax(h * h + h) * ndl.broadcast_to(ndl.summation(a, (1,)).reshape((3, 1)), (3, 2))
 
     check_gradients(f, rand((3, 4), rng), rand((4, 2), rng), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_gives_no_adjoint_to_an_input_that_needs_none(device):
+    # a constant operand (a one-hot matrix, a data batch) gets None instead of a full product
+    rng = np.random.default_rng(5)
+    x_np, w_np, g_np = (rng.standard_normal(s) for s in ((4, 3), (3, 2), (4, 2)))
+    x = tensor(x_np, device, requires_grad=False)
+    w = tensor(w_np, device)
+    out = x @ w
+    ga, gb = out.op.gradient_as_tuple(tensor(g_np, device, requires_grad=False), out)
+    assert ga is None
+    np.testing.assert_allclose(gb.numpy(), x_np.T @ g_np, rtol=1e-5, atol=1e-6)
+    out.backward(tensor(g_np, device, requires_grad=False))
+    assert x.grad is None
+    np.testing.assert_allclose(w.grad.numpy(), x_np.T @ g_np, rtol=1e-5, atol=1e-6)

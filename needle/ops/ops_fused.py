@@ -242,7 +242,8 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
         saved, out = self.forward.saved, self.forward.out
         steps, batch, hidden = out.shape
         dxw = array_api.empty(tuple(xw.shape), dtype=xw.dtype, device=xw.device)
-        w_hh_t = w_hh.permute((1, 0))
+        # compacted once: small products with a transposed (strided) operand are slower
+        w_hh_t = w_hh.permute((1, 0)).compact()
         for t in reversed(range(steps)):
             act, c_prev, tanh_c = saved[t]
             dgates, dc = array_api.lstm_cell_bwd(dh + _step(d_out, t), dc, act, c_prev, tanh_c)

@@ -449,8 +449,11 @@ class MatMul(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
-        return _binary_adjoints(matmul(out_grad, transpose(b)), matmul(transpose(a), out_grad),
-                                node)
+        # An input that needs no gradient (a one-hot matrix, a data batch) gets None, which
+        # backward skips: its adjoint would be a full product computed for nothing.
+        ga = _sum_to_shape(matmul(out_grad, transpose(b)), a.shape) if a.requires_grad else None
+        gb = _sum_to_shape(matmul(transpose(a), out_grad), b.shape) if b.requires_grad else None
+        return ga, gb
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
