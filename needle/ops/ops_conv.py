@@ -130,6 +130,7 @@ class Conv(TensorOp):
             raise ValueError(f"conv padding must be a non-negative integer, got {padding!r}")
         self.stride = int(stride)
         self.padding = int(padding)
+        self._cols = None  # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
 
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
@@ -145,6 +146,10 @@ class Conv(TensorOp):
             raise ValueError(f"conv: kernel {KH}x{KW} is larger than the padded input "
                              f"{H + 2 * p}x{W + 2 * p}")
         cols, (Ho, Wo) = _im2col(A, KH, KW, s, p)
+        # Kept for ConvWeightGrad, which needs the same matrix (as PyTorch's im2col convolution
+        # keeps its columns); the op, and with it this matrix, is dropped at once when no
+        # input requires a gradient.
+        self._cols = (cols, (Ho, Wo))
         out = cols @ B.compact().reshape((KH * KW * C, C_out))
         return out.reshape((N, Ho, Wo, C_out))
 
@@ -160,7 +165,7 @@ class Conv(TensorOp):
         # dW[kh, kw, ci, co] = sum over (n, i, j) of Xpad[n, i·s+kh, j·s+kw, ci]·G[n, i, j, co]:
         # one product of the forward pass's im2col matrix (transposed) with out_grad, at any
         # stride (correlating with the dilated adjoint would multiply mostly zeros).
-        grad_W = ConvWeightGrad((KH, KW), s, p)(X, out_grad)
+        grad_W = ConvWeightGrad((KH, KW), s, p, forward=self)(X, out_grad)
         return grad_X, grad_W
 
 
@@ -207,15 +212,21 @@ class ConvWeightGrad(TensorOp):
     differentiable again. Internal: the gradient of :class:`Conv`.
     """
 
-    def __init__(self, kernel: tuple, stride: int, padding: int):
+    def __init__(self, kernel: tuple, stride: int, padding: int, forward: "Conv" = None):
         self.kernel = (int(kernel[0]), int(kernel[1]))
         self.stride = int(stride)
         self.padding = int(padding)
+        self.forward = forward  # the Conv whose im2col matrix of X this may take over
 
     def compute(self, X: NDArray, G: NDArray):
         KH, KW = self.kernel
         C_in, C_out = X.shape[3], G.shape[3]
-        cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)
+        saved = self.forward._cols if self.forward is not None else None
+        if saved is not None:
+            self.forward._cols = None  # taken: freed once this product is done
+            cols, (Ho, Wo) = saved
+        else:
+            cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)
         if (G.shape[1], G.shape[2]) != (Ho, Wo):
             raise ValueError(f"conv weight gradient: adjoint {tuple(G.shape)} does not match "
                              f"the output size {(Ho, Wo)}")
