@@ -268,16 +268,16 @@ class ConvInputGrad(TensorOp):
                              f"input size {(H, Wd)} with kernel {(KH, KW)}")
         cols = (G.compact().reshape((N * Ho * Wo, C_out))
                 @ W.compact().reshape((KH * KW * C_in, C_out)).permute((1, 0)))
-        cols = cols.reshape((N, Ho, Wo, KH, KW, C_in))
-        # Both the padded input and the patches carry (size-1) kernel axes, so each offset's
-        # update is a same-shape strided add on every backend.
-        out = array_api.full((N, Hp, Wp, 1, 1, C_in), 0.0, dtype=G.dtype, device=G.device)
+        # (N, Ho, Wo, KH·KW·C_in): offset (kh, kw) is a C_in-wide slice of the last axis, so
+        # each update is a same-shape 4-D strided add on every backend.
+        cols = cols.reshape((N, Ho, Wo, KH * KW * C_in))
+        out = array_api.full((N, Hp, Wp, C_in), 0.0, dtype=G.dtype, device=G.device)
         for kh in range(KH):
             for kw in range(KW):
                 window = (slice(None), slice(kh, kh + s * (Ho - 1) + 1, s),
                           slice(kw, kw + s * (Wo - 1) + 1, s))
-                out[window] = out[window] + cols[:, :, :, kh:kh + 1, kw:kw + 1, :]
-        out = out.reshape((N, Hp, Wp, C_in))
+                c0 = (kh * KW + kw) * C_in
+                out[window] = out[window] + cols[:, :, :, c0:c0 + C_in]
         return out[:, p:p + H, p:p + Wd, :].compact() if p else out
 
     def gradient(self, out_grad: Tensor, node: Tensor):
