@@ -189,9 +189,11 @@ def lstm_cell_step(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 # ---- LSTM layer over a sequence -----------------------------------------------------------------
-def _step(a, t: int):
-    """Time step ``t`` of ``a`` (T, ...) as a compact array of shape a.shape[1:]."""
-    return a[t:t + 1].compact().reshape(tuple(a.shape[1:]))
+def _plus_step(x, a, t: int):
+    """x + a[t] for a (T, ...) and x of shape a.shape[1:]: the element-wise kernel reads the
+    slice in place (no copy of it first)."""
+    shape = tuple(x.shape)
+    return (x.compact().reshape((1,) + shape) + a[t:t + 1]).reshape(shape)
 
 
 def _put(out, t: int, value) -> None:
@@ -217,7 +219,7 @@ class LSTMLayer(TensorTupleOp):
         h, c, saved = h0, c0, []
         for t in range(steps):
             c_prev = c
-            h, c, act, tanh_c = array_api.lstm_cell_fwd(_step(xw, t) + h @ w_hh, c_prev)
+            h, c, act, tanh_c = array_api.lstm_cell_fwd(_plus_step(h @ w_hh, xw, t), c_prev)
             saved.append((act, c_prev, tanh_c))
             _put(out, t, h)
         self.saved, self.out = saved, out
@@ -246,7 +248,8 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
         w_hh_t = w_hh.permute((1, 0)).compact()
         for t in reversed(range(steps)):
             act, c_prev, tanh_c = saved[t]
-            dgates, dc = array_api.lstm_cell_bwd(dh + _step(d_out, t), dc, act, c_prev, tanh_c)
+            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev,
+                                                 tanh_c)
             _put(dxw, t, dgates)
             dh = dgates @ w_hh_t
         h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
