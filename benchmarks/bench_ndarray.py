@@ -5,8 +5,9 @@ count), as the median of repeats.
 Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` and, separately, as
 the device kernel called on prepared buffers; the rest in billions of elements per second.
 The last column is needle's throughput over numpy's. On a machine with AVX-512 the matmul
-table is printed a second time from a subprocess with ``NEEDLE_CPU_ISA=avx2``, so the AVX2
-kernels (what a machine without AVX-512 runs) are measured too.
+table is printed a second time from a subprocess that plays a machine without AVX-512: needle
+runs its AVX2 kernels (``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell (AVX2) kernels
+(``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set.
 """
 from __future__ import annotations
 
@@ -111,10 +112,12 @@ def bench_elementwise(device) -> Table:
 
 
 def bench_matmul_avx2() -> None:
-    """The matmul table again in a subprocess running the AVX2 kernels (NEEDLE_CPU_ISA=avx2)."""
-    env = {**os.environ, "NEEDLE_CPU_ISA": "avx2"}
+    """The matmul table again as on an AVX2-only machine: needle's AVX2 kernels beside numpy's
+    OpenBLAS pinned to its Haswell (AVX2) kernels, in a subprocess."""
+    env = {**os.environ, "NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
     root = Path(__file__).resolve().parents[1]
-    print("matmul with the AVX2 kernels (a subprocess with NEEDLE_CPU_ISA=avx2):", flush=True)
+    print("matmul as on an AVX2 machine (a subprocess with NEEDLE_CPU_ISA=avx2 and "
+          "OPENBLAS_CORETYPE=Haswell):", flush=True)
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench_ndarray", "--matmul-only"],
                           env=env, cwd=root)
     if done.returncode:
