@@ -43,6 +43,7 @@ def test_result_without_grad_is_detached(device):
     np.testing.assert_allclose(c.numpy(), np.exp([1.0, 2.0]) + 1.0, rtol=1e-6)
 
 
+@pytest.mark.hw1_topo_sort
 def test_topological_order_is_post_order_dfs():
     """The course's hw1 case: c = 3·a·a + 4·b·a - a, visited inputs left to right.
 
@@ -59,6 +60,7 @@ def test_topological_order_is_post_order_dfs():
     assert len(set(map(id, order))) == len(order)
 
 
+@pytest.mark.hw1_topo_sort
 def test_topological_order_with_several_roots_and_shared_nodes():
     x = ndl.Tensor([1.0])
     y = ndl.Tensor([2.0])
@@ -85,6 +87,7 @@ def test_deep_graph_does_not_hit_the_recursion_limit():
 
 # ---- reverse mode ---------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw1_compute_gradient
 def test_gradients_accumulate_over_every_path(device):
     """y = x·x + x + exp(x): dy/dx = 2x + 1 + exp(x); x feeds four consumers' inputs."""
     xv = np.array([0.3, -1.2, 2.0])
@@ -95,6 +98,7 @@ def test_gradients_accumulate_over_every_path(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw1_compute_gradient
 def test_intermediate_nodes_get_their_adjoints(device):
     """z = (a·b)·a with u = a·b: dz/du = a, dz/da = 2ab, dz/db = a² (hand-derived).
 
@@ -136,6 +140,7 @@ def test_constants_receive_no_gradient(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw1_compute_gradient
 def test_compute_gradient_of_variables_directly(device):
     x = tensor([1.0, -2.0, 0.5], device)
     y = ndl.summation(x * x * x)

@@ -254,6 +254,7 @@ def shape_and_reshape(draw):
 @pytest.mark.parametrize("device", DEVICES)
 @given(case=shape_and_reshape(), seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_reshape
 def test_reshape_is_a_view(device, case, seed):
     shape, new_shape = case
     x = rand(seed, shape)
@@ -267,6 +268,7 @@ def test_reshape_is_a_view(device, case, seed):
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), shape=SHAPES, seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_permute
 def test_permute_is_a_view(device, data, shape, seed):
     axes = tuple(data.draw(st.permutations(range(len(shape)))))
     x = rand(seed, shape)
@@ -285,6 +287,7 @@ def broadcast_case(draw):
 @pytest.mark.parametrize("device", DEVICES)
 @given(case=broadcast_case(), seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_broadcast_to
 def test_broadcast_to_is_a_stride_zero_view(device, case, seed):
     source, target = case
     x = rand(seed, source)
@@ -303,6 +306,7 @@ def test_broadcast_to_is_a_stride_zero_view(device, case, seed):
 @given(data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple),
        seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_getitem
 def test_getitem_is_a_view(device, data, shape, seed):
     ours, theirs = data.draw(index_for(shape))
     x = rand(seed, shape)
@@ -312,6 +316,7 @@ def test_getitem_is_a_view(device, data, shape, seed):
     assert_view_of(b, a, x[theirs], x)
 
 
+@pytest.mark.hw3_getitem
 def test_getitem_strides_and_offset_by_hand():
     a = nd.array(np.arange(60, dtype=np.float32).reshape(3, 4, 5))
     b = a[1, 1:4:2, -3:]
@@ -383,6 +388,7 @@ def test_is_compact(device):
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), shape=SHAPES_NONEMPTY, seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_compact
 def test_compact(device, data, shape, seed):
     x = rand(seed, shape)
     a = nd.array(x, device=device)
@@ -407,6 +413,7 @@ def test_compact(device, data, shape, seed):
 @given(data=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
        seed=SEEDS, source=st.sampled_from(["compact", "permuted", "broadcast", "scalar"]))
 @SETTINGS
+@pytest.mark.hw3_setitem
 def test_setitem(device, data, shape, seed, source):
     x = rand(seed, shape)
     a = nd.array(x, device=device)
@@ -438,6 +445,7 @@ def test_setitem(device, data, shape, seed, source):
 @given(data=st.data(), shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple),
        seed=SEEDS)
 @SETTINGS
+@pytest.mark.hw3_setitem
 def test_setitem_through_a_view_writes_the_base(device, data, shape, seed):
     x = rand(seed, shape)
     a = nd.array(x, device=device)

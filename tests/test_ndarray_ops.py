@@ -62,6 +62,7 @@ BINARY = {
 @pytest.mark.parametrize("name", list(BINARY))
 @given(shape=SHAPES, seed=SEEDS, layouts=st.tuples(LAYOUTS, LAYOUTS))
 @settings(SETTINGS, max_examples=15)
+@pytest.mark.hw3_ewise_ops
 def test_ewise_binary(device, name, shape, seed, layouts):
     ours, theirs = BINARY[name]
     rng = np.random.default_rng(seed)
@@ -107,6 +108,7 @@ SCALAR = {
 @given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
        scalar=st.sampled_from([-2, -1, 0, 1, 3]) | st.floats(-3, 3, width=32))
 @settings(SETTINGS, max_examples=15)
+@pytest.mark.hw3_scalar_ops
 def test_scalar_ops(device, name, shape, seed, layout, scalar):
     ours, theirs = SCALAR[name]
     rng = np.random.default_rng(seed)
@@ -126,6 +128,7 @@ def test_scalar_ops(device, name, shape, seed, layout, scalar):
 @given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
        exponent=st.sampled_from([0, 1, 2, 3, 0.5, -1, 1.5, -2.0]))
 @SETTINGS
+@pytest.mark.hw3_scalar_ops
 def test_scalar_power(device, shape, seed, layout, exponent):
     x = np.abs(rand(seed, shape)) + np.float32(0.1)
     out = make(x, device, layout) ** exponent
@@ -147,6 +150,7 @@ UNARY = {
 @pytest.mark.parametrize("name", list(UNARY))
 @given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS)
 @settings(SETTINGS, max_examples=15)
+@pytest.mark.hw3_ewise_ops
 def test_unary(device, name, shape, seed, layout):
     ours, theirs = UNARY[name]
     x = 2 * rand(seed, shape)
@@ -196,6 +200,7 @@ def reduction_case(draw):
 @pytest.mark.parametrize("op", ["sum", "max", "sum_fn"])
 @given(case=reduction_case(), seed=SEEDS, layout=LAYOUTS)
 @SETTINGS
+@pytest.mark.hw3_reductions
 def test_reductions(device, op, case, seed, layout):
     shape, axis, keepdims = case
     x = rand(seed, shape)
@@ -212,6 +217,7 @@ def test_reductions(device, op, case, seed, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw3_reductions
 def test_reductions_by_hand(device):
     a = nd.array(np.arange(24, dtype=np.float32).reshape(2, 3, 4), device=device)
     assert a.sum().shape == (1,) and a.sum().numpy()[0] == 276
@@ -244,6 +250,7 @@ def matmul_sizes(draw, tile: int):
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), seed=SEEDS, layouts=st.tuples(LAYOUTS, LAYOUTS))
 @SETTINGS
+@pytest.mark.hw3_matmul
 def test_matmul(device, data, seed, layouts):
     m, n, p = data.draw(matmul_sizes(tile_of(device)))
     x, y = rand(seed, (m, n)), rand(seed + 1, (n, p))
@@ -256,6 +263,7 @@ def test_matmul(device, data, seed, layouts):
 @pytest.mark.parametrize("m,n,p", [(1, 7, 1), (7, 1, 5), (1, 1, 1), (1, 16, 8), (16, 1, 16),
                                    (8, 8, 8), (32, 64, 16), (64, 64, 64), (33, 17, 9),
                                    (3, 0, 4)])
+@pytest.mark.hw3_matmul
 def test_matmul_shapes(device, m, n, p):
     x, y = rand(0, (m, n)), rand(1, (n, p))
     out = nd.array(x, device=device) @ nd.array(y, device=device)
@@ -321,6 +329,7 @@ def test_matmul_is_one_strided_call_on_the_operands_own_buffers(device, mult):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4)])
+@pytest.mark.hw3_matmul
 def test_matmul_tiled_exhibit(device, mult):
     spy = RecordingModule(device.mod)
     dev = nd.BackendDevice(device.name, spy)
@@ -470,6 +479,7 @@ def test_batched_matmul_is_one_call_with_a_shared_matrix(device):
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), shape=SHAPES_NONEMPTY, seed=SEEDS, layout=LAYOUTS)
 @SETTINGS
+@pytest.mark.hw4_ndarray_flip
 def test_flip(device, data, shape, seed, layout):
     axes = tuple(data.draw(st.lists(st.integers(0, len(shape) - 1), unique=True)))
     x = rand(seed, shape)
@@ -481,6 +491,7 @@ def test_flip(device, data, shape, seed, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_ndarray_flip
 def test_flip_by_hand(device):
     a = nd.array(np.arange(6, dtype=np.float32).reshape(2, 3), device=device)
     np.testing.assert_array_equal(a.flip(1).numpy(), [[2, 1, 0], [5, 4, 3]])
@@ -491,6 +502,7 @@ def test_flip_by_hand(device):
 @pytest.mark.parametrize("device", DEVICES)
 @given(data=st.data(), shape=SHAPES, seed=SEEDS, layout=LAYOUTS)
 @SETTINGS
+@pytest.mark.hw4_ndarray_pad
 def test_pad(device, data, shape, seed, layout):
     pads = tuple((data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))) for _ in shape)
     x = rand(seed, shape)

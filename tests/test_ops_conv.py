@@ -37,6 +37,7 @@ CONFIGS = [(k, s, p) for k in (1, 2, 3) for s in (1, 2) for p in (0, 1, 2)] + [(
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,stride,padding", CONFIGS)
+@pytest.mark.hw4_conv_forward
 def test_conv_forward_matches_loop(device, k, stride, padding):
     rng = np.random.default_rng(k * 100 + stride * 10 + padding)
     x, w = rand((2, 6, 5, 3), rng), rand((k, k, 3, 4), rng)
@@ -48,6 +49,7 @@ def test_conv_forward_matches_loop(device, k, stride, padding):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k,stride,padding", CONFIGS)
+@pytest.mark.hw4_conv_backward
 def test_conv_gradient_matches_finite_differences(device, k, stride, padding):
     rng = np.random.default_rng(k * 100 + stride * 10 + padding + 7)
     x, w = rand((2, 5, 4, 2), rng), rand((k, k, 2, 3), rng)
@@ -56,6 +58,7 @@ def test_conv_gradient_matches_finite_differences(device, k, stride, padding):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_conv_forward
 def test_conv_defaults_are_the_courses(device):
     """``ndl.conv`` defaults to stride 1 and padding 1; ``Conv()`` to padding 0."""
     rng = np.random.default_rng(3)
