@@ -542,3 +542,92 @@ plt.show()
 # * The loop structure matters more than the language: the same C++ computes the same product
 #   far faster once it is tiled, then packed and vectorised (see the figure); timing it
 #   honestly takes medians, blocks of calls and a sanity check on the reference.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/05_ndarray.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+from needle import backend_ndarray as nd
+from needle.check.exercises import check_exercise
+
+base_ex = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+
+
+def view_of(array, make):
+    """(shape, strides, offset) of the NDArray view ``make(array)``."""
+    v = make(nd.array(array, device=nd.cpu()))
+    return (tuple(v.shape), tuple(v.strides), v._offset)
+
+
+# %% [markdown]
+# **Exercise 5.1 (compact strides).** Write the row-major strides (in elements) of a compact
+# array of the given shape (section 1). The check reads the strides of fresh NDArrays.
+
+# %% tags=["exercise-stub"]
+def compact_strides(shape):
+    """Row-major strides, in elements, of a compact array of this shape."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+SHAPES = [(3, 4, 5), (7,), (2, 1, 6, 3)]
+check_exercise("5.1 compact_strides", lambda: [tuple(compact_strides(s)) for s in SHAPES],
+               [nd.array(np.zeros(s, dtype=np.float32), device=nd.cpu()).strides
+                for s in SHAPES])
+
+# %% [markdown]
+# **Exercise 5.2 (permute is a view).** Write the shape and strides of `permute(axes)` of an
+# array with the given shape and strides: no data moves (section 2).
+
+# %% tags=["exercise-stub"]
+def permuted(shape, strides, axes):
+    """(new shape, new strides) of the permuted view."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("5.2 permuted", lambda: [permuted((3, 4, 5), (20, 5, 1), a)
+                                        for a in ((2, 0, 1), (1, 0, 2))],
+               predicate=lambda got: None if [tuple(map(tuple, g)) for g in got] == [
+                   view_of(base_ex, lambda v: v.permute(a))[:2] for a in ((2, 0, 1), (1, 0, 2))]
+               else f"got {got}")
+
+# %% [markdown]
+# **Exercise 5.3 (slicing is arithmetic).** For a compact array of shape (3, 4, 5), give the
+# view's shape, strides and offset for `A[1:3, ::2, 1:5:3]` (section 5): the offset is the
+# position of the view's first element in the buffer.
+
+# %% tags=["exercise-stub"]
+def sliced_view():
+    """(shape, strides, offset) of A[1:3, ::2, 1:5:3] for a compact A of shape (3, 4, 5)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("5.3 sliced_view", lambda: sliced_view(), predicate=lambda got: None
+               if tuple(map(lambda x: tuple(x) if isinstance(x, (list, tuple)) else x, got))
+               == view_of(base_ex, lambda v: v[1:3, ::2, 1:5:3]) else f"got {got}")
+
+# %% [markdown]
+# **Exercise 5.4 (broadcasting is a stride of 0).** Write the strides of
+# `broadcast_to(new_shape)` for a view with the given shape and strides, where each
+# broadcast axis has size 1 in `shape` (section 4).
+
+# %% tags=["exercise-stub"]
+def broadcast_strides(shape, strides, new_shape):
+    """Strides of the broadcast view (0 along every broadcast axis)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("5.4 broadcast_strides", lambda: tuple(broadcast_strides((3, 1, 5), (5, 5, 1),
+                                                                       (3, 4, 5))),
+               view_of(base_ex[:, :1, :].copy(), lambda v: v.broadcast_to((3, 4, 5)))[1])

@@ -1021,3 +1021,102 @@ plt.show()
 #   global traffic than one thread per output, with coalesced loads and no bank conflicts.
 # * A training step is kernel time plus framework overhead; `benchmarks/step_profile.py`
 #   measures both, and on small models the overhead is the larger part.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/06_hardware_acceleration.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+from needle import backend_ndarray as nd
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+A_ex = rng.standard_normal((8, 12)).astype(np.float32)
+B_ex = rng.standard_normal((12, 4)).astype(np.float32)
+T_EX = 4
+
+
+def positions_read_by_compact(shape, strides, offset, size):
+    """Buffer positions compact() reads, in order: compact a view of a buffer 0, 1, 2, ..."""
+    buf = nd.array(np.arange(size, dtype=np.float32), device=nd.cpu())
+    view = nd.NDArray.make(shape, strides=strides, device=buf.device, handle=buf._handle,
+                           offset=offset)
+    return view.compact().numpy().astype(int).ravel().tolist()
+
+
+# %% [markdown]
+# **Exercise 6.1 (a kernel that takes strides).** A strided element-wise kernel visits the
+# view's elements in row-major order and reads buffer position
+# offset + Σ index·stride for each (section 2). List those positions for the given view; the
+# check compacts the same view of a buffer holding 0, 1, 2, … .
+
+# %% tags=["exercise-stub"]
+def strided_positions(shape, strides, offset):
+    """Buffer positions of the view's elements, in row-major order of the view."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+VIEWS = [((2, 3), (1, 2), 0), ((3, 2, 2), (8, 1, 3), 5), ((4,), (0,), 7)]
+check_exercise("6.1 strided_positions", lambda: [list(strided_positions(*v)) for v in VIEWS],
+               [positions_read_by_compact(*v, size=40) for v in VIEWS])
+
+# %% [markdown]
+# **Exercise 6.2 (the tiled layout).** The homework's `matmul_tiled` stores an (m, n) matrix
+# as an (m/T, n/T, T, T) array whose entry [i, j] is the T×T tile in block row i, block
+# column j (section 6). Write the conversion in numpy (a reshape and a transpose).
+
+# %% tags=["exercise-stub"]
+def to_tiles(a, T):
+    """(m, n) -> (m/T, n/T, T, T), tile [i, j] = a[iT:(i+1)T, jT:(j+1)T]."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _tiles_ok(tiles):
+    tiles = np.asarray(tiles)
+    m, n = A_ex.shape
+    if tiles.shape != (m // T_EX, n // T_EX, T_EX, T_EX):
+        return f"expected shape {(m // T_EX, n // T_EX, T_EX, T_EX)}, got {tiles.shape}"
+    for i in range(m // T_EX):
+        for j in range(n // T_EX):
+            if not np.array_equal(tiles[i, j], A_ex[i * T_EX:(i + 1) * T_EX,
+                                                    j * T_EX:(j + 1) * T_EX]):
+                return f"tile [{i}, {j}] is not the block a[{i}T:{i + 1}T, {j}T:{j + 1}T]"
+    return None
+
+
+check_exercise("6.2 to_tiles", lambda: to_tiles(A_ex, T_EX), predicate=_tiles_ok)
+
+# %% [markdown]
+# **Exercise 6.3 (a matmul over tiles).** Multiply two matrices given in the tiled layout and
+# return the product in the tiled layout: tile C[i, j] = Σ_k A[i, k] @ B[k, j]. The check
+# compares with the compiled `NDArray` product.
+
+# %% tags=["exercise-stub"]
+def tiled_matmul(a_tiles, b_tiles):
+    """(m/T, n/T, T, T) x (n/T, p/T, T, T) -> (m/T, p/T, T, T)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _product_tiles():
+    c = (nd.array(A_ex, device=nd.cpu()) @ nd.array(B_ex, device=nd.cpu())).numpy()
+    m, p = c.shape
+    return c.reshape(m // T_EX, T_EX, p // T_EX, T_EX).transpose(0, 2, 1, 3)
+
+
+def _tiles(a):
+    m, n = a.shape
+    return a.reshape(m // T_EX, T_EX, n // T_EX, T_EX).transpose(0, 2, 1, 3)
+
+
+check_exercise("6.3 tiled_matmul", lambda: tiled_matmul(_tiles(A_ex), _tiles(B_ex)),
+               _product_tiles(), rtol=1e-4, atol=1e-5)

@@ -19,9 +19,10 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
-# Notebooks that carry exercises (05, 06 and 10+ have none yet).
+# Notebooks that carry exercises (10+ have none yet).
 WITH_EXERCISES = ["01_softmax_regression", "02_automatic_differentiation", "03_nn_library",
-                  "04_training", "07_convolutions", "08_sequence_models", "09_transformers"]
+                  "04_training", "05_ndarray", "06_hardware_acceleration", "07_convolutions",
+                  "08_sequence_models", "09_transformers"]
 
 
 def exercise_cells(notebook: Path) -> dict[str, list[str]]:
