@@ -16,7 +16,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile data clean help
+.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -25,6 +25,7 @@ help:
 	@echo "make figures    re-execute the notebooks, saving figures/*.png"
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
+	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
@@ -98,6 +99,11 @@ bench: $(BUILT)
 
 profile: $(BUILT)
 	$(PY) -m benchmarks.step_profile
+
+# Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
+check: $(INSTALLED)
+	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
+	$(PY) -m needle.check "$(HW)" $(if $(Q),-k $(Q),)
 
 data: $(INSTALLED)
 	$(PY) -m needle.data.download --all --root data

@@ -55,3 +55,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    """One marker per homework question (needle/check/questions.py): `pytest -m hw2_linear`."""
+    from needle.check.questions import QUESTIONS
+    for q in QUESTIONS:
+        config.addinivalue_line("markers", f"{q.marker}: {q.hw} question: {q.title}")
