@@ -69,8 +69,9 @@ def test_resnet9_directional_derivative(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_resnet9_channels_last_matches_nchw_layers(device):
-    """ResNet9 runs its ConvBNs channels-last; switching them back to the NCHW layout (where
-    each Conv and BatchNorm2d moves channels itself) gives the same logits and gradients."""
+    """ResNet9's ConvBNs run NCHW as in the course; switching them to channels-last
+    (``ConvBN(channels_last=True)``, no layout change inside) and feeding (N, H, W, C) images
+    gives the same logits and gradients."""
     np.random.seed(6)
     model = ResNet9(device=device)
     x = ndl.Tensor(np.random.randn(4, 3, 32, 32).astype(np.float32), device=device)
@@ -84,12 +85,13 @@ def test_resnet9_channels_last_matches_nchw_layers(device):
         (out * R).sum().backward()
         return out.numpy(), [p.grad.numpy() for p in params]
 
-    out_cl, grads_cl = run(lambda: model(x))
+    out_nchw, grads_nchw = run(lambda: model(x))
     convbns = [m for m in _modules(model) if isinstance(m, ConvBN)]
-    assert len(convbns) == 8 and all(m.channels_last for m in convbns)
+    assert len(convbns) == 8 and not any(m.channels_last for m in convbns)
     for m in convbns:
-        m.channels_last = False
-    out_nchw, grads_nchw = run(lambda: model.model(x))  # Flatten of (N, 128, 1, 1) is (N, 128)
+        m.channels_last = True
+    x_nhwc = x.transpose((1, 2)).transpose((2, 3))
+    out_cl, grads_cl = run(lambda: model.model(x_nhwc))  # Flatten of (N, 1, 1, 128) is (N, 128)
     np.testing.assert_allclose(out_cl, out_nchw, rtol=1e-4, atol=1e-4)
     for g_cl, g in zip(grads_cl, grads_nchw):
         np.testing.assert_allclose(g_cl, g, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(g).max()))

@@ -36,9 +36,8 @@ class ResNet9(ndl.nn.Module):
     ConvBN(3,16,7,4), ConvBN(16,32,3,2), Residual(ConvBN(32,32,3,1), ConvBN(32,32,3,1)),
     ConvBN(32,64,3,2), ConvBN(64,128,3,2), Residual(ConvBN(128,128,3,1) x 2), Flatten,
     Linear(128,128), ReLU, Linear(128,10). The strides take 32x32 down to 1x1 before Flatten.
-    The images are moved channels-last once and the ConvBNs run in that layout (no layout
-    change per layer); at 1x1 Flatten gives the same (N, 128) in either layout, so
-    ``self.model`` takes (N, 32, 32, 3) input.
+    ``self.model`` takes (N, 3, 32, 32) images as in the course, so its blocks can be called on
+    their own; ``ConvBN(..., channels_last=True)`` is the faster layout for a model of one's own.
     """
 
     def __init__(self, device=None, dtype: str = "float32"):
@@ -46,15 +45,14 @@ class ResNet9(ndl.nn.Module):
         self.device = device
         self.dtype = dtype
         kw = dict(device=device, dtype=dtype)
-        cl = dict(kw, channels_last=True)
         self.model = nn.Sequential(
-            ConvBN(3, 16, 7, 4, **cl),
-            ConvBN(16, 32, 3, 2, **cl),
-            nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **cl), ConvBN(32, 32, 3, 1, **cl))),
-            ConvBN(32, 64, 3, 2, **cl),
-            ConvBN(64, 128, 3, 2, **cl),
-            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **cl),
-                                      ConvBN(128, 128, 3, 1, **cl))),
+            ConvBN(3, 16, 7, 4, **kw),
+            ConvBN(16, 32, 3, 2, **kw),
+            nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **kw), ConvBN(32, 32, 3, 1, **kw))),
+            ConvBN(32, 64, 3, 2, **kw),
+            ConvBN(64, 128, 3, 2, **kw),
+            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **kw),
+                                      ConvBN(128, 128, 3, 1, **kw))),
             nn.Flatten(),
             nn.Linear(128, 128, **kw),
             nn.ReLU(),
@@ -66,4 +64,4 @@ class ResNet9(ndl.nn.Module):
         if len(x.shape) != 4 or tuple(x.shape[1:]) != (3, 32, 32):
             raise ValueError(f"ResNet9 expects images of shape (N, 3, 32, 32), "
                              f"got {tuple(x.shape)}")
-        return self.model(x.transpose((1, 2)).transpose((2, 3)))
+        return self.model(x)
