@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -792,6 +793,15 @@ __global__ void adam_kernel(float* param, const float* grad, float* m, float* v,
 
 // ---- public host functions ---------------------------------------------------------------------
 
+namespace {
+std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+}  // namespace
+
+int64_t live_bytes() { return g_live_bytes.load(); }
+int64_t peak_bytes() { return g_peak_bytes.load(); }
+void reset_peak() { g_peak_bytes.store(g_live_bytes.load()); }
+
 CudaArray::CudaArray(int64_t size_) : size(size_) {
   require_device();
   if (size > 0) {
@@ -804,12 +814,18 @@ CudaArray::CudaArray(int64_t size_) : size(size_) {
     }
     check(err, "cudaMalloc of " + std::to_string(bytes) + " bytes");
     ptr = static_cast<float*>(p);
+    const int64_t live = g_live_bytes.fetch_add(int64_t(bytes)) + int64_t(bytes);
+    int64_t peak = g_peak_bytes.load();
+    while (live > peak && !g_peak_bytes.compare_exchange_weak(peak, live)) {
+    }
   }
 }
 
 CudaArray::~CudaArray() {
   // A destructor cannot throw; at interpreter exit the runtime may already be unloading.
-  if (ptr != nullptr && cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+  if (ptr == nullptr) return;
+  g_live_bytes.fetch_sub(size * int64_t(sizeof(float)));
+  if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
 bool is_available() { return device_count() > 0; }

@@ -59,6 +59,11 @@ struct MatrixView {
 // ---- device ---------------------------------------------------------------------------------
 bool is_available();  // a CUDA device is visible and the driver works
 int device_count();
+
+// Bytes held by live CudaArrays and their peak since reset_peak() (memory_stats()).
+int64_t live_bytes();
+int64_t peak_bytes();
+void reset_peak();
 void synchronize();
 
 // ---- memory ---------------------------------------------------------------------------------

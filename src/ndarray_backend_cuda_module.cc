@@ -487,6 +487,17 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
 
   m.def("is_available", &needle::cuda::is_available,
         "True when the CUDA runtime sees at least one GPU (cudaGetDeviceCount).");
+  m.def(
+      "memory_stats",
+      [] {
+        py::dict d;
+        d["live_bytes"] = needle::cuda::live_bytes();
+        d["peak_bytes"] = needle::cuda::peak_bytes();
+        return d;
+      },
+      "Bytes held by live Arrays (live_bytes) and their peak since reset_peak().");
+  m.def("reset_peak", &needle::cuda::reset_peak,
+        "Restart the peak of memory_stats() from the bytes live now.");
   m.def("device_count", &needle::cuda::device_count,
         "Number of visible CUDA devices (0 when there is no GPU or driver).");
   m.def("synchronize", &needle::cuda::synchronize, nogil,

@@ -140,6 +140,24 @@ def test_module_has_every_protocol_function(mod):
 
 # ---- memory ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mod", MODULES)
+def test_memory_stats_count_live_and_peak_bytes(mod):
+    mod.reset_peak()
+    start = mod.memory_stats()
+    assert start["peak_bytes"] == start["live_bytes"] >= 0
+    a, b = mod.Array(1000), mod.Array(24)
+    held = mod.memory_stats()
+    # 4 bytes an element, plus at most one 64-byte alignment pad per buffer
+    assert 4 * 1024 <= held["live_bytes"] - start["live_bytes"] <= 4 * 1024 + 2 * 64
+    assert held["peak_bytes"] == held["live_bytes"]
+    del a, b
+    freed = mod.memory_stats()
+    assert freed["live_bytes"] == start["live_bytes"]
+    assert freed["peak_bytes"] == held["peak_bytes"]  # the peak stays until reset_peak()
+    mod.reset_peak()
+    assert mod.memory_stats()["peak_bytes"] == start["live_bytes"]
+
+
+@pytest.mark.parametrize("mod", MODULES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_to_numpy_and_compact(mod, kind):
     rng = np.random.default_rng(1)

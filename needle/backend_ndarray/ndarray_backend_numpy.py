@@ -62,6 +62,10 @@ _UNARY_FUNCS = tuple(_UNARY.values())
 _REDUCE_FUNCS = tuple(_REDUCE.values())
 
 
+# Bytes held by live Arrays and their peak since reset_peak() (memory_stats()).
+_memory = {"live_bytes": 0, "peak_bytes": 0}
+
+
 class Array:
     """A flat float32 buffer of ``size`` elements."""
 
@@ -72,6 +76,15 @@ class Array:
         if size > MAX_ELEMENTS:
             raise ValueError(f"Array: size {size} is too large (at most {MAX_ELEMENTS} elements)")
         self.array = np.empty(size, dtype=np.float32)
+        live = _memory["live_bytes"] + self.array.nbytes
+        _memory["live_bytes"] = live
+        if live > _memory["peak_bytes"]:
+            _memory["peak_bytes"] = live
+
+    def __del__(self):
+        array = self.__dict__.get("array")  # absent when __init__ raised
+        if array is not None:
+            _memory["live_bytes"] -= array.nbytes
 
     @property
     def size(self) -> int:
@@ -80,6 +93,16 @@ class Array:
     def ptr(self) -> int:
         """Address of the first element (views of one buffer share it)."""
         return self.array.ctypes.data
+
+
+def memory_stats() -> dict:
+    """Bytes held by live Arrays (``live_bytes``) and their peak since :func:`reset_peak`."""
+    return dict(_memory)
+
+
+def reset_peak() -> None:
+    """Restart the peak of :func:`memory_stats` from the bytes live now."""
+    _memory["peak_bytes"] = _memory["live_bytes"]
 
 
 # ---- argument checks (the numpy twin of src/ndarray_checks.h) ---------------------------------

@@ -141,6 +141,15 @@ class DeviceModule(Protocol):
     # matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
     # result in the (rows/T, cols/T, T, T) tiled layout, T = __tile_size__.
 
+    # ---- memory accounting ----------------------------------------------------------------
+    def memory_stats(self) -> dict:
+        """``{"live_bytes": ..., "peak_bytes": ...}``: bytes held by live ``Array`` buffers of
+        this module (as allocated, alignment padding included), and their peak since
+        :meth:`reset_peak`; a freed buffer kept in a cache for reuse does not count."""
+
+    def reset_peak(self) -> None:
+        """Restart the peak of :meth:`memory_stats` from the bytes live now."""
+
     # optional (a module that keeps freed buffers for reuse, like the compiled CPU module):
     # cache_info() -> dict (bytes and buffers held, the cap) and cache_clear(), which
     # BackendDevice.cache_info() / cache_clear() expose (None / no-op without them).
