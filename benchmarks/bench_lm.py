@@ -13,7 +13,8 @@ import argparse
 import sys
 
 import needle as ndl
-from benchmarks.common import Table, measure
+from benchmarks.common import Table
+from needle.timing import measure
 from benchmarks.steps import TITLES, needle_step, torch_step
 
 LM_CASES = ("lstm_lm", "transformer_lm")

@@ -16,7 +16,8 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, enabled_devices, measure
+from benchmarks.common import Table, enabled_devices
+from needle.timing import measure
 from needle.apps.language_model import LanguageModel
 
 try:  # optional oracle; the benchmark never needs it

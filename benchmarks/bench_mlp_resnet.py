@@ -20,7 +20,8 @@ import argparse
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, measure
+from benchmarks.common import Table
+from needle.timing import measure
 from benchmarks.steps import torch_mlp_resnet
 from needle.apps import mlp_resnet
 

@@ -17,7 +17,8 @@ import numpy as np
 
 import needle as ndl
 import needle.backend_ndarray as nd
-from benchmarks.common import Table, measure
+from benchmarks.common import Table
+from needle.timing import measure
 
 try:  # optional oracle
     import torch

@@ -23,7 +23,8 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, enabled_devices, measure
+from benchmarks.common import Table, enabled_devices
+from needle.timing import measure
 from needle.apps.models import ConvBN, ResNet9
 
 try:  # optional oracle; the benchmark never needs it

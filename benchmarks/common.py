@@ -1,19 +1,16 @@
-"""Timing helpers shared by the ``bench_*.py`` modules.
+"""Helpers shared by the ``bench_*.py`` modules (timing itself is ``needle.timing.measure``).
 
-``measure`` times a callable (warm-up, then the median of repeats, each repeat long enough to
-read the clock reliably); ``Table`` prints needle's figure beside a reference's with their
-ratio; ``machine_info`` describes the run; ``numpy_blas_summary`` says which BLAS numpy uses.
+``Table`` prints needle's figure beside a reference's with their ratio; ``machine_info``
+describes the run; ``numpy_blas_summary`` says which BLAS numpy uses. This module imports
+neither numpy nor needle, so ``python -m benchmarks`` can re-execute itself first.
 """
 from __future__ import annotations
 
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 # OpenBLAS reads these when numpy is imported; set, they pin numpy to a slower configuration.
 OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -45,44 +42,6 @@ def blas_override_note() -> str | None:
     if present:
         return f"note: {', '.join(present)} is set: numpy's BLAS runs in that configuration"
     return None
-
-
-# Seconds to pause before timing: OpenBLAS's worker threads keep spinning for about 0.1 s
-# after each call (and needle's pool for 0.2 ms), and on a 2-core machine a spinning thread of
-# the library timed just before halves the speed of the one timed next.
-SETTLE_S = 0.3
-
-
-def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
-            min_sample_s: float = 2e-3, settle_s: float = SETTLE_S) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` samples, after ``warmup`` calls.
-
-    Waits ``settle_s`` first so that threads left spinning by earlier work go idle. Each
-    sample calls ``fn`` enough times to last at least ``min_sample_s`` (calibrated once), so
-    microsecond-scale calls are timed as averages over many calls.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if settle_s > 0:
-        time.sleep(settle_s)
-    for _ in range(max(warmup, 1)):
-        fn()
-    number = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        elapsed = time.perf_counter() - t0
-        if elapsed >= min_sample_s or number >= 1 << 20:
-            break
-        number *= max(2, min(10, int(min_sample_s / max(elapsed, 1e-9)) + 1))
-    samples = [elapsed / number]
-    for _ in range(repeats - 1):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return statistics.median(samples)
 
 
 @dataclass

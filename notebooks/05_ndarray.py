@@ -454,7 +454,8 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(ndl.__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside needle in a checkout
-from benchmarks.common import machine_info, measure  # noqa: E402
+from benchmarks.common import machine_info  # noqa: E402
+from needle.timing import measure  # noqa: E402
 
 print("\n".join(machine_info()[1:]))
 print(f"needle cpu() kernels: {mod.__gemm__['isa']}, {mod.num_threads()} threads\n")

@@ -57,7 +57,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -66,6 +65,7 @@ import numpy as np
 import needle as ndl
 import needle.backend_ndarray.ndarray as ndarray_module
 from needle import backend_ndarray as nd
+from needle.timing import measure
 from needle.viz import save_figure
 
 np.random.seed(0)
@@ -246,15 +246,9 @@ big = nd.array(np.random.randn(2048, 2048).astype(np.float32), device=device)
 big_t = big.permute((1, 0))
 
 
-def median_ms(fn, repeats: int = 7) -> float:
-    """Median of `repeats` runs of fn(), in milliseconds (after one warm-up run)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+def median_ms(fn) -> float:
+    """Median milliseconds per call of fn() (needle.timing.measure: warm-up, repeated samples)."""
+    return 1e3 * measure(fn)
 
 
 print(f"compact + compact:     {median_ms(lambda: big + big):6.2f} ms")

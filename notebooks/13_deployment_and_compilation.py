@@ -34,7 +34,6 @@
 # code specialised for the model's shapes and the target CPU.
 
 # %%
-import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -50,6 +49,7 @@ import needle as ndl
 import needle.nn as nn
 from needle.apps.mlp_resnet import MLPResNet
 from needle.export import to_onnx
+from needle.timing import measure
 from needle.viz import save_figure
 
 np.set_printoptions(precision=4, suppress=True)
@@ -145,23 +145,13 @@ for name, (m, inp) in models.items():
 # batch 64 (batched serving). The numbers depend on the machine and its load.
 
 # %% tags=["nbval-ignore-output"]
-def median_seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 print(f"{'model':12s} {'batch':>5s} {'needle ms':>10s} {'onnxruntime ms':>15s}")
 latency = {}
 for name, (m, inp) in models.items():
     for b in (1, 64):
         x = inp[test][:b]
-        t_needle = median_seconds(lambda: m(ndl.Tensor(x, device=device)).numpy(), 30)
-        t_ort = median_seconds(lambda: sessions[(name, b)].run(None, {"input": x}), 30)
+        t_needle = measure(lambda: m(ndl.Tensor(x, device=device)).numpy(), repeats=30)
+        t_ort = measure(lambda: sessions[(name, b)].run(None, {"input": x}), repeats=30)
         latency[(name, b)] = (t_needle, t_ort)
         print(f"{name:12s} {b:5d} {t_needle * 1e3:10.3f} {t_ort * 1e3:15.3f}")
 
@@ -215,9 +205,9 @@ print("both vector adds equal numpy's a + b exactly")
 
 # %% tags=["nbval-ignore-output"]
 for name, fn in vadd_fns.items():
-    t = median_seconds(lambda: fn(a, b, c), 50)
+    t = measure(lambda: fn(a, b, c), repeats=50)
     print(f"{name:30s} {3 * 4 * n / t / 1e9:6.1f} GB/s")
-t = median_seconds(lambda: np.add(a_np, b_np), 50)
+t = measure(lambda: np.add(a_np, b_np), repeats=50)
 print(f"{'numpy':30s} {3 * 4 * n / t / 1e9:6.1f} GB/s")
 
 # %% [markdown]
@@ -292,13 +282,12 @@ for step, name in enumerate(STEPS):
     compiled[name] = (fn, A_tvm, C_tvm, rows)
 
 # %% [markdown]
-# All five are the same product to float32 rounding. Their speed (best of three runs), with
+# All five are the same product to float32 rounding. Their speed (median of three runs), with
 # needle's own engine and numpy (OpenBLAS) on the same 1024³ product:
 
 # %% tags=["nbval-ignore-output"]
 def gflops(fn, rows, repeats=3):
-    fn()
-    best = min(median_seconds(fn, 1) for _ in range(repeats))
+    best = measure(fn, repeats=repeats, warmup=1, min_sample_s=0.0)
     return 2 * rows * N_MM * N_MM / best / 1e9
 
 
