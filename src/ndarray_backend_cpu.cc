@@ -647,6 +647,7 @@ py::dict gemm_info() {
   d["tile"] = kTile;
   d["direct_flops"] = kGemmDirectFlops;
   d["parallel_flops"] = kGemmParallelFlops;
+  d["split_flops"] = kGemmSplitFlops;
   py::list avail;
   for (const IsaKernels* k : available_isas()) avail.append(k->config.isa);
   d["available"] = py::tuple(avail);

@@ -36,6 +36,10 @@ constexpr int64_t kTile = 8;
 // costs about as much as the second thread saves, and far more on a loaded machine.
 constexpr double kGemmDirectFlops = 20.0 * 20 * 20;
 constexpr double kGemmParallelFlops = double(1 << 21);
+// From kGemmSplitFlops (64^3) up to kGemmParallelFlops a product of rows-contiguous operands
+// is split by rows or columns among the threads without packing: each part is long enough to pay
+// for a worker that is awake (the pool's workers spin briefly after each job).
+constexpr double kGemmSplitFlops = double(1 << 18);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).
 struct Runner {

@@ -380,11 +380,11 @@ inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const 
     for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
 }
 
-// C (m x p, compact) = A (m x n) @ B (n x p), rows of both contiguous, on one thread without
-// packing (small products, where packing would cost a third of the time): the last, narrow
-// sliver of B alone is copied, zero-padded to NR columns.
-void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t m,
-                   idx_t n, idx_t p) {
+// C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, on one thread
+// without packing (small products, where packing would cost a third of the time): the last,
+// narrow sliver of B alone is copied, zero-padded to NR columns.
+void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t ldc,
+                   idx_t m, idx_t n, idx_t p) {
   constexpr int R1 = MR / 3, R2 = 2 * MR / 3, C1 = NV / 2;
   thread_local Scratch ebuf;
   alignas(64) float tmp[MR * NR];
@@ -402,7 +402,7 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
       const idx_t mr = std::min<idx_t>(MR, m - i);
       const float* ai = a + i * ars;
       if (mr == MR && nr == NR) {
-        unpacked_kernel<MR, NV>(n, ai, ars, mr, bs, bstride, C + i * p + j, p);
+        unpacked_kernel<MR, NV>(n, ai, ars, mr, bs, bstride, C + i * ldc + j, ldc);
         continue;
       }
       if (nr <= C1 * VW) {
@@ -414,7 +414,7 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
         else if (mr <= R2) unpacked_kernel<R2, NV>(n, ai, ars, mr, bs, bstride, tmp, NR);
         else unpacked_kernel<MR, NV>(n, ai, ars, mr, bs, bstride, tmp, NR);
       }
-      for (idx_t r = 0; r < mr; ++r) std::memcpy(C + (i + r) * p + j, tmp + r * NR, nr * sizeof(float));
+      for (idx_t r = 0; r < mr; ++r) std::memcpy(C + (i + r) * ldc + j, tmp + r * NR, nr * sizeof(float));
     }
   }
   ebuf.trim(kKeepPacked);
@@ -478,8 +478,25 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   const bool threaded = may_thread && run.threads > 1 && flops >= kGemmParallelFlops;
   if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
-  if (!threaded && acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
-    return gemm_unpacked(a, ars, b, brs, C, m, n, p);
+  if (!threaded && acs == 1 && bcs == 1 && flops < kGemmParallelFlops) {
+    // Mid-sized products: whole register blocks of rows (or of columns, when there are more of
+    // those) per thread, no shared packing to wait on.
+    const idx_t row_blocks = (m + MR - 1) / MR, col_blocks = (p + NR - 1) / NR;
+    const bool by_rows = row_blocks >= col_blocks;
+    const idx_t blocks = by_rows ? row_blocks : col_blocks;
+    const idx_t parts = std::min<idx_t>(run.threads, blocks);
+    if (!may_thread || parts < 2 || flops < kGemmSplitFlops)
+      return gemm_unpacked(a, ars, b, brs, C, p, m, n, p);
+    const idx_t step = (blocks + parts - 1) / parts * (by_rows ? MR : NR);
+    auto part = [&](int64_t t) {
+      const idx_t s0 = t * step, len = std::min<idx_t>(step, (by_rows ? m : p) - s0);
+      if (len <= 0) return;
+      if (by_rows) gemm_unpacked(a + s0 * ars, ars, b, brs, C + s0 * p, p, len, n, p);
+      else gemm_unpacked(a, ars, b + s0, brs, C + s0, p, m, n, len);
+    };
+    run_parallel(run, parts, part);
+    return;
+  }
   gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
 }
 

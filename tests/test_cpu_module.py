@@ -87,12 +87,17 @@ def test_matmul_strided_layouts(mod, size):
 
 def test_matmul_threads_and_batches(mod):
     """Products large enough to use the thread pool (including wide ones whose columns are
-    split into groups, and ones with fewer row slivers than threads), and batches of small
+    split into groups, and ones with fewer row slivers than threads), mid-sized ones split by
+    rows or columns without packing (sizes that leave a short last part), and batches of small
     products that run one product per thread, agree with numpy."""
+    g = mod.__gemm__
+    assert g["direct_flops"] < g["split_flops"] < g["parallel_flops"]
     rng = np.random.default_rng(7)
     for batch, m, n, p in [(1, 300, 400, 500), (300, 20, 20, 20), (4, 130, 140, 150),
                            (1, 1, 3000, 2000), (1, 2000, 3000, 1), (1, 5, 400, 1100),
-                           (1, 30, 300, 2100)]:
+                           (1, 30, 300, 2100), (1, 72, 73, 74), (1, 64, 64, 64),
+                           (1, 37, 130, 90), (1, 13, 200, 150), (1, 16, 128, 512),
+                           (1, 20, 150, 97), (3, 100, 101, 102)]:
         a = rng.standard_normal(batch * m * n).astype(np.float32)
         b = rng.standard_normal(batch * n * p).astype(np.float32)
         got, expected = strided_product(mod, a, (m * n, n, 1), 0, b, (n * p, p, 1), 0,
@@ -143,7 +148,9 @@ ISA_SCRIPT = textwrap.dedent("""
     for batch, m, n, p, ta, tb in [(1, 37, 71, 53, False, True), (3, 50, 300, 41, True, False),
                                    (2, 130, 257, 70, True, True), (1, 8, 8, 8, False, False),
                                    (1, 13, 300, 1100, False, False),
-                                   (1, 25, 60, 70, False, False)]:
+                                   (1, 25, 60, 70, False, False),
+                                   (1, 72, 73, 74, False, False), (1, 61, 90, 80, False, False),
+                                   (1, 16, 128, 512, False, False)]:
         A = rng.standard_normal((batch, m, n)).astype(np.float32)
         B = rng.standard_normal((batch, n, p)).astype(np.float32)
         a = np.ascontiguousarray(A.transpose(0, 2, 1) if ta else A).ravel()
