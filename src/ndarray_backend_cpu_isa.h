@@ -32,8 +32,8 @@ constexpr GemmConfig kGemmPortable{"portable", 4, 6, 8, 256, 72};
 constexpr int64_t kTile = 8;
 // m*n*p at or below which a product takes the direct path (no packing, no threads): measured
 // with one thread on AVX-512, the packed engine wins from about 24^3 on. At or above
-// kGemmParallelFlops (about 128^3) one product uses every thread: below it, waking the pool
-// costs about as much as the second thread saves, and far more on a loaded machine.
+// kGemmParallelFlops (about 128^3) the packed engine shares one product among every thread
+// (packing B together); below it products are not packed.
 constexpr double kGemmDirectFlops = 20.0 * 20 * 20;
 constexpr double kGemmParallelFlops = double(1 << 21);
 // From kGemmSplitFlops (64^3) up to kGemmParallelFlops a product of rows-contiguous operands
