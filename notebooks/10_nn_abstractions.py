@@ -362,3 +362,141 @@ assert abs(float(third[0]) - loss_caffe) < 1e-5
 # step, at the cost of Python overhead per op (measured in notebook 06's step profile).
 # Modern systems mix the two: PyTorch 2's `torch.compile` and JAX's `jit` trace a define-by-run
 # program into a static graph and compile it.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/10_nn_abstractions.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+
+import needle as ndl
+from needle import autograd
+from needle.autograd import Tensor
+from needle.check.exercises import central_difference, check_exercise
+
+rng = np.random.default_rng(0)
+bottom_ex = rng.standard_normal((4, 5))        # a layer's input (float64, as in section 1)
+top_grad_ex = rng.standard_normal((4, 5))      # the gradient arriving at its output
+X_ex = rng.standard_normal((6, 5))
+W_ex = rng.standard_normal((5, 5)) / 2
+G_ex = rng.standard_normal((6, 5))
+Xa_ex, Xb_ex = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))  # two batches
+W1_ex, b1_ex = rng.standard_normal((5, 4)), rng.standard_normal((1, 4))
+W2_ex, G2_ex = rng.standard_normal((4, 3)), rng.standard_normal((6, 3))
+
+
+def tensor(a, requires_grad=False):
+    return Tensor(np.asarray(a, dtype=np.float32), requires_grad=requires_grad)
+
+
+def static_relu_graph_dW1(batches):
+    """dW1 of sum((relu(X W1 + b1) W2) * G2) from ONE graph built in lazy mode (with needle's
+    ReLU) on batches[0], then re-run on each batch by feeding the placeholder X."""
+    W1, b1, W2 = (tensor(p, requires_grad=True) for p in (W1_ex, b1_ex, W2_ex))
+    autograd.LAZY_MODE = True
+    try:
+        x = tensor(batches[0])
+        z = ndl.ops.relu(x @ W1 + b1.broadcast_to((6, 4))) @ W2
+        (z * tensor(G2_ex)).sum().backward(create_graph=True)
+    finally:
+        autograd.LAZY_MODE = False
+    results = []
+    for batch in batches:
+        for node in autograd.find_topo_sort([W1.grad]):
+            if node.op is not None:
+                node.cached_data = None
+        x.cached_data = tensor(batch).realize_cached_data()
+        results.append(W1.grad.realize_cached_data().numpy().astype(np.float64))
+    return results
+
+
+# %% [markdown]
+# **Exercise 10.1 (a hand-written backward).** A Caffe-style `TanhLayer` has
+# `forward(bottom) = tanh(bottom)`. Write its `backward`: the gradient with respect to `bottom`
+# given `top_grad`, the gradient of the loss with respect to its output. The check compares it
+# with central finite differences of $\sum \tanh(\text{bottom}) \cdot \text{top\_grad}$ in
+# float64.
+
+# %% tags=["exercise-stub"]
+def tanh_backward(bottom, top_grad):
+    """d loss / d bottom for top = tanh(bottom), given top_grad = d loss / d top."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("10.1 tanh_backward", lambda: tanh_backward(bottom_ex, top_grad_ex),
+               central_difference(lambda b: np.sum(np.tanh(b) * top_grad_ex), bottom_ex),
+               rtol=1e-6, atol=1e-8)
+
+# %% [markdown]
+# **Exercise 10.2 (a layer used twice).** With tied weights, $Y = (X W) W$: the same
+# parameter is used by two layers. A Caffe `LinearLayer` object could not be used twice (its
+# second forward overwrites `self.bottom`), so a Caffe net needs two layer objects sharing $W$,
+# and the gradient of $W$ is the sum of theirs. Write $\partial \ell / \partial W$ for
+# $\ell = \sum Y \odot G$. The check runs needle's define-by-run `backward()`, which adds the
+# two contributions by itself.
+
+# %% tags=["exercise-stub"]
+def tied_weight_gradient(X, W, G):
+    """d/dW of sum(((X @ W) @ W) * G)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _needle_tied_gradient():
+    W = tensor(W_ex, requires_grad=True)
+    ((tensor(X_ex) @ W @ W) * tensor(G_ex)).sum().backward()
+    return W.grad.numpy()
+
+
+check_exercise("10.2 tied_weight_gradient", lambda: tied_weight_gradient(X_ex, W_ex, G_ex),
+               _needle_tied_gradient(), rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 10.3 (predict the stale mask).** Section 3 built one static graph with needle's
+# `ReLU` and found its gradient wrong on the second batch. Predict *exactly* what it gives:
+# for $\ell = \sum (\mathrm{ReLU}(X W_1 + b_1) W_2) \odot G_2$, a graph built on batch
+# `X_old` and re-run on batch `X_new` returns some $\partial \ell / \partial W_1$. Write that
+# (wrong) result in numpy. The check builds such a graph in lazy mode and runs it on both
+# batches: with `X_new = X_old` your function must give the right gradient too.
+
+# %% tags=["exercise-stub"]
+def stale_relu_dW1(X_new, X_old, W1, b1, W2, G2):
+    """The dW1 that a graph built on X_old (needle's ReLU) gives when re-run on X_new."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("10.3 stale_relu_dW1",
+               lambda: [stale_relu_dW1(X, Xa_ex, W1_ex, b1_ex, W2_ex, G2_ex)
+                        for X in (Xa_ex, Xb_ex)],
+               static_relu_graph_dW1([Xa_ex, Xb_ex]), rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 10.4 (a gradient of a gradient).** Because needle's gradients of `mul` and `exp`
+# are graph ops, `backward(create_graph=True)` makes `x.grad` a node that can itself be
+# differentiated. Use it: with needle, compute $f''(x_0)$ for $f(x) = x^2 e^{-x}$ (set
+# `x.grad = None` before the second `backward()`). The check compares with the second central
+# difference of $f$ in float64.
+
+# %% tags=["exercise-stub"]
+def second_derivative(x0):
+    """f''(x0) for f(x) = x² exp(-x), by two backward passes in needle."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _f(x):
+    return x * x * np.exp(-x)
+
+
+_h = 1e-4
+check_exercise("10.4 second_derivative", lambda: [float(second_derivative(x)) for x in (0.7, 3.0)],
+               [(_f(x + _h) - 2 * _f(x) + _f(x - _h)) / _h**2 for x in (0.7, 3.0)],
+               rtol=1e-4, atol=1e-6)

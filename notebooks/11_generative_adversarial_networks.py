@@ -342,3 +342,129 @@ assert 0.6 < d2_acc < 0.9  # the text below describes this run: D still wins
 # Within these limits the asserted numbers above (mean and covariance errors, the final
 # discriminator accuracy, the loss levels, classifier confidence and class coverage) hold for
 # this seed; a different seed gives a different, usually similar, run.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/11_generative_adversarial_networks.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+from scipy.spatial.distance import jensenshannon
+from scipy.stats import multivariate_normal
+
+import needle as ndl
+import needle.nn as nn
+from needle.check.exercises import check_exercise
+
+rng = np.random.default_rng(0)
+A_ex = np.array([[1.0, 2.0], [-0.2, 0.5]])      # the data of part 1: N(mu_ex, A_exᵀ A_ex)
+mu_ex = np.array([2.0, 1.0])
+Wg_ex = np.array([[0.8, 1.5], [0.3, 0.9]])      # a generator part-way there: N(bg_ex, Wgᵀ Wg)
+bg_ex = np.array([1.5, 0.5])
+x_ex = np.concatenate([rng.standard_normal((4, 2)) @ A_ex + mu_ex,
+                       rng.standard_normal((4, 2)) @ Wg_ex + bg_ex])
+s_ex = np.array([-8.0, -3.0, -1.0, 0.0, 1.0, 3.0])  # D's logit of "real" minus of "generated"
+p_ex, q_ex = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))  # two distributions on 6 points
+
+
+def needle_logit_gradients(s):
+    """Per sample, d/ds of log(1 - D) and of -log D, D = softmax of logits (0, s) for "real",
+    from needle's SoftmaxLoss and backward()."""
+    grads = []
+    for label, sign in ((0, -1.0), (1, 1.0)):  # -SoftmaxLoss(., 0) = log(1 - D); (., 1) = -log D
+        logits = ndl.Tensor(np.stack([np.zeros_like(s), s], axis=1).astype(np.float32))
+        labels = ndl.Tensor(np.full(len(s), label, dtype=np.float32), requires_grad=False)
+        (nn.SoftmaxLoss()(logits, labels) * (sign * len(s))).backward()
+        grads.append(logits.grad.numpy()[:, 1].astype(np.float64))
+    return grads
+
+
+# %% [markdown]
+# **Exercise 11.1 (the optimal discriminator).** For a fixed generator the discriminator that
+# maximizes $\mathbb E_{\text{data}}[\log D(x)] + \mathbb E_{G}[\log(1 - D(x))]$ is
+# $D^*(x) = p_{\text{data}}(x) / (p_{\text{data}}(x) + p_G(x))$. Write it for two Gaussians
+# in the plane, data $\mathcal N(\mu_d, \Sigma_d)$ and generator $\mathcal N(\mu_g, \Sigma_g)$,
+# with the Gaussian density written out in numpy. The check uses scipy's densities.
+
+# %% tags=["exercise-stub"]
+def optimal_discriminator(x, mu_d, cov_d, mu_g, cov_g):
+    """D*(x) for each row of x (n, 2): p_data / (p_data + p_G)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+_pd = multivariate_normal(mu_ex, A_ex.T @ A_ex).pdf(x_ex)
+_pg = multivariate_normal(bg_ex, Wg_ex.T @ Wg_ex).pdf(x_ex)
+check_exercise("11.1 optimal_discriminator",
+               lambda: optimal_discriminator(x_ex, mu_ex, A_ex.T @ A_ex, bg_ex, Wg_ex.T @ Wg_ex),
+               _pd / (_pd + _pg), rtol=1e-6, atol=1e-9)
+
+# %% [markdown]
+# **Exercise 11.2 (why the non-saturating loss).** Let $s$ be the discriminator's logit of
+# "real" minus its logit of "generated" for a generated sample, so $D = \sigma(s)$. Derive the
+# derivatives with respect to $s$ of the generator's minimax loss $\log(1 - D)$ and of its
+# non-saturating loss $-\log D$. Then look at them at $s = -8$, a sample the discriminator
+# confidently rejects, as early in training: which one still gives the generator a gradient?
+# The check differentiates needle's `SoftmaxLoss` on the logits $(0, s)$.
+
+# %% tags=["exercise-stub"]
+def generator_loss_derivatives(s):
+    """(d/ds log(1 - sigmoid(s)), d/ds -log sigmoid(s)), element-wise."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("11.2 generator_loss_derivatives", lambda: generator_loss_derivatives(s_ex),
+               needle_logit_gradients(s_ex), rtol=1e-4, atol=1e-6)
+
+# %% [markdown]
+# **Exercise 11.3 (a GAN sees only samples).** Part 1's generator $G(z) = zW + b$ produces
+# $\mathcal N(b, W^\top W)$. Give a weight $W$ different from $A$ (by more than rounding) whose
+# generator has exactly the distribution of the data, $W^\top W = A^\top A$. The check
+# compares the covariances.
+
+# %% tags=["exercise-stub"]
+def another_generator_weight(A):
+    """A (2, 2) W != A with Wᵀ W = Aᵀ A."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _same_distribution(W):
+    W = np.asarray(W, dtype=np.float64)
+    if W.shape != A_ex.shape:
+        return f"expected shape {A_ex.shape}, got {W.shape}"
+    if not np.allclose(W.T @ W, A_ex.T @ A_ex, rtol=1e-6, atol=1e-9):
+        return f"Wᵀ W = {(W.T @ W).round(4).tolist()}, but Aᵀ A = {(A_ex.T @ A_ex).tolist()}"
+    if np.abs(W - A_ex).max() < 0.1:
+        return "that is A itself (or nearly): find a different W"
+    return None
+
+
+check_exercise("11.3 another_generator_weight", lambda: another_generator_weight(A_ex),
+               predicate=_same_distribution)
+
+# %% [markdown]
+# **Exercise 11.4 (what the game minimizes).** For distributions $p$ (data) and $q$
+# (generator) on a finite set, compute the value of the game at the optimal discriminator,
+# $\sum_x p(x) \log D^*(x) + q(x) \log(1 - D^*(x))$. Compare your numbers with
+# $-\log 4 + 2\,\mathrm{JSD}(p \,\|\, q)$: the generator's best response minimizes the
+# Jensen-Shannon divergence, and at $q = p$ the value is $-\log 4$, the $2 \ln 2$ of the loss
+# curves above. The check uses scipy's Jensen-Shannon distance.
+
+# %% tags=["exercise-stub"]
+def value_at_optimal_discriminator(p, q):
+    """max over D of sum p log D + q log(1 - D), for probability vectors p and q."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+check_exercise("11.4 value_at_optimal_discriminator",
+               lambda: [value_at_optimal_discriminator(p_ex, q) for q in (q_ex, p_ex)],
+               [-np.log(4) + 2 * jensenshannon(p_ex, q) ** 2 for q in (q_ex, p_ex)],
+               rtol=1e-6, atol=1e-9)

@@ -356,3 +356,169 @@ for M in (1, 4, 32):
 bubble = {M: (8 - 1) / (M + 8 - 1) for M in (1, 4, 32)}
 print({M: round(v, 3) for M, v in bubble.items()})
 assert bubble[1] == 7 / 8 and bubble[32] < 0.2
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/12_training_large_models.py`; try first.
+
+# %% tags=["exercise-setup"]
+import gc
+
+import numpy as np
+
+import needle as ndl
+import needle.nn as nn
+from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
+from needle.check.exercises import check_exercise
+from needle.checkpoint import checkpoint_sequential
+
+rng = np.random.default_rng(0)
+
+
+def ffn_block(width, bias):
+    """A Transformer's feed-forward block: Linear(w, 4w), ReLU, Linear(4w, w)."""
+    return nn.Sequential(nn.Linear(width, 4 * width, bias=bias), nn.ReLU(),
+                         nn.Linear(4 * width, width, bias=bias))
+
+
+def forward_bytes(batch, width, n_blocks, bias, every=None):
+    """Bytes that stay allocated after the forward pass of n_blocks FFN blocks (allocator count),
+    without checkpointing, or with checkpoint_sequential(blocks, every)."""
+    blocks = [ffn_block(width, bias) for _ in range(n_blocks)]
+    model = nn.Sequential(*blocks) if every is None else checkpoint_sequential(blocks, every)
+    x = ndl.Tensor(rng.standard_normal((batch, width)).astype(np.float32), requires_grad=False)
+    gc.collect()  # no garbage of earlier cells may be freed while the bytes are counted
+    gc.disable()
+    try:
+        start = cpu_module.memory_stats()["live_bytes"]
+        out = model(x)
+        kept = cpu_module.memory_stats()["live_bytes"] - start
+    finally:
+        gc.enable()
+    del out
+    return kept
+
+
+class Ring:
+    """K workers in a ring. ``send(src, array)`` delivers a copy of ``array`` from worker src to
+    worker (src + 1) % K and counts the numbers each worker has sent."""
+
+    def __init__(self, K):
+        self.K = K
+        self.sent = [0] * K
+
+    def send(self, src, array):
+        self.sent[src] += int(np.size(array))
+        return np.array(array, copy=True)
+
+
+X_shards = rng.standard_normal((10, 5)).astype(np.float32)
+y_shards = rng.integers(0, 3, 10).astype(np.float32)
+
+
+def needle_gradients(model, X, y):
+    """The gradients of the mean SoftmaxLoss of ``model`` on (X, y), as numpy arrays."""
+    for p in model.parameters():
+        p.grad = None
+    loss = nn.SoftmaxLoss()(model(ndl.Tensor(X, requires_grad=False)),
+                            ndl.Tensor(y, requires_grad=False))
+    loss.backward()
+    return [p.grad.numpy().astype(np.float64) for p in model.parameters()]
+
+
+# %% [markdown]
+# **Exercise 12.1 (count the activations).** A Transformer's feed-forward block is
+# `Linear(w, 4w)`, `ReLU`, `Linear(4w, w)`. Using section 1's accounting (what each `Linear`
+# and `ReLU` keeps, and that a broadcast is a view), write how many bytes a forward pass of
+# `n_blocks` such blocks keeps alive for backward, for a float32 batch of `batch` rows, with
+# and without biases. The check counts with the allocator (its sizes keep every array a
+# multiple of the allocator's 64-byte alignment).
+
+# %% tags=["exercise-stub"]
+def ffn_forward_bytes(batch, width, n_blocks, bias):
+    """Bytes kept by the forward pass of n_blocks FFN blocks (the input not counted)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+CONFIGS = [(8, 16, 3, True), (8, 16, 3, False), (4, 8, 2, True)]
+check_exercise("12.1 ffn_forward_bytes", lambda: [ffn_forward_bytes(*c) for c in CONFIGS],
+               [forward_bytes(*c) for c in CONFIGS], rtol=0, atol=0)
+
+# %% [markdown]
+# **Exercise 12.2 (checkpointed forward).** Now the same blocks go through
+# `checkpoint_sequential(blocks, every)`. How many bytes does the forward pass keep alive now
+# (before backward)? The check counts with the allocator again; compare with exercise 12.1.
+
+# %% tags=["exercise-stub"]
+def checkpointed_forward_bytes(batch, width, n_blocks, bias, every):
+    """Bytes kept by the checkpointed forward pass (the input not counted)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+CONFIGS_CK = [(8, 16, 5, True, 2), (8, 16, 6, True, 3), (8, 16, 5, False, 1), (8, 16, 4, True, 4)]
+check_exercise("12.2 checkpointed_forward_bytes",
+               lambda: [checkpointed_forward_bytes(*c) for c in CONFIGS_CK],
+               [forward_bytes(*c[:4], every=c[4]) for c in CONFIGS_CK], rtol=0, atol=0)
+
+# %% [markdown]
+# **Exercise 12.3 (a ring all-reduce).** Write the ring all-reduce of section 4 with `ring`
+# as the only way to communicate: worker $i$ may send only to worker $i + 1 \bmod K$. Cut each
+# worker's vector into $K$ chunks; in $K - 1$ reduce-scatter steps each worker sends one chunk
+# and adds the chunk it receives, so that worker $i$ ends with the full sum of one chunk; in
+# $K - 1$ all-gather steps the summed chunks travel once more round the ring. Return every
+# worker's result. The check compares with the sum and counts what each worker sent against
+# $2\frac{K-1}{K} n$.
+
+# %% tags=["exercise-stub"]
+def ring_allreduce(vectors, ring):
+    """The sum of the K vectors (length n, divisible by K), as each of the K workers has it."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _allreduce_ok(K, n):
+    vectors = [rng.standard_normal(n) for _ in range(K)]
+    ring = Ring(K)
+    got = ring_allreduce([v.copy() for v in vectors], ring)
+    total = np.sum(vectors, axis=0)
+    if len(got) != K or not all(np.allclose(g, total, rtol=1e-12, atol=1e-12) for g in got):
+        return f"K={K}: not every worker holds the sum of the {K} vectors"
+    if ring.sent != [2 * (K - 1) * n // K] * K:
+        return f"K={K}, n={n}: workers sent {ring.sent}, expected {2 * (K - 1) * n // K} each"
+    return None
+
+
+check_exercise("12.3 ring_allreduce", lambda: [_allreduce_ok(K, n) for K, n in ((2, 6), (4, 12),
+                                                                               (5, 20))],
+               predicate=lambda problems: next((p for p in problems if p), None))
+
+# %% [markdown]
+# **Exercise 12.4 (unequal shards).** Section 3's `allreduce_gradients` averages the workers'
+# gradients, which is the full-batch gradient only when every worker has the same number of
+# samples. With shards of different sizes (the last batch of an epoch, say), how must the
+# gradients of the mean loss on each shard be combined to give the gradient of the mean loss
+# on the whole batch? The check differentiates needle's model on the shards and on the batch.
+
+# %% tags=["exercise-stub"]
+def combine_shard_gradients(shard_grads, shard_sizes):
+    """shard_grads[i] is the list of parameter gradients on shard i (of shard_sizes[i]
+    samples); returns the list of full-batch gradients."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+np.random.seed(0)
+model_ex = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+_cuts = [(0, 7), (7, 10)]
+check_exercise("12.4 combine_shard_gradients",
+               lambda: combine_shard_gradients(
+                   [needle_gradients(model_ex, X_shards[a:b], y_shards[a:b]) for a, b in _cuts],
+                   [b - a for a, b in _cuts]),
+               needle_gradients(model_ex, X_shards, y_shards), rtol=1e-4, atol=1e-6)

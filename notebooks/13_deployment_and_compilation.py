@@ -354,3 +354,184 @@ for name, (m, inp) in models.items():
 # * A schedule separates *what* is computed from *how* the loops run; split, reorder, vectorize
 #   and parallel change only the how, and each step of the matmul ladder is checked to give the
 #   same product.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a cell to fill in (it starts as `raise NotImplementedError`) and a check
+# cell that says whether your answer is right: "not answered yet", "correct", or "not yet"
+# with what differs. The first cell below gathers everything the exercises use, so this
+# section also runs on its own after a kernel restart. Reference answers are in
+# `notebooks/solutions/13_deployment_and_compilation.py`; try first.
+
+# %% tags=["exercise-setup"]
+import numpy as np
+import onnx
+import onnxruntime as ort
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import te
+from tvm.target import codegen
+
+import needle as ndl
+import needle.nn as nn
+from needle.check.exercises import check_exercise
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+dev = tvm.cpu()
+rng = np.random.default_rng(0)
+np.random.seed(0)  # needle's initialisers draw from numpy's global generator
+X_ex = rng.standard_normal((5, 6)).astype(np.float32)
+
+# a Linear followed by a BatchNorm1d whose running statistics come from a few training batches
+lin_ex, bn_ex = nn.Linear(6, 4), nn.BatchNorm1d(4)
+bn_ex.weight = nn.Parameter(ndl.Tensor(rng.uniform(0.5, 2, 4).astype(np.float32)))
+bn_ex.bias = nn.Parameter(ndl.Tensor(rng.standard_normal(4).astype(np.float32)))
+for _ in range(5):
+    bn_ex(lin_ex(ndl.Tensor(rng.standard_normal((16, 6)).astype(np.float32) * 2 + 1)))
+lin_bn_ex = nn.Sequential(lin_ex, bn_ex).eval()
+BN_ARGS = [t.numpy().astype(np.float64) for t in (lin_ex.weight, lin_ex.bias, bn_ex.weight,
+                                                   bn_ex.bias, bn_ex.running_mean,
+                                                   bn_ex.running_var)] + [bn_ex.eps]
+
+mlp_ex = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+MLP_PARAMS = [p.numpy() for p in mlp_ex.parameters()]  # W1 (6, 8), b1 (1, 8), W2, b2
+
+
+def tvm_run(outputs_of, inputs, out_shape):
+    """Compile the tensor program ``outputs_of(*placeholders)`` for this CPU and run it."""
+    holders = [te.placeholder(a.shape, name=f"in{i}") for i, a in enumerate(inputs)]
+    out = outputs_of(*holders)
+    fn = tvm.compile(tvm.IRModule({"main": te.create_prim_func(holders + [out])}),
+                     target=TARGET)
+    result = tvm.runtime.empty(out_shape, "float32", dev)
+    fn(*[tvm.runtime.tensor(a, dev) for a in inputs], result)
+    return result.numpy()
+
+
+N_EX = 128
+A_mm, B_mm = (rng.standard_normal((N_EX, N_EX)).astype(np.float32) for _ in range(2))
+
+
+def matmul_schedule():
+    """A fresh schedule of C (N_EX, N_EX) = A @ B, loops i, j, k (section 4's matmul_module)."""
+    A = te.placeholder((N_EX, N_EX), name="A")
+    B = te.placeholder((N_EX, N_EX), name="B")
+    k = te.reduce_axis((0, N_EX), name="k")
+    C = te.compute((N_EX, N_EX), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([A, B, C])}))
+
+
+# %% [markdown]
+# **Exercise 13.1 (fold BatchNorm into the layer before it).** In evaluation mode a
+# `BatchNorm1d` is a fixed affine map per feature, so a `Linear` followed by it is one
+# `Linear`: deployment tools fold it away. Given the Linear's $W$ (in, out) and $b$ (1, out) and
+# the BatchNorm's weight $\gamma$, bias $\beta$, running mean and variance and $\epsilon$,
+# return $W'$ and $b'$ with $xW' + b' = \mathrm{BN}(xW + b)$. The check runs needle's two
+# layers in `eval()` mode.
+
+# %% tags=["exercise-stub"]
+def fold_batchnorm(W, b, gamma, beta, mean, var, eps):
+    """(W', b') of the single Linear equal to Linear(W, b) then BatchNorm1d in eval mode."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _folded_output():
+    W_f, b_f = fold_batchnorm(*BN_ARGS)
+    return X_ex.astype(np.float64) @ np.asarray(W_f) + np.asarray(b_f)
+
+
+check_exercise("13.1 fold_batchnorm", _folded_output, lin_bn_ex(ndl.Tensor(X_ex)).numpy(),
+               rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 13.2 (an ONNX graph by hand).** Write what `to_onnx` writes, by hand, with
+# `onnx.helper`: a model with input `"input"` (batch, 6) and output `"output"` (batch, 3),
+# float32, computing $\mathrm{ReLU}(x W_1 + b_1) W_2 + b_2$ (`MatMul`, `Add`, `Relu`; the
+# weights as initializers, made with `numpy_helper.from_array`). Use opset 18 and set
+# `ir_version = 8`, as `to_onnx` does. The check runs the ONNX checker, then your model in
+# onnxruntime against needle's MLP.
+
+# %% tags=["exercise-stub"]
+def mlp_to_onnx(W1, b1, W2, b2, batch):
+    """An onnx.ModelProto of the two-layer MLP for inputs of shape (batch, 6)."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _onnx_ok(proto):
+    onnx.checker.check_model(proto, full_check=True)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(["output"], {"input": X_ex})[0]
+    want = mlp_ex(ndl.Tensor(X_ex)).numpy()
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+        return f"onnxruntime gives\n{got}\nneedle gives\n{want}"
+    return None
+
+
+check_exercise("13.2 mlp_to_onnx", lambda: mlp_to_onnx(*MLP_PARAMS, batch=len(X_ex)),
+               predicate=_onnx_ok)
+
+# %% [markdown]
+# **Exercise 13.3 (a fused operator as a tensor program).** Declare with `te.compute` the
+# output of a `Linear` followed by a ReLU, $Y_{ij} = \max(\sum_k X_{ik} W_{kj} + b_j, 0)$, for
+# placeholders `X` (n, k), `W` (k, m) and `b` (m,). One compiled function then does what
+# needle does with four ops and three intermediate arrays. (`te.sum` over a `te.reduce_axis`
+# is the matmul of section 4; `tvm.tirx.max(a, b)` is an element-wise maximum and
+# `tvm.tirx.const(0.0, "float32")` a zero.) The check compiles it and compares with numpy.
+
+# %% tags=["exercise-stub"]
+def linear_relu_compute(X, W, b):
+    """The te.Tensor Y = max(X @ W + b, 0) for te placeholders X, W, b."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+_lr_inputs = [X_ex, MLP_PARAMS[0], MLP_PARAMS[1].ravel()]
+check_exercise("13.3 linear_relu_compute",
+               lambda: tvm_run(linear_relu_compute, _lr_inputs, (len(X_ex), 8)),
+               np.maximum(X_ex.astype(np.float64) @ MLP_PARAMS[0] + MLP_PARAMS[1], 0),
+               rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# **Exercise 13.4 (a schedule of your own).** Transform the schedule of a 128³ matmul from
+# `matmul_schedule()` into section 4's tiled and vectorized form with tiles of `ti × tj × tk`:
+# the loops around the update in the order $i_0, j_0, k_0, i_1, k_1, j_1$ (outer loops of
+# extent 128/ti, 128/tj, 128/tk, inner ones ti, tk, tj), the innermost $j_1$ vectorized, and
+# the zero-initialisation moved out of the reduction. Return the schedule. The check compiles
+# it, compares the product with numpy, and reads the loops of the update block.
+
+# %% tags=["exercise-stub"]
+def tile_and_vectorize(sch, ti, tj, tk):
+    """The schedule ``sch`` of the matmul, tiled ti x tj x tk with j1 vectorized."""
+    raise NotImplementedError
+
+
+# %% tags=["exercise-check"]
+def _schedule_ok(sch, tiles):
+    ti, tj, tk = tiles
+    fn = tvm.compile(sch.mod, target=TARGET)
+    C = tvm.runtime.empty((N_EX, N_EX), "float32", dev)
+    fn(tvm.runtime.tensor(A_mm, dev), tvm.runtime.tensor(B_mm, dev), C)
+    want = A_mm.astype(np.float64) @ B_mm
+    if not np.allclose(C.numpy(), want, rtol=1e-4, atol=1e-3):
+        return f"tiles {tiles}: the product is wrong"
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    if "C_update" not in names:
+        return f"tiles {tiles}: no C_update block (blocks {names}): decompose the reduction"
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("C_update"))]
+    extents = [int(loop.extent) for loop in loops]
+    want_extents = [N_EX // ti, N_EX // tj, N_EX // tk, ti, tk, tj]
+    if extents != want_extents:
+        return f"tiles {tiles}: loop extents {extents}, expected {want_extents}"
+    if loops[-1].kind != tvm.tirx.ForKind.VECTORIZED:
+        return f"tiles {tiles}: the innermost loop is not vectorized"
+    return None
+
+
+TILES = [(16, 32, 32), (8, 64, 16)]
+check_exercise("13.4 tile_and_vectorize",
+               lambda: [tile_and_vectorize(matmul_schedule(), *t) for t in TILES],
+               predicate=lambda schedules: next((p for p in map(_schedule_ok, schedules, TILES)
+                                                 if p), None))

@@ -19,10 +19,12 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
-# Notebooks that carry exercises (10+ have none yet).
+# Notebooks that carry exercises: every lecture notebook.
 WITH_EXERCISES = ["01_softmax_regression", "02_automatic_differentiation", "03_nn_library",
                   "04_training", "05_ndarray", "06_hardware_acceleration", "07_convolutions",
-                  "08_sequence_models", "09_transformers"]
+                  "08_sequence_models", "09_transformers", "10_nn_abstractions",
+                  "11_generative_adversarial_networks", "12_training_large_models",
+                  "13_deployment_and_compilation"]
 
 
 def exercise_cells(notebook: Path) -> dict[str, list[str]]:
