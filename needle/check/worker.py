@@ -10,6 +10,7 @@ start without an end, which the runner reports for that question alone.
 """
 import faulthandler
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -19,10 +20,21 @@ import types
 CHECK_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def _load_student_impl() -> types.ModuleType:
+    """``needle/student_impl.py`` (shared with ``NEEDLE_IMPL``), loaded by path: importing it as
+    ``needle.student_impl`` would import this project's ``needle`` first."""
+    path = os.path.join(os.path.dirname(CHECK_DIR), "student_impl.py")
+    spec = importlib.util.spec_from_file_location("_needle_student_impl", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _isolate(paths):
     """Put the student's folders first on sys.path and drop any other route to a ``needle``."""
-    sys.meta_path[:] = [f for f in sys.meta_path
-                        if not type(f).__module__.startswith("_editable_")]
+    student_impl = _load_student_impl()
+    student_impl.drop_editable_finders()
+    os.environ.pop(student_impl.ENV, None)  # the homework folder's needle, whatever NEEDLE_IMPL says
     # Keep interpreter/site-packages entries; drop the script folder and source checkouts that
     # hold another needle package.
     keep = []
