@@ -26,6 +26,9 @@
 # with `create_graph=True`; use lazy evaluation
 #
 # **Run time:** about 10 s on a 2-core x86-64 machine
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: they use `retain_grad()` and `backward(create_graph=True)`, which the
+# course's `Tensor` does not have.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
 # Writing those derivatives by hand does not scale; numerical differences are slow (one
@@ -48,9 +51,11 @@ import numpy as np
 
 import needle as ndl
 from needle import autograd
+from needle import lecture
 from needle.viz import save_figure
 
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 print(ndl.BACKEND, ndl.default_device())
 
 # %% [markdown]
@@ -119,6 +124,7 @@ assert [names[id(n)] for n in order] == ["v1", "v2", "v3", "v4"]
 # with `retain_grad()` before `backward()`, as in PyTorch. We ask for all three here.
 
 # %%
+# companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
 for v in (v2, v3, v4):
     v.retain_grad()
 v4.backward()
@@ -145,6 +151,7 @@ assert abs(w1.grad.numpy()[0] - 10.0) < 1e-5 and w2.grad is None
 # $y = e^{v_1}(e^{v_1} + 1)$.
 
 # %%
+# companion-only: the gradients retained by the companion-only cell above
 downstream = {
     "v4": (lambda t: t, 6.0),
     "v3": (lambda t: 2.0 * t, 3.0),
@@ -269,6 +276,7 @@ assert abs(loss.numpy().item() - loss_np(W)) < 1e-4 and err < 1e-5
 # derivative from a `.grad` that was simply left over from the first pass).
 
 # %%
+# companion-only: backward(create_graph=True) (second derivatives)
 x = ndl.Tensor([3.0], dtype="float32")
 (x ** 3).backward()
 print(f"default: y'(3) = {x.grad.numpy()[0]:.4f}, a constant: op={x.grad.op}, "

@@ -31,6 +31,9 @@
 # an op with several outputs
 #
 # **Run time:** about 20 s on a 2-core x86-64 machine
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: they use `retain_grad()` and `backward(create_graph=True)`, which the
+# course's `Tensor` does not have.
 #
 # Automatic differentiation (notebook 02) gives us gradients of any expression; a *library*
 # adds the structure around it:
@@ -53,9 +56,11 @@ import numpy as np
 
 import needle as ndl
 from needle import init, nn, optim
+from needle import lecture
 from needle.viz import save_figure
 
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 # the compiled CPU backend when it is built, else needle's numpy device
 device = ndl.cpu() if ndl.cpu().enabled() else ndl.cpu_numpy()
 print("backend:", ndl.BACKEND, "| device:", device)
@@ -279,6 +284,9 @@ class L2Loss(nn.Module):
 
 x = ndl.Tensor([2.0], dtype="float32")
 t = ndl.Tensor([2.0], dtype="float32", requires_grad=False)
+
+# %%
+# companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
 model = MultiPathScaleAdd()
 h = model(x)
 h.retain_grad()
@@ -333,6 +341,7 @@ assert g_first == [4.0, 4.0] * 2
 # $h = 2(2\cdot 0.92 - 0.04) = 3.60$ and $L = 1.6^2 = 2.56$: the loss went down.
 
 # %%
+# companion-only: the gradients left by the companion-only cell above
 class PlainSGD(optim.Optimizer):
     """theta <- theta - lr * grad, updating through .data (see section 3)."""
 
@@ -527,6 +536,7 @@ assert np.allclose(full, accumulated, atol=1e-5)
 # At $w = 2$, $\eta = 0.5$: $0.5$ through the update, $1$ with the gradient held constant.
 
 # %%
+# companion-only: backward(create_graph=True) (differentiating through an update)
 def grad_after_update(create_graph: bool, w0=2.0, eta=0.5):
     w = ndl.Tensor([w0], dtype="float32")
     (w * w / 2).sum().backward(create_graph=create_graph)
@@ -633,6 +643,7 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
 # decremented when it is freed):
 
 # %%
+# companion-only: retain_grad() on a non-leaf update
 def live_tensors():
     gc.collect()
     return ndl.autograd.TENSOR_COUNTER
@@ -663,6 +674,7 @@ assert all(b > a for a, b in zip(tracked_live, tracked_live[1:]))
 # `w` stays a one-node graph and the number of live tensors stays flat. The values are the same.
 
 # %%
+# companion-only: w_tracked from the companion-only cell above
 w = ndl.Tensor([1.0, -2.0, 3.0], dtype="float32")
 loss = None
 start = live_tensors()
@@ -1021,6 +1033,7 @@ plt.show()
 # adjoint with `retain_grad()`.
 
 # %%
+# companion-only: retain_grad() on a TensorTuple
 x = ndl.Tensor([1.0], dtype="float32")
 out = ndl.fused_add_scalars(x, 1.0, 2.0)
 out.retain_grad()
@@ -1044,6 +1057,7 @@ assert ops.count("FusedAddScalars") == 1 and "AddScalar" not in ops  # one node,
 # adjoint for the selected slot and zeros for the other — and $\partial L/\partial x = 3$.
 
 # %%
+# companion-only: retain_grad() on a TensorTuple
 x = ndl.Tensor([1.0], dtype="float32")
 out = ndl.fused_add_scalars(x, 1.0, 2.0)
 out.retain_grad()

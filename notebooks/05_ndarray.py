@@ -28,6 +28,9 @@
 # matmul kernels robustly and explain the naive → tiled → packed/SIMD → BLAS ladder.
 #
 # **Run time:** about 15 s on a 2-core x86-64 machine (30 s when other jobs load it)
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: they use this project's compiled module (strided kernels, size
+# checks, `matmul_naive`, `__gemm__`) and `NDArray.matmul_tiled`.
 #
 # In homework 3 needle stops borrowing numpy and gets its own array, `NDArray`
 # (`needle/backend_ndarray/ndarray.py`). It is deliberately small: a **flat buffer of float32**
@@ -55,9 +58,11 @@ import numpy as np
 
 import needle as ndl
 from needle import backend_ndarray as nd
+from needle import lecture
 from needle.viz import save_figure
 
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 device = ndl.cpu()  # the compiled C++ backend
 assert device.enabled(), "build the C++ backend first: make build"
 print(device)
@@ -306,6 +311,7 @@ assert np.array_equal(by_hand.numpy(), f.numpy())
 # The module also has the course's compact-only kernels (`ewise_add(a, b, out)` and friends).
 
 # %%
+# companion-only: this project's compiled module: its strided kernel ewise_binary
 mod = device.mod
 print("module:   ", mod.__name__)
 print("device:   ", mod.__device_name__)
@@ -319,6 +325,7 @@ assert mod.__name__ == "needle.backend_ndarray.ndarray_backend_cpu"
 # into its docstring, followed by the description given in the binding:
 
 # %%
+# companion-only: this project's compiled module's pybind11 signatures
 print(mod.matmul.__doc__.strip())
 assert mod.matmul.__doc__.startswith("matmul(a: needle.backend_ndarray.ndarray_backend_cpu.Array")
 
@@ -327,6 +334,7 @@ assert mod.matmul.__doc__.startswith("matmul(a: needle.backend_ndarray.ndarray_b
 # through the course's compact one:
 
 # %%
+# companion-only: the device protocol (protocol.py, ewise_binary)
 from needle.backend_ndarray.protocol import BINARY_OPS  # noqa: E402
 
 out = nd.NDArray.make(a.shape, device=device)
@@ -344,6 +352,7 @@ assert np.array_equal(course.numpy(), out.numpy())
 # exception instead of a crash:
 
 # %%
+# companion-only: this project's compiled module's size checks
 small = nd.NDArray.make((2,), device=device)
 try:
     mod.ewise_add(a._handle, small._handle, out._handle)
@@ -373,6 +382,7 @@ else:
 # strides $(nT, T, n, 1)$, then `compact`.
 
 # %%
+# companion-only: this project's compiled module's matmul_naive and NDArray.matmul_tiled
 T = mod.__tile_size__
 
 
@@ -417,6 +427,7 @@ assert np.array_equal(tile_demo.numpy()[1, 0], np.arange(4 * T * T).reshape(2 * 
 # the tiled route by hand is exactly `NDArray.matmul_tiled`:
 
 # %%
+# companion-only: this project's compiled module's matmul_naive and NDArray.matmul_tiled
 SIZES = [64, 128, 256, 384, 512]
 rng = np.random.default_rng(0)
 inputs = {}
@@ -448,6 +459,7 @@ for n in SIZES:
 # sign that other processes took the CPU), the cell prints a warning instead of a conclusion.
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: this project's compiled module's __gemm__ and matmul_naive, and benchmarks/
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -511,6 +523,7 @@ else:
 # The figure (log scale) is redrawn from this run's measurements.
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the timings of the companion-only cells above
 fig, ax = plt.subplots(figsize=(6.4, 4.0))
 styles = {"matmul_naive": "o-", "matmul_tiled": "s-", "matmul": "^-", "numpy": "k--"}
 labels = {"matmul_naive": "naive (matmul_naive)",

@@ -28,6 +28,9 @@
 # training step into time inside kernels and framework overhead.
 #
 # **Run time:** about 20 s on a 2-core x86-64 machine (a minute when other jobs load it)
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: they use this project's device protocol, its GEMM blocking and ISA
+# dispatch (`__gemm__`), and `benchmarks/`.
 #
 # Notebook 05 built the NDArray: a flat buffer plus (shape, strides, offset), views without
 # copies, and `compact()`. It ended with a measurement: the same product $C = AB$ runs far
@@ -66,13 +69,15 @@ import needle as ndl
 import needle.backend_ndarray.ndarray as ndarray_module
 from needle import backend_ndarray as nd
 from needle.timing import measure
+from needle import lecture
 from needle.viz import save_figure
 
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 device = ndl.cpu()  # the compiled C++ backend
 assert device.enabled(), "build the C++ backend first: make build"
 mod = device.mod
-SRC = Path(ndl.__file__).resolve().parents[1] / "src"
+SRC = lecture.CHECKOUT / "src"  # this project's kernels, also under NEEDLE_IMPL
 assert SRC.is_dir(), f"this notebook reads the kernel sources in {SRC}: run it from a checkout"
 
 
@@ -110,6 +115,7 @@ print(device, "| source directory:", SRC.name)
 # implement it: numpy (`cpu_numpy()`), C++ (`cpu()`) and CUDA (`cuda()`).
 
 # %%
+# companion-only: the device protocol (protocol.py) and the op tables
 from needle.backend_ndarray import protocol
 
 PROTOCOL = sorted(n for n, v in vars(protocol.DeviceModule).items()
@@ -139,6 +145,7 @@ print("cpu() extras beyond the protocol and the course's names:", ", ".join(extr
 # (the homework's tile-by-tile product) and `matmul_naive` (the textbook loop).
 
 # %%
+# companion-only: the device protocol (protocol.py)
 for m_ in (mod, numpy_mod):
     assert set(PROTOCOL) <= set(functions(m_)), set(PROTOCOL) - set(functions(m_))
     assert set(COURSE) <= set(functions(m_)), set(COURSE) - set(functions(m_))
@@ -154,6 +161,7 @@ assert (mod.__device_name__, numpy_mod.__device_name__) == ("cpu", "cpu_numpy")
 # only protocol functions and the tiled exhibit, nothing else:
 
 # %%
+# companion-only: the device protocol (protocol.py)
 used = set(re.findall(r"device\.(\w+)\(", inspect.getsource(ndarray_module)))
 used = {n for n in used if not hasattr(nd.BackendDevice, n)}
 print(len(used), "device functions called by NDArray:", ", ".join(sorted(used)))
@@ -167,6 +175,7 @@ assert used and used <= set(PROTOCOL) | {"matmul_tiled"}, used - set(PROTOCOL)
 # disabled device refuses to allocate with a `RuntimeError` rather than crashing.
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the device protocol (protocol.py)
 cuda = ndl.cuda()
 built = cuda.mod is not None
 print(f"cuda module built: {built} | cuda().enabled(): {cuda.enabled()}")
@@ -224,6 +233,7 @@ assert not np.array_equal(raw.numpy(), expected)
 # $(1, 3)$, the same buffer gives the right answer; this is what `t + y` calls:
 
 # %%
+# companion-only: the device protocol (protocol.py, ewise_binary)
 ADD = protocol.BINARY_OPS.index("add")
 strided = nd.NDArray.make((3, 2), device=device)
 mod.ewise_binary(ADD, t._handle, t.strides, t._offset, y._handle, y.strides, y._offset,
@@ -382,6 +392,7 @@ assert abs(flops / minimum_loads - 682.67) < 0.01
 # per instruction set (what it prints depends on the CPU, so it is not compared).
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: this project's compiled module's __gemm__ (GEMM blocking, ISA dispatch)
 GEMM = mod.__gemm__
 REGISTERS = {"avx512": 32, "avx2": 16, "portable": 16}  # x86-64 vector registers per set
 
@@ -422,6 +433,7 @@ for name, cfg in CPU_CONFIGS.items():
 # vectors, and the chosen variant is one the CPU can run:
 
 # %%
+# companion-only: this project's compiled module's __gemm__ (GEMM blocking, ISA dispatch)
 assert GEMM["isa"] in GEMM["available"] and GEMM["isa"] == mod.__matmul_kernel__
 for name, cfg in CPU_CONFIGS.items():
     assert cfg["isa"] == name and cfg["NR"] % cfg["VW"] == 0
@@ -459,6 +471,7 @@ for name, cfg in CPU_CONFIGS.items():
 # x86-64 cores for over a decade) and the A block in L2 (at least 256 KiB).
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the GEMM configurations of the companion-only cells above
 print(f"{'kernel':<10}{'B sliver KC x NR (L1)':>24}{'A block MC x KC (L2)':>24}")
 for name, cfg in CPU_CONFIGS.items():
     sliver, block = cfg["KC"] * cfg["NR"] * 4, cfg["MC"] * cfg["KC"] * 4
@@ -473,6 +486,7 @@ for name, cfg in CPU_CONFIGS.items():
 # closed-form formulas above.
 
 # %%
+# companion-only: the GEMM configurations of the companion-only cells above
 def blocked_matmul(A: np.ndarray, B: np.ndarray, cfg: dict, compute: bool = True):
     """C = A @ B by gemm_blocked's loop nest (one thread), and the floats moved per level.
 
@@ -533,6 +547,7 @@ assert err < 1e-5
 # multiple of 12) costs a little against the formulas' ideal values:
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the GEMM configurations of the companion-only cells above
 def intensities(cfg: dict, n: int = N) -> dict:
     """Flops per float at each level for an n^3 product, from the loop-nest model."""
     _, counts = blocked_matmul(np.empty((n, n)), np.empty((n, n)), cfg, compute=False)
@@ -601,6 +616,7 @@ assert tiled_buf[:8].tolist() == [0, 1, 6, 7, 2, 3, 8, 9]
 # same kernel), and, to rounding, what `@` and numpy return (other summation orders):
 
 # %%
+# companion-only: this project's compiled module's __gemm__ and NDArray.matmul_tiled
 T = GEMM["tile"]
 assert T == mod.__tile_size__
 
@@ -630,6 +646,7 @@ assert np.allclose(by_hand, xa.astype(np.float64) @ xb, rtol=1e-5, atol=1e-5)
 # matrix spreads the same tile over 8 lines, each only half used.
 
 # %%
+# companion-only: the tile size T of the companion-only cell above
 tile_bytes, line = T * T * 4, 64
 print(f"tile: {tile_bytes} bytes = {tile_bytes // line} cache lines (tiled) "
       f"vs {T} lines of which {T * 4} bytes used (row-major)")
@@ -739,6 +756,7 @@ assert [untiled // plans[c]["shared reads (floats)"] for c in (SMALL, BIG)] == [
 # and the global loads must match the formula:
 
 # %%
+# companion-only: the random stream rng of a companion-only cell above
 def emulate_matmul_kernel(A: np.ndarray, B: np.ndarray, cfg: tuple):
     """matmul_kernel<cfg> in numpy: returns (C, writes per output, global loads)."""
     BM, BN, BK, TM, TN = cfg
@@ -885,6 +903,7 @@ assert bound["untiled"] / PEAK < 0.02
 assert gpu_points["64x64 tiles"] == 16 > ridge and gpu_points["128x128 tiles"] == 32 > 2 * ridge
 
 # %%
+# companion-only: this project's compiled module's __gemm__ (GEMM blocking)
 cpu_cfg = GEMM  # this build's blocking
 cpu_counts = closed_form(N, N, N, cpu_cfg)
 traffic = {
@@ -940,6 +959,7 @@ plt.show()
 # repeated steps):
 
 # %%
+# companion-only: benchmarks/step_profile on this project's needle
 ROOT = Path(ndl.__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside needle in a checkout
@@ -957,6 +977,7 @@ assert set(before["cases"]) == set(step_profile.CASES)
 # output is not compared):
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: benchmarks/step_profile on this project's needle
 after = {case: step_profile.profile_case(case, device, repeats=5) for case in step_profile.CASES}
 print("after: this checkout, medians of 5 steps")
 print(step_profile.render(after))
@@ -966,6 +987,7 @@ for r in after.values():
     assert abs(sum(ph["kernel_ms"] for ph in phases) - r["kernel_ms"]) < 0.5 * r["kernel_ms"]
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the step profiles of the companion-only cells above
 fig, axes = plt.subplots(1, len(step_profile.CASES), figsize=(12, 3.6))
 for ax, case in zip(axes, step_profile.CASES):
     rows = [("before", before["cases"][case]), ("after", after[case])]

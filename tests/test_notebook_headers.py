@@ -97,3 +97,66 @@ def test_there_are_notebooks():
 def test_notebook_has_the_header_fields(py):
     problems = header_problems(py.read_text(encoding="utf-8"))
     assert not problems, f"{py.name}: first markdown cell: " + "; ".join(problems)
+
+
+# ---- student mode (NEEDLE_IMPL): companion-only cells ----------------------------------------------
+STUDENT_MODE = "**Student mode:**"
+
+
+def code_cells(text: str) -> list[list[str]]:
+    """The source lines of each code cell (``# %%`` without ``[markdown]``) of a percent script."""
+    cells, current = [], None
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            current = None if "[markdown]" in line else []
+            if current is not None:
+                cells.append(current)
+        elif current is not None:
+            current.append(line)
+    return cells
+
+
+def student_mode_problems(text: str) -> list[str]:
+    """A notebook with ``# companion-only:`` cells must say so in its header (a Student mode line)
+    and call ``lecture.setup()`` in its first code cell; one without must do neither."""
+    from needle.lecture import companion_only_reason
+    cells = code_cells(text)
+    marked = sum(companion_only_reason(c) is not None for c in cells)
+    header = [line.strip() for line in first_markdown_cell(text)]
+    claims = any(line.startswith(STUDENT_MODE) for line in header)
+    calls = bool(cells) and "lecture.setup()" in "\n".join(cells[0])
+    if marked and not claims:
+        return [f"{marked} companion-only cells but no line starting with {STUDENT_MODE}"]
+    if marked and not calls:
+        return [f"{marked} companion-only cells but the first code cell does not call "
+                "lecture.setup()"]
+    if not marked and (claims or calls):
+        return [f"no companion-only cells, yet the notebook has a {STUDENT_MODE} line or calls "
+                "lecture.setup()"]
+    return []
+
+
+MARKED = GOOD.replace("# Text.", "# Text.\n\n# %%\nfrom needle import lecture\nlecture.setup()"
+                      ).replace("print(1)", "# companion-only: create_graph=True\nprint(1)")
+CLAIM = "# **Student mode:** with NEEDLE_IMPL, cells marked companion-only are skipped\n"
+
+
+def test_marked_cells_need_the_student_mode_line_and_setup():
+    with_line = MARKED.replace("#\n# Text.", CLAIM + "#\n# Text.")
+    assert student_mode_problems(with_line) == []
+    assert student_mode_problems(MARKED) == [
+        f"1 companion-only cells but no line starting with {STUDENT_MODE}"]
+    no_setup = with_line.replace("lecture.setup()", "pass")
+    assert "does not call lecture.setup()" in student_mode_problems(no_setup)[0]
+
+
+def test_a_notebook_without_marked_cells_must_not_claim_student_mode():
+    assert student_mode_problems(GOOD) == []
+    claimed = GOOD.replace("#\n# Text.", CLAIM + "#\n# Text.")
+    assert "no companion-only cells" in student_mode_problems(claimed)[0]
+
+
+@pytest.mark.parametrize("py", SOURCES, ids=[p.stem for p in SOURCES])
+def test_notebook_says_which_cells_student_mode_skips(py):
+    problems = student_mode_problems(py.read_text(encoding="utf-8"))
+    assert not problems, f"{py.name}: " + "; ".join(problems)

@@ -1,0 +1,274 @@
+"""NEEDLE_IMPL: the lecture notebooks run against a student's own needle.
+
+Each test builds a course-layout ``hw4/python/needle`` in tmp_path from this project's package
+without its tools (viz, timing, lecture, check, apps, student_impl), its later-lecture modules
+and its offline data sets, with the course's plain ``__init__`` (no hook), then imports
+``needle`` in a subprocess with ``NEEDLE_IMPL`` pointing at it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import needle
+from needle import lecture
+from needle.student_impl import COURSE_MODULES, OFFLINE_DATA, TOOL_MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(needle.__file__).resolve().parent
+NOT_IN_THE_COURSE = ("__pycache__", "check", "apps", "viz.py", "timing.py", "lecture.py",
+                     "student_impl.py", "checkpoint.py", "distributed.py",
+                     "distributed_train.py", "export.py")
+
+
+def course_init() -> str:
+    """This project's ``__init__`` body without the NEEDLE_IMPL hook: the course's imports."""
+    lines = (PACKAGE / "__init__.py").read_text().split("if not _use_student_package():\n")[1]
+    return textwrap.dedent(lines)
+
+
+@pytest.fixture
+def student(tmp_path) -> Path:
+    """``tmp_path/hw4/python``: a student's folder holding a course-only copy of needle."""
+    python = tmp_path / "hw4" / "python"
+    pkg = python / "needle"
+    shutil.copytree(PACKAGE, pkg, ignore=shutil.ignore_patterns(*NOT_IN_THE_COURSE))
+    (pkg / "__init__.py").write_text('"""A student\'s needle."""\n' + course_init())
+    for module, names in OFFLINE_DATA.items():  # the course's data modules lack these
+        path = pkg / "data" / "datasets" / f"{module}.py"
+        path.write_text(path.read_text() + f"\n\ndel {', '.join(names)}\n"
+                        "__all__ = [n for n in __all__ if n in globals()]\n")
+    return python
+
+
+def run(code: str, impl, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -c code`` with NEEDLE_IMPL=impl (unset when None)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
+    if impl is not None:
+        env["NEEDLE_IMPL"] = str(impl)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+WHERE = """
+import importlib, json, needle
+import needle as ndl
+mods = {m: importlib.import_module(m).__file__ for m in MODULES}
+print(json.dumps(mods))
+"""
+
+
+def test_the_students_package_and_its_submodules_are_imported(student):
+    course = ["needle"] + [f"needle.{m}" for m in sorted(COURSE_MODULES)] + [
+        "needle.ops.ops_mathematic", "needle.nn.nn_basic", "needle.backend_ndarray.ndarray",
+        "needle.data.data_basic", "needle.init.init_basic"]
+    tools = ["needle.viz", "needle.timing", "needle.lecture", "needle.check.exercises",
+             "needle.apps.simple_ml", "needle.apps.mlp_resnet"]
+    done = run(f"MODULES = {course + tools!r}" + WHERE, student, cwd=student.parents[1])
+    assert done.returncode == 0, done.stderr
+    where = {m: Path(f).resolve() for m, f in json.loads(done.stdout).items()}
+    for m in course:
+        assert where[m].is_relative_to(student), (m, where[m])
+    for m in tools:
+        assert where[m].is_relative_to(PACKAGE), (m, where[m])
+    assert f"needle from {student} (NEEDLE_IMPL)" in done.stderr.splitlines()
+
+
+def test_a_relative_path_is_made_absolute_for_subprocesses(student):
+    done = run("""
+        import os, needle
+        print(os.environ["NEEDLE_IMPL"])
+        print(needle.__file__)
+        """, "hw4/python", cwd=student.parents[1])
+    assert done.returncode == 0, done.stderr
+    env, file = done.stdout.split()
+    assert Path(env) == student and Path(file) == student / "needle" / "__init__.py"
+
+
+def test_extensions_are_not_taken_from_this_project(student):
+    done = run("""
+        import needle as ndl
+        for name in ("checkpoint", "export", "distributed"):
+            try:
+                __import__("needle." + name)
+            except ModuleNotFoundError as exc:
+                print(exc)
+        """, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"No module named 'needle.{m}'"
+                                        for m in ("checkpoint", "export", "distributed")]
+
+
+def test_the_offline_data_sets_are_built_on_the_students_dataset(student):
+    done = run("""
+        import needle as ndl
+        from needle.data.datasets.ptb_dataset import default_grammar
+        ds = ndl.data.DigitsDataset(train=False, image_size=8)
+        base = ndl.data.Dataset
+        print(isinstance(ds, base), base.__module__, len(ds), ds[0][0].shape)
+        print(issubclass(ndl.data.ShapesDataset, base), len(default_grammar().vocab))
+        """, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True needle.data.data_basic 297 (64,)", "True 69"]
+
+
+BROKEN_ADD = """
+
+_correct_add = EWiseAdd.compute
+
+
+def _broken_add(self, a, b):
+    return _correct_add(self, a, b) + 1  # off by one, as a student's bug might be
+EWiseAdd.compute = _broken_add
+"""
+
+
+def test_a_broken_student_op_shows_up(student):
+    code = """
+        import numpy as np
+        import needle as ndl
+        x = ndl.Tensor(np.array([1.0, 2.0], dtype="float32"))
+        print((x + x).numpy().tolist())
+        """
+    assert run(code, student).stdout.strip() == "[2.0, 4.0]"
+    ops = student / "needle" / "ops" / "ops_mathematic.py"
+    ops.write_text(ops.read_text() + BROKEN_ADD)
+    done = run(code, student)
+    assert done.stdout.strip() == "[3.0, 5.0]", done.stderr
+
+
+def test_a_bug_in_the_students_init_propagates(student):
+    init = student / "needle" / "__init__.py"
+    init.write_text(init.read_text() + "\nraise NotImplementedError('half-written')\n")
+    done = run("import needle", student)
+    assert done.returncode != 0
+    assert "NotImplementedError: half-written" in done.stderr
+    assert str(init) in done.stderr
+
+
+@pytest.mark.parametrize("case, missing", [("absent", "is not a folder"),
+                                           ("empty", "has no needle/ "),
+                                           ("no_init", "has no needle/__init__.py")])
+def test_a_bad_path_raises_an_import_error_naming_it(tmp_path, case, missing):
+    folder = tmp_path / case
+    if case != "absent":
+        folder.mkdir()
+    if case == "no_init":
+        (folder / "needle").mkdir()
+    done = run("import needle", folder)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: NEEDLE_IMPL=") and str(folder) in last, last
+    assert missing in last and "hw2/python" in last, last
+
+
+def test_this_projects_own_folder_is_a_no_op():
+    done = run("import needle; print(needle.__file__)", ROOT)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == PACKAGE / "__init__.py"
+    assert "NEEDLE_IMPL" not in done.stderr
+
+
+def test_a_copy_of_this_projects_init_does_not_redirect_twice(tmp_path):
+    """A student who copied this project's needle (hook included) still gets their copy."""
+    python = tmp_path / "hw4" / "python"
+    shutil.copytree(PACKAGE, python / "needle",
+                    ignore=shutil.ignore_patterns("__pycache__", "check"))
+    done = run("import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
+               python)
+    assert done.returncode == 0, done.stderr
+    assert [Path(p) for p in done.stdout.split()] == [python / "needle" / "__init__.py",
+                                                      python / "needle" / "ops" / "__init__.py"]
+
+
+# ---- companion-only cells ------------------------------------------------------------------------
+MARKED = ["# companion-only: fused kernels (ndl.ops.layernorm_rows)\n", "y = f(x)\n"]
+
+
+def test_the_transformer_turns_a_marked_cell_into_one_skip_line(capsys):
+    out = lecture.skip_companion_only(["\n"] + MARKED, "/hw/python")
+    assert len(out) == 1
+    exec(compile("".join(out), "<cell>", "exec"), {})
+    assert capsys.readouterr().out == (
+        "companion-only cell skipped: it uses fused kernels (ndl.ops.layernorm_rows), which the "
+        "course's needle (from /hw/python, NEEDLE_IMPL) does not have\n")
+
+
+@pytest.mark.parametrize("cell", [
+    ["x = 1\n"],
+    ["x = 1  # companion-only: not the first line\n"],
+    ["x = 1\n", "# companion-only: a later line\n"],
+    ["# companion-only:\n", "x = 1\n"],  # no reason given: not a marker
+    [],
+])
+def test_the_transformer_leaves_other_cells_alone(cell):
+    assert lecture.skip_companion_only(cell, "/hw/python") == cell
+
+
+IPYTHON = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_cell("import needle; from needle import lecture; print(lecture.setup())")
+shell.run_cell("# companion-only: create_graph=True\\nprint('marked cell ran')")
+shell.run_cell("print('plain cell ran')")
+"""
+
+
+def test_setup_registers_the_transformer_only_in_student_mode(student):
+    done = run(IPYTHON, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True",
+        f"companion-only cell skipped: it uses create_graph=True, which the course's needle "
+        f"(from {student}, NEEDLE_IMPL) does not have",
+        "plain cell ran"]
+    done = run(IPYTHON, None)  # this project's needle: the marked cell runs as written
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "marked cell ran", "plain cell ran"]
+
+
+# ---- a real notebook, end to end ------------------------------------------------------------------
+NOTEBOOK = ROOT / "notebooks" / "02_automatic_differentiation.ipynb"
+EXECUTE = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+               resources={"metadata": {"path": sys.argv[2]}}).execute()
+errors, streams = [], []
+for cell in nb.cells:
+    for out in cell.get("outputs", []):
+        if out.output_type == "error":
+            errors.append(f"{out.ename}: {out.evalue} in {cell.source[:80]!r}")
+        elif out.output_type == "stream":
+            streams.append(out.text)
+print(json.dumps({"errors": errors, "streams": streams}))
+"""
+
+
+def test_notebook_02_runs_on_the_students_needle(student):
+    source = NOTEBOOK.with_suffix(".py").read_text()
+    marked = len(re.findall(r"^# %%.*\n# companion-only: ", source, flags=re.M))
+    assert marked, "notebook 02 has no companion-only cells to skip"
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "MPLBACKEND")}
+    env["NEEDLE_IMPL"] = str(student)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run([sys.executable, "-c", EXECUTE, str(NOTEBOOK), str(NOTEBOOK.parent)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["errors"] == []
+    text = "".join(result["streams"])
+    assert f"needle from {student} (NEEDLE_IMPL)" in text
+    assert text.count("companion-only cell skipped: ") == marked
+    # the exercise checks ran on the student's package too
+    assert "not answered yet" in text
