@@ -97,7 +97,8 @@ def test_matmul_threads_and_batches(mod):
                            (1, 1, 3000, 2000), (1, 2000, 3000, 1), (1, 5, 400, 1100),
                            (1, 30, 300, 2100), (1, 72, 73, 74), (1, 64, 64, 64),
                            (1, 37, 130, 90), (1, 13, 200, 150), (1, 16, 128, 512),
-                           (1, 20, 150, 97), (3, 100, 101, 102)]:
+                           (1, 20, 150, 97), (3, 100, 101, 102), (40, 90, 100, 110),
+                           (1, 250, 260, 270), (1, 12, 1000, 2100)]:
         a = rng.standard_normal(batch * m * n).astype(np.float32)
         b = rng.standard_normal(batch * n * p).astype(np.float32)
         got, expected = strided_product(mod, a, (m * n, n, 1), 0, b, (n * p, p, 1), 0,
