@@ -27,6 +27,9 @@
 # easy and hard; explain why a re-runnable static graph needs every gradient to be a graph op
 #
 # **Run time:** about 6 s on a 2-core x86-64 machine
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: the re-runnable static graph of section 3 and exercises 10.3-10.4
+# use `backward(create_graph=True)`, which the course's `Tensor` does not have.
 #
 # The same two-layer network, $\ell(\mathrm{softmax}(\mathrm{ReLU}(XW_1 + b_1)W_2 + b_2), y)$, is
 # written three times:
@@ -51,10 +54,12 @@ from sklearn.datasets import load_digits
 import needle as ndl
 import needle.nn as nn
 from needle import autograd
+from needle import lecture
 from needle.autograd import Tensor, TensorOp
 
 np.set_printoptions(precision=4, suppress=True)
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 device = ndl.cpu()
 
 # %% [markdown]
@@ -255,6 +260,7 @@ assert err_lazy < 1e-5
 # one step and wrong for a graph meant to be re-fed.
 
 # %%
+# companion-only: backward(create_graph=True) (gradients as graph nodes)
 def run(fetches, feeds):
     """Clear every computed node reachable from ``fetches``, set the placeholder leaves in
     ``feeds`` (a dict leaf -> numpy array), and return the realized fetches as numpy arrays."""
@@ -309,6 +315,7 @@ assert max_rel_err(second, grads_caffe2) > 1e-2
 # `ReluGrad(gradients, features)` is. The same fix in needle is two small ops:
 
 # %%
+# companion-only: build_graph and run of the companion-only cell above (backward(create_graph=True))
 class ReLUGrad(TensorOp):
     """out_grad · [a > 0], with ``a`` an input of the graph (not a snapshot of its value)."""
 
@@ -473,6 +480,7 @@ def stale_relu_dW1(X_new, X_old, W1, b1, W2, G2):
 
 
 # %% tags=["exercise-check"]
+# companion-only: backward(create_graph=True) (the check re-runs a static gradient graph)
 check_exercise("10.3 stale_relu_dW1",
                lambda: [stale_relu_dW1(X, Xa_ex, W1_ex, b1_ex, W2_ex, G2_ex)
                         for X in (Xa_ex, Xb_ex)],
@@ -492,6 +500,7 @@ def second_derivative(x0):
 
 
 # %% tags=["exercise-check"]
+# companion-only: backward(create_graph=True) (the answer differentiates a gradient)
 def _f(x):
     return x * x * np.exp(-x)
 

@@ -26,6 +26,11 @@
 # communication of data, model and pipeline parallelism from a machine's measured speeds
 #
 # **Run time:** about 30 s on an idle 2-core x86-64 machine
+# **Student mode:** this notebook is mostly about this project's extensions: with
+# `NEEDLE_IMPL=path/to/hwN/python` (your own needle), sections 1-3 and exercises 12.1-12.2 are
+# skipped (cells marked companion-only: they use the CPU module's `memory_stats()`,
+# `needle.checkpoint` and `needle.distributed`); section 4's measurements and arithmetic and
+# exercises 12.3-12.4 run on your needle.
 #
 # A model is "large" when one step no longer fits the memory or the time of one device. Memory
 # goes to the parameters, their gradients, the optimizer state, and the **activations** that the
@@ -47,14 +52,21 @@ import numpy as np
 
 import needle as ndl
 import needle.nn as nn
-from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
-from needle.checkpoint import checkpoint_sequential, graph_bytes, sqrt_rule
+from needle import lecture
 from needle.viz import save_figure
 
 np.set_printoptions(precision=3, suppress=True)
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 device = ndl.cpu()
 ROOT = Path(ndl.__file__).resolve().parents[1]
+mpiexec = str(Path(sys.executable).parent / "mpiexec")
+
+# %%
+# companion-only: needle.checkpoint and the CPU module's memory_stats() (allocator byte counts)
+from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
+from needle.checkpoint import checkpoint_sequential, graph_bytes, sqrt_rule
+
 print(cpu_module.memory_stats.__doc__.strip().splitlines()[-1])
 
 # %% [markdown]
@@ -65,6 +77,7 @@ print(cpu_module.memory_stats.__doc__.strip().splitlines()[-1])
 # on a batch of 512. One activation (512 × 256 float32) is 512 KiB.
 
 # %%
+# companion-only: the CPU module's memory_stats() and needle.checkpoint.graph_bytes
 N_BLOCKS, WIDTH, BATCH = 16, 256, 512
 ACT = BATCH * WIDTH * 4  # bytes of one activation
 
@@ -113,6 +126,7 @@ assert kept_live == kept_graph == 3 * N_BLOCKS * ACT
 # batch or a longer sequence the ratio grows without bound.
 
 # %%
+# companion-only: the per-layer byte counts of the companion-only cell above
 fig, ax = plt.subplots(figsize=(9, 3))
 cumulative = np.cumsum([b for _, b in growth]) / 2**20
 colors = ["tab:blue" if name == "Linear" else "tab:orange" for name, _ in growth]
@@ -141,6 +155,7 @@ plt.show()
 # is recomputed exactly once, whatever $k$: the price is one extra forward pass.
 
 # %%
+# companion-only: needle.checkpoint.checkpoint_sequential and the CPU module's memory_stats()/reset_peak()
 calls = {"n": 0}
 
 
@@ -192,6 +207,7 @@ assert peaks[1] > peaks[best] and peaks[16] > peaks[best]
 # adjoints in flight), next to the measurements:
 
 # %%
+# companion-only: the checkpointing peaks of the companion-only cell above
 ks = np.array(KS)
 shape = np.ceil(N_BLOCKS / ks) + 3 * ks
 fixed = float(np.median([peaks[k] / ACT for k in KS] - shape))
@@ -207,6 +223,7 @@ assert np.all(np.abs(shape + fixed - np.array([peaks[k] / ACT for k in KS])) <= 
 # steps; the numbers vary from run to run and are not compared):
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: needle.checkpoint.checkpoint_sequential
 def step_seconds(model, repeats=3):
     x = ndl.Tensor(X, device=device, requires_grad=False)
     y = ndl.Tensor(Y, device=device, requires_grad=False)
@@ -224,6 +241,7 @@ print(f"plain step {plain_s * 1e3:.0f} ms; with checkpointing: "
       + ", ".join(f"k={k} {t / plain_s:.2f}x" for k, t in ckpt_s.items()))
 
 # %%
+# companion-only: the checkpointing measurements of the companion-only cells above
 fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.6))
 ax.plot(KS, [peaks[k] / 2**20 for k in KS], "o-", label="measured peak")
 ax.plot(KS, (shape + fixed) * ACT / 2**20, "--", label=r"$\lceil N/k\rceil + 3k$ + fixed")
@@ -256,7 +274,7 @@ plt.show()
 # same script without `mpiexec` is that single process.
 
 # %%
-mpiexec = str(Path(sys.executable).parent / "mpiexec")
+# companion-only: needle.distributed and needle.distributed_train (data parallelism over MPI)
 args = [sys.executable, "-m", "needle.distributed_train", "--steps", "30", "--batch", "64"]
 with tempfile.TemporaryDirectory() as tmp:
     subprocess.run(args + ["--out", f"{tmp}/one.npz"], cwd=ROOT, check=True)
@@ -280,6 +298,7 @@ assert int(two["comm_bytes"]) == 30 * 4 * n_params
 # mechanism, not a speed-up. Its communication was measured:
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the MPI run of the companion-only cell above
 comm_ms = 1e3 * float(two["comm_seconds"]) / int(two["comm_calls"])
 compute_ms = 1e3 * float(two["compute_seconds"]) / 30
 print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:.0f} kB "
@@ -375,7 +394,6 @@ import needle as ndl
 import needle.nn as nn
 from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
 from needle.check.exercises import check_exercise
-from needle.checkpoint import checkpoint_sequential
 
 rng = np.random.default_rng(0)
 
@@ -389,6 +407,8 @@ def ffn_block(width, bias):
 def forward_bytes(batch, width, n_blocks, bias, every=None):
     """Bytes that stay allocated after the forward pass of n_blocks FFN blocks (allocator count),
     without checkpointing, or with checkpoint_sequential(blocks, every)."""
+    from needle.checkpoint import checkpoint_sequential  # this project's extension
+
     blocks = [ffn_block(width, bias) for _ in range(n_blocks)]
     model = nn.Sequential(*blocks) if every is None else checkpoint_sequential(blocks, every)
     x = ndl.Tensor(rng.standard_normal((batch, width)).astype(np.float32), requires_grad=False)
@@ -446,6 +466,7 @@ def ffn_forward_bytes(batch, width, n_blocks, bias):
 
 
 # %% tags=["exercise-check"]
+# companion-only: the CPU module's memory_stats() (the check counts bytes with the allocator)
 CONFIGS = [(8, 16, 3, True), (8, 16, 3, False), (4, 8, 2, True)]
 check_exercise("12.1 ffn_forward_bytes", lambda: [ffn_forward_bytes(*c) for c in CONFIGS],
                [forward_bytes(*c) for c in CONFIGS], rtol=0, atol=0)
@@ -462,6 +483,7 @@ def checkpointed_forward_bytes(batch, width, n_blocks, bias, every):
 
 
 # %% tags=["exercise-check"]
+# companion-only: needle.checkpoint and the CPU module's memory_stats()
 CONFIGS_CK = [(8, 16, 5, True, 2), (8, 16, 6, True, 3), (8, 16, 5, False, 1), (8, 16, 4, True, 4)]
 check_exercise("12.2 checkpointed_forward_bytes",
                lambda: [checkpointed_forward_bytes(*c) for c in CONFIGS_CK],

@@ -27,6 +27,10 @@
 # compile an ONNX model with TVM and check it against onnxruntime
 #
 # **Run time:** about 30 s on a 2-core x86-64 machine (TVM compilations included)
+# **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
+# companion-only are skipped: the ONNX export of section 2 and everything that runs the exported
+# models (onnxruntime latency, TVM in section 5) use `needle.export`, which the course's needle
+# does not have. Training, TVM's schedules and the exercises run on your needle.
 #
 # Training needs a framework; *running* a trained model does not. Deployment turns the model into
 # a description that other engines can execute: a graph of standard operators (ONNX) that a
@@ -47,13 +51,14 @@ from tvm.target import codegen
 
 import needle as ndl
 import needle.nn as nn
+from needle import lecture
 from needle.apps.mlp_resnet import MLPResNet
-from needle.export import to_onnx
 from needle.timing import measure
 from needle.viz import save_figure
 
 np.set_printoptions(precision=4, suppress=True)
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 device = ndl.cpu()
 print(f"onnx {onnx.__version__}, onnxruntime {ort.__version__}, tvm {tvm.__version__}")
 
@@ -116,6 +121,9 @@ assert all(accuracy(out) > 0.85 for out in needle_out.values())
 # each batch size gets its own file.
 
 # %%
+# companion-only: needle.export.to_onnx (ONNX export)
+from needle.export import to_onnx
+
 exported = {(name, b): to_onnx(m, inp[test][:b]) for name, (m, inp) in models.items()
             for b in (1, 64)}
 for (name, b), proto in exported.items():
@@ -145,6 +153,7 @@ for name, (m, inp) in models.items():
 # batch 64 (batched serving). The numbers depend on the machine and its load.
 
 # %% tags=["nbval-ignore-output"]
+# companion-only: the onnxruntime sessions of the exported models (needle.export)
 print(f"{'model':12s} {'batch':>5s} {'needle ms':>10s} {'onnxruntime ms':>15s}")
 latency = {}
 for name, (m, inp) in models.items():
@@ -327,6 +336,7 @@ plt.show()
 # generates machine code for this CPU. The compiled MLP-ResNet must agree with onnxruntime.
 
 # %%
+# companion-only: the exported ONNX models and onnxruntime sessions (needle.export)
 def compile_onnx(proto):
     """A Relax virtual machine running ``proto`` compiled for this CPU."""
     mod = from_onnx(proto, keep_params_in_input=False)
