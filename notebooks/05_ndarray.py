@@ -30,7 +30,7 @@
 # **Run time:** about 15 s on a 2-core x86-64 machine (30 s when other jobs load it)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's compiled module (strided kernels, size
-# checks, `matmul_naive`, `__gemm__`) and `NDArray.matmul_tiled`.
+# checks, `matmul_naive`, `__gemm__`), `NDArray.matmul_tiled` and negative indices.
 #
 # In homework 3 needle stops borrowing numpy and gets its own array, `NDArray`
 # (`needle/backend_ndarray/ndarray.py`). It is deliberately small: a **flat buffer of float32**
@@ -204,11 +204,13 @@ print(wide.numpy().astype(int))
 assert wide.strides == (1, 0) and wide._handle.size == 3 and same_buffer(col, wide)
 
 # %% [markdown]
-# New leading dimensions get stride 0 too, so one row can pose as a whole batch:
+# Viewed as $(1, 1, 3)$ (a reshape of a compact array is a view too), one row can pose as a
+# whole batch: both size-1 dimensions get stride 0. (The course's `broadcast_to` keeps the number
+# of dimensions; needle's also adds leading ones, as numpy does.)
 
 # %%
 row = nd.array([1.0, 2.0, 3.0], device=device)
-batch = row.broadcast_to((2, 4, 3))
+batch = row.reshape((1, 1, 3)).broadcast_to((2, 4, 3))
 describe("batch", batch)
 assert batch.strides == (0, 0, 1)
 assert np.array_equal(batch.numpy(), np.broadcast_to([1.0, 2.0, 3.0], (2, 4, 3)))
@@ -230,6 +232,7 @@ assert s.shape == (2, 2) and s.strides == (4, 2) and s._offset == 4 and same_buf
 assert s.numpy().astype(int).tolist() == [[4, 6], [8, 10]]
 
 # %%
+# companion-only: a negative index (this project's __getitem__ counts it from the end; the course's does not)
 e = a[-1, 1:]
 describe("a[-1, 1:]", e)
 assert e.shape == (1, 3) and e._offset == 2 * 4 + 1
@@ -247,11 +250,11 @@ print(z.numpy().astype(int))
 assert z.numpy().astype(int).tolist() == [[1, 2, 3, 4], [0, 7, 0, 7], [0, 7, 0, 7]]
 
 # %% [markdown]
-# Views compose: a slice of a transpose of a broadcast is still one (shape, strides, offset)
-# triple, and always agrees with numpy.
+# Views compose: a broadcast of a slice of a transpose of a reshape is still one (shape,
+# strides, offset) triple, and always agrees with numpy.
 
 # %%
-v = a.permute((1, 0))[1:, ::2].broadcast_to((2, 3, 2))
+v = a.reshape((1, 3, 4)).permute((0, 2, 1))[:, 1:, ::2].broadcast_to((2, 3, 2))
 xv = np.broadcast_to(np.arange(12).reshape(3, 4).T[1:, ::2], (2, 3, 2))
 describe("composed", v)
 assert np.array_equal(v.numpy(), xv) and same_buffer(v, a)
