@@ -235,8 +235,10 @@ def test_setup_registers_the_transformer_only_in_student_mode(student):
     assert done.stdout.splitlines() == ["False", "marked cell ran", "plain cell ran"]
 
 
-# ---- a real notebook, end to end ------------------------------------------------------------------
-NOTEBOOK = ROOT / "notebooks" / "02_automatic_differentiation.ipynb"
+# ---- real notebooks, end to end ------------------------------------------------------------------
+# 02: companion-only cells among course cells; 12: a notebook mostly about extensions
+# (needle.checkpoint, needle.distributed, memory_stats), whose course part must still run.
+NOTEBOOKS = ["02_automatic_differentiation", "12_training_large_models"]
 EXECUTE = """
 import json, sys
 import nbformat
@@ -255,14 +257,16 @@ print(json.dumps({"errors": errors, "streams": streams}))
 """
 
 
-def test_notebook_02_runs_on_the_students_needle(student):
-    source = NOTEBOOK.with_suffix(".py").read_text()
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_notebook_runs_on_the_students_needle(student, name):
+    notebook = ROOT / "notebooks" / f"{name}.ipynb"
+    source = notebook.with_suffix(".py").read_text()
     marked = len(re.findall(r"^# %%.*\n# companion-only: ", source, flags=re.M))
-    assert marked, "notebook 02 has no companion-only cells to skip"
+    assert marked, f"notebook {name} has no companion-only cells to skip"
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "MPLBACKEND")}
     env["NEEDLE_IMPL"] = str(student)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    done = subprocess.run([sys.executable, "-c", EXECUTE, str(NOTEBOOK), str(NOTEBOOK.parent)],
+    done = subprocess.run([sys.executable, "-c", EXECUTE, str(notebook), str(notebook.parent)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
