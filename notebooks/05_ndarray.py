@@ -232,7 +232,7 @@ assert s.shape == (2, 2) and s.strides == (4, 2) and s._offset == 4 and same_buf
 assert s.numpy().astype(int).tolist() == [[4, 6], [8, 10]]
 
 # %%
-# companion-only: a negative index (this project's __getitem__ counts it from the end; the course's does not)
+# companion-only: a negative index (the course's __getitem__ does not count it from the end)
 e = a[-1, 1:]
 describe("a[-1, 1:]", e)
 assert e.shape == (1, 3) and e._offset == 2 * 4 + 1

@@ -155,7 +155,7 @@ plt.show()
 # is recomputed exactly once, whatever $k$: the price is one extra forward pass.
 
 # %%
-# companion-only: needle.checkpoint.checkpoint_sequential and the CPU module's memory_stats()/reset_peak()
+# companion-only: needle.checkpoint and the CPU module's memory_stats()/reset_peak()
 calls = {"n": 0}
 
 
