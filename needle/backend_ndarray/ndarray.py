@@ -99,6 +99,14 @@ def _view(base: "NDArray", shape: tuple, strides: tuple, offset: int) -> "NDArra
     return array
 
 
+def _slice_bound(v: int, n: int, dim: int, name: str) -> int:
+    """A slice start/stop ``v`` of a dimension of size ``n`` made non-negative (IndexError
+    outside [-n, n])."""
+    if not -n <= v <= n:
+        raise IndexError(f"slice {name} {v} is out of range for dimension {dim} of size {n}")
+    return v + n if v < 0 else v
+
+
 class NDArray:
     """A strided float32 array on a device.
 
@@ -284,48 +292,43 @@ class NDArray:
         Negative start/stop count from the end; a start or stop outside [-n, n] raises
         IndexError; a negative or zero step raises ValueError. An empty range is allowed.
         """
-        n = self.shape[dim]
+        n = self._shape[dim]
         start, stop, step = sl.start, sl.stop, sl.step
         step = 1 if step is None else step
         if step <= 0:
             raise ValueError(f"slice step must be positive, got {step} in dimension {dim}")
-
-        def bound(v, default, name):
-            if v is None:
-                return default
-            if not -n <= v <= n:
-                raise IndexError(f"slice {name} {v} is out of range for dimension {dim} of size {n}")
-            return v + n if v < 0 else v
-
-        start = bound(start, 0, "start")
-        stop = bound(stop, n, "stop")
-        return slice(start, builtins.max(start, stop), step)
+        start = 0 if start is None else _slice_bound(start, n, dim, "start")
+        stop = n if stop is None else _slice_bound(stop, n, dim, "stop")
+        return slice(start, stop if stop > start else start, step)
 
     def __getitem__(self, idxs) -> "NDArray":
         """A view of the selected elements; every dimension is kept (an int selects size 1)."""
         if not isinstance(idxs, tuple):
             idxs = (idxs,)
-        if len(idxs) > self.ndim:
+        if len(idxs) > len(self._shape):
             raise IndexError(f"too many indices ({len(idxs)}) for an array of shape {self.shape}")
-        idxs = tuple(idxs) + (slice(None),) * (self.ndim - len(idxs))
-        slices = []
+        shape, strides = list(self._shape), list(self._strides)
+        offset = self._offset
         for dim, s in enumerate(idxs):
             if isinstance(s, slice):
-                slices.append(self.process_slice(s, dim))
+                if s.start is None and s.stop is None and s.step is None:
+                    continue  # the whole dimension: shape and stride unchanged
+                s = self.process_slice(s, dim)
+                start, stop, step = s.start, s.stop, s.step
+                shape[dim] = (stop - start + step - 1) // step
+                offset += strides[dim] * start
+                strides[dim] *= step
             elif isinstance(s, (int, np.integer)) and not isinstance(s, bool):
-                n = self.shape[dim]
+                n = shape[dim]
                 if not -n <= s < n:
                     raise IndexError(f"index {s} is out of range for dimension {dim} of size {n}")
-                s = int(s) + n if s < 0 else int(s)
-                slices.append(slice(s, s + 1, 1))
+                offset += strides[dim] * (int(s) + n if s < 0 else int(s))
+                shape[dim] = 1
             else:
                 raise TypeError(f"NDArray indices must be ints or slices, got {type(s).__name__}")
-        shape = tuple(math.ceil((s.stop - s.start) / s.step) for s in slices)
-        strides = tuple(st * s.step for st, s in zip(self.strides, slices))
-        offset = self._offset + builtins.sum(st * s.start for st, s in zip(self.strides, slices))
-        if prod(shape) == 0:
+        if 0 in shape:
             offset = self._offset
-        return _view(self, shape, strides, offset)
+        return _view(self, tuple(shape), tuple(strides), offset)
 
     def __setitem__(self, idxs, other) -> None:
         """Assign a scalar, or an NDArray of the view's shape (or broadcastable to it)."""
