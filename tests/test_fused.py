@@ -96,7 +96,7 @@ def _kernel(dev, name):
 
 
 @pytest.mark.parametrize("dev", MODULES)
-@pytest.mark.parametrize("rows, cols", [(1, 1), (4, 7), (33, 130)])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (4, 7), (33, 130), (300, 1000)])  # last: threaded
 def test_kernel_softmax_xent(dev, rows, cols):
     mod, kernel = _kernel(dev, "softmax_xent")
     rng = np.random.default_rng(rows * cols)
@@ -179,6 +179,33 @@ def test_kernel_norm_forward_and_backward(dev, kind, rows, cols):
     np.testing.assert_allclose(_read(mod, dx, x.shape), want_dx, rtol=1e-3, atol=1e-5 * scale)
     np.testing.assert_allclose(_read(mod, dw, (cols,)), want_dw, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(_read(mod, db, (cols,)), dy.sum(axis=0), rtol=1e-4, atol=1e-5)
+
+
+def test_row_kernels_on_threads_match_the_numpy_module():
+    """Softmax cross-entropy and layer norm over enough rows to be split among threads (and
+    columns that are no multiple of the vector width) agree with the numpy module's kernels."""
+    cpu = nd.cpu()
+    if not cpu.enabled():
+        pytest.skip("cpu() is not built")
+    ref = nd.cpu_numpy().mod
+    rng = np.random.default_rng(5)
+    rows, cols = 301, 1003
+    z = (rng.standard_normal((rows, cols)) * 3).astype(F32)
+    y = rng.integers(0, cols, rows)
+    out = {}
+    for mod in (cpu.mod, ref):
+        loss, probs = mod.Array(rows), mod.Array(rows * cols)
+        mod.softmax_xent(_buf(mod, z), _buf(mod, y), rows, cols, loss, probs)
+        w, b = _buf(mod, z[0]), _buf(mod, z[1])
+        ln = [mod.Array(rows * cols), mod.Array(rows * cols), mod.Array(rows)]
+        mod.layernorm_fwd(_buf(mod, z), w, b, rows, cols, 1e-5, *ln)
+        grads = [mod.Array(rows * cols), mod.Array(cols), mod.Array(cols)]
+        mod.layernorm_bwd(_buf(mod, z[::-1].copy()), ln[1], ln[2], w, rows, cols, *grads)
+        out[mod] = [_read(mod, loss, (rows,)), _read(mod, probs, (rows, cols)),
+                    _read(mod, ln[0], (rows, cols)), _read(mod, ln[2], (rows,)),
+                    _read(mod, grads[0], (rows, cols)), _read(mod, grads[1], (cols,))]
+    for got, want in zip(out[cpu.mod], out[ref]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * (np.abs(want).max() + 1))
 
 
 @pytest.mark.parametrize("dev", MODULES)
