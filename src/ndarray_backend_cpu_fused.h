@@ -23,14 +23,14 @@ namespace fused {
 
 using idx_t = int64_t;
 
+using needle_checks::check_batchnorm_fwd;
+using needle_checks::check_lstm_cell_bwd;
+using needle_checks::check_lstm_cell_fwd;
+using needle_checks::check_norm_bwd;
+using needle_checks::check_norm_fwd;
 using needle_checks::check_size;
-using needle_checks::check_sizes;
+using needle_checks::check_softmax_xent;
 using needle_checks::fail;
-
-// rows * cols, checked for negative sizes and overflow.
-inline idx_t product(const char* fn, idx_t rows, idx_t cols) {
-  return needle_checks::shape_size(fn, {rows, cols});
-}
 
 inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
 
@@ -96,11 +96,7 @@ inline void for_rows(idx_t rows, idx_t cols, F&& body) {
 void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t rows, idx_t cols,
                   AlignedArray* loss, AlignedArray* probs) {
   const char* fn = "softmax_xent";
-  const idx_t n = product(fn, rows, cols);
-  check_size(fn, "logits", logits.size, n);
-  check_size(fn, "labels", labels.size, rows);
-  check_size(fn, "loss", loss->size, rows);
-  check_size(fn, "probs", probs->size, n);
+  check_softmax_xent(fn, logits, labels, rows, cols, *loss, *probs);
   for (idx_t r = 0; r < rows; ++r) {
     const float l = labels.ptr[r];
     if (!(l >= 0.0f && l < float(cols)) || l != std::floor(l))
@@ -123,14 +119,7 @@ void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t 
 void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedArray& b,
                    idx_t rows, idx_t cols, double eps, AlignedArray* y, AlignedArray* xhat,
                    AlignedArray* rstd) {
-  const char* fn = "layernorm_fwd";
-  const idx_t n = product(fn, rows, cols);
-  check_size(fn, "x", x.size, n);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y->size, n);
-  check_size(fn, "xhat", xhat->size, n);
-  check_size(fn, "rstd", rstd->size, rows);
+  check_norm_fwd("layernorm_fwd", x, w, b, rows, cols, rows, *y, *xhat, *rstd);
   for_rows(rows, cols, [&](idx_t r) {
     const float* xr = x.ptr + r * cols;
     const double mean = sum_double(xr, cols) / double(cols);
@@ -149,15 +138,7 @@ void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedAr
 void layernorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const AlignedArray& rstd,
                    const AlignedArray& w, idx_t rows, idx_t cols, AlignedArray* dx,
                    AlignedArray* dw, AlignedArray* db) {
-  const char* fn = "layernorm_bwd";
-  const idx_t n = product(fn, rows, cols);
-  check_size(fn, "dy", dy.size, n);
-  check_size(fn, "xhat", xhat.size, n);
-  check_size(fn, "rstd", rstd.size, rows);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "dx", dx->size, n);
-  check_size(fn, "dw", dw->size, cols);
-  check_size(fn, "db", db->size, cols);
+  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, rows, *dx, *dw, *db);
   for (idx_t j = 0; j < cols; ++j) dw->ptr[j] = db->ptr[j] = 0.0f;
   for (idx_t r = 0; r < rows; ++r) {
     const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
@@ -193,17 +174,7 @@ void layernorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const Align
 void batchnorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedArray& b,
                    idx_t rows, idx_t cols, double eps, AlignedArray* y, AlignedArray* xhat,
                    AlignedArray* rstd, AlignedArray* mean, AlignedArray* var) {
-  const char* fn = "batchnorm_fwd";
-  const idx_t n = product(fn, rows, cols);
-  if (rows < 1) fail(fn, "needs at least one row (the batch), got rows=" + std::to_string(rows));
-  check_size(fn, "x", x.size, n);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y->size, n);
-  check_size(fn, "xhat", xhat->size, n);
-  check_size(fn, "rstd", rstd->size, cols);
-  check_size(fn, "mean", mean->size, cols);
-  check_size(fn, "var", var->size, cols);
+  check_batchnorm_fwd("batchnorm_fwd", x, w, b, rows, cols, *y, *xhat, *rstd, *mean, *var);
   // Column statistics accumulated row by row (contiguous, vectorised), in double.
   std::vector<double> s(size_t(cols), 0.0), q(size_t(cols), 0.0);
   for (idx_t r = 0; r < rows; ++r) {
@@ -237,15 +208,7 @@ void batchnorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedAr
 void batchnorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const AlignedArray& rstd,
                    const AlignedArray& w, idx_t rows, idx_t cols, AlignedArray* dx,
                    AlignedArray* dw, AlignedArray* db) {
-  const char* fn = "batchnorm_bwd";
-  const idx_t n = product(fn, rows, cols);
-  check_size(fn, "dy", dy.size, n);
-  check_size(fn, "xhat", xhat.size, n);
-  check_size(fn, "rstd", rstd.size, cols);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "dx", dx->size, n);
-  check_size(fn, "dw", dw->size, cols);
-  check_size(fn, "db", db->size, cols);
+  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, cols, *dx, *dw, *db);
   std::vector<double> sg(size_t(cols), 0.0), sgh(size_t(cols), 0.0);  // Σ dy, Σ dy·xhat
   for (idx_t r = 0; r < rows; ++r) {
     const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
@@ -274,14 +237,7 @@ void batchnorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const Align
 void lstm_cell_fwd(const AlignedArray& gates, const AlignedArray& c_prev, idx_t batch,
                    idx_t hidden, AlignedArray* h, AlignedArray* c, AlignedArray* act,
                    AlignedArray* tanh_c) {
-  const char* fn = "lstm_cell_fwd";
-  const idx_t n = product(fn, batch, hidden), n4 = product(fn, n, 4);
-  check_size(fn, "gates", gates.size, n4);
-  check_size(fn, "c_prev", c_prev.size, n);
-  check_size(fn, "h", h->size, n);
-  check_size(fn, "c", c->size, n);
-  check_size(fn, "act", act->size, n4);
-  check_size(fn, "tanh_c", tanh_c->size, n);
+  check_lstm_cell_fwd("lstm_cell_fwd", gates, c_prev, batch, hidden, *h, *c, *act, *tanh_c);
   const idx_t H = hidden;
   for (idx_t r = 0; r < batch; ++r) {
     const float* g = gates.ptr + r * 4 * H;
@@ -304,15 +260,8 @@ void lstm_cell_fwd(const AlignedArray& gates, const AlignedArray& c_prev, idx_t 
 void lstm_cell_bwd(const AlignedArray& dh, const AlignedArray& dc, const AlignedArray& act,
                    const AlignedArray& c_prev, const AlignedArray& tanh_c, idx_t batch,
                    idx_t hidden, AlignedArray* dgates, AlignedArray* dc_prev) {
-  const char* fn = "lstm_cell_bwd";
-  const idx_t n = product(fn, batch, hidden), n4 = product(fn, n, 4);
-  check_size(fn, "dh", dh.size, n);
-  check_size(fn, "dc", dc.size, n);
-  check_size(fn, "act", act.size, n4);
-  check_size(fn, "c_prev", c_prev.size, n);
-  check_size(fn, "tanh_c", tanh_c.size, n);
-  check_size(fn, "dgates", dgates->size, n4);
-  check_size(fn, "dc_prev", dc_prev->size, n);
+  check_lstm_cell_bwd("lstm_cell_bwd", dh, dc, act, c_prev, tanh_c, batch, hidden, *dgates,
+                      *dc_prev);
   const idx_t H = hidden;
   for (idx_t r = 0; r < batch; ++r) {
     const float* a = act.ptr + r * 4 * H;

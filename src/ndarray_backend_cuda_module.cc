@@ -30,9 +30,15 @@ using needle::cuda::CudaArray;
 using needle::cuda::MatrixView;
 using needle::cuda::Strided;
 using needle_checks::check_at_least;
+using needle_checks::check_batchnorm_fwd;
+using needle_checks::check_lstm_cell_bwd;
+using needle_checks::check_lstm_cell_fwd;
+using needle_checks::check_norm_bwd;
+using needle_checks::check_norm_fwd;
 using needle_checks::check_op;
 using needle_checks::check_size;
 using needle_checks::check_sizes;
+using needle_checks::check_softmax_xent;
 using needle_checks::check_view;
 using needle_checks::fail;
 using needle_checks::idx_t;
@@ -331,11 +337,7 @@ void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t 
 void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, idx_t cols,
                   CudaArray& loss, CudaArray& probs) {
   const char* fn = "softmax_xent";
-  const idx_t n = shape_size(fn, {rows, cols});
-  check_size(fn, "logits", logits.size, n);
-  check_size(fn, "labels", labels.size, rows);
-  check_size(fn, "loss", loss.size, rows);
-  check_size(fn, "probs", probs.size, n);
+  check_softmax_xent(fn, logits, labels, rows, cols, loss, probs);
   const idx_t bad = needle::cuda::softmax_xent(logits, labels, rows, cols, &loss, &probs);
   if (bad >= 0) {
     Strided one;
@@ -350,87 +352,42 @@ void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, 
 
 void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
                    idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd) {
-  const char* fn = "layernorm_fwd";
-  const idx_t n = shape_size(fn, {rows, cols});
-  check_size(fn, "x", x.size, n);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y.size, n);
-  check_size(fn, "xhat", xhat.size, n);
-  check_size(fn, "rstd", rstd.size, rows);
+  check_norm_fwd("layernorm_fwd", x, w, b, rows, cols, rows, y, xhat, rstd);
   needle::cuda::layernorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd);
-}
-
-// The arguments of layernorm_bwd and batchnorm_bwd; `stats` is the length of rstd.
-void check_norm_bwd(const char* fn, const CudaArray& dy, const CudaArray& xhat,
-                    const CudaArray& rstd, const CudaArray& w, idx_t rows, idx_t cols,
-                    const CudaArray& dx, const CudaArray& dw, const CudaArray& db, idx_t stats) {
-  const idx_t n = shape_size(fn, {rows, cols});
-  check_size(fn, "dy", dy.size, n);
-  check_size(fn, "xhat", xhat.size, n);
-  check_size(fn, "rstd", rstd.size, stats);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "dx", dx.size, n);
-  check_size(fn, "dw", dw.size, cols);
-  check_size(fn, "db", db.size, cols);
 }
 
 void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
                    const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
                    CudaArray& db) {
-  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, rows);
+  check_norm_bwd("layernorm_bwd", dy, xhat, rstd, w, rows, cols, rows, dx, dw, db);
   needle::cuda::layernorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
 }
 
 void batchnorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,
                    idx_t cols, float eps, CudaArray& y, CudaArray& xhat, CudaArray& rstd,
                    CudaArray& mean, CudaArray& var) {
-  const char* fn = "batchnorm_fwd";
-  const idx_t n = shape_size(fn, {rows, cols});
-  if (rows < 1) fail(fn, "rows must be at least 1 (a batch to normalise over), got " + std::to_string(rows));
-  check_size(fn, "x", x.size, n);
-  check_size(fn, "w", w.size, cols);
-  check_size(fn, "b", b.size, cols);
-  check_size(fn, "y", y.size, n);
-  check_size(fn, "xhat", xhat.size, n);
-  check_size(fn, "rstd", rstd.size, cols);
-  check_size(fn, "mean", mean.size, cols);
-  check_size(fn, "var", var.size, cols);
+  check_batchnorm_fwd("batchnorm_fwd", x, w, b, rows, cols, y, xhat, rstd, mean, var);
   needle::cuda::batchnorm_fwd(x, w, b, rows, cols, eps, &y, &xhat, &rstd, &mean, &var);
 }
 
 void batchnorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,
                    const CudaArray& w, idx_t rows, idx_t cols, CudaArray& dx, CudaArray& dw,
                    CudaArray& db) {
-  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, dx, dw, db, cols);
+  check_norm_bwd("batchnorm_bwd", dy, xhat, rstd, w, rows, cols, cols, dx, dw, db);
   needle::cuda::batchnorm_bwd(dy, xhat, rstd, w, rows, cols, &dx, &dw, &db);
 }
 
 void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, idx_t batch, idx_t hidden,
                    CudaArray& h, CudaArray& c, CudaArray& act, CudaArray& tanh_c) {
-  const char* fn = "lstm_cell_fwd";
-  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
-  check_size(fn, "gates", gates.size, n4);
-  check_size(fn, "c_prev", c_prev.size, n);
-  check_size(fn, "h", h.size, n);
-  check_size(fn, "c", c.size, n);
-  check_size(fn, "act", act.size, n4);
-  check_size(fn, "tanh_c", tanh_c.size, n);
+  check_lstm_cell_fwd("lstm_cell_fwd", gates, c_prev, batch, hidden, h, c, act, tanh_c);
   needle::cuda::lstm_cell_fwd(gates, c_prev, batch, hidden, &h, &c, &act, &tanh_c);
 }
 
 void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
                    const CudaArray& c_prev, const CudaArray& tanh_c, idx_t batch, idx_t hidden,
                    CudaArray& dgates, CudaArray& dc_prev) {
-  const char* fn = "lstm_cell_bwd";
-  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
-  check_size(fn, "dh", dh.size, n);
-  check_size(fn, "dc", dc.size, n);
-  check_size(fn, "act", act.size, n4);
-  check_size(fn, "c_prev", c_prev.size, n);
-  check_size(fn, "tanh_c", tanh_c.size, n);
-  check_size(fn, "dgates", dgates.size, n4);
-  check_size(fn, "dc_prev", dc_prev.size, n);
+  check_lstm_cell_bwd("lstm_cell_bwd", dh, dc, act, c_prev, tanh_c, batch, hidden, dgates,
+                      dc_prev);
   needle::cuda::lstm_cell_bwd(dh, dc, act, c_prev, tanh_c, batch, hidden, &dgates, &dc_prev);
 }
 

@@ -99,4 +99,85 @@ inline void check_sizes(const std::string& fn, std::initializer_list<idx_t> size
     if (s < 0) fail(fn, "negative size " + std::to_string(s));
 }
 
+// ---- the buffers of the fused kernels (the last section of protocol.py) -------------------------
+// Each checks that every buffer holds exactly the elements its kernel reads or writes; the CPU
+// and CUDA modules call these with their own array types (anything with a `size`).
+
+template <class A>
+void check_softmax_xent(const char* fn, const A& logits, const A& labels, idx_t rows,
+                        idx_t cols, const A& loss, const A& probs) {
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "logits", logits.size, n);
+  check_size(fn, "labels", labels.size, rows);
+  check_size(fn, "loss", loss.size, rows);
+  check_size(fn, "probs", probs.size, n);
+}
+
+// layernorm_fwd and batchnorm_fwd: x, y, xhat (rows, cols); w, b (cols,); rstd (stats,) with
+// stats = rows for layer norm and cols for batch norm (see check_batchnorm_fwd).
+template <class A>
+void check_norm_fwd(const char* fn, const A& x, const A& w, const A& b, idx_t rows, idx_t cols,
+                    idx_t stats, const A& y, const A& xhat, const A& rstd) {
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "x", x.size, n);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "b", b.size, cols);
+  check_size(fn, "y", y.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, stats);
+}
+
+// batchnorm_fwd: check_norm_fwd with statistics per column, at least one row (the batch), and
+// the batch mean and variance (cols,).
+template <class A>
+void check_batchnorm_fwd(const char* fn, const A& x, const A& w, const A& b, idx_t rows,
+                         idx_t cols, const A& y, const A& xhat, const A& rstd, const A& mean,
+                         const A& var) {
+  if (rows < 1) fail(fn, "needs at least one row (the batch), got rows=" + std::to_string(rows));
+  check_norm_fwd(fn, x, w, b, rows, cols, cols, y, xhat, rstd);
+  check_size(fn, "mean", mean.size, cols);
+  check_size(fn, "var", var.size, cols);
+}
+
+// layernorm_bwd and batchnorm_bwd; stats as for check_norm_fwd.
+template <class A>
+void check_norm_bwd(const char* fn, const A& dy, const A& xhat, const A& rstd, const A& w,
+                    idx_t rows, idx_t cols, idx_t stats, const A& dx, const A& dw,
+                    const A& db) {
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "dy", dy.size, n);
+  check_size(fn, "xhat", xhat.size, n);
+  check_size(fn, "rstd", rstd.size, stats);
+  check_size(fn, "w", w.size, cols);
+  check_size(fn, "dx", dx.size, n);
+  check_size(fn, "dw", dw.size, cols);
+  check_size(fn, "db", db.size, cols);
+}
+
+template <class A>
+void check_lstm_cell_fwd(const char* fn, const A& gates, const A& c_prev, idx_t batch,
+                         idx_t hidden, const A& h, const A& c, const A& act, const A& tanh_c) {
+  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
+  check_size(fn, "gates", gates.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "h", h.size, n);
+  check_size(fn, "c", c.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+}
+
+template <class A>
+void check_lstm_cell_bwd(const char* fn, const A& dh, const A& dc, const A& act,
+                         const A& c_prev, const A& tanh_c, idx_t batch, idx_t hidden,
+                         const A& dgates, const A& dc_prev) {
+  const idx_t n = shape_size(fn, {batch, hidden}), n4 = shape_size(fn, {batch, 4, hidden});
+  check_size(fn, "dh", dh.size, n);
+  check_size(fn, "dc", dc.size, n);
+  check_size(fn, "act", act.size, n4);
+  check_size(fn, "c_prev", c_prev.size, n);
+  check_size(fn, "tanh_c", tanh_c.size, n);
+  check_size(fn, "dgates", dgates.size, n4);
+  check_size(fn, "dc_prev", dc_prev.size, n);
+}
+
 }  // namespace needle_checks
