@@ -16,6 +16,7 @@
 
 #include "ndarray_backend_cpu_alloc.h"
 #include "ndarray_backend_cpu_math.h"
+#include "ndarray_backend_cpu_strided.h"
 #include "ndarray_checks.h"
 
 namespace needle_cpu {
@@ -34,37 +35,21 @@ using needle_checks::fail;
 
 inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
 
-// Row reductions with eight independent accumulators: a single running double sum waits on
-// each add's latency (about 4 cycles an element); eight vectorise and overlap.
-// Sum of x[0:n], in double.
-inline double sum_double(const float* x, idx_t n) {
+// Σ term(j) over j < n in double, with eight independent accumulators: a single running sum
+// waits on each add's latency (about 4 cycles an element); eight vectorise and overlap.
+template <class Term>
+inline double sum_double(idx_t n, Term term) {
   double acc[8] = {};
   idx_t j = 0;
   for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += double(x[j + u]);
+    for (int u = 0; u < 8; ++u) acc[u] += term(j + u);
   double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; j < n; ++j) s += double(x[j]);
+  for (; j < n; ++j) s += term(j);
   return s;
 }
 
-// Sum of (x[j] - mean)^2 over x[0:n], in double.
-inline double sq_dev_double(const float* x, idx_t n, double mean) {
-  double acc[8] = {};
-  idx_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) {
-      const double d = double(x[j + u]) - mean;
-      acc[u] += d * d;
-    }
-  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; j < n; ++j) {
-    const double d = double(x[j]) - mean;
-    s += d * d;
-  }
-  return s;
-}
-
-// Largest of x[0:n] ignoring NaNs (-inf when all are NaN or n == 0), as `x > m ? x : m`.
+// Largest of x[0:n] ignoring NaNs (-inf when all are NaN or n == 0), as `x > m ? x : m`, with
+// sixteen independent running maxima for the same reason.
 inline float max_float(const float* x, idx_t n) {
   float acc[16];
   for (int u = 0; u < 16; ++u) acc[u] = -INFINITY;
@@ -77,19 +62,13 @@ inline float max_float(const float* x, idx_t n) {
   return m;
 }
 
-// body(r) for every row r < rows, on the thread pool when the rows hold enough work to share.
+// body(r) for every row r < rows; the rows are shared among threads in tasks of about 64K
+// elements when there is more than one such task.
 template <class F>
 inline void for_rows(idx_t rows, idx_t cols, F&& body) {
-  constexpr idx_t kMinWork = idx_t(1) << 16;  // elements per task worth waking a worker for
-  const idx_t per = std::max<idx_t>(1, kMinWork / std::max<idx_t>(cols, 1));
-  const idx_t tasks = (rows + per - 1) / per;
-  if (tasks < 2 || max_threads() < 2) {
-    for (idx_t r = 0; r < rows; ++r) body(r);
-    return;
-  }
-  parallel_for(tasks, [&](int64_t t) {
-    const idx_t end = std::min(rows, (t + 1) * per);
-    for (idx_t r = t * per; r < end; ++r) body(r);
+  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 16) / std::max<idx_t>(cols, 1));
+  parallel_ranges(rows, per + 1, per, [&](idx_t r0, idx_t r1) {
+    for (idx_t r = r0; r < r1; ++r) body(r);
   });
 }
 
@@ -110,7 +89,8 @@ void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t 
     if (!std::isfinite(mx)) mx = 0.0f;  // an all -inf row stays NaN below, as in numpy
     for (idx_t j = 0; j < cols; ++j) e[j] = x[j] - mx;
     vmath::exp_array(e, e, cols);
-    const float sf = float(sum_double(e, cols)), inv = 1.0f / sf;
+    const float sf = float(sum_double(cols, [e](idx_t j) { return double(e[j]); }));
+    const float inv = 1.0f / sf;
     for (idx_t j = 0; j < cols; ++j) e[j] *= inv;
     loss->ptr[r] = std::log(sf) - (x[idx_t(labels.ptr[r])] - mx);
   });
@@ -122,8 +102,12 @@ void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedAr
   check_norm_fwd("layernorm_fwd", x, w, b, rows, cols, rows, *y, *xhat, *rstd);
   for_rows(rows, cols, [&](idx_t r) {
     const float* xr = x.ptr + r * cols;
-    const double mean = sum_double(xr, cols) / double(cols);
-    const double var = sq_dev_double(xr, cols, mean) / double(cols);
+    const double mean =
+        sum_double(cols, [xr](idx_t j) { return double(xr[j]); }) / double(cols);
+    const double var = sum_double(cols, [xr, mean](idx_t j) {
+                         const double d = double(xr[j]) - mean;
+                         return d * d;
+                       }) / double(cols);
     const float mu = float(mean), rs = float(1.0 / std::sqrt(float(var) + float(eps)));
     rstd->ptr[r] = rs;
     float* hr = xhat->ptr + r * cols;
@@ -142,26 +126,12 @@ void layernorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const Align
   for (idx_t j = 0; j < cols; ++j) dw->ptr[j] = db->ptr[j] = 0.0f;
   for (idx_t r = 0; r < rows; ++r) {
     const float *g = dy.ptr + r * cols, *h = xhat.ptr + r * cols;
-    // sums of dxhat and of dxhat * xhat, eight accumulators each (see sum_double)
-    double a1[8] = {}, a2[8] = {};
-    idx_t j = 0;
-    for (; j + 8 <= cols; j += 8)
-      for (int u = 0; u < 8; ++u) {
-        const float d = g[j + u] * w.ptr[j + u];
-        a1[u] += d;
-        a2[u] += double(d) * h[j + u];
-      }
-    double s1 = 0.0, s2 = 0.0;
-    for (int u = 0; u < 8; ++u) {
-      s1 += a1[u];
-      s2 += a2[u];
-    }
-    for (; j < cols; ++j) {
-      const float d = g[j] * w.ptr[j];
-      s1 += d;
-      s2 += double(d) * h[j];
-    }
-    for (j = 0; j < cols; ++j) {
+    const float* wp = w.ptr;
+    // sums of dxhat = dy·w and of dxhat·xhat
+    const double s1 = sum_double(cols, [g, wp](idx_t j) { return double(g[j] * wp[j]); });
+    const double s2 =
+        sum_double(cols, [g, wp, h](idx_t j) { return double(g[j] * wp[j]) * h[j]; });
+    for (idx_t j = 0; j < cols; ++j) {
       dw->ptr[j] += g[j] * h[j];
       db->ptr[j] += g[j];
     }
