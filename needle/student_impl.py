@@ -31,9 +31,6 @@ from types import ModuleType
 
 ENV = "NEEDLE_IMPL"
 COMPANION_DIR = Path(__file__).resolve().parent
-# The course's own modules: they always come from the student's folder.
-COURSE_MODULES = frozenset({"autograd", "backend_ndarray", "backend_numpy", "backend_selection",
-                            "data", "init", "nn", "ops", "optim"})
 # The notebooks' tools, not part of the course's package: taken from this project when missing.
 TOOL_MODULES = frozenset({"apps", "check", "lecture", "student_impl", "timing", "viz"})
 # This project's offline data sets (extensions), by the data module that defines them.
