@@ -24,9 +24,9 @@ from needle.student_impl import OFFLINE_DATA, TOOL_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(needle.__file__).resolve().parent
-NOT_IN_THE_COURSE = ("__pycache__", "check", "apps", "viz.py", "timing.py", "lecture.py",
-                     "student_impl.py", "checkpoint.py", "distributed.py",
-                     "distributed_train.py", "export.py")
+# The tools (packages or modules) and this project's later-lecture modules.
+NOT_IN_THE_COURSE = ("__pycache__", *TOOL_MODULES, *(f"{m}.py" for m in TOOL_MODULES),
+                     "checkpoint.py", "distributed.py", "distributed_train.py", "export.py")
 
 
 def course_init() -> str:
