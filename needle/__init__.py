@@ -13,6 +13,7 @@ if not _use_student_package():
     from . import ops
     from .ops import *
     from .autograd import Op, Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
+    from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
     from . import autograd
     from . import init
     from .init import ones, zeros, zeros_like, ones_like

@@ -283,25 +283,141 @@ def test_backward_rejects_out_grad_on_another_device():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_stores_detached_gradients_on_leaves_only(device):
-    """Default backward: leaf grads are constants, interior nodes keep none, no graph recorded."""
+def test_backward_stores_differentiable_gradients_on_leaves_only(device):
+    """Default backward (the course's semantics): leaf grads are graph nodes that can be
+    differentiated again; interior nodes keep none."""
     x = tensor([0.5, 2.0], device)
     y = ndl.exp(x)
     z = (y * x).sum()
     z.backward()
-    assert x.grad.is_leaf() and not x.grad.requires_grad
-    assert y.grad is None and z.grad is None
-    np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])),
-                               rtol=1e-5)
-    # create_graph keeps the gradient differentiable: d/dx Σ x.grad = e^x (2 + x)
-    x.grad = None
-    (ndl.exp(x) * x).sum().backward(create_graph=True)
     g = x.grad
     assert g.requires_grad and not g.is_leaf()
-    x.grad = None
+    assert y.grad is None and z.grad is None
+    np.testing.assert_allclose(g.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])),
+                               rtol=1e-5)
+    # d/dx Σ x.grad = e^x (2 + x), with no keyword
     g.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, 2.0]) * (2 + np.array([0.5, 2.0])),
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_course_hw1_gradient_of_gradient(device):
+    """The course's own hw1 case: y = x2·x2 + x2·x3, then differentiate x2.grad = 2·x2 + x3."""
+    x2 = ndl.Tensor([6], device=device)
+    x3 = ndl.Tensor([0], device=device)
+    y = x2 * x2 + x2 * x3
+    y.backward()
+    grad_x2, grad_x3 = x2.grad, x3.grad
+    assert grad_x2.numpy()[0] == 12 and grad_x3.numpy()[0] == 6
+    grad_x2.backward()
+    assert x2.grad.numpy()[0] == 2
+    assert x3.grad.numpy()[0] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fast_backward_opt_ins_record_no_graph(device):
+    """create_graph=False and no_grad() (extensions): gradients are constants, no graph."""
+    for fast in ("create_graph", "no_grad"):
+        x = tensor([0.5, 2.0], device)
+        z = (ndl.exp(x) * x).sum()
+        if fast == "create_graph":
+            z.backward(create_graph=False)
+        else:
+            with ndl.no_grad():
+                z.backward()
+        assert x.grad.is_leaf() and not x.grad.requires_grad, fast
+        np.testing.assert_allclose(x.grad.numpy(),
+                                   np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])), rtol=1e-5)
+
+
+def test_grad_mode_context_managers_nest_and_restore():
+    x = ndl.Tensor([1.0, 2.0])
+    assert ndl.is_grad_enabled()
+    with ndl.no_grad():
+        assert not ndl.is_grad_enabled() and not (x * 2).requires_grad
+        with ndl.enable_grad():
+            assert (x * 2).requires_grad
+        assert not ndl.is_grad_enabled()
+    assert ndl.is_grad_enabled()
+    with pytest.raises(ZeroDivisionError):
+        with ndl.no_grad():
+            1 / 0
+    assert ndl.is_grad_enabled()
+
+    @ndl.no_grad()
+    def double(t):
+        return t * 2
+
+    assert not double(x).requires_grad and (x * 2).requires_grad
+
+
+def test_grad_mode_is_per_thread():
+    """One thread inside no_grad() (or a fast backward pass) does not stop another thread's ops
+    from recording their graph."""
+    import threading
+    inside, release = threading.Event(), threading.Event()
+    seen = {}
+
+    def holder():
+        with ndl.no_grad():
+            inside.set()
+            release.wait(10)
+            seen["holder"] = (ndl.Tensor([1.0]) * 2).requires_grad
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        x = ndl.Tensor([3.0])
+        y = x * x
+        assert y.requires_grad
+        y.backward()
+        assert x.grad.numpy()[0] == 6
+    finally:
+        release.set()
+        thread.join(10)
+    assert seen["holder"] is False
+
+
+def test_two_training_threads_lose_no_gradient():
+    """Two MLPs trained at once in two threads (each with a fast backward pass, which turns
+    recording off in its own thread only) get a gradient for every parameter at every step,
+    and end with the same losses as when trained one after the other."""
+    import threading
+
+    def setup(seed):
+        rng = np.random.default_rng(seed)
+        x = ndl.Tensor(rng.standard_normal((32, 8)).astype(np.float32), requires_grad=False)
+        y = ndl.Tensor(rng.integers(0, 3, 32).astype(np.float32), requires_grad=False)
+        np.random.seed(seed)  # the initializers draw from numpy's global state: build here
+        model = ndl.nn.Sequential(ndl.nn.Linear(8, 16), ndl.nn.ReLU(), ndl.nn.Linear(16, 3))
+        return x, y, model
+
+    def train(x, y, model, out, missing):
+        opt = ndl.optim.SGD(model.parameters(), lr=0.1)
+        loss_fn = ndl.nn.SoftmaxLoss()
+        for _ in range(60):
+            opt.reset_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward(create_graph=False)
+            missing[0] += sum(p.grad is None for p in model.parameters())
+            opt.step()
+        out.append(float(loss.numpy()))
+
+    serial = []
+    for seed in (0, 1):
+        train(*setup(seed), serial, [0])
+    results = {0: [], 1: []}
+    missing = {0: [0], 1: [0]}
+    threads = [threading.Thread(target=train, args=(*setup(s), results[s], missing[s]))
+               for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert missing == {0: [0], 1: [0]}
+    assert [results[0][0], results[1][0]] == pytest.approx(serial, rel=1e-5)
 
 
 def test_failed_construction_does_not_change_the_counter():

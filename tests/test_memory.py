@@ -1,10 +1,12 @@
 """A training step's graph frees itself by reference counting alone (issue: memory that grows
 until the cycle collector runs).
 
-After ``backward()`` (without ``create_graph``) gradients live on the leaves only, detached, so
-no reference cycle survives and dropping the loss frees every interior node at once. Checked
-with the cycle collector disabled: the live-Value count (``autograd.TENSOR_COUNTER``) for every
-op of the library, and the resident memory of a training loop.
+After a default ``backward()`` (the course's semantics) each leaf's gradient is a graph that
+refers back to the forward graph and to the leaf: the only reference cycles left, released
+when the gradients are reset (``opt.reset_grad()``, ``x.grad = None``). With
+``create_graph=False`` gradients are detached constants and no cycle forms at all. Checked with
+the cycle collector disabled: the live-Value count (``autograd.TENSOR_COUNTER``) for every op of
+the library, and the resident memory of training loops.
 """
 from __future__ import annotations
 
@@ -47,12 +49,21 @@ def test_graph_is_freed_by_reference_counting(case: Case, device):
     with _NoCycleCollector():
         inputs = [tensor(a, device) for a in arrays]
         start = autograd.TENSOR_COUNTER
+        # default backward: the gradients' graphs hold the forward graph until they are reset
         out = case.fn(*inputs)
-        # squaring makes every adjoint depend on forward values (the old source of cycles)
+        # squaring makes every adjoint depend on forward values (the source of cycles)
         loss = (out * out).sum()
         loss.backward()
-        grads = {id(x.grad): x.grad for x in inputs}
         assert None not in [x.grad for x in inputs]
+        del out, loss
+        for x in inputs:
+            x.grad = None
+        assert autograd.TENSOR_COUNTER == start
+        # create_graph=False: detached gradients, and every interior node goes with the loss
+        out = case.fn(*inputs)
+        loss = (out * out).sum()
+        loss.backward(create_graph=False)
+        grads = {id(x.grad): x.grad for x in inputs}
         for g in grads.values():
             assert g.is_leaf() and not g.requires_grad
         del out, loss, g
@@ -66,7 +77,8 @@ def test_graph_is_freed_by_reference_counting(case: Case, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_retained_and_second_order_gradients_are_released_with_the_graph(device):
-    """retain_grad() and create_graph=True keep more, and it all goes once it is dropped."""
+    """retain_grad() and differentiable gradients keep more, and it all goes once the
+    gradients are reset."""
     with _NoCycleCollector():
         x = tensor([0.5, 1.5], device)
         start = autograd.TENSOR_COUNTER
@@ -74,12 +86,12 @@ def test_retained_and_second_order_gradients_are_released_with_the_graph(device)
         y.retain_grad()
         (y * y).sum().backward()
         np.testing.assert_allclose(y.grad.numpy(), 2 * np.exp([0.5, 1.5]), rtol=1e-5)
+        # y's gradient graph refers back to y (a cycle, as with PyTorch's create_graph=True)
+        y.grad = None
         del y
         x.grad = None
         assert autograd.TENSOR_COUNTER == start
-        # create_graph: the gradient's graph refers back to the forward nodes (a cycle when it
-        # is stored on x, as in PyTorch); clearing x.grad breaks it
-        (ndl.exp(x) * x).sum().backward(create_graph=True)
+        (ndl.exp(x) * x).sum().backward()
         assert x.grad.requires_grad
         x.grad = None
         assert autograd.TENSOR_COUNTER == start
