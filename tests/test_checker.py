@@ -101,6 +101,33 @@ def test_a_wrong_adjoint_fails_only_its_question_and_is_named(tmp_path):
     assert "off by up to" in detail and "finite difference:" in detail
 
 
+DETACHING_BACKWARD = """
+
+_course_backward = Tensor.backward
+
+
+def _detaching_backward(self, out_grad=None, **kwargs):
+    # a reverse mode that stores constants: the gradients can no longer be differentiated
+    _course_backward(self, out_grad, create_graph=False)
+
+
+Tensor.backward = _detaching_backward
+"""
+
+
+def test_a_needle_that_detaches_gradients_fails_compute_gradient(tmp_path):
+    """The course's hw1 test differentiates x.grad; a reverse mode that stores constants passes
+    every first-derivative check but must fail hw1_compute_gradient, saying why."""
+    root = skeleton(tmp_path, "hw1")
+    autograd = root / "python" / "needle" / "autograd.py"
+    autograd.write_text(autograd.read_text() + DETACHING_BACKWARD)
+    report = check(root, only=["compute_gradient"])
+    assert failures(report) == {"hw1_compute_gradient": "fail"}, report.format()
+    detail = next(r.detail for r in report.results if r.question.id == "hw1_compute_gradient")
+    assert "x2.grad for y = x2*x2 + x2*x3 is a constant" in detail
+    assert "detaches the gradients" in detail
+
+
 NOT_IMPLEMENTED = """
 
 

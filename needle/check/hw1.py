@@ -156,6 +156,62 @@ def hw1_compute_gradient(ctx):
                                                                       b.grad.numpy()],
                    numeric, ["a", "b"], inputs={"a": arrays[0], "b": arrays[1]}, out_grad=w,
                    rtol=1e-4, atol=1e-4)
+    _check_gradient_of_gradient(ndl)
+
+
+DETACHED_HINT = ("the course's compute_gradient_of_variables builds every adjoint with needle "
+                 "ops (sum_node_list, op.gradient_as_tuple) and stores those graph nodes in "
+                 ".grad, so a gradient can be differentiated again; do not detach them, turn "
+                 "recording off, or wrap them in new Tensors")
+
+
+def _require_graph_node(what: str, grad) -> None:
+    """A gradient that depends on a variable must be a node of the graph (the course's hw1
+    test differentiates x.grad); a constant means the adjoints were detached."""
+    require(grad is not None, f"{what} is None after backward()")
+    require(getattr(grad, "op", None) is not None and getattr(grad, "requires_grad", False),
+            f"{what} is a constant (op None or requires_grad False): your reverse mode "
+            f"detaches the gradients, so they cannot be differentiated again.\n  hint: "
+            + DETACHED_HINT)
+
+
+def _check_gradient_of_gradient(ndl) -> None:
+    """Differentiate a gradient, as the course's hw1 tests do: the scalar case
+    y = x2·x2 + x2·x3 (x2.grad = 2·x2 + x3, whose gradient is 2 and 1), then
+    L = Σ (A @ B + c)² through matmul, summation and broadcast_to, whose A.grad is
+    differentiated again against finite differences of the analytic first derivative."""
+    x2, x3 = ndl.Tensor([6.0]), ndl.Tensor([0.0])
+    y = x2 * x2 + x2 * x3
+    y.backward()
+    g = x2.grad
+    _require_graph_node("x2.grad for y = x2*x2 + x2*x3", g)
+    check_close("x2.grad for y = x2*x2 + x2*x3 at x2 = 6, x3 = 0", g, np.array([12.0]),
+                rtol=1e-6, atol=1e-6)
+    g.backward()
+    check_close("x2.grad after x2.grad.backward() (d(2*x2 + x3)/dx2)", x2.grad, np.array([2.0]),
+                rtol=1e-6, atol=1e-6, hint=DETACHED_HINT)
+    check_close("x3.grad after x2.grad.backward() (d(2*x2 + x3)/dx3)", x3.grad, np.array([1.0]),
+                rtol=1e-6, atol=1e-6, hint=DETACHED_HINT)
+
+    A0, B0, c0 = randn(3, 4, seed=36), randn(4, 2, seed=37), randn(2, seed=38)
+    W = randn(3, 4, seed=39).astype(np.float64)
+    A, B, c = tensors([A0, B0, c0])
+    Y = ndl.ops.matmul(A, B) + ndl.ops.broadcast_to(ndl.ops.reshape(c, (1, 2)), (3, 2))
+    ndl.ops.summation(Y * Y).backward()
+    gA = A.grad
+    _require_graph_node("A.grad for L = summation((A @ B + broadcast_to(c))**2)", gA)
+    ndl.ops.summation(gA * ndl.Tensor(W.astype(np.float32), requires_grad=False)).backward()
+
+    def first_derivative(a, b, cc):  # dL/dA = 2 (A B + c) Bᵀ, weighted by W and summed
+        return (2 * (a @ b + cc) @ b.T * W).sum()
+
+    arrays = [x.astype(np.float64) for x in (A0, B0, c0)]
+    numeric = numerical_vjp(first_derivative, arrays, np.array(1.0))
+    check_adjoints("the gradient of summation(A.grad * W), where A.grad comes from "
+                   "L = summation((A @ B + broadcast_to(c))**2)",
+                   [A.grad.numpy(), B.grad.numpy(), c.grad.numpy()], numeric, ["A", "B", "c"],
+                   inputs={"A": A0, "B": B0, "c": c0, "W": W}, out_grad=np.array(1.0),
+                   rtol=1e-3, atol=1e-3)
 
 
 def hw1_softmax_loss(ctx):
