@@ -134,6 +134,24 @@ def test_second_derivative_through_checkpoint_raises(batch):
         (x.grad * x.grad).sum().backward()
 
 
+def test_a_tensor_used_inside_but_not_listed_is_refused_by_name():
+    """A parameter used inside and outside the block but missing from params used to get only
+    its outside gradient, silently; now backward names it."""
+    rng = np.random.default_rng(3)
+    w = ndl.Tensor(rng.standard_normal((4, 4)).astype(np.float32), dtype=backend_dtype())
+    x = ndl.Tensor(rng.standard_normal((2, 4)).astype(np.float32), dtype=backend_dtype())
+    out = checkpoint(lambda t: ndl.relu(t @ w), x, params=[]) @ w
+    with pytest.raises(ValueError, match=r"not in params \(shape \(4, 4\)\)"):
+        out.sum().backward()
+    # listed, it gets the whole gradient: the uses inside and outside the block
+    w.grad = x.grad = None
+    checkpoint(lambda t: ndl.relu(t @ w), x, params=[w]).__matmul__(w).sum().backward()
+    listed = w.grad.numpy()
+    w.grad = None
+    (ndl.relu(x @ w) @ w).sum().backward()
+    np.testing.assert_allclose(listed, w.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="needle Tensor"):
         checkpoint(lambda t: t, np.ones(3))
