@@ -131,6 +131,22 @@ def test_loader_validation_and_empty_dataset():
     assert list(ndl.data.DataLoader(ndl.data.NDArrayDataset(np.zeros((0, 2))), 4)) == []
 
 
+def test_loader_over_a_dataset_that_takes_only_int_indices_says_why():
+    class IntOnly(ndl.data.Dataset):
+        def __init__(self):
+            self.rows = [np.full(3, i, dtype=np.float32) for i in range(5)]
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return self.rows[i]  # a list: an index array is a TypeError
+
+    with pytest.raises(TypeError, match=r"dataset\[indices\] with indices a 1-D int array "
+                                        r"\(here \[0, 1\]\).*IntOnly.__getitem__ failed"):
+        next(iter(ndl.data.DataLoader(IntOnly(), batch_size=2)))
+
+
 def test_loader_device_keyword():
     dev = ndl.cpu()
     ds = ndl.data.NDArrayDataset(np.ones((4, 2), dtype=np.float32))

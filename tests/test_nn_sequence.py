@@ -320,7 +320,11 @@ def test_bad_input_raises_clear_errors(device):
         rnn(T(np.zeros((5, 2, 4)), device))
     with pytest.raises(ValueError, match="h0"):
         rnn(T(np.zeros((5, 2, 3)), device), T(np.zeros((1, 2, 4)), device))
+    with pytest.raises(ValueError, match="RNN got an input of sequence length 0"):
+        rnn(T(np.zeros((0, 2, 3)), device))
     lstm = nn.LSTM(3, 4, device=device)
+    with pytest.raises(ValueError, match="LSTM got an input of sequence length 0"):
+        lstm(T(np.zeros((0, 2, 3)), device))
     with pytest.raises(TypeError, match=r"\(h0, c0\)"):
         lstm(T(np.zeros((5, 2, 3)), device), T(np.zeros((1, 2, 4)), device))
     with pytest.raises(ValueError, match="c0"):
