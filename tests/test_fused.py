@@ -16,7 +16,7 @@ import pytest
 
 import needle as ndl
 from needle import backend_ndarray as nd
-from needle import backend_numpy_fused as npf
+from needle import backend_numpy as npf
 from needle import nn, ops
 from needle.ops import ops_fused
 from conftest import DEVICES

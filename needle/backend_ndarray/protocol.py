@@ -36,7 +36,7 @@ transposed matrix products, and fused kernels for the composites a training step
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -45,6 +45,65 @@ BINARY_OPS: Tuple[str, ...] = ("add", "sub", "mul", "div", "power", "maximum", "
                                "eq", "ne", "lt", "le", "gt", "ge")
 UNARY_OPS: Tuple[str, ...] = ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")
 REDUCE_OPS: Tuple[str, ...] = ("sum", "max")
+
+# The array types' methods for each op (NDArray and the NEEDLE_BACKEND=np array both have every
+# one): a binary op's second method is the reflected form (``2 - a``). The array-API modules
+# generate one module function per method with a plain name (``array_api.exp(a)`` is
+# ``a.exp()``) with :func:`module_functions`.
+OP_METHODS: Dict[str, Tuple[str, ...]] = {
+    "add": ("__add__", "__radd__"),
+    "sub": ("__sub__", "__rsub__"),
+    "mul": ("__mul__", "__rmul__"),
+    "div": ("__truediv__", "__rtruediv__"),
+    "power": ("__pow__", "__rpow__"),
+    "maximum": ("maximum",),
+    "minimum": ("minimum",),
+    "eq": ("__eq__",),
+    "ne": ("__ne__",),
+    "lt": ("__lt__",),
+    "le": ("__le__",),
+    "gt": ("__gt__",),
+    "ge": ("__ge__",),
+    "neg": ("__neg__", "neg"),
+    "abs": ("__abs__", "abs"),
+    "sqrt": ("sqrt",),
+    "exp": ("exp",),
+    "log": ("log",),
+    "tanh": ("tanh",),
+    "sigmoid": ("sigmoid",),
+    "relu": ("relu",),
+    "sum": ("sum",),
+    "max": ("max",),
+}
+_DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` (broadcast); "
+                    "NaN propagates.",
+         "minimum": "Element-wise minimum of ``a`` and an array or scalar ``b`` (broadcast); "
+                    "NaN propagates.",
+         "sum": "Sum of ``a`` over ``axis`` (None, an int or a tuple of ints; ``keepdims``).",
+         "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError."}
+
+
+def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
+                     ) -> Dict[str, Callable]:
+    """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
+    method with a plain name, ``f(a, *args, **kwargs) = array_type.method(a, *args,
+    **kwargs)`` (``coerce(a)`` first when given, e.g. to accept a plain numpy array)."""
+    functions = {}
+    for op, methods in OP_METHODS.items():
+        for name in methods:
+            if name.startswith("__"):
+                continue
+            method = getattr(array_type, name)
+            if coerce is None:
+                def function(a, *args, _method=method, **kwargs):
+                    return _method(a, *args, **kwargs)
+            else:
+                def function(a, *args, _method=method, **kwargs):
+                    return _method(coerce(a), *args, **kwargs)
+            function.__name__ = function.__qualname__ = name
+            function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
+            functions[name] = function
+    return functions
 
 # The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
 # sizes are a ValueError before anything is allocated, and every index product fits in int64.
@@ -207,4 +266,5 @@ class DeviceModule(Protocol):
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
 
-__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "MAX_ELEMENTS"]
+__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS",
+           "MAX_ELEMENTS", "module_functions"]
