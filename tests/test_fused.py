@@ -636,6 +636,25 @@ def test_lstm_gradient_through_time_matches_the_unfused_composition(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm_op_returns_its_statistics_with_exact_gradients(device):
+    """BatchNormColumns gives (y, batch mean, biased batch var); each is differentiable and
+    agrees with the course's ops, values and gradients."""
+    rng = np.random.default_rng(10)
+    x, w, b = rng.standard_normal((6, 3)), rng.standard_normal(3), rng.standard_normal(3)
+
+    def fused(xt, wt, bt):
+        out = ops_fused.BatchNormColumns(1e-3)(xt, wt, bt)
+        return out[0], out[1], out[2]
+
+    def unfused(xt, wt, bt):
+        mean = ops.summation(xt, axes=(0,)) / 6
+        centred = xt - mean.reshape((1, 3)).broadcast_to(xt.shape)
+        return unfused_norm(xt, wt, bt, 1e-3, 0), mean, ops.summation(centred ** 2, axes=(0,)) / 6
+
+    _compare(fused, unfused, [x, w, b], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["softmax", "layernorm", "batchnorm", "lstm", "lstm_layer"])
 def test_second_derivative_of_a_fused_op_raises(device, which):
     rng = np.random.default_rng(9)
