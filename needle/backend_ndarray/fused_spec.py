@@ -23,6 +23,9 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 Dims = Tuple[int, ...]
 
+# Every fused kernel, by array-level name (filled by _kernel below).
+KERNELS: Dict[str, "FusedKernel"] = {}
+
 
 @dataclass(frozen=True)
 class Operand:
@@ -111,6 +114,13 @@ class FusedKernel:
         return dims
 
 
+def _kernel(*args, **kwargs) -> FusedKernel:
+    """A new :class:`FusedKernel`, entered in :data:`KERNELS`."""
+    kernel = FusedKernel(*args, **kwargs)
+    KERNELS[kernel.api_name] = kernel
+    return kernel
+
+
 def _at_least_one_row(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
     if dims[0] < 1:
         raise ValueError(f"{fn}: an empty batch (rows={dims[0]}) has no statistics")
@@ -144,31 +154,31 @@ def _elements(size: int) -> Dims:
 _RC = ("rows", "cols")
 _BH = ("batch", "hidden")
 
-SOFTMAX_XENT = FusedKernel(
+SOFTMAX_XENT = _kernel(
     "softmax_xent", "softmax_xent", "logits", _RC,
     inputs=(Operand("logits", _rows_cols), Operand("labels", _rows)),
     outputs=(Operand("loss", _rows), Operand("probs", _rows_cols)))
 
-SOFTMAX_XENT_BWD = FusedKernel(
+SOFTMAX_XENT_BWD = _kernel(
     None, "softmax_xent_bwd", "probs", _RC,
     inputs=(Operand("probs", _rows_cols), Operand("labels", _rows),
             Operand("dloss", _rows, "shape or ()")),
     scalars=("scale",),
     outputs=(Operand("dlogits", _rows_cols),))
 
-LAYERNORM_FWD = FusedKernel(
+LAYERNORM_FWD = _kernel(
     "layernorm_fwd", "layernorm_fwd", "x", _RC,
     inputs=(Operand("x", _rows_cols), Operand("w", _cols, "size"), Operand("b", _cols, "size")),
     scalars=("eps",),
     outputs=(Operand("y", _rows_cols), Operand("xhat", _rows_cols), Operand("rstd", _rows)))
 
-LAYERNORM_BWD = FusedKernel(
+LAYERNORM_BWD = _kernel(
     "layernorm_bwd", "layernorm_bwd", "dy", _RC,
     inputs=(Operand("dy", _rows_cols), Operand("xhat", _rows_cols),
             Operand("rstd", _rows, "size"), Operand("w", _cols, "size")),
     outputs=(Operand("dx", _rows_cols), Operand("dw", _cols), Operand("db", _cols)))
 
-BATCHNORM_FWD = FusedKernel(
+BATCHNORM_FWD = _kernel(
     "batchnorm_fwd", "batchnorm_fwd", "x", _RC,
     inputs=(Operand("x", _rows_cols), Operand("w", _cols, "size"), Operand("b", _cols, "size")),
     scalars=("eps",),
@@ -176,41 +186,36 @@ BATCHNORM_FWD = FusedKernel(
              Operand("mean", _cols), Operand("var", _cols)),
     check_sizes=_at_least_one_row)
 
-BATCHNORM_BWD = FusedKernel(
+BATCHNORM_BWD = _kernel(
     "batchnorm_bwd", "batchnorm_bwd", "dy", _RC,
     inputs=(Operand("dy", _rows_cols), Operand("xhat", _rows_cols),
             Operand("rstd", _cols, "size"), Operand("w", _cols, "size")),
     outputs=(Operand("dx", _rows_cols), Operand("dw", _cols), Operand("db", _cols)))
 
-LSTM_CELL_FWD = FusedKernel(
+LSTM_CELL_FWD = _kernel(
     "lstm_cell_fwd", "lstm_cell_fwd", "c_prev", _BH,
     inputs=(Operand("gates", _gates), Operand("c_prev", _rows_cols)),
     outputs=(Operand("h", _rows_cols), Operand("c", _rows_cols), Operand("act", _gates),
              Operand("tanh_c", _rows_cols)))
 
-LSTM_CELL_BWD = FusedKernel(
+LSTM_CELL_BWD = _kernel(
     "lstm_cell_bwd", "lstm_cell_bwd", "c_prev", _BH,
     inputs=(Operand("dh", _rows_cols), Operand("dc", _rows_cols), Operand("act", _gates),
             Operand("c_prev", _rows_cols), Operand("tanh_c", _rows_cols)),
     outputs=(Operand("dgates", _gates), Operand("dc_prev", _rows_cols)))
 
-SGD_UPDATE = FusedKernel(
+SGD_UPDATE = _kernel(
     "sgd_update", "sgd_update_", "param", (),
     inputs=(Operand("param", _elements, "source"), Operand("grad", _elements, "source"),
             Operand("buf", _elements, "source")),
     scalars=("lr", "momentum", "weight_decay"))
 
-ADAM_UPDATE = FusedKernel(
+ADAM_UPDATE = _kernel(
     "adam_update", "adam_update_", "param", (),
     inputs=(Operand("param", _elements, "source"), Operand("grad", _elements, "source"),
             Operand("m", _elements, "source"), Operand("v", _elements, "source")),
     scalars=("lr", "beta1", "beta2", "eps", "weight_decay", "step"),
     check_sizes=_step_from_one)
-
-# Every fused kernel, by array-level name.
-KERNELS: Dict[str, FusedKernel] = {k.api_name: k for k in (
-    SOFTMAX_XENT, SOFTMAX_XENT_BWD, LAYERNORM_FWD, LAYERNORM_BWD, BATCHNORM_FWD, BATCHNORM_BWD,
-    LSTM_CELL_FWD, LSTM_CELL_BWD, SGD_UPDATE, ADAM_UPDATE)}
 
 __all__ = ["Operand", "FusedKernel", "KERNELS"] + [
     "SOFTMAX_XENT", "SOFTMAX_XENT_BWD", "LAYERNORM_FWD", "LAYERNORM_BWD", "BATCHNORM_FWD",

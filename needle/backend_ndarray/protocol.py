@@ -40,17 +40,12 @@ from typing import Any, Callable, Dict, Protocol, Sequence, Tuple
 
 import numpy as np
 
-# The op tables, in op-code order. src/ndarray_ops.h lists the same names in the same order.
-BINARY_OPS: Tuple[str, ...] = ("add", "sub", "mul", "div", "power", "maximum", "minimum",
-                               "eq", "ne", "lt", "le", "gt", "ge")
-UNARY_OPS: Tuple[str, ...] = ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")
-REDUCE_OPS: Tuple[str, ...] = ("sum", "max")
-
-# The array types' methods for each op (NDArray and the NEEDLE_BACKEND=np array both have every
-# one): a binary op's second method is the reflected form (``2 - a``). The array-API modules
-# generate one module function per method with a plain name (``array_api.exp(a)`` is
+# The op tables, in op-code order, with the array types' methods for each op (NDArray and the
+# NEEDLE_BACKEND=np array both have every one; a binary op's second method is the reflected
+# form, ``2 - a``). src/ndarray_ops.h lists the same names in the same order. The array-API
+# modules generate one module function per method with a plain name (``array_api.exp(a)`` is
 # ``a.exp()``) with :func:`module_functions`.
-OP_METHODS: Dict[str, Tuple[str, ...]] = {
+BINARY_METHODS: Dict[str, Tuple[str, ...]] = {
     "add": ("__add__", "__radd__"),
     "sub": ("__sub__", "__rsub__"),
     "mul": ("__mul__", "__rmul__"),
@@ -64,6 +59,8 @@ OP_METHODS: Dict[str, Tuple[str, ...]] = {
     "le": ("__le__",),
     "gt": ("__gt__",),
     "ge": ("__ge__",),
+}
+UNARY_METHODS: Dict[str, Tuple[str, ...]] = {
     "neg": ("__neg__", "neg"),
     "abs": ("__abs__", "abs"),
     "sqrt": ("sqrt",),
@@ -72,9 +69,23 @@ OP_METHODS: Dict[str, Tuple[str, ...]] = {
     "tanh": ("tanh",),
     "sigmoid": ("sigmoid",),
     "relu": ("relu",),
+}
+REDUCE_METHODS: Dict[str, Tuple[str, ...]] = {
     "sum": ("sum",),
     "max": ("max",),
 }
+BINARY_OPS: Tuple[str, ...] = tuple(BINARY_METHODS)
+UNARY_OPS: Tuple[str, ...] = tuple(UNARY_METHODS)
+REDUCE_OPS: Tuple[str, ...] = tuple(REDUCE_METHODS)
+OP_METHODS: Dict[str, Tuple[str, ...]] = {**BINARY_METHODS, **UNARY_METHODS, **REDUCE_METHODS}
+
+# The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
+# sizes are a ValueError before anything is allocated, and every index product fits in int64.
+MAX_ELEMENTS: int = 1 << 50
+
+Shape = Sequence[int]
+Strides = Sequence[int]
+
 _DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` (broadcast); "
                     "NaN propagates.",
          "minimum": "Element-wise minimum of ``a`` and an array or scalar ``b`` (broadcast); "
@@ -83,34 +94,26 @@ _DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` 
          "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError."}
 
 
+def _module_function(op: str, name: str, method: Callable, coerce) -> Callable:
+    if coerce is None:
+        def function(a, *args, **kwargs):
+            return method(a, *args, **kwargs)
+    else:
+        def function(a, *args, **kwargs):
+            return method(coerce(a), *args, **kwargs)
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
+    return function
+
+
 def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
                      ) -> Dict[str, Callable]:
     """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
     method with a plain name, ``f(a, *args, **kwargs) = array_type.method(a, *args,
     **kwargs)`` (``coerce(a)`` first when given, e.g. to accept a plain numpy array)."""
-    functions = {}
-    for op, methods in OP_METHODS.items():
-        for name in methods:
-            if name.startswith("__"):
-                continue
-            method = getattr(array_type, name)
-            if coerce is None:
-                def function(a, *args, _method=method, **kwargs):
-                    return _method(a, *args, **kwargs)
-            else:
-                def function(a, *args, _method=method, **kwargs):
-                    return _method(coerce(a), *args, **kwargs)
-            function.__name__ = function.__qualname__ = name
-            function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
-            functions[name] = function
-    return functions
-
-# The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
-# sizes are a ValueError before anything is allocated, and every index product fits in int64.
-MAX_ELEMENTS: int = 1 << 50
-
-Shape = Sequence[int]
-Strides = Sequence[int]
+    return {name: _module_function(op, name, getattr(array_type, name), coerce)
+            for op, methods in OP_METHODS.items() for name in methods
+            if not name.startswith("__")}
 
 
 class Array(Protocol):
@@ -266,5 +269,6 @@ class DeviceModule(Protocol):
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
 
-__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS",
-           "MAX_ELEMENTS", "module_functions"]
+__all__ = ["Array", "DeviceModule", "BINARY_METHODS", "UNARY_METHODS", "REDUCE_METHODS",
+           "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS", "MAX_ELEMENTS",
+           "module_functions"]
