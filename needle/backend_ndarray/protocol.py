@@ -95,12 +95,16 @@ _DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` 
 
 
 def _module_function(op: str, name: str, method: Callable, coerce) -> Callable:
-    if coerce is None:
-        def function(a, *args, **kwargs):
-            return method(a, *args, **kwargs)
+    coerce = coerce or (lambda a: a)
+    if op in BINARY_METHODS:
+        def function(a, b):
+            return method(coerce(a), b)
+    elif op in UNARY_METHODS:
+        def function(a):
+            return method(coerce(a))
     else:
-        def function(a, *args, **kwargs):
-            return method(coerce(a), *args, **kwargs)
+        def function(a, axis=None, keepdims: bool = False):
+            return method(coerce(a), axis=axis, keepdims=keepdims)
     function.__name__ = function.__qualname__ = name
     function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
     return function
@@ -109,8 +113,10 @@ def _module_function(op: str, name: str, method: Callable, coerce) -> Callable:
 def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
                      ) -> Dict[str, Callable]:
     """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
-    method with a plain name, ``f(a, *args, **kwargs) = array_type.method(a, *args,
-    **kwargs)`` (``coerce(a)`` first when given, e.g. to accept a plain numpy array)."""
+    method with a plain name, ``f(a, b) = a.method(b)`` (binary), ``f(a) = a.method()``
+    (unary) or ``f(a, axis=None, keepdims=False) = a.method(axis=axis, keepdims=keepdims)``
+    (reductions), the method looked up on ``array_type`` once and ``a`` passed through
+    ``coerce`` when given (e.g. to accept a plain numpy array)."""
     return {name: _module_function(op, name, getattr(array_type, name), coerce)
             for op, methods in OP_METHODS.items() for name in methods
             if not name.startswith("__")}
