@@ -6,6 +6,10 @@ identically on all three. It is slow and meant as an oracle and a readable speci
 protocol, including its checks: a wrong kind of argument is a TypeError; buffers whose sizes do
 not fit, views reaching outside their buffer, negative sizes and unknown op codes are
 ValueErrors naming the function and the numbers.
+
+The computations themselves are ``numpy_kernels``' (shared with ``NEEDLE_BACKEND=np``); the
+fused kernels' buffer sizes are checked against ``fused_spec``. This module adds the buffers,
+the views and the checks.
 """
 from __future__ import annotations
 
