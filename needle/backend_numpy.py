@@ -284,7 +284,7 @@ def _check(kernel: spec.FusedKernel, arrays: tuple, **scalars) -> tuple:
         if not isinstance(a, numpy.ndarray):
             raise TypeError(f"{kernel.api_name}: {op.name} must be a numpy array, got "
                             f"{type(a).__name__}")
-    return kernel.check({op.name: a.shape for op, a in zip(kernel.inputs, arrays)}, scalars)
+    return kernel.check([a.shape for a in arrays], scalars)
 
 
 def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars):

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import fused_spec as spec
 from .ndarray import NDArray
+from .ndarray import _new as _alloc
 
 __all__ = list(spec.KERNELS)  # softmax_xent, ..., adam_update_: one function per kernel
 
@@ -32,16 +33,23 @@ def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], **scalars):
             device, first = a.device, op.name
         elif a.device != device:
             raise ValueError(f"{fn}: {op.name} is on {a.device} but {first} is on {device}")
-    dims = kernel.check({op.name: a.shape for op, a in zip(kernel.inputs, arrays)}, scalars)
-    return device, dims
+    return device, kernel.check([a.shape for a in arrays], scalars)
 
 
 def _new(device, kernel: spec.FusedKernel, dims) -> tuple:
-    return tuple(NDArray.make(s, device=device) for s in kernel.output_shapes(dims))
+    """The kernel's outputs, fresh compact arrays on ``device``."""
+    device._check()
+    return tuple(_alloc(shape, device) for shape in kernel.output_shapes(dims))
 
 
 def _h(*arrays: NDArray):
+    """The buffers of ``arrays``, compacted first where they are views."""
     return tuple(a.compact()._handle for a in arrays)
+
+
+def _out(*arrays: NDArray):
+    """The buffers of freshly allocated (compact) outputs."""
+    return tuple(a._handle for a in arrays)
 
 
 def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
@@ -54,7 +62,7 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
     device, (rows, cols) = _check(spec.SOFTMAX_XENT, (logits, labels))
     loss, probs = _new(device, spec.SOFTMAX_XENT, (rows, cols))
     if rows:
-        device.softmax_xent(*_h(logits, labels), rows, cols, *_h(loss, probs))
+        device.softmax_xent(*_h(logits, labels), rows, cols, *_out(loss, probs))
     return loss, probs
 
 
@@ -83,7 +91,7 @@ def layernorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
     device, (rows, cols) = _check(spec.LAYERNORM_FWD, (x, w, b), eps=eps)
     y, xhat, rstd = _new(device, spec.LAYERNORM_FWD, (rows, cols))
     if rows and cols:
-        device.layernorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_h(y, xhat, rstd))
+        device.layernorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_out(y, xhat, rstd))
     elif rows:  # no features: nothing to normalise, var = 0 by convention
         rstd.fill(1 / np.sqrt(np.float32(eps)))
     return y, xhat, rstd
@@ -95,7 +103,7 @@ def _norm_bwd(kernel: spec.FusedKernel, device_kernel, device, dims, dy: NDArray
     rows, cols = dims
     dx, dw, db = _new(device, kernel, dims)
     if rows and cols:
-        device_kernel(*_h(dy, xhat, rstd, w), rows, cols, *_h(dx, dw, db))
+        device_kernel(*_h(dy, xhat, rstd, w), rows, cols, *_out(dx, dw, db))
     else:
         dw.fill(0.0)
         db.fill(0.0)
@@ -117,7 +125,7 @@ def batchnorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
     device, (rows, cols) = _check(spec.BATCHNORM_FWD, (x, w, b), eps=eps)
     out = _new(device, spec.BATCHNORM_FWD, (rows, cols))
     if cols:
-        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_h(*out))
+        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_out(*out))
     return out
 
 
@@ -137,7 +145,7 @@ def lstm_cell_fwd(gates: NDArray, c_prev: NDArray
     device, (batch, hidden) = _check(spec.LSTM_CELL_FWD, (gates, c_prev))
     out = _new(device, spec.LSTM_CELL_FWD, (batch, hidden))
     if batch and hidden:
-        device.lstm_cell_fwd(*_h(gates, c_prev), batch, hidden, *_h(*out))
+        device.lstm_cell_fwd(*_h(gates, c_prev), batch, hidden, *_out(*out))
     return out
 
 
@@ -149,7 +157,7 @@ def lstm_cell_bwd(dh: NDArray, dc: NDArray, act: NDArray, c_prev: NDArray, tanh_
     dgates, dc_prev = _new(device, spec.LSTM_CELL_BWD, (batch, hidden))
     if batch and hidden:
         device.lstm_cell_bwd(*_h(dh, dc, act, c_prev, tanh_c), batch, hidden,
-                             *_h(dgates, dc_prev))
+                             *_out(dgates, dc_prev))
     return dgates, dc_prev
 
 

@@ -17,6 +17,7 @@ This module imports nothing but the standard library.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
@@ -59,39 +60,20 @@ class FusedKernel:
     outputs: Tuple[Operand, ...] = ()
     check_sizes: Optional[Callable[[str, Dims, Mapping[str, float]], None]] = None
 
-    def check(self, shapes: Mapping[str, Sequence[int]], scalars: Mapping[str, float] = {}
+    def check(self, shapes: Sequence[Tuple[int, ...]], scalars: Optional[Mapping[str, float]] = None
               ) -> Dims:
-        """The kernel's sizes, after checking the inputs' ``shapes`` (name -> shape) against
-        this specification (ValueError naming ``api_name``, the operand and both shapes)."""
-        fn = self.api_name
-        source = tuple(shapes[self.source])
-        if self.dims:
-            if len(source) != len(self.dims):
-                raise ValueError(f"{fn}: {self.source} must be {len(self.dims)}-D "
-                                 f"({', '.join(self.dims)}), got shape {source}")
-            dims = source
-        else:
-            dims = (math.prod(source),)
-        for op in self.inputs:
-            got = tuple(shapes[op.name])
-            if op.match == "source":
-                want = source
-            else:
-                want = op.shape(*dims)
-            if op.match == "size":
-                if math.prod(got) != math.prod(want):
-                    raise ValueError(f"{fn}: {op.name} must have {math.prod(want)} elements, "
-                                     f"got shape {got}")
-            elif got != want and not (op.match == "shape or ()" and got == ()):
-                alt = " or ()" if op.match == "shape or ()" else ""
-                raise ValueError(f"{fn}: {op.name} must have shape {want}{alt}, got {got}")
+        """The kernel's sizes, after checking the inputs' ``shapes`` (tuples, in the order of
+        ``inputs``) against this specification (ValueError naming ``api_name``, the operand and
+        both shapes) and ``scalars`` (name -> value) with ``check_sizes``. The shape check is
+        cached: a training step repeats the same shapes."""
+        dims = _sizes(self, tuple(shapes))
         if self.check_sizes is not None:
-            self.check_sizes(fn, dims, scalars)
+            self.check_sizes(self.api_name, dims, scalars or {})
         return dims
 
     def output_shapes(self, dims: Dims) -> Tuple[Dims, ...]:
         """The shapes of the outputs for the sizes ``dims``."""
-        return tuple(op.shape(*dims) for op in self.outputs)
+        return _output_shapes(self, dims)
 
     def check_buffers(self, buffers: Mapping[str, object], dims: Dims,
                       scalars: Mapping[str, float] = {}) -> Dims:
@@ -112,6 +94,35 @@ class FusedKernel:
             if have != want:
                 raise ValueError(f"{fn}: {op.name} has {have} elements, expected {want}")
         return dims
+
+
+@functools.lru_cache(maxsize=1024)
+def _sizes(kernel: FusedKernel, shapes: Tuple[Tuple[int, ...], ...]) -> Dims:
+    """The sizes ``kernel`` reads off its source, after checking every input's shape."""
+    fn = kernel.api_name
+    source = shapes[[op.name for op in kernel.inputs].index(kernel.source)]
+    if kernel.dims:
+        if len(source) != len(kernel.dims):
+            raise ValueError(f"{fn}: {kernel.source} must be {len(kernel.dims)}-D "
+                             f"({', '.join(kernel.dims)}), got shape {source}")
+        dims = source
+    else:
+        dims = (math.prod(source),)
+    for op, got in zip(kernel.inputs, shapes):
+        want = source if op.match == "source" else op.shape(*dims)
+        if op.match == "size":
+            if math.prod(got) != math.prod(want):
+                raise ValueError(f"{fn}: {op.name} must have {math.prod(want)} elements, "
+                                 f"got shape {got}")
+        elif got != want and not (op.match == "shape or ()" and got == ()):
+            alt = " or ()" if op.match == "shape or ()" else ""
+            raise ValueError(f"{fn}: {op.name} must have shape {want}{alt}, got {got}")
+    return dims
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_shapes(kernel: FusedKernel, dims: Dims) -> Tuple[Dims, ...]:
+    return tuple(op.shape(*dims) for op in kernel.outputs)
 
 
 def _kernel(*args, **kwargs) -> FusedKernel:
