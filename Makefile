@@ -105,12 +105,12 @@ profile: $(BUILT)
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 check: $(INSTALLED)
 	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m needle.check "$(HW)" $(if $(Q),-k $(Q),)
+	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),)
 
 data: $(INSTALLED)
-	$(PY) -m needle.data.download --all --root data
+	$(PY) -m companion.data.download --all --root data
 
 clean:
 	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
-	rm -f needle/backend_ndarray/*.so needle/apps/*.so $(BUILT)
+	rm -f needle/backend_ndarray/*.so companion/apps/*.so $(BUILT)
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

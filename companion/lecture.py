@@ -3,7 +3,7 @@
 A notebook cell whose first line is ``# companion-only: <what it needs>`` uses something the
 course's needle does not have (a fused op, ``create_graph=True``, ``matmul_tiled``, ...), or the
 results of such a cell. The notebook's first code cell calls :func:`setup`; when ``NEEDLE_IMPL``
-has loaded a student's needle (``needle/student_impl.py``), that registers an IPython input
+has loaded a student's needle (:mod:`companion.impl`), that registers an IPython input
 transformer which replaces each such cell's source by one ``print`` saying what it skips and why.
 Without ``NEEDLE_IMPL`` :func:`setup` does nothing and every cell runs as written.
 
@@ -54,8 +54,9 @@ def _transformer(folder: str):
 def setup() -> bool:
     """Register the companion-only transformer when a student's needle is in use (NEEDLE_IMPL)
     and this runs in IPython; returns whether it is registered. Calling it again is harmless."""
-    from needle.student_impl import active_folder
-    if active_folder is None:
+    from companion.impl import active_folder
+    folder = active_folder()
+    if folder is None:
         return False
     try:
         from IPython import get_ipython
@@ -66,5 +67,5 @@ def setup() -> bool:
         return False
     transformers = shell.input_transformers_post
     if not any(getattr(t, "needle_companion_only", False) for t in transformers):
-        transformers.append(_transformer(str(active_folder)))
+        transformers.append(_transformer(str(folder)))
     return True

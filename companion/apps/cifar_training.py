@@ -1,4 +1,4 @@
-"""hw4's CIFAR-10 training loops (re-exported by ``needle.apps.simple_ml``).
+"""hw4's CIFAR-10 training loops (re-exported by ``companion.apps.simple_ml``).
 
 Each public function seeds ``np.random.seed(4)`` first, as the course does, so a shuffled
 DataLoader visits the same order on every call. Batches are moved to the model's device (the

@@ -1,5 +1,5 @@
 """Data-parallel training of an MLP on the 8x8 digits: ``mpiexec -n K python -m
-needle.distributed_train --out result.npz``.
+companion.apps.distributed_train --out result.npz``.
 
 Every rank builds the same model (same seed, then a broadcast from rank 0 to be sure), draws the
 same global batch indices, trains on its 1/K slice, and averages gradients with

@@ -13,6 +13,7 @@ from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidge
 
 import needle as ndl
 import needle.nn as nn
+from companion.data.digits import MNIST_FILES
 
 from .training_utils import model_device, on_device
 
@@ -99,20 +100,20 @@ def train_mnist(batch_size: int = 100, epochs: int = 10, optimizer=ndl.optim.Ada
     """Train an MLPResNet on the MNIST files in ``data_dir``; return (train_err, train_loss, test_err, test_loss).
 
     Reads ``train-*``/``t10k-*`` IDX ``.gz`` files (``make data``, or
-    ``needle.data.write_digits_idx(dir)`` for the offline digits); the input width is the
+    ``companion.data.write_digits_idx(dir)`` for the offline digits); the input width is the
     files' rows*cols (784 for MNIST). The train figures are those of the last epoch.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     np.random.seed(4)
     files = {}
-    for split, (img, lbl) in ndl.data.MNIST_FILES.items():
+    for split, (img, lbl) in MNIST_FILES.items():
         files[split] = (Path(data_dir) / img, Path(data_dir) / lbl)
         for path in files[split]:
             if not path.is_file():
                 raise FileNotFoundError(
                     f"{path} not found: run `make data` for MNIST, or "
-                    f"needle.data.write_digits_idx({str(data_dir)!r}) for the offline digits")
+                    f"companion.data.write_digits_idx({str(data_dir)!r}) for the offline digits")
     train_data = ndl.data.MNISTDataset(*map(str, files["train"]))
     test_data = ndl.data.MNISTDataset(*map(str, files["test"]))
     model = MLPResNet(train_data.images.shape[1], hidden_dim)

@@ -1,6 +1,6 @@
 """The course's Penn Treebank training loops (hw4): truncated back-propagation through time.
 
-Re-exported from :mod:`needle.apps.simple_ml`. Each public function seeds ``np.random.seed(4)``
+Re-exported from :mod:`companion.apps.simple_ml`. Each public function seeds ``np.random.seed(4)``
 first, as the course does. ``progress=False`` turns the tqdm bars off (an extension).
 """
 from __future__ import annotations

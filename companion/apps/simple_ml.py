@@ -8,7 +8,7 @@ file; here one function serves both and dispatches on the argument type: needle 
 hw1 behaviour, numpy arrays the hw0 behaviour.
 
 The hw4 training loops (CIFAR-10, Penn Treebank) live in their own modules and are re-exported at
-the bottom, so ``needle.apps.simple_ml`` holds every name the course's copies do.
+the bottom, so ``companion.apps.simple_ml`` holds every name the course's copies do.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import List, Tuple
 import numpy as np
 
 import needle as ndl
-from ..data.datasets.mnist_dataset import parse_mnist
+from needle.data.datasets.mnist_dataset import parse_mnist
 
 try:
     from .simple_ml_ext import softmax_regression_epoch_cpp
@@ -25,8 +25,8 @@ except ImportError as _exc:  # not compiled yet: fail loudly when called, not at
     _EXT_ERROR = _exc
 
     def softmax_regression_epoch_cpp(X, y, theta, lr, batch):
-        """Unavailable: the compiled module ``needle.apps.simple_ml_ext`` is missing."""
-        raise ImportError("needle.apps.simple_ml_ext is not compiled; run `make build` "
+        """Unavailable: the compiled module ``companion.apps.simple_ml_ext`` is missing."""
+        raise ImportError("companion.apps.simple_ml_ext is not compiled; run `make build` "
                           f"(import failed: {_EXT_ERROR})")
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Command line: ``python -m needle.check path/to/hwN [--hw hwN] [-k text] [--list]``."""
+"""Command line: ``python -m companion.check path/to/hwN [--hw hwN] [-k text] [--list]``."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from .runner import check, detect_homework
 def main(argv: list[str] | None = None) -> int:
     """Check a homework folder and print the report; exit status 0 when every question passes."""
     parser = argparse.ArgumentParser(
-        prog="python -m needle.check",
+        prog="python -m companion.check",
         description="Check your own needle (course skeleton layout) question by question.")
     parser.add_argument("folder", help="your homework folder, e.g. path/to/hw2")
     parser.add_argument("--hw", choices=HOMEWORKS, help="the homework (default: from the name)")

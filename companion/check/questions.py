@@ -2,7 +2,7 @@
 
 Every question has an id such as ``hw1_matmul_backward``; the id is also the pytest marker that
 this project's tests carry when they check that question (``pytest -m hw1_matmul_backward``), and
-the name of the check function in ``needle/check/<homework>.py``. Only the course's API is
+the name of the check function in ``companion/check/<homework>.py``. Only the course's API is
 checked; this project's extensions have no question here.
 
 This module imports nothing from needle, so the checker's worker can load it beside a

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .questions import HOMEWORKS, Question, questions_for
 
-WORKER = Path(__file__).with_name("worker.py")
+WORKER = "companion.check.worker"
 
 
 @dataclass
@@ -135,10 +135,15 @@ def build(root: Path, hw: str) -> list[str]:
     return ["built with CMake (build/)" if ok else "FAILED to build with CMake:\n" + log]
 
 
-def _worker_env() -> dict:
+def _worker_env(root: Path, hw: str) -> dict:
+    """The worker's environment: no outside paths or backend choice; ``NEEDLE_IMPL`` names the
+    homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NEEDLE_BACKEND")}
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NEEDLE_BACKEND",
+                        "NEEDLE_IMPL")}
     env["PYTHONNOUSERSITE"] = "1"
+    if hw != "hw0":
+        env["NEEDLE_IMPL"] = str(root / "python")
     return env
 
 
@@ -179,8 +184,9 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                                           "scratch": str(scratch)}))
             result_file.touch()
             with open(log_file, "w") as log:
-                proc = subprocess.Popen([sys.executable, str(WORKER), str(config)], cwd=root,
-                                        env=_worker_env(), stdout=log, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen([sys.executable, "-m", WORKER, str(config)], cwd=root,
+                                        env=_worker_env(root, hw), stdout=log,
+                                        stderr=subprocess.STDOUT)
                 current, started, seen, note = None, 0.0, 0, ""
                 while True:
                     finished = proc.poll() is not None

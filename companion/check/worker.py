@@ -1,52 +1,28 @@
 """The checker's worker: runs questions one after another against the student's package.
 
-Started by ``runner.py`` as ``python worker.py CONFIG.json`` in a clean environment. It makes the
-student's folders win the import of ``needle`` (dropping the editable-install finder that would
-otherwise redirect to the installed copy), loads the check modules as the private package
-``_needle_check`` (never as ``needle.check``, which would clash with the student's ``needle``),
-and appends one JSON line per event to the result file: ``{"start": id}`` before a question and
+Started by ``runner.py`` as ``python -m companion.check.worker CONFIG.json`` in a clean
+environment whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): the
+student's ``needle`` is imported through :mod:`companion.impl`, the same mechanism a notebook
+uses, and the checks (``companion.check.hwN``) import it like any user code. The homework's
+folders go first on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...). It
+appends one JSON line per event to the result file: ``{"start": id}`` before a question and
 ``{"id": ..., "status": ..., "detail": ..., "needle": path}`` after it. A crash (segfault) leaves a
 start without an end, which the runner reports for that question alone.
 """
 import faulthandler
 import importlib
-import importlib.util
 import json
 import os
 import sys
 import traceback
-import types
 
-CHECK_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _load_student_impl() -> types.ModuleType:
-    """``needle/student_impl.py`` (shared with ``NEEDLE_IMPL``), loaded by path: importing it as
-    ``needle.student_impl`` would import this project's ``needle`` first."""
-    path = os.path.join(os.path.dirname(CHECK_DIR), "student_impl.py")
-    spec = importlib.util.spec_from_file_location("_needle_student_impl", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from companion import impl
 
 
 def _isolate(paths):
-    """Put the student's folders first on sys.path and drop any other route to a ``needle``."""
-    student_impl = _load_student_impl()
-    student_impl.drop_editable_finders()
-    os.environ.pop(student_impl.ENV, None)  # the homework folder's needle, whatever NEEDLE_IMPL says
-    # Keep interpreter/site-packages entries; drop the script folder and source checkouts that
-    # hold another needle package.
-    keep = []
-    for entry in sys.path:
-        full = os.path.abspath(entry or os.getcwd())
-        if full == CHECK_DIR or os.path.isdir(os.path.join(full, "needle")):
-            continue
-        keep.append(entry)
-    sys.path[:] = list(paths) + keep
-    pkg = types.ModuleType("_needle_check")
-    pkg.__path__ = [CHECK_DIR]
-    sys.modules["_needle_check"] = pkg
+    """Put the student's folders first on sys.path; ``import needle`` comes from NEEDLE_IMPL."""
+    impl.install()  # already done at start-up by the .pth where the wheel or `make build` put it
+    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
 
 
 def _where(exc: BaseException, roots) -> str:
@@ -71,7 +47,7 @@ def _where(exc: BaseException, roots) -> str:
 
 def _run_one(qid, hw_module, ctx, roots):
     import numpy as np
-    from _needle_check.diagnose import CheckFailure
+    from companion.check.diagnose import CheckFailure
     np.random.seed(0)
     fn = getattr(hw_module, qid, None)
     if fn is None:
@@ -110,7 +86,7 @@ def main(config_path: str) -> None:
     _isolate(config["paths"])
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
-    hw_module = importlib.import_module(f"_needle_check.{config['hw']}")
+    hw_module = importlib.import_module(f"companion.check.{config['hw']}")
     with open(config["results"], "a", buffering=1) as out:
         ctx = Context(config["root"], config["scratch"], out)
         for qid in config["questions"]:

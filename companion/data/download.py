@@ -1,6 +1,6 @@
 """Download the course's data sets (``make data``): MNIST, CIFAR-10 and Penn Treebank.
 
-``python -m needle.data.download --all --root data`` (or name the sets: ``mnist cifar10 ptb``)
+``python -m companion.data.download --all --root data`` (or name the sets: ``mnist cifar10 ptb``)
 lays the files out as the course's homeworks expect::
 
     data/train-images-idx3-ubyte.gz ... data/t10k-labels-idx1-ubyte.gz   (hw0, hw2)
@@ -277,8 +277,8 @@ def download_dataset(name: str, root: str | Path = "data", *, mirrors: Sequence[
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command line: ``python -m needle.data.download [--all | NAME ...] [--root DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m needle.data.download",
+    """Command line: ``python -m companion.data.download [--all | NAME ...] [--root DIR]``."""
+    parser = argparse.ArgumentParser(prog="python -m companion.data.download",
                                      description="Download MNIST, CIFAR-10 and Penn Treebank, "
                                                  "checksummed and resumable.")
     parser.add_argument("datasets", nargs="*", metavar="NAME",

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import needle as ndl
+import companion.data
 from conftest import SHARED_DATA
 
 pytestmark = pytest.mark.data
@@ -152,9 +153,9 @@ def test_real_cifar10():
 # ---- the offline image set ---------------------------------------------------------------------
 def test_shapes_dataset_format_and_determinism():
     state = np.random.get_state()
-    a = ndl.data.ShapesDataset(train=True, n=60, seed=3)
+    a = companion.data.ShapesDataset(train=True, n=60, seed=3)
     assert np.array_equal(state[1], np.random.get_state()[1]), "global RNG was touched"
-    b = ndl.data.ShapesDataset(train=True, n=60, seed=3)
+    b = companion.data.ShapesDataset(train=True, n=60, seed=3)
     assert len(a) == 60 and a.X.shape == (60, 3, 32, 32) and a.X.dtype == np.float32
     np.testing.assert_array_equal(a.X, b.X)
     np.testing.assert_array_equal(a.y, b.y)
@@ -162,14 +163,14 @@ def test_shapes_dataset_format_and_determinism():
     np.testing.assert_array_equal(np.bincount(a.y, minlength=10), [6] * 10)
     x, y = a[4]
     assert x.shape == (3, 32, 32) and 0 <= y <= 9
-    assert ndl.data.ShapesDataset(train=False).X.shape == (500, 3, 32, 32)
-    assert len(ndl.data.ShapesDataset(train=True)) == 2000
+    assert companion.data.ShapesDataset(train=False).X.shape == (500, 3, 32, 32)
+    assert len(companion.data.ShapesDataset(train=True)) == 2000
 
 
 def test_shapes_train_test_and_seeds_differ():
-    train = ndl.data.ShapesDataset(train=True, n=40, seed=0)
-    test = ndl.data.ShapesDataset(train=False, n=40, seed=0)
-    other = ndl.data.ShapesDataset(train=True, n=40, seed=1)
+    train = companion.data.ShapesDataset(train=True, n=40, seed=0)
+    test = companion.data.ShapesDataset(train=False, n=40, seed=0)
+    other = companion.data.ShapesDataset(train=True, n=40, seed=1)
     flat = lambda d: d.X.reshape(len(d), -1)  # noqa: E731
     # no test image equals (or nearly equals) any training image
     dists = ((flat(test)[:, None, :] - flat(train)[None, :, :]) ** 2).mean(-1)
@@ -178,12 +179,12 @@ def test_shapes_train_test_and_seeds_differ():
 
 
 def test_shapes_textures_have_their_orientation():
-    ds = ndl.data.ShapesDataset(train=True, n=200, seed=5)
+    ds = companion.data.ShapesDataset(train=True, n=200, seed=5)
     # per channel, then the channel with the most contrast (grey levels of fg/bg may match)
     along_w = ds.X.std(axis=3).mean(axis=2).max(axis=1)   # variation within each row
     along_h = ds.X.std(axis=2).mean(axis=2).max(axis=1)   # variation within each column
-    hs, vs = ds.y == ndl.data.SHAPES_CLASSES.index("hstripes"), \
-        ds.y == ndl.data.SHAPES_CLASSES.index("vstripes")
+    hs, vs = ds.y == companion.data.SHAPES_CLASSES.index("hstripes"), \
+        ds.y == companion.data.SHAPES_CLASSES.index("vstripes")
     # horizontal stripes are constant along a row up to noise; vertical ones along a column
     assert np.all(along_h[hs] > 2 * along_w[hs])
     assert np.all(along_w[vs] > 2 * along_h[vs])
@@ -192,14 +193,14 @@ def test_shapes_textures_have_their_orientation():
 def test_shapes_objects_cover_part_of_a_plain_background():
     """An object image is mostly one background colour (up to the gradient and noise) with a
     visible foreground: 50-97 % of its pixels lie within 0.35 of the median colour."""
-    ds = ndl.data.ShapesDataset(train=True, n=300, seed=6)
+    ds = companion.data.ShapesDataset(train=True, n=300, seed=6)
     median = np.median(ds.X, axis=(2, 3))
     near = (np.linalg.norm(ds.X - median[:, :, None, None], axis=1) < 0.35).mean(axis=(1, 2))
     for name in ["disc", "square", "triangle", "ring", "cross"]:
-        frac = near[ds.y == ndl.data.SHAPES_CLASSES.index(name)]
+        frac = near[ds.y == companion.data.SHAPES_CLASSES.index(name)]
         assert frac.min() > 0.5 and frac.max() < 0.97, (name, frac.min(), frac.max())
 
 
 def test_make_shapes_images_rejects_bad_n():
     with pytest.raises(ValueError, match="non-negative int"):
-        ndl.data.make_shapes_images(-1)
+        companion.data.make_shapes_images(-1)

@@ -13,8 +13,8 @@ import pytest
 
 import needle as ndl
 import needle.nn as nn
-from needle.apps import mlp_resnet, models, simple_ml
-from needle.data.datasets.mnist_dataset import write_idx
+from companion.apps import mlp_resnet, models, simple_ml
+from companion.data import write_idx
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, tensor
 

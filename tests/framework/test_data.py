@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 import needle as ndl
 from needle.data.datasets import mnist_dataset as md
+import companion.data
+import companion.data.digits
 
 from conftest import SHARED_DATA
 
@@ -174,14 +176,14 @@ def test_parse_mnist_hand_built_file(tmp_path, gz):
 def test_write_idx_read_idx_roundtrip(tmp_path, dtype, shape):
     a = (np.random.randn(*shape) * 50).astype(dtype)
     for name in ("a.idx", "a.idx.gz"):
-        md.write_idx(tmp_path / name, a)
+        companion.data.write_idx(tmp_path / name, a)
         back = md.read_idx(tmp_path / name)
         assert back.dtype == np.dtype(dtype) and back.shape == shape
         np.testing.assert_array_equal(back, a)
 
 
 def test_write_idx_header_matches_the_format(tmp_path):
-    md.write_idx(tmp_path / "x.idx", np.arange(6, dtype=np.uint8).reshape(1, 2, 3))
+    companion.data.write_idx(tmp_path / "x.idx", np.arange(6, dtype=np.uint8).reshape(1, 2, 3))
     assert (tmp_path / "x.idx").read_bytes() == _idx_bytes(2051, (1, 2, 3), bytes(range(6)))
 
 
@@ -270,7 +272,7 @@ def test_real_mnist_test_set():
 def test_digits_match_scikit_learn():
     from sklearn.datasets import load_digits
     ref = load_digits()
-    X, y = ndl.data.load_digits_mnist_like()
+    X, y = companion.data.load_digits_mnist_like()
     assert X.shape == (1797, 64) and X.dtype == np.float32 and y.dtype == np.uint8
     assert X.min() == 0.0 and X.max() == 1.0
     np.testing.assert_array_equal(np.bincount(y), np.bincount(ref.target))
@@ -281,17 +283,17 @@ def test_digits_match_scikit_learn():
 
 
 def test_digits_split_partitions_the_set():
-    X, y = ndl.data.load_digits_mnist_like()
-    Xtr, ytr = ndl.data.load_digits_mnist_like(train=True)
-    Xte, yte = ndl.data.load_digits_mnist_like(train=False)
+    X, y = companion.data.load_digits_mnist_like()
+    Xtr, ytr = companion.data.load_digits_mnist_like(train=True)
+    Xte, yte = companion.data.load_digits_mnist_like(train=False)
     assert len(ytr) == 1500 and len(yte) == 297
     np.testing.assert_array_equal(np.concatenate([Xtr, Xte]), X)
     np.testing.assert_array_equal(np.concatenate([ytr, yte]), y)
 
 
 def test_resize_matrix_is_bilinear():
-    np.testing.assert_allclose(md._resize_matrix(8, 8), np.eye(8))
-    r = md._resize_matrix(20, 8)
+    np.testing.assert_allclose(companion.data.digits._resize_matrix(8, 8), np.eye(8))
+    r = companion.data.digits._resize_matrix(20, 8)
     np.testing.assert_allclose(r.sum(axis=1), 1.0)
     ramp = np.arange(8.0)
     centres = (np.arange(20) + 0.5) * 8 / 20 - 0.5
@@ -300,38 +302,38 @@ def test_resize_matrix_is_bilinear():
 
 
 def test_digits_28_have_the_mnist_layout():
-    X, y = ndl.data.load_digits_mnist_like(28)
+    X, y = companion.data.load_digits_mnist_like(28)
     assert X.shape == (1797, 784)
     imgs = X.reshape(-1, 28, 28)
     assert imgs[:, :4].max() == 0 and imgs[:, -4:].max() == 0
     assert imgs[:, :, :4].max() == 0 and imgs[:, :, -4:].max() == 0
     # a blank-bordered 8x8 scan stays centred: ink mass balances around the middle
-    X8, _ = ndl.data.load_digits_mnist_like(8)
+    X8, _ = companion.data.load_digits_mnist_like(8)
     ink8 = X8.reshape(-1, 8, 8).sum(axis=(1, 2))
     ink28 = imgs.sum(axis=(1, 2))
     np.testing.assert_allclose(ink28 / ink8, (20 / 8) ** 2, rtol=0.05)
     with pytest.raises(ValueError, match="image_size"):
-        ndl.data.load_digits_mnist_like(4)
+        companion.data.load_digits_mnist_like(4)
 
 
 def test_write_digits_idx_reads_back(tmp_path):
-    paths = ndl.data.write_digits_idx(tmp_path, image_size=28)
+    paths = companion.data.write_digits_idx(tmp_path, image_size=28)
     X, y = ndl.data.parse_mnist(*paths["test"])
-    Xr, yr = ndl.data.load_digits_mnist_like(28, train=False)
+    Xr, yr = companion.data.load_digits_mnist_like(28, train=False)
     assert X.shape == (297, 784)
     np.testing.assert_array_equal(y, yr)
     assert np.abs(X - Xr).max() <= 1 / 510 + 1e-7
     ds = ndl.data.MNISTDataset(*map(str, paths["train"]))
     assert len(ds) == 1500 and ds[0][0].shape == (784,)
     first = (tmp_path / "t10k-images-idx3-ubyte.gz").read_bytes()
-    ndl.data.write_digits_idx(tmp_path, image_size=28)
+    companion.data.write_digits_idx(tmp_path, image_size=28)
     assert (tmp_path / "t10k-images-idx3-ubyte.gz").read_bytes() == first  # reproducible bytes
 
 
 def test_digits_dataset():
-    ds = ndl.data.DigitsDataset(train=False)
-    X, y = ndl.data.load_digits_mnist_like(train=False)
+    ds = companion.data.DigitsDataset(train=False)
+    X, y = companion.data.load_digits_mnist_like(train=False)
     assert len(ds) == 297
     np.testing.assert_array_equal(ds[np.arange(297)][0], X)
-    crop = ndl.data.DigitsDataset(train=False, transforms=[ndl.data.RandomCrop(0)])
+    crop = companion.data.DigitsDataset(train=False, transforms=[ndl.data.RandomCrop(0)])
     np.testing.assert_array_equal(crop[5][0], X[5])

@@ -23,7 +23,7 @@ from needle import distributed as dist  # noqa: E402
 
 pytestmark = pytest.mark.apps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mpiexec() -> str:
@@ -40,7 +40,7 @@ def _run(args, timeout=240):
 
 
 def test_two_ranks_match_single_process_full_batch(tmp_path):
-    common = ["-m", "needle.distributed_train", "--steps", "25", "--batch", "64"]
+    common = ["-m", "companion.apps.distributed_train", "--steps", "25", "--batch", "64"]
     _run([sys.executable, *common, "--out", str(tmp_path / "one.npz")])
     _run([_mpiexec(), "-n", "2", sys.executable, *common, "--out", str(tmp_path / "two.npz")])
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")

@@ -16,7 +16,7 @@ import onnxruntime as ort  # noqa: E402
 import needle as ndl  # noqa: E402
 import needle.nn as nn  # noqa: E402
 from needle import ops  # noqa: E402
-from needle.apps.mlp_resnet import MLPResNet  # noqa: E402
+from companion.apps.mlp_resnet import MLPResNet  # noqa: E402
 from needle.autograd import TensorOp  # noqa: E402
 from needle.export import to_onnx  # noqa: E402
 

@@ -195,7 +195,7 @@ CASES = [
 ]
 
 
-# The course question (needle/check/questions.py) each case checks: the prefix of its id picks
+# The course question (companion/check/questions.py) each case checks: the prefix of its id picks
 # the markers, so `pytest -m hw1_divide_backward` selects exactly those cases.
 HW1_MARKS = {
     "add": (pytest.mark.hw1_add_forward, pytest.mark.hw1_add_backward),

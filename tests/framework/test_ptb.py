@@ -13,8 +13,8 @@ import pytest
 import needle as ndl
 from needle import backend_ndarray as nd
 from needle.data import Corpus, Dictionary, batchify, get_batch
-from needle.data.datasets.ptb_dataset import (StochasticGrammar, default_grammar,
-                                              grammar_entropy_rate, write_grammar_corpus)
+from companion.data.grammar import (StochasticGrammar, default_grammar,
+                                     grammar_entropy_rate, write_grammar_corpus)
 from conftest import DEVICES, SHARED_DATA
 
 pytestmark = pytest.mark.data

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 FIELDS = ("Lecture", "Homework", "Prerequisites", "You will be able to", "Run time")
 
@@ -119,7 +119,7 @@ def code_cells(text: str) -> list[list[str]]:
 def student_mode_problems(text: str) -> list[str]:
     """A notebook with ``# companion-only:`` cells must say so in its header (a Student mode line)
     and call ``lecture.setup()`` in its first code cell; one without must do neither."""
-    from needle.lecture import companion_only_reason
+    from companion.lecture import companion_only_reason
     cells = code_cells(text)
     marked = sum(companion_only_reason(c) is not None for c in cells)
     header = [line.strip() for line in first_markdown_cell(text)]
@@ -136,7 +136,7 @@ def student_mode_problems(text: str) -> list[str]:
     return []
 
 
-MARKED = GOOD.replace("# Text.", "# Text.\n\n# %%\nfrom needle import lecture\nlecture.setup()"
+MARKED = GOOD.replace("# Text.", "# Text.\n\n# %%\nfrom companion import lecture\nlecture.setup()"
                       ).replace("print(1)", "# companion-only: create_graph=True\nprint(1)")
 CLAIM = "# **Student mode:** with NEEDLE_IMPL, cells marked companion-only are skipped\n"
 

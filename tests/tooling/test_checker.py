@@ -1,7 +1,8 @@
-"""Student mode (``python -m needle.check``) on the course's skeleton layout.
+"""Student mode (``python -m companion.check``) on the course's skeleton layout.
 
-Each test builds a homework folder in tmp_path with this project's needle copied into
-``hwN/python/needle`` (``hw0/src`` for hw0) and thin ``apps/`` modules, then checks it: the
+Each test builds a homework folder in tmp_path with this project's needle copied, as it is, into
+``hwN/python/needle`` and thin ``apps/`` modules (for hw0 a thin ``src/simple_ml.py``), then
+checks it: the
 finished package passes every question; a wrong adjoint, a ``NotImplementedError`` and a
 segfaulting C++ function each cost exactly their own question.
 """
@@ -16,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import needle
-from needle.check import QUESTIONS, check, questions_for
-from needle.check.__main__ import main
-from needle.check.questions import BY_ID, HOMEWORKS
+from companion.check import QUESTIONS, check, questions_for
+from companion.check.__main__ import main
+from companion.check.questions import BY_ID, HOMEWORKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
 APPS = {"simple_ml", "mlp_resnet", "models"}
 
@@ -28,18 +29,17 @@ APPS = {"simple_ml", "mlp_resnet", "models"}
 def skeleton(tmp_path: Path, hw: str) -> Path:
     """A course-layout folder ``tmp_path/hw`` holding a copy of this project's needle."""
     root = tmp_path / hw
-    ignore = shutil.ignore_patterns("__pycache__", "check")
     if hw == "hw0":
         (root / "src").mkdir(parents=True)
-        shutil.copytree(PACKAGE, root / "src" / "needle", ignore=ignore)
         (root / "src" / "simple_ml.py").write_text(
-            "from needle.apps.simple_ml import (add, parse_mnist, softmax_loss,\n"
+            "from companion.apps.simple_ml import (add, parse_mnist, softmax_loss,\n"
             "                                   softmax_regression_epoch, nn_epoch)\n")
         return root
-    shutil.copytree(PACKAGE, root / "python" / "needle", ignore=ignore)
+    shutil.copytree(PACKAGE, root / "python" / "needle",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (root / "apps").mkdir()
     for app in APPS:
-        (root / "apps" / f"{app}.py").write_text(f"from needle.apps.{app} import *\n")
+        (root / "apps" / f"{app}.py").write_text(f"from companion.apps.{app} import *\n")
     return root
 
 
@@ -62,9 +62,9 @@ def test_finished_package_passes_every_question(tmp_path, hw):
 
 
 def test_hw0_with_the_compiled_extension_passes(tmp_path):
-    built = sorted((PACKAGE / "apps").glob("simple_ml_ext*.so"))
+    built = sorted((ROOT / "companion" / "apps").glob("simple_ml_ext*.so"))
     if not built:
-        pytest.skip("needle/apps/simple_ml_ext is not compiled here")
+        pytest.skip("companion/apps/simple_ml_ext is not compiled here")
     root = skeleton(tmp_path, "hw0")
     shutil.copy(ROOT / "src" / "simple_ml_ext.cc", root / "src" / "simple_ml_ext.cpp")
     shutil.copy(built[0], root / "src" / "simple_ml_ext.so")
@@ -186,7 +186,7 @@ def test_layout_errors_name_the_problem(tmp_path):
 def test_every_question_has_a_check_function_and_nothing_else_does():
     import importlib
     for hw in HOMEWORKS:
-        module = importlib.import_module(f"needle.check.{hw}")
+        module = importlib.import_module(f"companion.check.{hw}")
         checks = {name for name in dir(module) if name.startswith(f"{hw}_")
                   and callable(getattr(module, name))}
         if hw == "hw4":  # hw4_extra's ids also start with "hw4_"
@@ -206,7 +206,7 @@ def _markers_in(path: Path) -> set[str]:
 
 def test_every_question_has_a_marked_test_and_every_marker_is_a_question():
     used: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         for name in _markers_in(path):
             used.setdefault(name, set()).add(path.name)
     homework_markers = {m for m in used if m.startswith(HOMEWORKS)}

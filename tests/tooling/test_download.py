@@ -1,4 +1,4 @@
-"""needle.data.download, offline: files the tests write, served over file:// and a local HTTP server."""
+"""companion.data.download, offline: files the tests write, served over file:// and a local HTTP server."""
 import hashlib
 import http.server
 import io

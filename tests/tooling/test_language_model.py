@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import needle as ndl
-from needle.apps.language_model import LanguageModel
-from needle.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb, train_ptb
+from companion.apps.language_model import LanguageModel
+from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb, train_ptb
 from needle.data import batchify
 from conftest import DEVICES
 

@@ -1,10 +1,11 @@
-"""needle.apps.mlp_resnet (hw2): the architecture, a forward pass against numpy, epoch(), train_mnist()."""
+"""companion.apps.mlp_resnet (hw2): the architecture, a forward pass against numpy, epoch(), train_mnist()."""
 import numpy as np
 import pytest
 
 import needle as ndl
+import companion.data
 import needle.nn as nn
-from needle.apps import mlp_resnet as mr
+from companion.apps import mlp_resnet as mr
 
 pytestmark = pytest.mark.apps
 CPU = ndl.cpu()  # where nn.Linear puts its parameters by default (init's default device)
@@ -63,8 +64,8 @@ def test_residual_block_eval_forward_matches_numpy(norm):
 
 @pytest.fixture(scope="module")
 def digit_loaders():
-    train = ndl.data.DigitsDataset(train=True)
-    test = ndl.data.DigitsDataset(train=False)
+    train = companion.data.DigitsDataset(train=True)
+    test = companion.data.DigitsDataset(train=False)
     return ndl.data.DataLoader(train, 100, shuffle=True), ndl.data.DataLoader(test, 64)
 
 
@@ -107,7 +108,7 @@ def test_train_epochs_learn(digit_loaders):
 
 
 def test_train_mnist_on_digit_idx_files(tmp_path):
-    ndl.data.write_digits_idx(tmp_path, image_size=8)
+    companion.data.write_digits_idx(tmp_path, image_size=8)
     kw = dict(batch_size=100, epochs=3, optimizer=ndl.optim.Adam, lr=0.01, weight_decay=0.001,
               hidden_dim=32, data_dir=str(tmp_path), progress=False)
     result = mr.train_mnist(**kw)

@@ -1,9 +1,9 @@
-"""NEEDLE_IMPL: the lecture notebooks run against a student's own needle.
+"""NEEDLE_IMPL: the lecture notebooks and this project's tools run against a student's own needle.
 
-Each test builds a course-layout ``hw4/python/needle`` in tmp_path from this project's package
-without its tools (viz, timing, lecture, check, apps, student_impl), its later-lecture modules
-and its offline data sets, with the course's plain ``__init__`` (no hook), then imports
-``needle`` in a subprocess with ``NEEDLE_IMPL`` pointing at it.
+Each test copies this project's ``needle/`` as it is (the framework and nothing else) into a
+course-layout ``hw4/python/needle`` in tmp_path, then imports ``needle`` in a subprocess with
+``NEEDLE_IMPL`` pointing at it; ``companion.*`` comes from this project and builds on whichever
+needle is imported.
 """
 from __future__ import annotations
 
@@ -18,35 +18,31 @@ from pathlib import Path
 
 import pytest
 
+import companion
 import needle
-from needle import lecture
-from needle.student_impl import OFFLINE_DATA, TOOL_MODULES
+from companion import lecture
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
-# The tools (packages or modules) and this project's later-lecture modules.
-NOT_IN_THE_COURSE = ("__pycache__", *TOOL_MODULES, *(f"{m}.py" for m in TOOL_MODULES),
-                     "checkpoint.py", "distributed.py", "distributed_train.py", "export.py")
-
-
-def course_init() -> str:
-    """This project's ``__init__`` body without the NEEDLE_IMPL hook: the course's imports."""
-    lines = (PACKAGE / "__init__.py").read_text().split("if not _use_student_package():\n")[1]
-    return textwrap.dedent(lines)
+COMPANION = Path(companion.__file__).resolve().parent
+# This project's later-lecture modules, which the course's package does not have.
+EXTENSIONS = ("checkpoint", "export", "distributed")
 
 
 @pytest.fixture
 def student(tmp_path) -> Path:
-    """``tmp_path/hw4/python``: a student's folder holding a course-only copy of needle."""
+    """``tmp_path/hw4/python``: a student's folder holding a copy of this project's needle."""
     python = tmp_path / "hw4" / "python"
-    pkg = python / "needle"
-    shutil.copytree(PACKAGE, pkg, ignore=shutil.ignore_patterns(*NOT_IN_THE_COURSE))
-    (pkg / "__init__.py").write_text('"""A student\'s needle."""\n' + course_init())
-    for module, names in OFFLINE_DATA.items():  # the course's data modules lack these
-        path = pkg / "data" / "datasets" / f"{module}.py"
-        path.write_text(path.read_text() + f"\n\ndel {', '.join(names)}\n"
-                        "__all__ = [n for n in __all__ if n in globals()]\n")
+    shutil.copytree(PACKAGE, python / "needle", ignore=shutil.ignore_patterns("__pycache__"))
     return python
+
+
+@pytest.fixture
+def course_student(student) -> Path:
+    """The student's folder without this project's later-lecture modules (as the course's is)."""
+    for name in EXTENSIONS:
+        (student / "needle" / f"{name}.py").unlink()
+    return student
 
 
 def run(code: str, impl, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -75,16 +71,38 @@ def test_the_students_package_and_its_submodules_are_imported(student):
     course = ["needle"] + [f"needle.{m}" for m in COURSE_MODULES] + [
         "needle.ops.ops_mathematic", "needle.nn.nn_basic", "needle.backend_ndarray.ndarray",
         "needle.data.data_basic", "needle.init.init_basic"]
-    tools = ["needle.viz", "needle.timing", "needle.lecture", "needle.check.exercises",
-             "needle.apps.simple_ml", "needle.apps.mlp_resnet"]
+    tools = ["companion.viz", "companion.timing", "companion.lecture", "companion.data",
+             "companion.check.exercises", "companion.apps.simple_ml", "companion.apps.mlp_resnet"]
     done = run(f"MODULES = {course + tools!r}" + WHERE, student, cwd=student.parents[1])
     assert done.returncode == 0, done.stderr
     where = {m: Path(f).resolve() for m, f in json.loads(done.stdout).items()}
     for m in course:
         assert where[m].is_relative_to(student), (m, where[m])
     for m in tools:
-        assert where[m].is_relative_to(PACKAGE), (m, where[m])
-    assert f"needle from {student} (NEEDLE_IMPL)" in done.stderr.splitlines()
+        assert where[m].is_relative_to(COMPANION), (m, where[m])
+    assert done.stderr.splitlines().count(f"needle from {student} (NEEDLE_IMPL)") == 1
+
+
+def test_the_students_package_wins_inside_this_checkout(student):
+    """From the checkout (``''`` on sys.path, the editable finder) it is still the student's."""
+    done = run("import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
+               student, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert [Path(p) for p in done.stdout.split()] == [student / "needle" / "__init__.py",
+                                                      student / "needle" / "ops" / "__init__.py"]
+
+
+IMPORTED_TOOLS = "import needle, sys; print(sorted(m for m in sys.modules if m.startswith('companion')))"
+
+
+def test_import_needle_imports_no_tooling(student):
+    done = run(IMPORTED_TOOLS, None)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    # under NEEDLE_IMPL only the loader itself, which the start-up .pth imported
+    done = run(IMPORTED_TOOLS, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['companion', 'companion.impl']"
 
 
 def test_a_relative_path_is_made_absolute_for_subprocesses(student):
@@ -98,31 +116,34 @@ def test_a_relative_path_is_made_absolute_for_subprocesses(student):
     assert Path(env) == student and Path(file) == student / "needle" / "__init__.py"
 
 
-def test_extensions_are_not_taken_from_this_project(student):
+def test_extensions_are_not_taken_from_this_project(course_student):
     done = run("""
         import needle as ndl
-        for name in ("checkpoint", "export", "distributed"):
+        for name in EXTENSIONS:
             try:
                 __import__("needle." + name)
             except ModuleNotFoundError as exc:
                 print(exc)
-        """, student)
+        """.replace("EXTENSIONS", repr(EXTENSIONS)), course_student)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"No module named 'needle.{m}'"
-                                        for m in ("checkpoint", "export", "distributed")]
+    assert done.stdout.splitlines() == [f"No module named 'needle.{m}'" for m in EXTENSIONS]
 
 
 def test_the_offline_data_sets_are_built_on_the_students_dataset(student):
     done = run("""
         import needle as ndl
-        from needle.data.datasets.ptb_dataset import default_grammar
-        ds = ndl.data.DigitsDataset(train=False, image_size=8)
+        import companion.data
+        from companion.data.grammar import default_grammar
+        ds = companion.data.DigitsDataset(train=False, image_size=8)
         base = ndl.data.Dataset
         print(isinstance(ds, base), base.__module__, len(ds), ds[0][0].shape)
-        print(issubclass(ndl.data.ShapesDataset, base), len(default_grammar().vocab))
+        print(issubclass(companion.data.ShapesDataset, base), len(default_grammar().vocab))
+        import sys; print(sys.modules[base.__module__].__file__)
         """, student)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["True needle.data.data_basic 297 (64,)", "True 69"]
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["True needle.data.data_basic 297 (64,)", "True 69"]
+    assert Path(lines[2]) == student / "needle" / "data" / "data_basic.py"
 
 
 BROKEN_ADD = """
@@ -182,18 +203,6 @@ def test_this_projects_own_folder_is_a_no_op():
     assert "NEEDLE_IMPL" not in done.stderr
 
 
-def test_a_copy_of_this_projects_init_does_not_redirect_twice(tmp_path):
-    """A student who copied this project's needle (hook included) still gets their copy."""
-    python = tmp_path / "hw4" / "python"
-    shutil.copytree(PACKAGE, python / "needle",
-                    ignore=shutil.ignore_patterns("__pycache__", "check"))
-    done = run("import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
-               python)
-    assert done.returncode == 0, done.stderr
-    assert [Path(p) for p in done.stdout.split()] == [python / "needle" / "__init__.py",
-                                                      python / "needle" / "ops" / "__init__.py"]
-
-
 # ---- companion-only cells ------------------------------------------------------------------------
 MARKED = ["# companion-only: fused kernels (ndl.ops.layernorm_rows)\n", "y = f(x)\n"]
 
@@ -221,7 +230,7 @@ def test_the_transformer_leaves_other_cells_alone(cell):
 IPYTHON = """
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
-shell.run_cell("import needle; from needle import lecture; print(lecture.setup())")
+shell.run_cell("import needle; from companion import lecture; print(lecture.setup())")
 shell.run_cell("# companion-only: create_graph=True\\nprint('marked cell ran')")
 shell.run_cell("print('plain cell ran')")
 """
@@ -263,8 +272,9 @@ print(json.dumps({"errors": errors, "streams": streams}))
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_a_notebook_runs_on_the_students_needle(student, name):
+def test_a_notebook_runs_on_the_students_needle(course_student, name):
     notebook = ROOT / "notebooks" / f"{name}.ipynb"
+    student = course_student
     source = notebook.with_suffix(".py").read_text()
     marked = len(re.findall(r"^# %%.*\n# companion-only: ", source, flags=re.M))
     assert marked, f"notebook {name} has no companion-only cells to skip"

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 import needle as ndl
+import companion.data
 from conftest import DEVICES
-from needle.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
-from needle.apps.models import ConvBN, ResNet9
+from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
+from companion.apps.models import ConvBN, ResNet9
 
 pytestmark = [pytest.mark.conv, pytest.mark.apps]
 
@@ -113,7 +114,7 @@ def test_resnet9_rejects_wrong_image_shape():
 
 
 def _loader(n, batch, seed=0, shuffle=False):
-    ds = ndl.data.ShapesDataset(train=True, n=n, seed=seed)
+    ds = companion.data.ShapesDataset(train=True, n=n, seed=seed)
     return ds, ndl.data.DataLoader(ds, batch_size=batch, shuffle=shuffle)
 
 

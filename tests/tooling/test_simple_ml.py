@@ -1,4 +1,4 @@
-"""needle.apps.simple_ml: hw0's numpy and C++ softmax regression and two-layer net, hw1's needle versions.
+"""companion.apps.simple_ml: hw0's numpy and C++ softmax regression and two-layer net, hw1's needle versions.
 
 Oracles: central finite differences of an independently written float64 loss, the numpy epoch
 for the C++ one, and the numpy versions for the needle ones.
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import needle as ndl
-from needle.apps import simple_ml as sm
-from needle.apps import simple_ml_ext
+import companion.data
+from companion.apps import simple_ml as sm
+from companion.apps import simple_ml_ext
 
 pytestmark = pytest.mark.apps
 
@@ -99,7 +100,7 @@ def test_cpp_epoch_matches_numpy(m, batch):
 
 @pytest.mark.hw0_softmax_regression_epoch_cpp
 def test_cpp_epoch_on_digits_matches_numpy():
-    X, y = ndl.data.load_digits_mnist_like(train=True)
+    X, y = companion.data.load_digits_mnist_like(train=True)
     a = np.zeros((64, 10), dtype=np.float32)
     b = a.copy()
     sm.softmax_regression_epoch(X, y, a, lr=0.2, batch=100)
@@ -200,7 +201,7 @@ def test_loss_err_accepts_tensors_and_arrays():
 
 @pytest.fixture(scope="module")
 def digits():
-    return (*ndl.data.load_digits_mnist_like(train=True), *ndl.data.load_digits_mnist_like(train=False))
+    return (*companion.data.load_digits_mnist_like(train=True), *companion.data.load_digits_mnist_like(train=False))
 
 
 def test_train_softmax_numpy_and_cpp_agree_and_learn(digits, capsys):

@@ -17,7 +17,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
 # Notebooks that carry exercises: every lecture notebook.
 WITH_EXERCISES = ["01_softmax_regression", "02_automatic_differentiation", "03_nn_library",
