@@ -61,14 +61,11 @@ lab: $(BUILT) $(LAB_OVERRIDES)
 
 test: test-unit test-notebooks
 
-# The autograd/op/nn suites run a second time on the plain-numpy backend (NEEDLE_BACKEND=np).
-BOTH_BACKENDS = $(wildcard tests/test_autograd*.py tests/test_ops*.py tests/test_init.py \
-                  tests/test_nn_*.py tests/test_optim.py tests/test_data.py tests/test_mlp_resnet.py \
-                  tests/test_fused.py tests/test_course_api.py)
-
+# Tests marked both_backends (the autograd/op/nn/data suites) run a second time on the
+# plain-numpy backend (NEEDLE_BACKEND=np).
 test-unit: $(BUILT)
 	$(PY) -m pytest tests -n 2 -q -p no:cacheprovider
-	NEEDLE_BACKEND=np $(PY) -m pytest -n 2 -q -p no:cacheprovider $(BOTH_BACKENDS)
+	NEEDLE_BACKEND=np $(PY) -m pytest tests -n 2 -q -p no:cacheprovider -m both_backends
 
 test-notebooks: $(BUILT)
 	$(NBVAL) -q $(NOTEBOOKS)

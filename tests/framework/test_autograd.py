@@ -17,7 +17,7 @@ from needle import autograd
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, rand, tensor
 
-pytestmark = pytest.mark.autograd
+pytestmark = [pytest.mark.autograd, pytest.mark.both_backends]
 
 
 # ---- graph structure ------------------------------------------------------------------------

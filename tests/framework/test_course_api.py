@@ -18,6 +18,8 @@ from companion.data import write_idx
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, tensor
 
+pytestmark = pytest.mark.both_backends
+
 
 def defaults(f) -> dict:
     """{parameter: default} of ``f``'s signature (``inspect.Parameter.empty`` if none)."""

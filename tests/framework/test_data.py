@@ -14,7 +14,7 @@ import companion.data.digits
 
 from conftest import SHARED_DATA
 
-pytestmark = pytest.mark.data
+pytestmark = [pytest.mark.data, pytest.mark.both_backends]
 
 MNIST_DIR = SHARED_DATA / "mnist"
 # The MNIST test set's label counts, as published with the data set.

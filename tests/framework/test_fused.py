@@ -22,7 +22,7 @@ from needle.ops import ops_fused
 from conftest import DEVICES
 from helpers import central_difference, check_gradients, float32_tensor
 
-pytestmark = pytest.mark.nn
+pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
 F32 = np.float32
 

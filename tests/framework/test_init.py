@@ -12,7 +12,7 @@ import needle as ndl
 from needle import init, nn
 from conftest import DEVICES
 
-pytestmark = pytest.mark.nn
+pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
 F32 = np.float32
 

@@ -14,7 +14,7 @@ from needle import nn
 from conftest import DEVICES
 from helpers import central_difference, float32_tensor
 
-pytestmark = pytest.mark.nn
+pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
 F32 = np.float32
 

@@ -5,7 +5,7 @@ import pytest
 import needle as ndl
 from conftest import DEVICES
 
-pytestmark = pytest.mark.conv
+pytestmark = [pytest.mark.conv, pytest.mark.both_backends]
 
 
 def conv_loop(x, w, b, stride):

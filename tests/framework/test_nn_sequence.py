@@ -15,7 +15,7 @@ from needle import nn
 from conftest import DEVICES
 from helpers import central_difference, float32_tensor
 
-pytestmark = pytest.mark.sequence
+pytestmark = [pytest.mark.sequence, pytest.mark.both_backends]
 
 F32 = np.float32
 

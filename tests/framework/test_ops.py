@@ -22,7 +22,7 @@ import needle as ndl
 from conftest import DEVICES
 from helpers import away_from_zero, backend_dtype, check_gradients, rand, tensor
 
-pytestmark = pytest.mark.ops
+pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
 
 def _shape(rng, ndim, low=1, high=4):

@@ -16,7 +16,7 @@ import needle as ndl
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, tensor
 
-pytestmark = pytest.mark.ops
+pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
 # (left shape, right shape): every way numpy lines two shapes up
 PAIRS = [

@@ -16,7 +16,7 @@ import needle as ndl
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, numerical_gradients, rand, tensor, tolerances
 
-pytestmark = [pytest.mark.ops, pytest.mark.conv]
+pytestmark = [pytest.mark.ops, pytest.mark.conv, pytest.mark.both_backends]
 
 
 def conv_loop(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import needle as ndl
 from conftest import DEVICES
 from helpers import tensor
 
-pytestmark = pytest.mark.ops
+pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
 INF = np.inf
 

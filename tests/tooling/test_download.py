@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from needle.data import download as dl
+from companion.data import download as dl
 
 from conftest import SHARED_DATA
 

@@ -7,7 +7,7 @@ import companion.data
 import needle.nn as nn
 from companion.apps import mlp_resnet as mr
 
-pytestmark = pytest.mark.apps
+pytestmark = [pytest.mark.apps, pytest.mark.both_backends]
 CPU = ndl.cpu()  # where nn.Linear puts its parameters by default (init's default device)
 
 
