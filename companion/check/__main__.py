@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         report = check(args.folder, args.hw, only=args.k, timeout=args.timeout,
                        isolate=args.isolate, do_build=not args.no_build)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"needle check: {exc}", file=sys.stderr)
+        print(f"companion check: {exc}", file=sys.stderr)
         return 2
     print(report.format())
     return 0 if report.ok else 1

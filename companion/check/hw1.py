@@ -1,4 +1,4 @@
-"""hw1 checks: each op forward and backward, topological sort, reverse mode, the needle apps.
+"""hw1 checks: each op forward and backward, topological sort, reverse mode, the course's apps.
 
 Forward results are compared with numpy; gradients with central differences of the numpy
 reference (float64), so a backward question does not depend on the forward question.

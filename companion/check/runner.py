@@ -52,7 +52,7 @@ class Report:
 
     def format(self) -> str:
         """The report: a header, one line per question, then a diagnosis for each failure."""
-        lines = [f"needle check: {self.hw} in {self.root}"]
+        lines = [f"companion check: {self.hw} in {self.root}"]
         if self.needle:
             lines.append(f"needle imported from {self.needle}")
         lines += [f"build: {b}" for b in self.build]
@@ -168,7 +168,7 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
     needle_file = None
     paths = search_paths(root, hw)
     allowed = [os.path.abspath(p) for p in paths]
-    with tempfile.TemporaryDirectory(prefix="needle-check-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="companion-check-") as tmp:
         remaining = [q.id for q in questions]
         round_ = 0
         while remaining:
