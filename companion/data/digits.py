@@ -76,7 +76,7 @@ def _resize_matrix(n_out: int, n_in: int) -> np.ndarray:
 
 def load_digits_mnist_like(image_size: int = 8, train: Optional[bool] = None
                            ) -> Tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's handwritten digits as MNIST-style arrays, offline .
+    """scikit-learn's handwritten digits as MNIST-style arrays, offline.
 
     Returns ``X`` float32 (N, image_size**2) in [0, 1] and ``y`` uint8 (N,). ``image_size=8``
     gives the raw 8 x 8 scans (values /16); a larger size resizes each digit bilinearly into a
@@ -101,7 +101,7 @@ def load_digits_mnist_like(image_size: int = 8, train: Optional[bool] = None
 
 
 def write_digits_idx(root: str | Path, image_size: int = 28) -> dict:
-    """Write the offline digits as MNIST-named IDX ``.gz`` files in ``root`` .
+    """Write the offline digits as MNIST-named IDX ``.gz`` files in ``root``.
 
     Writes ``train-images-idx3-ubyte.gz``/``train-labels-idx1-ubyte.gz`` (1500 samples) and the
     ``t10k-*`` pair (297), pixels stored as uint8 ``round(255 x)``. Returns
@@ -120,7 +120,7 @@ def write_digits_idx(root: str | Path, image_size: int = 28) -> dict:
 
 
 class DigitsDataset(Dataset):
-    """The offline digits as an in-memory Dataset : items like ``needle.data.MNISTDataset``.
+    """The offline digits as an in-memory Dataset: items like ``needle.data.MNISTDataset``.
 
     ``DigitsDataset(train=True, image_size=8, transforms=None)``: x (image_size**2,) float32 in
     [0, 1], y uint8; transforms see image_size x image_size x 1 images.
@@ -131,6 +131,8 @@ class DigitsDataset(Dataset):
         self.images, self.labels = load_digits_mnist_like(image_size, train=train)
         self.image_shape = (image_size, image_size, 1)
 
+    # Indexing as needle's MNISTDataset does, written out rather than borrowed from it: a
+    # student's MNISTDataset (NEEDLE_IMPL) keeps its images its own way.
     def _transform(self, x: np.ndarray) -> np.ndarray:
         return self.apply_transforms(x.reshape(self.image_shape)).reshape(-1)
 

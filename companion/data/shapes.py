@@ -129,10 +129,10 @@ def make_shapes_images(n: int, seed: Union[int, Sequence[int]] = 0
 
 
 class ShapesDataset(Dataset):
-    """The offline stand-in for CIFAR-10 : ``n`` procedurally drawn images.
+    """The offline stand-in for CIFAR-10: ``n`` procedurally drawn images.
 
-    Items are (image float32 (3, 32, 32), label int) exactly like ``needle.data.CIFAR10Dataset``, with
-    the same ``X``/``y`` attributes. The training and test sets come from different streams of
+    Items are (image float32 (3, 32, 32), label int) exactly like ``needle.data.CIFAR10Dataset``,
+    with the same ``X``/``y`` attributes. The training and test sets come from different streams of
     the same ``seed`` (so they never share an image); defaults: 2000 train, 500 test images.
     """
 
