@@ -1,7 +1,7 @@
 """What is specific to the compiled CPU module (``ndarray_backend_cpu``).
 
 The device protocol itself (values and errors of every function on every module) is checked by
-tests/test_device_protocol.py; this file covers the compiled module's own machinery: each
+tests/framework/test_device_protocol.py; this file covers the compiled module's own machinery: each
 instruction-set variant of the matrix-product engine (selected with NEEDLE_CPU_ISA in a child
 process) against numpy at awkward sizes and layouts, the direct / blocked / threaded / batched
 paths, the tiled lecture exhibit, the buffer cache and allocation counters, and hostile
