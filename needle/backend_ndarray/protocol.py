@@ -4,8 +4,8 @@ A *device module* implements storage and kernels for one device. needle has thre
 reference module (``ndarray_backend_numpy``, device ``cpu_numpy()``), the compiled C++ module
 (``ndarray_backend_cpu``, ``cpu()``) and the compiled CUDA module (``ndarray_backend_cuda``,
 ``cuda()``). :class:`needle.backend_ndarray.NDArray` validates every argument in Python and then
-calls these functions; the conformance suite (``tests/test_device_protocol.py``) checks all three
-modules against numpy, values and errors.
+calls these functions; the conformance suite (``tests/framework/test_device_protocol.py``)
+checks all three modules against numpy, values and errors.
 
 Conventions
 -----------

@@ -1,0 +1,134 @@
+"""needle.export: every translated op, and two whole models, run in onnxruntime and compared
+with needle's own forward pass (relative error at most 1e-5 of the output's largest entry).
+
+onnxruntime is the oracle: an independent implementation of each ONNX operator. Needs the
+lectures extra (onnx, onnxruntime).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+# The lectures extra (installed by `make test`) provides onnx and onnxruntime.
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+import needle as ndl  # noqa: E402
+import needle.nn as nn  # noqa: E402
+from needle import ops  # noqa: E402
+from companion.apps.mlp_resnet import MLPResNet  # noqa: E402
+from needle.autograd import TensorOp  # noqa: E402
+from needle.export import to_onnx  # noqa: E402
+
+pytestmark = pytest.mark.apps
+
+RNG = np.random.default_rng(0)
+
+
+def const(*shape, positive=False):
+    """A needle constant (a parameter-like leaf) of random values."""
+    a = RNG.standard_normal(shape).astype(np.float32)
+    return ndl.Tensor(np.abs(a) + 0.5 if positive else a, requires_grad=True)
+
+
+def run_both(f, x):
+    """(onnxruntime's output, needle's output) for f traced at x."""
+    model = to_onnx(f, x)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": x})[0], f(ndl.Tensor(x)).numpy()
+
+
+def assert_close(got, want):
+    assert got.shape == want.shape
+    scale = max(float(np.abs(want).max()), 1e-30)
+    assert float(np.abs(got - want).max()) <= 1e-5 * scale, (got, want)
+
+
+W34, W45, B4 = const(3, 4), const(2, 4, 5), const(1, 4)
+CONV_W, CONV_W2 = const(3, 3, 2, 4), const(1, 1, 2, 3)
+CASES = {
+    "add_broadcast": (lambda x: x + B4.broadcast_to((5, 4)), (5, 4)),
+    "ewise_add_mul_div": (lambda x: (x + x) * x / (x * x + 1.0), (3, 4)),
+    "ewise_pow": (lambda x: (x * x + 1.0) ** (x * 0.5), (3, 4)),
+    "add_scalar": (lambda x: x + 2.5, (2, 3)),
+    "mul_scalar": (lambda x: x * -1.5, (2, 3)),
+    "div_scalar": (lambda x: x / 4.0, (2, 3)),
+    "power_scalar": (lambda x: (x * x + 0.1) ** 3, (2, 3)),
+    "negate": (lambda x: -x, (2, 3)),
+    "exp": (lambda x: ops.exp(x), (2, 3)),
+    "log": (lambda x: ops.log(x * x + 0.5), (2, 3)),
+    "relu": (lambda x: ops.relu(x), (4, 5)),
+    "tanh": (lambda x: ops.tanh(x), (4, 5)),
+    "reshape": (lambda x: x.reshape((6, 2)) * 1.0, (3, 4)),
+    "broadcast_to": (lambda x: x.broadcast_to((3, 2, 4)), (2, 1)),
+    "transpose_default": (lambda x: x.transpose(), (2, 3, 4)),
+    "transpose_axes": (lambda x: x.transpose((0, 2)), (2, 3, 4)),
+    "sum_all": (lambda x: x.sum(), (3, 4)),
+    "sum_axis": (lambda x: x.sum(1), (3, 4, 2)),
+    "sum_axes": (lambda x: x.sum((0, 2)), (3, 4, 2)),
+    "logsumexp": (lambda x: ops.logsumexp(x, axes=(1,)), (3, 5)),
+    "matmul": (lambda x: x @ W34, (5, 3)),
+    "matmul_batched": (lambda x: x @ W45, (2, 3, 4)),
+    "conv_same": (lambda x: ops.conv(x, CONV_W, stride=1, padding=1), (2, 5, 5, 2)),
+    "conv_strided": (lambda x: ops.conv(x, CONV_W, stride=2, padding=0), (1, 7, 6, 2)),
+    "conv_1x1": (lambda x: ops.conv(x, CONV_W2, stride=1, padding=0), (2, 3, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_matches_onnxruntime(name):
+    f, shape = CASES[name]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want = run_both(f, x)
+    assert_close(got, want)
+
+
+def _train_then_eval(model, batch):
+    """A few forward passes in training mode (BatchNorm's running statistics move), then eval."""
+    model.train()
+    for _ in range(3):
+        model(ndl.Tensor(RNG.standard_normal(batch).astype(np.float32)))
+    return model.eval()
+
+
+def test_mlp_resnet_matches_onnxruntime(tmp_path):
+    np.random.seed(1)
+    model = _train_then_eval(MLPResNet(64, hidden_dim=32, num_blocks=2, num_classes=10), (16, 64))
+    for batch in (1, 16):
+        x = RNG.standard_normal((batch, 64)).astype(np.float32)
+        path = tmp_path / f"mlp_resnet_{batch}.onnx"
+        to_onnx(model, x, path=str(path))
+        onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert_close(session.run(None, {"input": x})[0], model(ndl.Tensor(x)).numpy())
+
+
+def test_conv_net_matches_onnxruntime():
+    np.random.seed(2)
+    model = nn.Sequential(nn.Conv(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv(8, 16, 3, stride=2), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(16 * 4 * 4, 10))
+    _train_then_eval(model, (4, 3, 8, 8))
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    got, want = run_both(model, x)
+    assert_close(got, want)
+
+
+class _Unknown(TensorOp):
+    def compute(self, a):
+        return a
+
+    def gradient(self, out_grad, node):
+        return out_grad
+
+
+def test_errors():
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(NotImplementedError, match="_Unknown"):
+        to_onnx(lambda t: _Unknown()(t), x)
+    with pytest.raises(TypeError, match="numpy array or a Tensor"):
+        to_onnx(lambda t: t * 2, [[1.0, 2.0]])
+    with pytest.raises(TypeError, match="must return a Tensor"):
+        to_onnx(lambda t: t.numpy(), x)
+    with pytest.raises(ValueError, match="returned its input"):
+        to_onnx(lambda t: t, x)
