@@ -23,10 +23,11 @@ def _strict() -> bool:
 
 def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, *,
                    rtol: float = 1e-5, atol: float = 1e-6,
-                   predicate: Callable[[Any], str | None] | None = None) -> bool:
+                   predicate: Callable[[Any], str | None] | None = None) -> None:
     """Run ``answer()`` and print whether it matches ``expected`` (arrays or numbers, within
     ``atol + rtol·|expected|``) or, with ``predicate``, whether ``predicate(result)`` returns
-    None (else the returned text says what is wrong). Returns True when correct.
+    None (else the returned text says what is wrong). Returns nothing, so a check cell shows
+    its verdict line only (no stray True/False under it).
     """
     try:
         got = answer()
@@ -35,7 +36,7 @@ def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, 
         if _strict():
             raise AssertionError(message) from None
         print(message)
-        return False
+        return
     try:
         problem = (predicate(got) if predicate is not None
                    else _compare(got, expected, rtol, atol))
@@ -43,12 +44,11 @@ def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, 
         problem = f"could not compare your answer {got!r:.100} ({type(exc).__name__}: {exc})"
     if problem is None:
         print(f"{label}: correct")
-        return True
+        return
     message = f"{label}: not yet. {problem}"
     if _strict():
         raise AssertionError(message)
     print(message)
-    return False
 
 
 def _compare(got: Any, expected: Any, rtol: float, atol: float) -> str | None:
