@@ -27,7 +27,7 @@
 # changes of (shape, strides, offset); follow a Python call down to a C++ kernel; and measure
 # matmul kernels robustly and explain the naive → tiled → packed/SIMD → BLAS ladder.
 #
-# **Run time:** about 15 s on a 2-core x86-64 machine (30 s when other jobs load it)
+# **Run time:** about 25 s on a 2-core x86-64 machine (a minute when other jobs load it)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's compiled module (strided kernels, size
 # checks, `matmul_naive`, `__gemm__`), `NDArray.matmul_tiled` and negative indices.

@@ -246,10 +246,11 @@ assert np.array_equal((t + y).numpy(), expected)
 
 # %% [markdown]
 # Saving the copy is not the same as saving time. A transposed operand read through its
-# strides jumps a whole row (8 KiB here) between consecutive elements, so every element
-# touches a different cache line and the prefetchers see no stream; the `compact` copy walks
-# the transpose in cache-sized blocks instead, and the add that follows reads two contiguous
-# buffers. Measured here (timings vary, so the output is not compared): adding two
+# strides jumps a whole row (8 KiB here) between consecutive elements: each element needs its
+# own cache line, of which it uses 4 of 64 bytes, and a walk down one column touches 2048
+# lines (128 KiB), more than L1 holds, so the rest of each line has to be fetched again for
+# the next columns. The `compact` copy walks the transpose in cache-sized blocks instead, and
+# the add that follows reads two contiguous buffers. Measured here (timings vary, so the output is not compared): adding two
 # $2048 \times 2048$ arrays, both compact, then with one operand transposed (read through its
 # strides), and what compacting the transposed operand on its own costs. The course's route
 # costs the first line plus the third; the last line of the output compares the two routes
@@ -383,8 +384,9 @@ assert np.array_equal(a3.sum(axis=1).numpy(), x3.sum(axis=1))
 # view (kept axes first, reduced axes last, any number of them) with its strides, and the
 # compiled kernel picks a loop order from the layout. When the reduced run is contiguous it
 # sums each run with SIMD; when the *kept* innermost axis is contiguous instead (the sum over
-# axis 0 of a row-major matrix, a column sum) it adds whole rows into the output element-wise,
-# so every load is still sequential; anything else walks the view. Sums accumulate in double
+# axis 0 of a row-major matrix, a column sum, with rows of at least 8 floats) it adds whole
+# rows into the output element-wise, so every load is still sequential; anything else walks
+# the view. Sums accumulate in double
 # precision. The call for the column sum of a $(3, 4)$ matrix: shape $(4, 3)$, strides
 # $(1, 4)$, one kept axis:
 
