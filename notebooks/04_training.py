@@ -104,7 +104,7 @@ assert x0.shape == (784,) and xb.shape == (3, 784)
 #   image by up to `padding` pixels, filling with zeros.
 #
 # (Mirroring a digit changes what it means. The course's hw2 tests check the flip on MNIST
-# images only because they are at hand; its hw4 CIFAR-10 training passes no transforms at all.
+# images; its hw4 CIFAR-10 training passes no transforms at all.
 # Flips are the usual augmentation for natural photographs such as CIFAR-10's, where a mirrored
 # cat is still a cat.)
 
@@ -547,7 +547,7 @@ if DATASET == "digits":
 # run already uses the first two.
 #
 # * **L2 regularization / weight decay** adds $\frac{\lambda}{2}\lVert\theta\rVert^2$ to the
-#   loss: large weights cost something, so the model prefers smoother functions. Its gradient
+#   loss: large weights cost something, so the model prefers small ones. Its gradient
 #   $\lambda\theta$ is exactly what `weight_decay` adds (section 4). The check: one SGD step
 #   with `weight_decay=λ` equals one step on the penalised loss, differentiated by autograd.
 
@@ -583,7 +583,8 @@ assert gap < 1e-6
 train_eval_err, train_eval_loss = mlp_resnet.epoch(ndl.data.DataLoader(train_set, 100), model,
                                                    progress=False)
 print(f"training set, last epoch, train mode: error {h[-1, 0]:.4f}")
-print(f"training set, trained model, eval mode: error {train_eval_err:.4f}, loss {train_eval_loss:.3f}")
+print(f"training set, trained model, eval mode: error {train_eval_err:.4f}, "
+      f"loss {train_eval_loss:.3f}")
 print(f"test set, eval mode:                    error {h[-1, 2]:.4f}, loss {h[-1, 3]:.3f}")
 direction = "higher" if train_eval_err > h[-1, 0] else "lower"
 where = "below" if train_eval_err < lo else "inside"
@@ -601,15 +602,16 @@ assert train_eval_err < h[-1, 2] and train_eval_loss < h[-1, 3]  # still a gap i
 #
 # * **Normalization** is the third, and its main effect is on optimization. Without it, the
 #   scale of the activations drifts from layer to layer by a factor that depends on the
-#   weights' scale, so one learning rate cannot suit every layer, and a deep network trained
-#   from a slightly wrong initialisation barely moves. BatchNorm and LayerNorm reset every
+#   weights' scale, so one learning rate cannot suit every layer, and with depth a slightly
+#   wrong initialisation makes the activations (and the gradients flowing back through them)
+#   vanish or explode. BatchNorm and LayerNorm reset every
 #   layer's output to mean 0 and variance 1, whatever the weights. The cell sends a batch
 #   through 20 ReLU layers of width 100 with weights $\mathcal N(0, \sigma^2 / 100)$: Kaiming's
 #   $\sigma^2 = 2$ keeps the scale on average (the finite width makes it wander a little),
 #   $\sigma^2 = 1$ halves the second moment at every layer and $\sigma^2 = 3$ multiplies it by
 #   1.5, so after 20 layers the RMS is near $2^{-10} \approx 0.001$ and $1.5^{10} \approx 58$;
-#   after a `LayerNorm1d` in every layer all three stay at RMS 1. (BatchNorm's batch statistics also add noise, a mild regularizer of their
-#   own.)
+#   after a `LayerNorm1d` in every layer all three stay at RMS 1. (BatchNorm's batch
+#   statistics also add noise, a mild regularizer of their own.)
 
 # %%
 def activation_scales(sigma2: float, norm: bool, depth: int = 20, width: int = 100):

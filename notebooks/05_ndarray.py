@@ -381,7 +381,7 @@ else:
 #   multiply-adds $mnp$ (thresholds in `__gemm__`, printed below): tiny products run a plain
 #   loop nest; mid-sized ones run a register-blocked SIMD micro-kernel that reads $A$ and $B$
 #   **in place** (no packing), split by rows or columns between the threads from $64^3$ on;
-#   from about $290^3$ on, the blocked (Goto/BLIS-style) engine **packs** panels of $A$ and $B$
+#   from about $293^3$ on, the blocked (Goto/BLIS-style) engine **packs** panels of $A$ and $B$
 #   into the exact order the micro-kernel reads them, sized to fit the caches, and shares one
 #   product among all threads. Notebook 06 does the packed engine's arithmetic.
 #
@@ -543,11 +543,11 @@ else:
 #   likely a cache miss;
 # * **`matmul` at $n = 64$ to $256$** takes the unpacked path, split between the two threads
 #   (each thread's micro-kernel reads its rows of $A$ and all of $B$ in place): no packing
-#   cost, which counts most at $n = 64$, where a product takes microseconds; but reading $B$ in place
-#   with a row stride of $4n$ bytes, a power of two, is also what can cause cache-set conflicts
+#   cost, which counts most at $n = 64$, where a product takes microseconds; but reading $B$
+#   in place with a row stride of $4n$ bytes, a power of two, is also what can cause cache-set conflicts
 #   (next paragraph), and a single sample on a shared machine can dip for no reason of its own;
 # * **the path change** between $n = 256$ ($2^{24}$ multiply-adds) and $n = 384$ (past
-#   $290^3$) from the unpacked split to the packed engine: the rate can step either way there;
+#   $293^3$) from the unpacked split to the packed engine: the rate can step either way there;
 # * **anything, anywhere, on a shared machine**: the engine and BLAS use both cores, so a
 #   process that takes one core for a moment halves a threaded kernel's rate for that sample.
 #   The medians above absorb short interruptions, not long ones; hence the sanity floor.

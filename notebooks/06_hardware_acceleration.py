@@ -250,9 +250,10 @@ assert np.array_equal((t + y).numpy(), expected)
 # own cache line, of which it uses 4 of 64 bytes, and a walk down one column touches 2048
 # lines (128 KiB), more than L1 holds, so the rest of each line has to be fetched again for
 # the next columns. The `compact` copy walks the transpose in cache-sized blocks instead, and
-# the add that follows reads two contiguous buffers. Measured here (timings vary, so the output is not compared): adding two
-# $2048 \times 2048$ arrays, both compact, then with one operand transposed (read through its
-# strides), and what compacting the transposed operand on its own costs. The course's route
+# the add that follows reads two contiguous buffers. Measured here (timings vary, so the
+# output is not compared): adding two $2048 \times 2048$ arrays, both compact, then with one
+# operand transposed (read through its strides), and what compacting the transposed operand
+# on its own costs. The course's route
 # costs the first line plus the third; the last line of the output compares the two routes
 # from the numbers above it. In the runs of this notebook so far, the copy-first route has
 # won by a wide margin: for a transposed operand, the strided kernel saves memory, not time.
@@ -386,9 +387,8 @@ assert np.array_equal(a3.sum(axis=1).numpy(), x3.sum(axis=1))
 # sums each run with SIMD; when the *kept* innermost axis is contiguous instead (the sum over
 # axis 0 of a row-major matrix, a column sum, with rows of at least 8 floats) it adds whole
 # rows into the output element-wise, so every load is still sequential; anything else walks
-# the view. Sums accumulate in double
-# precision. The call for the column sum of a $(3, 4)$ matrix: shape $(4, 3)$, strides
-# $(1, 4)$, one kept axis:
+# the view. Sums accumulate in double precision. The call for the column sum of a $(3, 4)$
+# matrix: shape $(4, 3)$, strides $(1, 4)$, one kept axis:
 
 # %%
 # companion-only: the device protocol (protocol.py, reduce)
@@ -432,7 +432,8 @@ def warp_tree_sum(lanes: np.ndarray) -> float:
 
 
 lanes = np.random.randn(32).astype(np.float32)
-print(f"tree: {warp_tree_sum(lanes):.6f}   sequential: {float(np.sum(lanes.astype(np.float64))):.6f}")
+print(f"tree: {warp_tree_sum(lanes):.6f}   "
+      f"sequential: {float(np.sum(lanes.astype(np.float64))):.6f}")
 assert abs(warp_tree_sum(lanes) - lanes.astype(np.float64).sum()) < 1e-5
 assert warp_tree_sum(np.arange(32)) == 496.0
 
@@ -570,11 +571,12 @@ for name, cfg in CPU_CONFIGS.items():
 # The memory count makes one more assumption: **packed B stays in cache**. Every row block of
 # A streams over all of packed B, $4np$ bytes (4 MiB for $n = p = 1024$; in the C++, over its
 # column group's share, up to 1024 columns wide), so the count holds only while that fits in
-# the last-level cache beside everything else. When it does not ($n = 4096$: 64 MiB, beyond
-# most CPUs' L3), packed B comes from memory again for each of the $\lceil m/MC \rceil$ row
-# blocks: $mn + np\lceil m/MC \rceil + mp(2\lceil n/KC \rceil - 1)$ floats, and the memory
-# intensity falls from about $KC$ towards $2/(1/MC + 2/KC)$ (the cell after the counts
-# below prints both).
+# the last-level cache beside everything else. When it does not (at $n = 4096$ the model's
+# packed B is 64 MiB, the C++'s column-group share 16 MiB: more than many CPUs' L3, or than
+# a core's share of it), packed B comes from memory again for each of the
+# $\lceil m/MC \rceil$ row blocks: $mn + np\lceil m/MC \rceil + mp(2\lceil n/KC \rceil - 1)$
+# floats, and the memory intensity falls from about $KC$ towards $2/(1/MC + 2/KC)$ (the cell
+# after the counts below prints both).
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the GEMM configurations of the companion-only cells above
@@ -688,7 +690,8 @@ def memory_floats(n: int, cfg: dict, b_cached: bool) -> int:
     return n * n + b_reads + n * n * (2 * math.ceil(n / KC) - 1)
 
 
-print(f"{'n':>6}{'packed B':>12}{'B stays cached':>18}{'B re-read':>14}   (flop per float, {GEMM['isa']})")
+print(f"{'n':>6}{'packed B':>12}{'B stays cached':>18}{'B re-read':>14}"
+      f"   (flop per float, {GEMM['isa']})")
 for n_ in (1024, 4096):
     kept, spilled = (2 * n_**3 / memory_floats(n_, GEMM, c) for c in (True, False))
     print(f"{n_:>6}{4 * n_ * n_ / 2**20:>9.0f} MiB{kept:>18.1f}{spilled:>14.1f}")
@@ -1036,7 +1039,7 @@ for cfg in (SMALL, BIG):
 
 # %%
 PEAK, BANDWIDTH = 67e12, 4.8e12  # H200 SXM datasheet: FP32 flop/s, HBM bytes/s
-SMS, CLOCK = 132, 1.98e9  # H200 SXM: multiprocessors, boost clock (132 * 128 lanes * 2 * CLOCK = PEAK)
+SMS, CLOCK = 132, 1.98e9  # H200 SXM: SMs, boost clock (132 * 128 lanes * 2 * CLOCK = PEAK)
 SHARED_BW = SMS * 32 * 4 * CLOCK  # shared memory: 32 banks x 4 bytes per clock per SM
 ridge, shared_ridge = PEAK / BANDWIDTH, PEAK / SHARED_BW
 gpu_points = {"untiled": flops / (untiled * 4),
@@ -1050,8 +1053,9 @@ bound = {k: min(memory_bound[k], shared_points[k] * SHARED_BW) for k in gpu_poin
 print(f"{'':<14}{'global':>9}{'shared':>9}   at most TFLOP/s (% of FP32 peak)")
 print(f"{'':<14}{'flop/B':>9}{'flop/B':>9}   {'global roof only':>18}{'both roofs':>18}")
 for k, ai in gpu_points.items():
-    print(f"{k:<14}{ai:9.2f}{shared_points[k]:9.2f}   {memory_bound[k] / 1e12:8.2f} ({100 * memory_bound[k] / PEAK:5.1f}%)"
-          f"{bound[k] / 1e12:9.2f} ({100 * bound[k] / PEAK:5.1f}%)")
+    print(f"{k:<14}{ai:9.2f}{shared_points[k]:9.2f}   {memory_bound[k] / 1e12:8.2f} "
+          f"({100 * memory_bound[k] / PEAK:5.1f}%){bound[k] / 1e12:9.2f} "
+          f"({100 * bound[k] / PEAK:5.1f}%)")
 print(f"ridges: global memory {ridge:.2f} flop/byte, shared memory {shared_ridge:.2f} flop/byte "
       f"({SHARED_BW / 1e12:.1f} TB/s)")
 assert abs(ridge - 13.96) < 0.01 and abs(bound["untiled"] / 1e12 - 1.2) < 1e-9
@@ -1085,7 +1089,8 @@ ax1.set_title("Each level of blocking cuts the traffic")
 ax1.grid(True, axis="x", which="both", alpha=0.3)
 
 ai = np.logspace(-1.5, 2.5, 200)
-ax2.loglog(ai, np.minimum(PEAK, ai * BANDWIDTH) / 1e12, "k-", label="global-memory roof (H200 datasheet)")
+ax2.loglog(ai, np.minimum(PEAK, ai * BANDWIDTH) / 1e12, "k-",
+           label="global-memory roof (H200 datasheet)")
 ax2.axvline(ridge, color="0.6", ls=":", label=f"ridge {ridge:.1f} flop/byte")
 for (k, x), marker in zip(gpu_points.items(), ["o", "s", "^"]):
     ax2.plot(x, memory_bound[k] / 1e12, marker, ms=9, mfc="none",

@@ -388,8 +388,8 @@ assert err_w < 1e-3
 # windows), so the output size is the convolution formula of section 2. **Max pooling** keeps
 # each window's largest value; **average pooling** its mean. Both act on every channel
 # separately. (The course's ResNet-9 has no pooling layer: it downsamples with strided
-# convolutions, as section 2 showed. Many other CNNs pool, and most end with a *global*
-# average pool over the whole map.)
+# convolutions, as section 2 showed. Many other CNNs pool; the ResNets of the original paper,
+# for one, end with a *global* average pool over the whole map.)
 #
 # With $s = k$ dividing $H$ and $W$, the windows are a reshape: $(N, H, W, C) \to
 # (N, H/k, k, W/k, k, C)$, reduced over axes 2 and 4. Average pooling is then `summation`
