@@ -250,9 +250,14 @@ def _public_attrs(op) -> dict:
 
 
 def _same(a, b) -> bool:
+    """Equality of two op attributes (numbers, tuples, arrays, tensors)."""
+    if a is b:
+        return True
+    a, b = (v.numpy() if hasattr(v, "numpy") else v for v in (a, b))
     if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
-        return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
-    return a == b
+        a, b = np.asarray(a), np.asarray(b)
+        return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" and b.dtype.kind == "f")
+    return bool(a == b)
 
 
 def _consumer(order: List[Value], leaf: Value) -> str:
@@ -304,7 +309,8 @@ def _check_on_second_input(model_proto: "onnx.ModelProto", check_input: np.ndarr
     session = ort.InferenceSession(model_proto.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     got = session.run(None, {"input": check_input})[0]
-    tol = CHECK_TOLERANCE * max(float(np.nanmax(np.abs(want), initial=0.0)), 1.0)
+    finite = np.abs(want[np.isfinite(want)])
+    tol = CHECK_TOLERANCE * max(float(finite.max(initial=0.0)), 1.0)
     if got.shape != want.shape:
         raise ValueError(f"to_onnx: on a second input the exported model's output has shape "
                          f"{got.shape}, needle's {want.shape}")
@@ -314,6 +320,31 @@ def _check_on_second_input(model_proto: "onnx.ModelProto", check_input: np.ndarr
         raise ValueError(f"to_onnx: the exported model disagrees with needle on a second input: "
                          f"{int(bad.sum())} of {bad.size} entries differ by more than {tol:.3g}, "
                          f"first at index {i} (onnxruntime {got[i]!r}, needle {want[i]!r})")
+
+
+def _build(order: List[Value], x: Tensor, out: Tensor, shape: tuple,
+           name: str) -> "onnx.ModelProto":
+    """The checked ONNX model of the traced graph ``order`` (input ``x``, output ``out``)."""
+    b = _Builder()
+    names: Dict[int, Names] = {id(x): "input"}
+    for node in order:
+        if id(node) in names:
+            continue
+        if node.op is None:  # a parameter or a folded constant
+            names[id(node)] = b.const(node.numpy().astype(np.float32), "param")
+            continue
+        names[id(node)] = _emit(b, node.op, node, [names[id(i)] for i in node.inputs])
+    b.nodes.append(helper.make_node("Identity", [names[id(out)]], ["output"]))
+    graph = helper.make_graph(
+        b.nodes, name,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(out.shape))],
+        initializer=b.initializers)
+    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                    producer_name="needle")
+    model_proto.ir_version = 8  # readable by onnxruntime releases from 1.14 on
+    onnx.checker.check_model(model_proto, full_check=True)
+    return model_proto
 
 
 def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor],
@@ -347,32 +378,13 @@ def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor
     _refuse_training_mode(model)
 
     x, out, order = _trace(model, example)
+    model_proto = _build(order, x, out, example.shape, name)  # raises for unsupported ops
     try:
         x2, out2, order2 = _trace(model, check_input)
     except (ValueError, IndexError, TypeError) as error:
         raise ValueError(f"to_onnx: the model failed on the second (check) input: {error}; pass "
                          f"check_input=, another valid input of shape {example.shape}") from error
     _compare_traces(order, x, order2, x2)
-
-    b = _Builder()
-    names: Dict[int, Names] = {id(x): "input"}
-    for node in order:
-        if id(node) in names:
-            continue
-        if node.op is None:  # a parameter or a folded constant
-            names[id(node)] = b.const(node.numpy().astype(np.float32), "param")
-            continue
-        names[id(node)] = _emit(b, node.op, node, [names[id(i)] for i in node.inputs])
-    b.nodes.append(helper.make_node("Identity", [names[id(out)]], ["output"]))
-    graph = helper.make_graph(
-        b.nodes, name,
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(example.shape))],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(out.shape))],
-        initializer=b.initializers)
-    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                    producer_name="needle")
-    model_proto.ir_version = 8  # readable by onnxruntime releases from 1.14 on
-    onnx.checker.check_model(model_proto, full_check=True)
     if check:
         _check_on_second_input(model_proto, check_input, out2.numpy().astype(np.float32))
     if path is not None:
