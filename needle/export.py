@@ -21,9 +21,12 @@ naming the problem:
 - an exported graph whose onnxruntime output on that second input differs from needle's.
 
 ``nn.Embedding`` (computed by needle as ``one_hot(ids) @ weight``, where the one-hot matrix is
-built in Python) exports as ``Cast`` + ``Gather``: while tracing, its output is marked by an
-export-only op. The input is then the float ids, as needle takes them. An op with no ONNX
-translation (e.g. the fused LSTM layer) raises NotImplementedError "not supported: <op>".
+built in Python) exports as ``Cast`` + ``Gather``: while tracing, ``Embedding.forward`` is
+wrapped (in the class, restored afterwards; another thread's Embedding sees the wrapper too) to
+mark its output with an export-only op. The input is then the float ids, as needle takes them.
+``stack``/``split`` export as ``Unsqueeze`` + ``Concat`` / ``Split`` + ``Squeeze``, so
+``nn.RNN`` exports; an op with no ONNX translation (e.g. the fused LSTM layer or LayerNorm)
+raises NotImplementedError "not supported: <op>".
 
 Needs the ``onnx`` package (the ``lectures`` extra); the check needs ``onnxruntime``.
 """
@@ -354,7 +357,7 @@ def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor
     """Trace ``model(example)`` and return it as a checked ONNX model (saved to ``path`` if given).
 
     ``example``: one input batch (numpy array or Tensor, cast to float32), e.g. (N, features),
-    (N, H, W, C) or (seq_len, bs) ids; its shape is fixed in the graph. The graph has one input
+    (N, C, H, W) or (seq_len, bs) ids; its shape is fixed in the graph. The graph has one input
     ``input`` and one output ``output`` of the traced output's shape. ``check_input`` (same
     shape; default: a perturbation of ``example``, see the module docstring) is traced too and,
     if ``check``, run through onnxruntime and compared with needle. Raises ValueError for a
