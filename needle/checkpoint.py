@@ -56,6 +56,7 @@ class CheckpointOp(TensorOp):
             np.random.set_state(self.rng_state)
             with autograd.enable_grad():
                 out = self.fn(x)
+            self._refuse_unlisted_leaves(out, x)
             if out.requires_grad:
                 autograd.compute_gradient_of_variables(out, out_grad.detach(),
                                                        create_graph=False)
@@ -72,6 +73,20 @@ class CheckpointOp(TensorOp):
         # silently wrong second derivative).
         inputs = [out_grad, *node.inputs]
         return tuple(FirstOrderOnly(g.realize_cached_data())(*inputs) for g in grads)
+
+
+    def _refuse_unlisted_leaves(self, out: Tensor, x: Tensor) -> None:
+        """ValueError naming each tensor fn used that needs a gradient but is neither the input
+        nor in ``params``: its gradient cannot be routed through the checkpoint, and it would
+        otherwise end up with only part of it (the uses outside the block)."""
+        listed = {id(x), *(id(p) for p in self.params)}
+        unlisted = [node for node in autograd.find_topo_sort([out])
+                    if node.op is None and node.requires_grad and id(node) not in listed]
+        if unlisted:
+            shapes = ", ".join(f"shape {tuple(t.shape)}" for t in unlisted)
+            raise ValueError(f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
+                             f"gradient but are not in params ({shapes}); list every such "
+                             f"tensor in params (a module's parameters())")
 
 
 class FirstOrderOnly(TensorOp):
@@ -99,7 +114,8 @@ def checkpoint(fn: Callable[[Tensor], Tensor], x: Tensor,
     """``fn(x)`` without keeping fn's activations; they are recomputed in backward.
 
     ``params`` lists every tensor ``fn`` uses that needs a gradient (a module's
-    ``parameters()``); a tensor left out gets no gradient. The result has fn's output shape, and
+    ``parameters()``); backward raises ValueError naming any such tensor left out (it would
+    otherwise get only the part of its gradient from outside the block). The result has fn's output shape, and
     its gradients equal those of calling ``fn(x)`` directly.
     """
     if not isinstance(x, Tensor):

@@ -51,8 +51,8 @@ import numpy as np
 
 import needle as ndl
 from needle import autograd
-from needle import lecture
-from needle.viz import save_figure
+from companion import lecture
+from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
@@ -339,7 +339,7 @@ finally:
 import numpy as np
 
 import needle as ndl
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 a_ex = rng.standard_normal((2, 3)).astype(np.float32)

@@ -56,8 +56,8 @@ import numpy as np
 
 import needle as ndl
 from needle import init, nn, optim
-from needle import lecture
-from needle.viz import save_figure
+from companion import lecture
+from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
@@ -1119,7 +1119,7 @@ import numpy as np
 
 import needle as ndl
 from needle import nn
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 x_ex = (rng.standard_normal((4, 6)) * 3 + 1).astype(np.float32)
