@@ -49,6 +49,7 @@ def site(tmp_path_factory) -> Path:
             out.parent.mkdir()
             started = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "book.build", str(out)], cwd=ROOT,
+                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
                                   capture_output=True, text=True, check=False)
             log.write_text(f"exit {done.returncode} after {time.perf_counter() - started:.1f} s\n"
                            f"{done.stdout}{done.stderr}")
