@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from book_fixtures import (  # noqa: F401 (the fixtures this module's tests use)
+    browser, new_offline_page, offline_page, server, site)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

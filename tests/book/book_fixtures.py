@@ -1,4 +1,8 @@
-"""The built website, served on 127.0.0.1, and a headless Chromium that may reach nothing else.
+"""Fixtures of the website's tests: the built site, served on 127.0.0.1, and a headless
+Chromium that may reach nothing else.
+
+A module, not a conftest.py: the suites in tests/ import their shared conftest by name, which
+a second conftest.py here would shadow. test_book_site.py imports these fixtures.
 
 The site is built once per test session, even under pytest-xdist: the first worker builds it
 into the session's shared temporary folder under a lock, the others wait and reuse it.
