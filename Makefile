@@ -27,6 +27,7 @@ help:
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 $(PY):
