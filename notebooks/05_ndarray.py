@@ -544,8 +544,9 @@ else:
 # * **`matmul` at $n = 64$ to $256$** takes the unpacked path, split between the two threads
 #   (each thread's micro-kernel reads its rows of $A$ and all of $B$ in place): no packing
 #   cost, which counts most at $n = 64$, where a product takes microseconds; but reading $B$
-#   in place with a row stride of $4n$ bytes, a power of two, is also what can cause cache-set conflicts
-#   (next paragraph), and a single sample on a shared machine can dip for no reason of its own;
+#   in place with a row stride of $4n$ bytes, a power of two, is also what can cause
+#   cache-set conflicts (next paragraph), and a single sample on a shared machine can dip for
+#   no reason of its own;
 # * **the path change** between $n = 256$ ($2^{24}$ multiply-adds) and $n = 384$ (past
 #   $293^3$) from the unpacked split to the packed engine: the rate can step either way there;
 # * **anything, anywhere, on a shared machine**: the engine and BLAS use both cores, so a
