@@ -13,8 +13,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what _load() puts into the namespace, for the type checker
-    from .device import ndarray_backend_cpu as ndarray_backend_cpu
-    from .device import ndarray_backend_cuda as ndarray_backend_cuda
     from . import ndarray_backend_numpy as ndarray_backend_numpy
     from .fused import *  # noqa: F403
     from .ndarray import *  # noqa: F403
