@@ -16,7 +16,7 @@ shapes are checked by ``fused_spec.py`` before a kernel runs; only what depends 
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -41,7 +41,8 @@ def relu(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 # The op tables: name -> f(a[, b], out=None), in op-code order. Semantics are numpy's (IEEE):
 # comparisons with NaN are false except `ne`, maximum/minimum/max propagate NaN. Comparisons
 # give booleans (written as 1.0 / 0.0 into a float32 out). Adding an op is one line here.
-BINARY = {
+# (numpy's ufuncs are typed as returning Any)
+BINARY: Dict[str, Callable[..., Any]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
@@ -56,7 +57,7 @@ BINARY = {
     "gt": np.greater,
     "ge": np.greater_equal,
 }
-UNARY = {
+UNARY: Dict[str, Callable[..., Any]] = {
     "neg": np.negative,
     "abs": np.abs,
     "sqrt": np.sqrt,
@@ -67,7 +68,7 @@ UNARY = {
     "relu": relu,
 }
 # name -> (f(a, axis=...), the value over an empty extent, or None when that is an error)
-REDUCE = {
+REDUCE: Dict[str, Tuple[Callable[..., Any], Optional[float]]] = {
     "sum": (np.sum, 0.0),
     "max": (np.max, None),
 }
