@@ -19,7 +19,10 @@ import numpy
 
 import needle
 
-from .backend_selection import Device, NDArray, array_api, default_tensor_device
+# NDArray and array_api are re-exported: the course's ops import them from here.
+from .backend_selection import Device, default_tensor_device
+from .backend_selection import NDArray as NDArray
+from .backend_selection import array_api as array_api
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -318,6 +321,9 @@ class Tensor(Value):
 
     grad: Optional["Tensor"]
     cached_data: Optional[NDArray]
+    # A Tensor's inputs are Tensors, except the TensorTuple input of tuple_get_item's output
+    # (ops_tuple.TupleGetItem, the one op that reads it as a TensorTuple).
+    inputs: Sequence["Tensor"]
     # numpy defers to Tensor's reflected operators: np.float32(2) * t is a Tensor, not an array
     __array_ufunc__ = None
 
