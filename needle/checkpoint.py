@@ -19,7 +19,7 @@ that updates state in forward (BatchNorm's running statistics) updates it twice.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class CheckpointOp(TensorOp):
     def __init__(self, fn: Callable[[Tensor], Tensor], params: Sequence[Tensor]) -> None:
         self.fn = fn
         self.params = list(params)
-        self.rng_state = None
+        self.rng_state: Any = None  # numpy's global RNG state, saved by the forward pass
 
     def compute(self, x: NDArray, *param_arrays: NDArray) -> NDArray:
         self.rng_state = np.random.get_state()
@@ -83,7 +83,8 @@ class CheckpointOp(TensorOp):
         unlisted = [node for node in autograd.find_topo_sort([out])
                     if node.op is None and node.requires_grad and id(node) not in listed]
         if unlisted:
-            shapes = ", ".join(f"shape {tuple(t.shape)}" for t in unlisted)
+            # leaves of fn's graph are Tensors
+            shapes = ", ".join(f"shape {tuple(cast(Tensor, t).shape)}" for t in unlisted)
             raise ValueError(f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
                              f"gradient but are not in params ({shapes}); list every such "
                              f"tensor in params (a module's parameters())")
