@@ -27,6 +27,7 @@ help:
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 $(PY):
@@ -106,6 +107,12 @@ check: $(INSTALLED)
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
+
+# Static types (mypy, configured in pyproject.toml): needle/, with the autograd core and the
+# NDArray layer in strict mode.
+.PHONY: typecheck
+typecheck: $(INSTALLED)
+	$(PY) -m mypy
 
 clean:
 	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
