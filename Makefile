@@ -28,6 +28,7 @@ help:
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
 	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
+	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 $(PY):
