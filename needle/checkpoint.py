@@ -60,12 +60,12 @@ class CheckpointOp(TensorOp):
             if out.requires_grad:
                 autograd.compute_gradient_of_variables(out, out_grad.detach(),
                                                        create_graph=False)
-            grads = [x.grad] + [p.grad for p in self.params]
+            found = [x.grad] + [p.grad for p in self.params]
         finally:
             np.random.set_state(state_now)
             for p, g in zip(self.params, saved_grads):
                 p.grad = g
-        grads = [g if g is not None else _zeros_like(inp) for g, inp in zip(grads, node.inputs)]
+        grads = [g if g is not None else _zeros_like(inp) for g, inp in zip(found, node.inputs)]
         if not autograd.is_grad_enabled():
             return tuple(grads)
         # The backward pass is recording (the default): the gradients become graph nodes that

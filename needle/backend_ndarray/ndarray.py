@@ -481,7 +481,8 @@ class NDArray:
         if other._shape[-2] != n:
             raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
         if len(self._shape) == 2 and len(other._shape) == 2:
-            batch_shape, batch = (), 1
+            batch_shape: Shape = ()
+            batch = 1
             a_strides, b_strides = (0,) + self._strides, (0,) + other._strides
             a, b = self, other
         else:
@@ -557,10 +558,10 @@ class NDArray:
         if axes is None:
             axes = tuple(range(self.ndim))
         axes = axes if isinstance(axes, (tuple, list)) else (axes,)
-        axes = {_norm_axis(a, self.ndim) for a in axes}
+        flipped = {_norm_axis(a, self.ndim) for a in axes}
         offset = self._offset
         strides = list(self.strides)
-        for a in axes:
+        for a in flipped:
             if self.shape[a] > 0:
                 offset += (self.shape[a] - 1) * strides[a]
             strides[a] = -strides[a]

@@ -257,7 +257,7 @@ def ewise_scalar(op: int, a: Array, a_strides: Shape, a_offset: int, val: float,
     """``out`` = BINARY_OPS[op](view of a, val), or (val, view of a) when ``reverse``."""
     fn = "ewise_scalar"
     op = _op(fn, op, _BINARY_FUNCS)
-    val = np.float32(_float(fn, "val", val))
+    value = np.float32(_float(fn, "val", val))
     _buf(fn, "a", a), _buf(fn, "out", out)
     size = _check_view(fn, a, shape, a_strides, a_offset)
     _check_out(fn, out, size)
@@ -266,9 +266,9 @@ def ewise_scalar(op: int, a: Array, a_strides: Shape, a_offset: int, val: float,
         o = out.array.reshape(tuple(shape))
         with np.errstate(all="ignore"):
             if reverse:
-                _BINARY_FUNCS[op](val, x, out=o)
+                _BINARY_FUNCS[op](value, x, out=o)
             else:
-                _BINARY_FUNCS[op](x, val, out=o)
+                _BINARY_FUNCS[op](x, value, out=o)
 
 
 def ewise_unary(op: int, a: Array, a_strides: Shape, a_offset: int, out: Array,
