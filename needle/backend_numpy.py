@@ -104,12 +104,14 @@ class NDArray(numpy.ndarray):
         return numpy.pad(self, axes).view(NDArray)
 
     # sum and max have NDArray's signature, not numpy's (an override mypy flags): always an array
-    def sum(self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":  # type: ignore[override]
+    def sum(  # type: ignore[override]
+            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
         """Sum over ``axis`` (None, an int or a tuple); always an array (0-d for a full sum)."""
         out = numpy.ndarray.sum(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
 
-    def max(self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":  # type: ignore[override]
+    def max(  # type: ignore[override]
+            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
         """Maximum over ``axis`` (ValueError over an empty axis); always an array."""
         out = numpy.ndarray.max(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)

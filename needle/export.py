@@ -342,8 +342,9 @@ def _build(order: List[Node], x: Tensor, out: Tensor, shape: tuple,
             names[id(node)] = b.const(node.numpy().astype(np.float32), "param")
             continue
         names[id(node)] = _emit(b, node.op, node, [names[id(i)] for i in node.inputs])
-    # the output is a Tensor: one name
-    b.nodes.append(helper.make_node("Identity", [names[id(out)]], ["output"]))  # type: ignore[list-item]
+    # the output is a Tensor: one name, not a list
+    b.nodes.append(helper.make_node(
+        "Identity", [names[id(out)]], ["output"]))  # type: ignore[list-item]
     graph = helper.make_graph(
         b.nodes, name,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],

@@ -71,7 +71,8 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
     return loss, probs
 
 
-_IOTA: Dict[Tuple[int, BackendDevice], NDArray] = {}  # (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
+# (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
+_IOTA: Dict[Tuple[int, BackendDevice], NDArray] = {}
 
 
 def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0

@@ -19,7 +19,8 @@ from __future__ import annotations
 import builtins
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
@@ -456,8 +457,9 @@ class NDArray:
         def tanh(self) -> NDArray: ...
         def sigmoid(self) -> NDArray: ...
         def relu(self) -> NDArray: ...
-    # Unhashable, like a numpy array (``==`` is element-wise).
-    __hash__: ClassVar[None]  # type: ignore[assignment]  # object's is a method; None marks it unhashable
+    # Unhashable, like a numpy array (``==`` is element-wise); object's __hash__ is a method,
+    # so declaring it None is an assignment mypy flags.
+    __hash__: ClassVar[None]  # type: ignore[assignment]
     __hash__ = None
 
     # ---- matrix multiplication ---------------------------------------------------------------
@@ -749,7 +751,8 @@ def array(a: object, dtype: str = "float32", device: BackendDevice | None = None
     return NDArray(a, device=device)
 
 
-def empty(shape: Iterable[int], dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
+def empty(shape: Iterable[int], dtype: str = "float32",
+          device: BackendDevice | None = None) -> NDArray:
     """An uninitialised float32 array of ``shape``."""
     device = device if device is not None else default_device()
     return device.empty(shape, dtype)

@@ -132,7 +132,8 @@ class Conv(TensorOp):
             raise ValueError(f"conv padding must be a non-negative integer, got {padding!r}")
         self.stride = int(stride)
         self.padding = int(padding)
-        self._cols: Optional[Tuple[NDArray, Tuple[int, int]]] = None  # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
+        # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
+        self._cols: Optional[Tuple[NDArray, Tuple[int, int]]] = None
 
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
