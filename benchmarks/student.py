@@ -52,6 +52,20 @@ HINTS = {
 }
 
 
+def numpy_cases(np, x, y) -> dict:
+    """numpy's version of each EWISE case on the float32 matrices ``x`` and ``y``: the oracle
+    of the children's results and the parent's numpy column."""
+    return {"add": lambda: x + y, "mul": lambda: x * y, "scalar mul": lambda: x * np.float32(1.5),
+            "exp": lambda: np.exp(x), "compact of a transpose": lambda: np.ascontiguousarray(x.T),
+            "sum (axis=1)": lambda: x.sum(axis=1), "max (axis=1)": lambda: x.max(axis=1)}
+
+
+def _timing(mode: str) -> dict:
+    """Keyword arguments of companion.timing.measure for ``mode``."""
+    return {"repeats": SIZES[mode]["repeats"], "warmup": 1, "min_sample_s": 2e-3,
+            "settle_s": 0 if mode == "quick" else 0.05}
+
+
 # ---- the child: runs with whichever needle NEEDLE_IMPL selects -----------------------------------
 def _device(nd):
     """The student's compiled cpu() device when it works, else their numpy device."""
@@ -115,8 +129,7 @@ def child(mode: str, step_only: bool) -> dict:
     out = {"needle": str(Path(ndl.__file__).resolve().parent), "device": repr(device),
            "matmul": [], "ewise": [], "step": None}
     rng = np.random.default_rng(0)
-    timing = {"repeats": repeats, "warmup": 1, "min_sample_s": 2e-3,
-              "settle_s": 0 if mode == "quick" else 0.05}
+    timing = _timing(mode)
     if not step_only:
         for m, n, p in sizes["matmul"]:
             a = rng.standard_normal((m, n), dtype=np.float32)
@@ -132,15 +145,13 @@ def child(mode: str, step_only: bool) -> dict:
         x = rng.standard_normal((side, side), dtype=np.float32)
         y = rng.standard_normal((side, side), dtype=np.float32)
         X, Y = nd.NDArray(x, device=device), nd.NDArray(y, device=device)
-        cases = {"add": (lambda: X + Y, lambda: x + y), "mul": (lambda: X * Y, lambda: x * y),
-                 "scalar mul": (lambda: X * 1.5, lambda: x * np.float32(1.5)),
-                 "exp": (lambda: X.exp(), lambda: np.exp(x)),
-                 "compact of a transpose": (lambda: X.permute((1, 0)).compact(),
-                                            lambda: np.ascontiguousarray(x.T)),
-                 "sum (axis=1)": (lambda: X.sum(axis=1), lambda: x.sum(axis=1, keepdims=True)),
-                 "max (axis=1)": (lambda: X.max(axis=1), lambda: x.max(axis=1, keepdims=True))}
+        cases = {"add": lambda: X + Y, "mul": lambda: X * Y, "scalar mul": lambda: X * 1.5,
+                 "exp": lambda: X.exp(),
+                 "compact of a transpose": lambda: X.permute((1, 0)).compact(),
+                 "sum (axis=1)": lambda: X.sum(axis=1), "max (axis=1)": lambda: X.max(axis=1)}
+        oracle = numpy_cases(np, x, y)
         for name, _, _ in EWISE:
-            f_nd, f_np = cases[name]
+            f_nd, f_np = cases[name], oracle[name]
             row = {"name": name, "elements": side * side}
             try:
                 got = np.asarray(f_nd().numpy()).reshape(-1)
@@ -186,9 +197,7 @@ def numpy_figures(mode: str) -> dict:
     from companion.timing import measure
 
     sizes = SIZES[mode]
-    timing = {"repeats": sizes["repeats"], "warmup": 1,
-              "min_sample_s": 2e-3,
-              "settle_s": 0 if mode == "quick" else 0.05}
+    timing = _timing(mode)
     rng = np.random.default_rng(0)
     out = {"matmul": [], "ewise": {}}
     for m, n, p in sizes["matmul"]:
@@ -198,10 +207,7 @@ def numpy_figures(mode: str) -> dict:
     side = sizes["side"]
     x = rng.standard_normal((side, side), dtype=np.float32)
     y = rng.standard_normal((side, side), dtype=np.float32)
-    cases = {"add": lambda: x + y, "mul": lambda: x * y, "scalar mul": lambda: x * np.float32(1.5),
-             "exp": lambda: np.exp(x), "compact of a transpose": lambda: np.ascontiguousarray(x.T),
-             "sum (axis=1)": lambda: x.sum(axis=1), "max (axis=1)": lambda: x.max(axis=1)}
-    for name, f in cases.items():
+    for name, f in numpy_cases(np, x, y).items():
         out["ewise"][name] = measure(f, **timing)
     return out
 
@@ -276,9 +282,10 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
     from companion.roofline import matmul_intensity
 
     lines = [f"your needle: {student.get('needle')} on {student.get('device')}",
-             f"this project's: {ours.get('needle')} on {ours.get('device')}",
-             f"roofline: {roof.source}: peak {roof.peak / 1e9:.3g} GFLOP/s, bandwidth "
-             f"{roof.bandwidth / 1e9:.3g} GB/s, ridge {roof.ridge:.3g} flop/byte"]
+             f"this project's: {ours.get('needle')} on {ours.get('device')}"]
+    if student.get("matmul"):
+        lines.append(f"roofline: {roof.source}: peak {roof.peak / 1e9:.3g} GFLOP/s, bandwidth "
+                     f"{roof.bandwidth / 1e9:.3g} GB/s, ridge {roof.ridge:.3g} flop/byte")
     if mode == "quick":
         lines.append("(quick run: tiny sizes, one repeat; the figures mean little)")
     head = f"{'case':<26}{'yours':>16}{'this project':>16}{'numpy':>16}  roofline (yours)"
@@ -305,8 +312,8 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
                 place = f"a copy: {100 * rate * 1e9 / roof.bandwidth:.3g}% of the bandwidth"
             else:
                 place = mine.get("error") or "-"
-            lines.append(f"{name:<26}{_fmt(rate, 'GB/s'):>16}"
-                         f"{_fmt(_rate(ours_ewise.get(name, {}).get('seconds'), amount), 'GB/s'):>16}"
+            best = _rate(ours_ewise.get(name, {}).get("seconds"), amount)
+            lines.append(f"{name:<26}{_fmt(rate, 'GB/s'):>16}{_fmt(best, 'GB/s'):>16}"
                          f"{_fmt(_rate(numpy['ewise'][name], amount), 'GB/s'):>16}  {place}")
     for who, data in (("yours", student), ("this project's", ours)):
         step = data.get("step") or {}
@@ -359,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     if "failed" in ours:
         print(f"this project's needle could not be measured ({ours['failed']})")
         return 1
-    numpy = numpy_figures(mode)
-    roof = measured_cpu(256, 1 << 22, 5) if mode == "quick" else measured_cpu()
+    if args.step_only:
+        numpy, roof = {}, None
+    else:
+        numpy = numpy_figures(mode)
+        roof = measured_cpu(256, 1 << 22, 5) if mode == "quick" else measured_cpu()
     print(report(student, ours, numpy, roof, mode))
     return 0
 

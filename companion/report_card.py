@@ -92,7 +92,8 @@ def run_notebook(path: Path, timeout: int = 1200) -> Card:
     try:
         client.execute()
     except Exception as exc:  # DeadKernelError, CellTimeoutError: grade what ran
-        note = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        first = (str(exc).strip().splitlines() or [""])[0]
+        note = f"{type(exc).__name__}: {first}"
     card = grade(nb, path.stem)
     card.note = note
     return card

@@ -60,7 +60,7 @@ def student_copy(folder: Path) -> Path:
     return python
 
 
-# ---- user paths: NEEDLE_IMPL and HW with spaces and quotes ----------------------------------------
+# ---- user paths: NEEDLE_IMPL and HW with spaces and quotes ---------------------------------------
 
 def test_make_lab_passes_a_needle_impl_with_spaces(tmp_path):
     home = tmp_path / "home"
@@ -74,7 +74,8 @@ def test_make_lab_passes_a_needle_impl_with_spaces(tmp_path):
                                         "print(needle.__file__)' #"))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == f"Starting JupyterLab on notebooks/ (Ctrl-C to stop), with NEEDLE_IMPL={student}"
+    assert lines[0] == ("Starting JupyterLab on notebooks/ (Ctrl-C to stop), with "
+                        f"NEEDLE_IMPL={student}")
     assert lines[1:] == [str(student), str(student / "needle" / "__init__.py")]
 
 
@@ -92,8 +93,8 @@ def test_a_relative_needle_impl_with_spaces_imports_from_any_folder(tmp_path):
 def test_make_check_takes_a_homework_path_with_a_quote_and_spaces(tmp_path):
     root = tmp_path / 'my "hw" folder' / "hw1"
     root.mkdir(parents=True)
-    done = run_recipe("check", ("usage: make check", "companion.check"), {"HW": str(root), "Q": "add",
-                                                   "PY": sys.executable})
+    done = run_recipe("check", ("usage: make check", "companion.check"),
+                      {"HW": str(root), "Q": "add", "PY": sys.executable})
     # the checker itself ran and got the path whole: it reports the missing layout of that path
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{root / 'python' / 'needle' / '__init__.py'} is missing" in done.stderr
@@ -137,7 +138,8 @@ def _ran(root: Path) -> str:
 
 def test_make_notebook_and_notebooks_from_a_path_with_a_space(tmp_path):
     root = spaced_checkout(tmp_path)
-    done = run_recipe("notebook", ("jupytext", "nbconvert"), {"NB": "notebooks/00_tiny.py"}, cwd=root)
+    done = run_recipe("notebook", ("jupytext", "nbconvert"), {"NB": "notebooks/00_tiny.py"},
+                      cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     # the environment's bin/ comes first on PATH, as the Makefile arranges
     ran = f"tiny ran with PATH {root / '.venv' / 'bin'}\n"

@@ -342,7 +342,8 @@ def test_a_package_that_disappears_after_a_failed_import_is_not_replaced(student
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "raised half-written"
-    assert lines[1].startswith(f"ImportError NEEDLE_IMPL={student}: ") and "has no needle/" in lines[1]
+    assert lines[1].startswith(f"ImportError NEEDLE_IMPL={student}: ")
+    assert "has no needle/" in lines[1]
 
 
 @pytest.mark.parametrize("value", ["", "   ", "ROOT"])
@@ -356,7 +357,7 @@ def test_a_blank_or_own_value_is_ignored_in_one_line(value):
     assert lines[0].startswith(f"NEEDLE_IMPL={str(ROOT) if value == 'ROOT' else repr(value)} is ")
 
 
-# ---- a student's kernels measured (benchmarks/student.py) -----------------------------------------
+# ---- a student's kernels measured (benchmarks/student.py) ----------------------------------------
 # A deliberately slow matmul: the homework's naive triple loop, in Python.
 NAIVE_MATMUL = """
 
@@ -440,7 +441,8 @@ def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, 
     assert card["passed"] >= first["cell"] - 1 - marked
     row = next(line for line in done.stdout.splitlines() if line.startswith(name))
     assert row.split()[1:4] == [str(card["passed"]), str(card["failed"]), str(card["skipped"])]
-    assert f"cell {first['cell']}: `{first['first_line'][:50]}`: RuntimeError: planted add bug" in row
+    assert (f"cell {first['cell']}: `{first['first_line'][:50]}`: "
+            "RuntimeError: planted add bug") in row
     assert f"needle from {course_student} (NEEDLE_IMPL)" in done.stdout
 
 
