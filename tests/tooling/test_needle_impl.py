@@ -467,12 +467,8 @@ def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, 
     assert f"needle from {course_student} (NEEDLE_IMPL)" in done.stdout
 
 
-TALLY = """
-from IPython.core.interactiveshell import InteractiveShell
-shell = InteractiveShell.instance()
-shell.run_cell("import needle; from companion import lecture; lecture.setup()")
-shell.run_cell("# companion-only: create_graph=True\\nprint('marked cell ran')")
-shell.run_cell("x = 1")
+# IPYTHON's three cells (setup, a marked one, a plain one), then a failing one and the card
+TALLY = IPYTHON + """
 shell.run_cell("1 / 0")
 shell.run_cell("lecture.report_card()")
 """
