@@ -3,6 +3,8 @@
 - ``save_figure``: write ``figures/NAME.png`` when ``make figures`` runs.
 - ``LiveCurves``: training curves that a loop extends point by point, redrawn in place in a
   Jupyter notebook and left there as one static figure.
+- ``draw_graph``: a needle computational graph (forward, and the nodes ``backward()`` added),
+  laid out in layers by depth and drawn with matplotlib (no Graphviz needed).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import math
 import os
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 FIGURES_DIR = Path(__file__).resolve().parents[1] / "figures"
@@ -187,3 +190,228 @@ class LiveCurves:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+# ---- computational graphs --------------------------------------------------------------------
+NODE_KINDS = {  # kind -> (fill colour, what the legend says)
+    "constant": ("#e6e6e6", "constant leaf"),
+    "parameter": ("#ffd866", "leaf with requires_grad"),
+    "forward": ("#bcdcff", "forward op"),
+    "backward": ("#ffc7c7", "op added by backward()"),
+}
+KEPT_GRAD_COLOUR = "#c00000"
+
+
+@dataclass(frozen=True)
+class DrawnNode:
+    """One node of a drawn graph: its label parts, its kind and its place in the layout."""
+
+    index: int                  # position in GraphLayout.nodes
+    name: str                   # the name given to draw_graph, else v1, v2, ... in drawing order
+    op: str | None              # the op and its parameters, e.g. "MulScalar(2)"; None for a leaf
+    shape: str                  # "(3, 4)"; "not computed" for a lazy node without a value yet
+    kind: str                   # a key of NODE_KINDS
+    grad_of: str | None         # the name of the node whose .grad this node is (a kept gradient)
+    depth: int                  # column: leaves one left of their first consumer, ops 1 + inputs
+    row: int                    # position inside its column, from the top
+
+
+@dataclass(frozen=True)
+class GraphLayout:
+    """A laid-out needle graph: ``nodes``, ``edges`` (one ``(input, consumer)`` pair of node
+    indices per entry of a node's ``inputs``, so ``x * x`` gives two) and ``grad_links`` (``(node,
+    its .grad)`` pairs: not edges of the graph; the gradient's box is outlined in red and
+    labelled ``x.grad``). Shown inline in Jupyter as a PNG."""
+
+    nodes: tuple[DrawnNode, ...]
+    edges: tuple[tuple[int, int], ...]
+    grad_links: tuple[tuple[int, int], ...]
+    title: str | None = None
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(f"{sum(n.kind == k for n in self.nodes)} {k}" for k in NODE_KINDS)
+        return (f"GraphLayout({len(self.nodes)} nodes: {kinds}; {len(self.edges)} edges; "
+                f"{len(self.grad_links)} kept gradients)")
+
+    def _repr_png_(self) -> bytes:
+        return figure_png(self.figure(), dpi=110)
+
+    def figure(self):
+        """The graph as a matplotlib Figure: inputs on the left, arrows from input to consumer."""
+        from matplotlib.figure import Figure
+        from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
+        dx, dy, width, height, inch = 2.3, 1.05, 1.8, 0.78, 0.8
+        columns = max(n.depth for n in self.nodes) + 1
+        rows = max(sum(m.depth == d for m in self.nodes) for d in range(columns))
+        centre = {d: (sum(m.depth == d for m in self.nodes) - 1) / 2 for d in range(columns)}
+        at = [(n.depth * dx, (centre[n.depth] - n.row) * dy) for n in self.nodes]
+        x_lim = (-width / 2 - 0.15, (columns - 1) * dx + width / 2 + 0.15)
+        y_lim = (-(rows - 1) / 2 * dy - height / 2 - 0.9, (rows - 1) / 2 * dy + height / 2 + 0.15)
+        fig = Figure(figsize=((x_lim[1] - x_lim[0]) * inch, (y_lim[1] - y_lim[0]) * inch))
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.set_xlim(*x_lim)
+        ax.set_ylim(*y_lim)
+        ax.axis("off")
+        for node, (x, y) in zip(self.nodes, at):
+            kept = node.grad_of is not None
+            box = FancyBboxPatch((x - width / 2, y - height / 2), width, height,
+                                 boxstyle="round,pad=0,rounding_size=0.12",
+                                 facecolor=NODE_KINDS[node.kind][0], linewidth=2.2 if kept else 0.8,
+                                 edgecolor=KEPT_GRAD_COLOUR if kept else "#444444", gid="node")
+            ax.add_patch(box)
+            name = f"{node.name} = {node.grad_of}.grad" if kept else node.name
+            what = node.op if node.op is not None else (
+                "parameter" if node.kind == "parameter" else "constant")
+            text = f"{name}\n{what}\n{node.shape}"
+            longest = max(len(line) for line in text.splitlines())
+            ax.text(x, y, text, ha="center", va="center", linespacing=1.25,
+                    fontsize=min(7.0, 7.0 * 24 / longest), family="DejaVu Sans")
+        seen: dict = {}
+        for source, target in self.edges:
+            k = seen[source, target] = seen.get((source, target), -1) + 1
+            (x0, y0), (x1, y1) = at[source], at[target]
+            skips = self.nodes[target].depth - self.nodes[source].depth > 1
+            rad = 0.25 * k + (0.15 if skips else 0.0)
+            ax.add_patch(FancyArrowPatch((x0 + width / 2, y0), (x1 - width / 2, y1),
+                                         connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>",
+                                         mutation_scale=9, linewidth=0.9, color="#333333",
+                                         shrinkA=0, shrinkB=0, gid="edge"))
+        handles = [Patch(facecolor=colour, edgecolor="#444444", label=label)
+                   for kind, (colour, label) in NODE_KINDS.items()
+                   if any(n.kind == kind for n in self.nodes)]
+        if self.grad_links:
+            handles.append(Patch(facecolor="white", edgecolor=KEPT_GRAD_COLOUR, linewidth=2.2,
+                                 label="kept gradient (.grad)"))
+        ax.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7,
+                  frameon=False, bbox_to_anchor=(0.5, 0.0))
+        if self.title:
+            ax.set_title(self.title, fontsize=9, y=0.98)
+        return fig
+
+
+def _op_label(op) -> str:
+    """The op's class name and its scalar parameters, e.g. ``MulScalar(2)``, ``Summation((1,))``."""
+    params = []
+    for key, value in vars(op).items():
+        if key.startswith("_") or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            params.append(f"{value:g}")
+        elif isinstance(value, (str, tuple)) and len(str(value)) <= 16:
+            params.append(str(value))
+    label = type(op).__name__ + (f"({', '.join(params)})" if params else "")
+    return label if len(label) <= 30 else label[:29] + "…"
+
+
+def _shape_label(value) -> str:
+    """The node's shape from its computed array only (drawing never computes a lazy node)."""
+    data = value.cached_data
+    if data is None:
+        return "not computed"
+    if isinstance(data, tuple):
+        return "tuple: " + ", ".join(str(tuple(a.shape)) for a in data)
+    return str(tuple(data.shape))
+
+
+def draw_graph(*outputs, names: Mapping[str, object] | None = None,
+               grads: bool | Mapping[object, object] = True,
+               title: str | None = None) -> GraphLayout:
+    """Lay out the graph that produced ``outputs`` (needle Tensors or TensorTuples).
+
+    The forward graph is every node reachable through ``inputs``. With ``grads`` (default), each
+    of its nodes whose ``.grad`` is set adds that gradient and everything it reaches: after a
+    default ``backward()`` this is the backward pass's extension of the graph, whose inputs lead
+    back into the forward nodes. ``grads`` may instead map forward nodes to gradient nodes kept
+    elsewhere (``{W1: dW1}``); ``grads=False`` draws the forward graph alone. ``names`` maps a label to a node (``{"x1": x1}``); the other
+    nodes are called v1, v2, ... in order. Nothing is computed: a lazy node shows "not computed".
+    Returns a GraphLayout (drawn inline in Jupyter; ``.figure()`` gives the matplotlib Figure).
+    """
+    from needle.autograd import Value, find_topo_sort
+    if not outputs:
+        raise ValueError("draw_graph needs at least one output node")
+    for out in outputs:
+        if not isinstance(out, Value):
+            raise TypeError(f"draw_graph draws needle Tensors/TensorTuples, got "
+                            f"{type(out).__name__}")
+    forward = find_topo_sort(list(outputs))
+    in_forward = {id(v) for v in forward}
+    order, seen = list(forward), set(in_forward)
+    kept = []  # (node, its gradient)
+    if isinstance(grads, Mapping):
+        for node, grad in grads.items():
+            if not isinstance(node, Value) or not isinstance(grad, Value):
+                raise TypeError("draw_graph: grads maps needle nodes to needle nodes, got "
+                                f"{type(node).__name__} -> {type(grad).__name__}")
+            if id(node) not in in_forward:
+                raise ValueError("draw_graph: a key of grads is not a node of the forward graph")
+            kept.append((node, grad))
+    elif grads:
+        kept = [(node, node.grad) for node in forward if isinstance(node.grad, Value)]
+    for _, grad in kept:
+        for v in find_topo_sort([grad]):
+            if id(v) not in seen:
+                seen.add(id(v))
+                order.append(v)
+    index = {id(v): i for i, v in enumerate(order)}
+    given = {}
+    for label, value in (names or {}).items():
+        if not isinstance(value, Value):
+            raise TypeError(f"draw_graph: names[{label!r}] is a {type(value).__name__}, not a "
+                            "needle node")
+        if id(value) not in index:
+            raise ValueError(f"draw_graph: names[{label!r}] is not a node of this graph")
+        given[id(value)] = label
+    edges = tuple((index[id(x)], index[id(v)]) for v in order for x in v.inputs)
+    # depth: ops one right of their deepest input; leaves one left of their first consumer
+    depth = [0] * len(order)
+    for i, v in enumerate(order):  # order is topological: inputs come first
+        if v.inputs:
+            depth[i] = 1 + max(depth[index[id(x)]] for x in v.inputs)
+    consumers: dict[int, list[int]] = {}
+    for source, target in edges:
+        consumers.setdefault(source, []).append(target)
+    for i, v in enumerate(order):
+        if not v.inputs and i in consumers:
+            depth[i] = max(0, min(depth[t] for t in consumers[i]) - 1)
+    grad_index = {index[id(g)]: index[id(n)] for n, g in kept}
+    auto = iter(range(1, len(order) + 1))
+    labels = [given.get(id(v)) or f"v{next(auto)}" for v in order]
+    rows = _rows(depth, edges)
+    nodes = []
+    for i, v in enumerate(order):
+        if v.op is None:
+            kind = "parameter" if v.requires_grad else "constant"
+        else:
+            kind = "forward" if id(v) in in_forward else "backward"
+        owner = grad_index.get(i)
+        nodes.append(DrawnNode(i, labels[i], None if v.op is None else _op_label(v.op),
+                               _shape_label(v), kind, None if owner is None else labels[owner],
+                               depth[i], rows[i]))
+    links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
+    return GraphLayout(tuple(nodes), edges, links, title)
+
+
+def _rows(depth: list[int], edges) -> list[int]:
+    """Row of each node inside its column: first in drawing order, then two sweeps that sort
+    each column by the mean row of its neighbours (fewer crossings; ties keep the order)."""
+    columns: dict[int, list[int]] = {}
+    for i, d in enumerate(depth):
+        columns.setdefault(d, []).append(i)
+    row = {i: r for members in columns.values() for r, i in enumerate(members)}
+    neighbours: dict[int, list[int]] = {i: [] for i in range(len(depth))}
+    for source, target in edges:
+        neighbours[source].append(target)
+        neighbours[target].append(source)
+    size = {d: len(members) for d, members in columns.items()}
+
+    def offset(i: int) -> float:  # the row measured from the column's centre
+        return row[i] - (size[depth[i]] - 1) / 2
+
+    for _ in range(2):
+        for d in sorted(columns):
+            def centre(i: int) -> float:
+                around = [offset(j) for j in neighbours[i] if depth[j] != d]
+                return sum(around) / len(around) if around else offset(i)
+
+            columns[d].sort(key=lambda i: (centre(i), row[i]))
+            row.update({i: r for r, i in enumerate(columns[d])})
+    return [row[i] for i in range(len(depth))]
