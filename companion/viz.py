@@ -245,7 +245,8 @@ class GraphLayout:
         centre = {d: (sum(m.depth == d for m in self.nodes) - 1) / 2 for d in range(columns)}
         at = [(n.depth * dx, (centre[n.depth] - n.row) * dy) for n in self.nodes]
         x_lim = (-width / 2 - 0.15, (columns - 1) * dx + width / 2 + 0.15)
-        y_lim = (-(rows - 1) / 2 * dy - height / 2 - 0.9, (rows - 1) / 2 * dy + height / 2 + 0.15)
+        y_lim = (-(rows - 1) / 2 * dy - height / 2 - 0.9,
+                 (rows - 1) / 2 * dy + height / 2 + (0.6 if self.title else 0.15))
         fig = Figure(figsize=((x_lim[1] - x_lim[0]) * inch, (y_lim[1] - y_lim[0]) * inch))
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_xlim(*x_lim)
@@ -284,7 +285,8 @@ class GraphLayout:
         ax.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7,
                   frameon=False, bbox_to_anchor=(0.5, 0.0))
         if self.title:
-            ax.set_title(self.title, fontsize=9, y=0.98)
+            ax.text(sum(x_lim) / 2, y_lim[1] - 0.25, self.title, ha="center", va="center",
+                    fontsize=9)
         return fig
 
 
