@@ -210,7 +210,7 @@ class DrawnNode:
     op: str | None              # the op and its parameters, e.g. "MulScalar(2)"; None for a leaf
     shape: str                  # "(3, 4)"; "not computed" for a lazy node without a value yet
     kind: str                   # a key of NODE_KINDS
-    grad_of: str | None         # the name of the node whose .grad this node is (a kept gradient)
+    grad_of: tuple[str, ...]    # the names of the nodes whose .grad this node is (kept gradients)
     depth: int                  # column: leaves one left of their first consumer, ops 1 + inputs
     row: int                    # position inside its column, from the top
 
@@ -253,15 +253,15 @@ class GraphLayout:
         ax.set_ylim(*y_lim)
         ax.axis("off")
         for node, (x, y) in zip(self.nodes, at):
-            kept = node.grad_of is not None
+            kept = bool(node.grad_of)
             box = FancyBboxPatch((x - width / 2, y - height / 2), width, height,
                                  boxstyle="round,pad=0,rounding_size=0.12",
                                  facecolor=NODE_KINDS[node.kind][0], linewidth=2.2 if kept else 0.8,
                                  edgecolor=KEPT_GRAD_COLOUR if kept else "#444444", gid="node")
             ax.add_patch(box)
-            name = f"{node.name} = {node.grad_of}.grad" if kept else node.name
+            name = " = ".join([node.name] + [f"{owner}.grad" for owner in node.grad_of])
             what = node.op if node.op is not None else (
-                "parameter" if node.kind == "parameter" else "constant")
+                "requires_grad" if node.kind == "parameter" else "constant")
             text = f"{name}\n{what}\n{node.shape}"
             longest = max(len(line) for line in text.splitlines())
             ax.text(x, y, text, ha="center", va="center", linespacing=1.25,
@@ -374,7 +374,9 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
     for i, v in enumerate(order):
         if not v.inputs and i in consumers:
             depth[i] = max(0, min(depth[t] for t in consumers[i]) - 1)
-    grad_index = {index[id(g)]: index[id(n)] for n, g in kept}
+    owners: dict[int, list[int]] = {}  # gradient node -> the nodes it is the .grad of
+    for n, g in kept:
+        owners.setdefault(index[id(g)], []).append(index[id(n)])
     auto = iter(range(1, len(order) + 1))
     labels = [given.get(id(v)) or f"v{next(auto)}" for v in order]
     rows = _rows(depth, edges)
@@ -384,9 +386,8 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
             kind = "parameter" if v.requires_grad else "constant"
         else:
             kind = "forward" if id(v) in in_forward else "backward"
-        owner = grad_index.get(i)
         nodes.append(DrawnNode(i, labels[i], None if v.op is None else _op_label(v.op),
-                               _shape_label(v), kind, None if owner is None else labels[owner],
+                               _shape_label(v), kind, tuple(labels[o] for o in owners.get(i, ())),
                                depth[i], rows[i]))
     links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
     return GraphLayout(tuple(nodes), edges, links, title)
