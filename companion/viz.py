@@ -377,8 +377,9 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
     owners: dict[int, list[int]] = {}  # gradient node -> the nodes it is the .grad of
     for n, g in kept:
         owners.setdefault(index[id(g)], []).append(index[id(n)])
-    auto = iter(range(1, len(order) + 1))
-    labels = [given.get(id(v)) or f"v{next(auto)}" for v in order]
+    taken = set(given.values())
+    auto = (f"v{k}" for k in range(1, len(order) + len(taken) + 1) if f"v{k}" not in taken)
+    labels = [given.get(id(v)) or next(auto) for v in order]
     rows = _rows(depth, edges)
     nodes = []
     for i, v in enumerate(order):

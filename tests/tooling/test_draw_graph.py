@@ -99,6 +99,14 @@ def test_the_backward_extension_reaches_back_into_the_forward_graph():
     assert sorted(n.kind for n in layout.nodes if n.grad_of) == ["constant", "constant"]
 
 
+def test_automatic_names_skip_the_given_ones():
+    x1, x2, y = lecture_graph()
+    layout = draw_graph(y, names={"v1": x1, "v3": x2})
+    names = [n.name for n in layout.nodes]
+    assert len(set(names)) == len(names) == 8
+    assert sorted(names) == ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"]
+
+
 def test_one_gradient_node_kept_by_two_leaves_names_both():
     a, b = tensor([1.0]), tensor([2.0])
     (a + b).backward()  # both gradients are the all-ones seed itself
