@@ -225,6 +225,8 @@ class GraphLayout:
     nodes: tuple[DrawnNode, ...]
     edges: tuple[tuple[int, int], ...]
     grad_links: tuple[tuple[int, int], ...]
+    bends: tuple[tuple[tuple[int, int], ...], ...]  # per edge: the (depth, row) slots it passes
+    heights: tuple[int, ...]  # per column: its slots (nodes and edges passing through)
     title: str | None = None
 
     def __repr__(self) -> str:
@@ -240,10 +242,13 @@ class GraphLayout:
         from matplotlib.figure import Figure
         from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
         dx, dy, width, height, inch = 2.3, 1.05, 1.8, 0.78, 0.8
-        columns = max(n.depth for n in self.nodes) + 1
-        rows = max(sum(m.depth == d for m in self.nodes) for d in range(columns))
-        centre = {d: (sum(m.depth == d for m in self.nodes) - 1) / 2 for d in range(columns)}
-        at = [(n.depth * dx, (centre[n.depth] - n.row) * dy) for n in self.nodes]
+        from matplotlib.path import Path as CurvePath
+        columns, rows = len(self.heights), max(self.heights)
+
+        def place(depth: int, row: int) -> tuple[float, float]:
+            return depth * dx, ((self.heights[depth] - 1) / 2 - row) * dy
+
+        at = [place(n.depth, n.row) for n in self.nodes]
         x_lim = (-width / 2 - 0.15, (columns - 1) * dx + width / 2 + 0.15)
         y_lim = (-(rows - 1) / 2 * dy - height / 2 - 0.9,
                  (rows - 1) / 2 * dy + height / 2 + (0.6 if self.title else 0.15))
@@ -267,15 +272,30 @@ class GraphLayout:
             ax.text(x, y, text, ha="center", va="center", linespacing=1.25,
                     fontsize=min(7.0, 7.0 * 24 / longest), family="DejaVu Sans")
         seen: dict = {}
-        for source, target in self.edges:
-            k = seen[source, target] = seen.get((source, target), -1) + 1
+        style = dict(arrowstyle="-|>", mutation_scale=9, linewidth=0.9, color="#333333",
+                     shrinkA=0, shrinkB=0, gid="edge")
+        for (source, target), bends in zip(self.edges, self.bends):
             (x0, y0), (x1, y1) = at[source], at[target]
-            skips = self.nodes[target].depth - self.nodes[source].depth > 1
-            rad = 0.25 * k + (0.15 if skips else 0.0)
-            ax.add_patch(FancyArrowPatch((x0 + width / 2, y0), (x1 - width / 2, y1),
-                                         connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>",
-                                         mutation_scale=9, linewidth=0.9, color="#333333",
-                                         shrinkA=0, shrinkB=0, gid="edge"))
+            if not bends:  # adjacent columns; a repeated edge (x * x) bends away from the first
+                k = seen[source, target] = seen.get((source, target), -1) + 1
+                ax.add_patch(FancyArrowPatch((x0 + width / 2, y0), (x1 - width / 2, y1),
+                                             connectionstyle=f"arc3,rad={0.25 * k}", **style))
+                continue
+            # through the free slots of the columns it crosses, as smooth S-curves between them
+            points = [(x0 + width / 2, y0)]
+            for x, y in (place(*slot) for slot in bends):
+                points += [(x - width / 2, y), (x + width / 2, y)]
+            points.append((x1 - width / 2, y1))
+            vertices, codes = [points[0]], [CurvePath.MOVETO]
+            for i in range(0, len(points) - 1, 2):
+                (xa, ya), (xb, yb) = points[i], points[i + 1]
+                middle = (xa + xb) / 2
+                vertices += [(middle, ya), (middle, yb), (xb, yb)]
+                codes += [CurvePath.CURVE4] * 3
+                if i + 2 < len(points):
+                    vertices.append(points[i + 2])
+                    codes.append(CurvePath.LINETO)
+            ax.add_patch(FancyArrowPatch(path=CurvePath(vertices, codes), **style))
         handles = [Patch(facecolor=colour, edgecolor="#444444", label=label)
                    for kind, (colour, label) in NODE_KINDS.items()
                    if any(n.kind == kind for n in self.nodes)]
@@ -380,7 +400,19 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
     taken = set(given.values())
     auto = (f"v{k}" for k in range(1, len(order) + len(taken) + 1) if f"v{k}" not in taken)
     labels = [given.get(id(v)) or next(auto) for v in order]
-    rows = _rows(depth, edges)
+    # an edge across several columns passes through a slot of each column between (a virtual
+    # node), so that the row ordering keeps it clear of the boxes
+    slot_depth, chains, segments = list(depth), [], []
+    for source, target in edges:
+        chain = [source]
+        for d in range(depth[source] + 1, depth[target]):
+            slot_depth.append(d)
+            chain.append(len(slot_depth) - 1)
+        chains.append(chain + [target])
+        segments += list(zip(chains[-1], chains[-1][1:]))
+    rows = _rows(slot_depth, segments)
+    bends = tuple(tuple((slot_depth[v], rows[v]) for v in chain[1:-1]) for chain in chains)
+    heights = tuple(slot_depth.count(d) for d in range(max(slot_depth) + 1))
     nodes = []
     for i, v in enumerate(order):
         if v.op is None:
@@ -391,12 +423,13 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
                                _shape_label(v), kind, tuple(labels[o] for o in owners.get(i, ())),
                                depth[i], rows[i]))
     links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
-    return GraphLayout(tuple(nodes), edges, links, title)
+    return GraphLayout(tuple(nodes), edges, links, bends, heights, title)
 
 
 def _rows(depth: list[int], edges) -> list[int]:
-    """Row of each node inside its column: first in drawing order, then two sweeps that sort
-    each column by the mean row of its neighbours (fewer crossings; ties keep the order)."""
+    """Row of each node inside its column: first in drawing order, then sweeps left to right and
+    back that sort each column by the mean row of its neighbours (fewer crossings; ties keep the
+    order)."""
     columns: dict[int, list[int]] = {}
     for i, d in enumerate(depth):
         columns.setdefault(d, []).append(i)
@@ -410,8 +443,8 @@ def _rows(depth: list[int], edges) -> list[int]:
     def offset(i: int) -> float:  # the row measured from the column's centre
         return row[i] - (size[depth[i]] - 1) / 2
 
-    for _ in range(2):
-        for d in sorted(columns):
+    for sweep in range(4):
+        for d in sorted(columns, reverse=sweep % 2 == 1):
             def centre(i: int) -> float:
                 around = [offset(j) for j in neighbours[i] if depth[j] != d]
                 return sum(around) / len(around) if around else offset(i)

@@ -146,8 +146,15 @@ def test_layers_run_left_to_right_and_nodes_do_not_overlap():
     layout = draw_graph(y)
     for a, b in layout.edges:
         assert layout.nodes[a].depth < layout.nodes[b].depth
-    places = [(n.depth, n.row) for n in layout.nodes]
+    # an edge across columns passes through slots of its own: no two boxes or bends share one
+    places = [(n.depth, n.row) for n in layout.nodes] + [b for bends in layout.bends for b in bends]
     assert len(set(places)) == len(places)
+    for (a, b), bends in zip(layout.edges, layout.bends):
+        assert [d for d, _ in bends] == list(range(layout.nodes[a].depth + 1,
+                                                   layout.nodes[b].depth))
+    assert any(layout.bends)
+    assert list(layout.heights) == [sum(d == column for d, _ in places)
+                                    for column in range(len(layout.heights))]
 
 
 def test_the_drawing_is_deterministic():
