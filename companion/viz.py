@@ -12,8 +12,8 @@ import io
 import math
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 FIGURES_DIR = Path(__file__).resolve().parents[1] / "figures"

@@ -3,6 +3,8 @@
 The notebook path is checked twice: with a fake display (a fake clock decides when redraws are
 due) and once in a real Jupyter kernel (nbclient), whose saved cell must hold one PNG output.
 """
+import base64
+
 import numpy as np
 import pytest
 
@@ -106,5 +108,10 @@ def test_in_a_real_kernel_the_cell_keeps_one_png_output():
     outputs = nb.cells[0].outputs
     images = [o for o in outputs if o.output_type == "display_data"]
     assert len(images) == 1 and "image/png" in images[0].data
+    # the image left in the cell is the final figure (the updates replaced the first one)
+    offline = LiveCurves(min_interval=0)
+    for i in range(4):
+        offline.add(i, loss=1 / (i + 1))
+    assert base64.b64decode(images[0].data["image/png"]) == figure_png(offline.close())
     texts = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert texts == "done 5\n"  # 4 points at min_interval=0 and the final draw
