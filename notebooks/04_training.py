@@ -56,7 +56,7 @@ import needle as ndl
 import needle.nn as nn
 import companion.data
 from companion.apps import mlp_resnet
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
 device = ndl.cpu()  # where needle's layers put their parameters by default
@@ -459,7 +459,8 @@ assert np.array_equal(drop(ones).numpy(), ones.numpy())
 # pass — training mode and optimizer steps when given an optimizer, evaluation mode otherwise —
 # and returns (error rate, mean batch loss). We train with the course's defaults, Adam with
 # $\alpha = 0.001$ and weight decay $0.001$ (coupled L2, section 4), and dropout
-# $p = 0.1$ in every block, for 10 epochs.
+# $p = 0.1$ in every block, for 10 epochs. In Jupyter the curves are redrawn in place as the
+# epochs finish (`companion.viz.LiveCurves`); the figure after the loop is the static copy.
 
 # %%
 model = mlp_resnet.MLPResNet(784, hidden_dim=100, num_blocks=3, num_classes=10)
@@ -473,11 +474,16 @@ train_loader = ndl.data.DataLoader(train_set, 100, shuffle=True)
 test_loader = ndl.data.DataLoader(test_set, 100)
 opt = ndl.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
 history = []
-for ep in range(10):
-    tr_err, tr_loss = mlp_resnet.epoch(train_loader, model, opt, progress=False)
-    te_err, te_loss = mlp_resnet.epoch(test_loader, model, progress=False)
-    history.append((tr_err, tr_loss, te_err, te_loss))
-    print(f"epoch {ep + 1:>2}: train err {tr_err:.3f} loss {tr_loss:.3f} | test err {te_err:.3f} loss {te_loss:.3f}")
+with LiveCurves({"error rate": ["train error", "test error"], "loss": ["train loss", "test loss"]},
+                logy=["error rate", "loss"], title="MLP-ResNet on the digits (live)") as live:
+    for ep in range(10):
+        tr_err, tr_loss = mlp_resnet.epoch(train_loader, model, opt, progress=False)
+        te_err, te_loss = mlp_resnet.epoch(test_loader, model, progress=False)
+        history.append((tr_err, tr_loss, te_err, te_loss))
+        print(f"epoch {ep + 1:>2}: train err {tr_err:.3f} loss {tr_loss:.3f} | "
+              f"test err {te_err:.3f} loss {te_loss:.3f}")
+        live.add(ep + 1, {"train error": tr_err, "test error": te_err,
+                          "train loss": tr_loss, "test loss": te_loss})
 
 # %% [markdown]
 # On the digits the MLP-ResNet reaches about **98% test accuracy**. How sure is that figure? The

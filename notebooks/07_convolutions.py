@@ -51,7 +51,7 @@ from needle import backend_ndarray as nd
 import companion.data
 from companion.apps.models import ResNet9
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -527,20 +527,31 @@ assert base_acc < 0.25
 # %% [markdown]
 # Training uses the homework's loop `epoch_general_cifar10` with Adam; a callback records the
 # loss of every mini-batch for the learning curve, and after each epoch we measure the test
-# accuracy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
+# accuracy. In Jupyter both are redrawn in place while the loop runs
+# (`companion.viz.LiveCurves`); the figure further down is the static copy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
 # shuffled training set in the same order.)
 
 # %% tags=["nbval-ignore-output"]
 opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 batch_losses, history = [], []
-for epoch in range(EPOCHS):
-    tr_acc, tr_loss = epoch_general_cifar10(
-        train_loader, model, opt=opt, progress=False,
-        callback=lambda i, acc, loss: batch_losses.append(loss))
-    te_acc, te_loss = evaluate_cifar10(model, test_loader, progress=False)
-    history.append((tr_acc, tr_loss, te_acc, te_loss))
-    print(f"epoch {epoch + 1}: train loss {tr_loss:.3f} acc {tr_acc:.3f} | "
-          f"test loss {te_loss:.3f} acc {te_acc:.3f}")
+
+
+def record(i, acc, loss):
+    """The training loop's callback: keep the mini-batch loss and draw it live."""
+    batch_losses.append(loss)
+    live.add(len(batch_losses) / len(train_loader), {"mini-batch loss": loss})
+
+
+with LiveCurves({"softmax loss": ["mini-batch loss"], "accuracy": ["train", "test"]},
+                title=f"ResNet-9 on {DATASET} (live)") as live:
+    for epoch in range(EPOCHS):
+        tr_acc, tr_loss = epoch_general_cifar10(train_loader, model, opt=opt, progress=False,
+                                                callback=record)
+        te_acc, te_loss = evaluate_cifar10(model, test_loader, progress=False)
+        history.append((tr_acc, tr_loss, te_acc, te_loss))
+        live.add(epoch + 1, {"train": tr_acc, "test": te_acc})
+        print(f"epoch {epoch + 1}: train loss {tr_loss:.3f} acc {tr_acc:.3f} | "
+              f"test loss {te_loss:.3f} acc {te_acc:.3f}")
 
 # %% [markdown]
 # The training loss falls epoch after epoch, and the final test accuracy beats the untrained
