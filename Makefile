@@ -100,9 +100,10 @@ profile: $(BUILT)
 	$(PY) -m benchmarks.step_profile
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
+# (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)
 check: $(INSTALLED)
-	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),)
+	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]"; exit 2; }
+	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),) $(if $(HWNUM),--hw $(HWNUM),) $(ARGS)
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data

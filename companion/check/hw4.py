@@ -11,6 +11,7 @@ import numpy as np
 from .common import OpCase, check_backward, check_forward, randn
 from .diagnose import CheckFailure, check_close, require, to_numpy
 from .hw3 import arr, devices
+from .mistakes import Variant
 
 
 def _ops():
@@ -78,16 +79,43 @@ def _dilate_ref(x, axes, d):
     return out
 
 
+def _dilate_variants(axes, d):
+    def variants(arrays):
+        found = []
+        for wrong in (d + 1, d - 1):
+            if wrong >= 0:
+                found.append(Variant(_dilate_ref(arrays[0], axes, wrong),
+                                     f"your dilate inserts {wrong} zero(s) between elements "
+                                     f"instead of {d}: dilation d inserts d zeros, so each "
+                                     f"dilated axis grows by a factor d + 1 = {d + 1}"))
+        return found
+    return variants
+
+
+def _undilate_variants(axes, d):
+    def variants(arrays):
+        x = arrays[0]
+        return [Variant(x[tuple(slice(None, None, step) if i in axes else slice(None)
+                                for i in range(x.ndim))],
+                        f"your undilate keeps every {step}th element instead of every "
+                        f"{d + 1}th (dilation {d} means a step of d + 1)")
+                for step in (d, d + 2) if step >= 1]
+    return variants
+
+
 def hw4_dilate(ctx):
     _op_question([OpCase("dilate(a, axes=(0, 1), dilation=1)",
                          lambda x: _ops().dilate(x, (0, 1), 1),
-                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)}),
+                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)},
+                         forward_variants=_dilate_variants((0, 1), 1)),
                   OpCase("dilate(a, axes=(1,), dilation=2)",
                          lambda x: _ops().dilate(x, (1,), 2),
-                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)}),
+                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)},
+                         forward_variants=_dilate_variants((1,), 2)),
                   OpCase("undilate(a, axes=(0, 1), dilation=1)",
                          lambda x: _ops().undilate(x, (0, 1), 1),
-                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)})])
+                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)},
+                         forward_variants=_undilate_variants((0, 1), 1))])
 
 
 def conv_ref(x, w, stride=1, padding=0):
@@ -104,12 +132,69 @@ def conv_ref(x, w, stride=1, padding=0):
     return out
 
 
+def _conv_forward_variants(s, p):
+    def variants(arrays):
+        x, w = arrays
+        found = [Variant(conv_ref(x, w, s, p + 1), f"your conv pads by {p + 1} instead of the "
+                                                   f"padding {p}: one too many")]
+        if p:
+            found.append(Variant(conv_ref(x, w, s, p - 1), f"your conv pads by {p - 1} instead "
+                                                           f"of the padding {p}: one too few"))
+        if s > 1:
+            found.append(Variant(conv_ref(x, w, 1, p), f"your conv ignores the stride {s}"))
+        found.append(Variant(conv_ref(x, w[::-1, ::-1], s, p),
+                             "your conv flips the kernel: the course's conv (as PyTorch's) is "
+                             "a cross-correlation, out[i, j] = sum x[i + ki, j + kj] w[ki, kj]"))
+        return found
+    return variants
+
+
+def _conv_adjoints(x, w, g, s, p, dilation, pad_x, pad_w, flip=True):
+    """The course's conv adjoints, with the dilation of out_grad and the paddings as given:
+    x̄ = conv(dilate(ḡ, dilation), flip(w) with in/out swapped, pad_x),
+    w̄ = conv(xᵀ (C, H, W, N), dilate(ḡ)ᵀ (H, W, N, C_out), pad_w)ᵀ."""
+    gd = _dilate_ref(g, (1, 2), dilation) if dilation else g
+    wf = (w[::-1, ::-1] if flip else w).transpose(0, 1, 3, 2)
+    gx = conv_ref(gd, wf, 1, pad_x)
+    gw = conv_ref(x.transpose(3, 1, 2, 0), gd.transpose(1, 2, 0, 3), 1, pad_w)
+    return gx, gw.transpose(1, 2, 0, 3)
+
+
+def _conv_backward_variants(s, p):
+    def variants(arrays, g, correct):
+        x, w = arrays
+        k = w.shape[0]
+        found = [[], []]
+        wrong = [(s - 1 + dd, k - 1 - p + dp, p + dp, True,
+                  f"dilation {s - 1 + dd} of out_grad (the stride is {s}: dilate by stride - 1 "
+                  f"= {s - 1})" if dd else f"padding off by {dp:+d} (x̄ needs padding "
+                  f"K - 1 - p = {k - 1 - p}, w̄ padding p = {p})")
+                 for dd, dp in ((1, 0), (-1, 0), (0, 1), (0, -1))
+                 if s - 1 + dd >= 0 and p + dp >= 0 and k - 1 - p + dp >= 0]
+        wrong.append((s - 1, k - 1 - p, p, False, "the kernel not flipped (x̄ is a conv of "
+                      "out_grad with w flipped in both spatial axes, in/out channels swapped)"))
+        for dilation, pad_x, pad_w, flip, text in wrong:
+            try:
+                gx, gw = _conv_adjoints(x, w, g, s, p, dilation, pad_x, pad_w, flip)
+            except ValueError:
+                continue
+            for i, (name, value) in enumerate((("x", gx), ("w", gw))):
+                if value.shape != correct[i].shape or not np.allclose(value, correct[i]):
+                    found[i].append(Variant(value, f"your adjoint of {name} matches the "
+                                                   f"course's formula with {text}"))
+        return found
+    return variants
+
+
 def _conv_cases():
     return [OpCase(f"conv(x, w, stride={s}, padding={p})",
                    lambda x, w, s=s, p=p: _ops().conv(x, w, stride=s, padding=p),
                    lambda x, w, s=s, p=p: conv_ref(x, w, s, p),
-                   {"x": randn(2, 5, 5, 2, seed=101 + s), "w": randn(3, 3, 2, 3, seed=103 + p)})
-            for s, p in [(1, 0), (1, 1), (2, 1)]]
+                   {"x": randn(2, size, size, 2, seed=101 + s),
+                    "w": randn(3, 3, 2, 3, seed=103 + p)},
+                   variants=_conv_backward_variants(s, p),
+                   forward_variants=_conv_forward_variants(s, p))
+            for s, p, size in [(1, 0, 5), (1, 1, 5), (2, 1, 6), (2, 0, 8)]]
 
 
 def hw4_conv_forward(ctx):
