@@ -54,6 +54,16 @@ class SumsTo(Variant):
         return bool(np.isclose(summed, self.value, rtol=rtol, atol=atol).all())
 
 
+class Reshaped(Variant):
+    """Matches the correct values in another shape (the mistake is only the shape)."""
+
+    def __init__(self, correct, message: str):
+        super().__init__(correct, message, reshape_ok=True)
+
+    def matches(self, got: np.ndarray, rtol: float, atol: float) -> bool:
+        return got.shape != self.value.shape and super().matches(got, rtol, atol)
+
+
 def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     """Sum ``x`` over the axes that broadcasting ``shape`` to ``x.shape`` stretched or added."""
     lead = x.ndim - len(shape)
@@ -87,9 +97,9 @@ def adjoint_variants(names: Sequence[str], arrays: Sequence[np.ndarray], out_gra
                 found.append(Variant(c2, f"your adjoint of {name} equals the correct adjoint of "
                                          f"{other}: the adjoints are swapped (return one per "
                                          "input, in the order of the inputs)"))
-        found.append(Variant(c, f"your adjoint of {name} has the right values in the wrong "
-                                f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
-                                "the dimensions a sum removed, with reshape)", reshape_ok=True))
+        found.append(Reshaped(c, f"your adjoint of {name} has the right values in the wrong "
+                                 f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
+                                 "the dimensions a sum removed, with reshape)"))
         g = out_grad
         if g.shape != c.shape and g.size > c.size:
             found.append(SumsTo(c, g.shape, f"your adjoint of {name} has the output's shape "

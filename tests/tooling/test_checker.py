@@ -12,8 +12,10 @@ import ast
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import needle
@@ -247,3 +249,284 @@ def test_question_ids_are_unique_and_valid_marker_names():
     ids = [q.id for q in QUESTIONS]
     assert len(ids) == len(set(ids))
     assert all(q.id.isidentifier() and q.id.startswith(q.hw + "_") for q in QUESTIONS)
+
+
+# ---- never pass wrong homework -----------------------------------------------------------------
+def plant(root: Path, relative: str, code: str) -> None:
+    """Append ``code`` to the copy's ``python/needle/<relative>`` (it runs at import)."""
+    path = root / "python" / "needle" / relative
+    path.write_text(path.read_text() + "\n\n" + code)
+
+
+IN_PLACE_OPS = """
+def _full(a):
+    return tuple(slice(None) for _ in a.shape)
+
+
+def _add_scalar_in_place(self, a):
+    a[_full(a)] = a + self.scalar  # a += self.scalar on the input
+    return a
+
+
+def _relu_in_place(self, a):
+    a[_full(a)] = a.maximum(0)  # a[a < 0] = 0 on the input
+    return a
+
+
+AddScalar.compute = _add_scalar_in_place
+ReLU.compute = _relu_in_place
+"""
+
+
+def test_an_op_that_writes_into_its_input_fails(tmp_path):
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "ops/ops_mathematic.py", IN_PLACE_OPS)
+    report = check(root, only=["add_scalar", "relu", "negate"])
+    assert failures(report) == {q: "fail" for q in (
+        "hw1_add_scalar_forward", "hw1_add_scalar_backward", "hw1_relu_forward",
+        "hw1_relu_backward")}, report.format()
+    detail = next(r.detail for r in report.results if r.question.id == "hw1_add_scalar_forward")
+    assert detail.startswith("add_scalar(a, 1.7) (forward) changed its input 'a' in place")
+
+
+OPTIMIZER_STATE_MISTAKES = """
+import numpy as _np
+
+
+def _sgd_one_momentum_buffer(self):
+    # one momentum buffer shared by every parameter
+    for p in self.params:
+        if p.grad is None:
+            continue
+        g = p.grad.numpy() + self.weight_decay * p.numpy()
+        self._shared = self.momentum * getattr(self, "_shared", 0.0) + (1 - self.momentum) * g
+        p.data = Tensor((p.numpy() - self.lr * self._shared).astype("float32"))
+
+
+def _adam_t_per_parameter(self):
+    # t counted per parameter (and only when it has a gradient), not per step()
+    if not hasattr(self, "_ts"):
+        self._ts, self._m, self._v = {}, {}, {}
+    for i, p in enumerate(self.params):
+        if p.grad is None:
+            continue
+        t = self._ts[i] = self._ts.get(i, 0) + 1
+        g = p.grad.numpy() + self.weight_decay * p.numpy()
+        m = self._m[i] = self.beta1 * self._m.get(i, 0.0) + (1 - self.beta1) * g
+        v = self._v[i] = self.beta2 * self._v.get(i, 0.0) + (1 - self.beta2) * g * g
+        w = p.numpy() - self.lr * (m / (1 - self.beta1 ** t)) / (
+            _np.sqrt(v / (1 - self.beta2 ** t)) + self.eps)
+        p.data = Tensor(w.astype("float32"))
+
+
+SGD.step = _sgd_one_momentum_buffer
+Adam.step = _adam_t_per_parameter
+"""
+
+
+def test_optimizer_state_kept_wrongly_fails(tmp_path):
+    """One momentum buffer for all parameters, Adam's t per parameter: both pass with a single
+    parameter; two parameters of different shapes and a step without a gradient catch them."""
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", OPTIMIZER_STATE_MISTAKES)
+    report = check(root, only=["sgd", "adam"])
+    assert failures(report) == {"hw2_sgd": "fail", "hw2_adam": "fail"}, report.format()
+    adam = next(r.detail for r in report.results if r.question.id == "hw2_adam")
+    assert adam.startswith("parameter 1 (shape (4,)) after 3 steps of Adam"), adam
+
+
+TAMPERED_NUMPY = """
+import numpy as _np
+
+_np.isclose = lambda a, b, *args, **kwargs: _np.ones(_np.broadcast(a, b).shape, dtype=bool)
+"""
+
+WRONG_MULTIPLY = """
+_np_multiply_ok = EWiseMul.compute
+
+
+def _wrong_multiply(self, a, b):
+    import numpy
+    numpy.isclose = lambda x, y, *args, **kwargs: numpy.ones(numpy.broadcast(x, y).shape, bool)
+    return a + b
+
+
+EWiseMul.compute = _wrong_multiply
+"""
+
+
+def test_student_code_cannot_change_the_verdict(tmp_path):
+    """Replacing numpy.isclose (at import, or while a question runs) does not make a wrong
+    multiply pass: the checker notices the replacement, and recomputes each verdict in its
+    own process."""
+    at_import = skeleton(tmp_path / "a", "hw1")
+    plant(at_import, "__init__.py", TAMPERED_NUMPY)
+    report = check(at_import, only=["multiply_forward", "add_forward"])
+    assert set(statuses(report).values()) == {"error"}, report.format()
+    assert "your code replaced numpy.isclose" in report.results[0].detail
+    during = skeleton(tmp_path / "b", "hw1")
+    plant(during, "ops/ops_mathematic.py", WRONG_MULTIPLY)
+    report = check(during, only=["multiply_forward", "add_forward"])
+    assert failures(report) == {"hw1_multiply_forward": "fail"}, report.format()
+
+
+def test_the_runner_recomputes_a_passing_verdict():
+    """A worker that claims a pass over values that differ is overruled by the runner."""
+    from companion.check.diagnose import Recorder, record
+    from companion.check.runner import _result
+    with Recorder() as log:
+        record("multiply(a, b) (forward)", np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1e-5,
+               1e-6)
+    event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": log}
+    result = _result(BY_ID["hw1_multiply_forward"], event, "hw1", [], [])
+    assert result.status == "fail"
+    assert result.detail.startswith("multiply(a, b) (forward) is wrong (compared again in the "
+                                    "checker's own process")
+
+
+# ---- never hang or mislead ---------------------------------------------------------------------
+def test_an_import_that_never_returns_is_one_diagnosis(tmp_path):
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "__init__.py", "while True:\n    pass\n")
+    started = time.monotonic()
+    report = check(root, only=["add", "negate", "exp"], timeout=3)
+    assert time.monotonic() - started < 20
+    assert set(statuses(report).values()) == {"timeout"}, report.format()
+    text = report.format()
+    assert text.count("importing your package did not finish within 3 s") == 1, text
+
+
+def test_a_syntax_error_is_printed_once(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "nn/nn_basic.py", "def broken(:\n    pass\n")
+    report = check(root, only=["linear", "relu", "flatten", "residual"])
+    assert set(statuses(report).values()) == {"error"}, report.format()
+    text = report.format()
+    assert text.count("SyntaxError") == 1, text
+    assert "nn_basic.py" in text
+    assert text.count("the same problem as hw2_linear, above") == 3
+
+
+EXITS = """
+import os as _os
+import sys as _sys
+
+
+def _exit_3(self, x):
+    _sys.exit(3)
+
+
+def _os_exit_4(self, x):
+    _os._exit(4)
+
+
+def _interrupt(self, x):
+    raise KeyboardInterrupt
+
+
+Flatten.forward = _exit_3
+ReLU.forward = _os_exit_4
+Residual.forward = _interrupt
+"""
+
+
+def test_exits_and_interrupts_in_student_code_are_named(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "nn/nn_basic.py", EXITS)
+    report = check(root, only=["relu", "flatten", "residual", "dropout"])
+    assert statuses(report) == {"hw2_relu": "crashed", "hw2_flatten": "fail",
+                                "hw2_dropout": "pass", "hw2_residual": "fail"}, report.format()
+    d = {r.question.id: r.detail for r in report.results}
+    assert d["hw2_flatten"].startswith("your code called sys.exit(3) (SystemExit) at ")
+    assert "nn_basic.py" in d["hw2_flatten"]
+    assert d["hw2_relu"].startswith("the process exited with status 4 during hw2_relu without "
+                                    "raising an exception: os._exit()")
+    assert "compiled code: look for" not in d["hw2_relu"]
+    assert d["hw2_residual"].startswith("KeyboardInterrupt raised at ")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_timed_out_worker_is_stopped_with_its_children(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    pid_file = tmp_path / "child.pid"
+    plant(root, "nn/nn_basic.py", f"""
+import subprocess as _subprocess
+
+
+def _spawn_and_hang(self, x):
+    child = _subprocess.Popen(["sleep", "300"])
+    open({str(pid_file)!r}, "w").write(str(child.pid))
+    while True:
+        pass
+
+
+Flatten.forward = _spawn_and_hang
+""")
+    report = check(root, only=["flatten"], timeout=3)
+    assert statuses(report) == {"hw2_flatten": "timeout"}, report.format()
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the worker's child survived the timeout"
+
+
+def test_the_build_has_a_time_limit(tmp_path):
+    if shutil.which("cmake", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("cmake") is None:
+        pytest.skip("no cmake")
+    root = skeleton(tmp_path, "hw2")
+    (root / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.5)\n"
+                                         "project(slow NONE)\n"
+                                         "execute_process(COMMAND sleep 120)\n")
+    started = time.monotonic()
+    report = check(root, only=["flatten"], build_timeout=3)
+    assert time.monotonic() - started < 30
+    assert report.build[0].startswith("FAILED to build with CMake"), report.build
+    assert "did not finish within 3 s" in report.build[0]
+
+
+def test_a_file_named_build_is_reported_not_a_traceback(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    (root / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.5)\n")
+    (root / "build").write_text("notes\n")
+    report = check(root, only=["flatten"])
+    assert report.build[0].startswith("FAILED: ") and "is a file" in report.build[0]
+    assert statuses(report) == {"hw2_flatten": "pass"}
+
+
+def test_time_limits_must_be_positive(tmp_path, capsys):
+    root = skeleton(tmp_path, "hw2")
+    for bad in ("-1", "0", "nan", "soon"):
+        with pytest.raises(SystemExit) as info:
+            main([str(root), "--timeout", bad])
+        assert info.value.code == 2
+        assert "positive number of seconds" in capsys.readouterr().err or bad == "soon"
+    with pytest.raises(ValueError, match="positive"):
+        check(root, timeout=-1)
+
+
+def test_the_homework_hint_can_be_followed_through_make(tmp_path):
+    (tmp_path / "mywork").mkdir()
+    with pytest.raises(ValueError) as info:
+        check(tmp_path / "mywork")
+    hint = str(info.value)
+    assert "make check HW=" in hint and "HWNUM=hw2" in hint
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make")
+    import subprocess
+    out = subprocess.run([make, "-n", "-s", "check", f"HW={tmp_path / 'mywork'}", "HWNUM=hw2",
+                          "ARGS=--timeout 5"], cwd=ROOT, capture_output=True, text=True).stdout
+    line = next(x for x in out.splitlines() if "companion.check" in x)
+    assert line.endswith("--hw hw2 --timeout 5"), line
