@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             hw = args.hw or detect_homework(Path(args.folder))
             for q in questions_for(hw):
                 print(f"{q.id:<36} {q.title}")
+                if q.help:
+                    print(f"{'':<36}   ({q.help})")
             return 0
         report = check(args.folder, args.hw, only=args.k, timeout=args.timeout,
                        isolate=args.isolate, do_build=not args.no_build,

@@ -168,6 +168,7 @@ def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
     text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
     text += "does not match a finite-difference check.\n"
     arrays = [np.asarray(to_numpy(v), dtype=np.float64) for v in inputs.values()][:len(names)]
+    arrays += [np.zeros_like(n) for n in numeric[len(arrays):]]  # adjoints of parameters
     found = adjoint_variants(list(names), arrays, np.asarray(out_grad, dtype=np.float64),
                              [np.asarray(n, dtype=np.float64) for n in numeric], op=op)
     if variants is not None:

@@ -179,7 +179,54 @@ def hw1_compute_gradient(ctx):
                                                                       b.grad.numpy()],
                    numeric, ["a", "b"], inputs={"a": arrays[0], "b": arrays[1]}, out_grad=w,
                    rtol=1e-4, atol=1e-4)
+    _check_composites(ndl)
     _check_gradient_of_gradient(ndl)
+
+
+def _composites(ndl):
+    """Expressions as the course's gradient checks build them (label, needle function, numpy
+    reference, inputs): each op's output feeds others, and an input is used again after an op
+    has read it, so an op that writes into its input changes the result."""
+    o = ndl.ops
+    return [
+        ("summation((A @ B + C) * (A @ B), axes=None)",
+         lambda A, B, C: o.summation((o.matmul(A, B) + C) * o.matmul(A, B), axes=None),
+         lambda A, B, C: ((A @ B + C) * (A @ B)).sum(),
+         {"A": randn(4, 3, seed=40), "B": randn(3, 2, seed=41), "C": randn(4, 2, seed=42)}),
+        ("summation(broadcast_to(A, (4, 3)) * B, axes=None)",
+         lambda A, B: o.summation(o.broadcast_to(A, (4, 3)) * B, axes=None),
+         lambda A, B: (np.broadcast_to(A, (4, 3)) * B).sum(),
+         {"A": randn(4, 1, seed=43), "B": randn(4, 3, seed=44)}),
+        ("summation(reshape(A, (3, 4)) @ B / 5 + C, axes=None)",
+         lambda A, B, C: o.summation(o.divide_scalar(o.matmul(o.reshape(A, (3, 4)), B), 5) + C,
+                                     axes=None),
+         lambda A, B, C: (A.reshape(3, 4) @ B / 5 + C).sum(),
+         {"A": randn(12, seed=45), "B": randn(4, 2, seed=46), "C": randn(3, 2, seed=47)}),
+        ("summation(add_scalar(x, 1) * x + relu(x) * x, axes=None)",
+         lambda x: o.summation(o.add_scalar(x, 1) * x + o.relu(x) * x, axes=None),
+         lambda x: ((x + 1) * x + np.maximum(x, 0) * x).sum(),
+         {"x": away_from_zero(3, 4, seed=48, low=0.1)}),
+    ]
+
+
+def _check_composites(ndl) -> None:
+    """backward() through composite expressions matches finite differences of the numpy
+    reference (the course's gradient_check(..., backward=True))."""
+    for label, fn, ref, inputs in _composites(ndl):
+        arrays = [np.asarray(v, dtype=np.float32) for v in inputs.values()]
+        xs = tensors(arrays)
+        out = fn(*xs)
+        check_close(f"{label} (forward)", out, ref(*[a.astype(np.float64) for a in arrays]),
+                    inputs=inputs, rtol=1e-4, atol=1e-4, hint="a wrong value here with every "
+                    "op question passing means an op changes its input in place, or "
+                    "depends on state left by an earlier call")
+        out.backward()
+        for name, x in zip(inputs, xs):
+            require(x.grad is not None, f"after ({label}).backward(), {name}.grad is None")
+        numeric = numerical_vjp(ref, [a.astype(np.float64) for a in arrays], np.array(1.0))
+        check_adjoints(f"backward() through {label}", [x.grad.numpy() for x in xs], numeric,
+                       list(inputs), inputs=inputs, out_grad=np.array(1.0), rtol=1e-3,
+                       atol=1e-3)
 
 
 DETACHED_HINT = ("the course's compute_gradient_of_variables builds every adjoint with needle "

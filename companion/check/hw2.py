@@ -205,6 +205,13 @@ def hw2_dropout(ctx):
     check_close("nn.Dropout(p=0.4)(x) in training mode with np.random.seed(9)", got,
                 x * mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
                 hint="mask = init.randb(*x.shape, p=1 - p); out = x * mask / (1 - p)")
+    np.random.seed(9)
+    xt = _t(x, requires_grad=True)
+    layer(xt).sum().backward()
+    check_close("x.grad after nn.Dropout(p=0.4)(x).sum().backward() with np.random.seed(9)",
+                xt.grad, mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
+                hint="build the output from needle ops (x * mask / (1 - p)) so the gradient "
+                "is the mask scaled by 1 / (1 - p)")
     layer.eval()
     check_close("nn.Dropout(p=0.4)(x) in eval mode", layer(_t(x)), x, inputs={"x": x})
 

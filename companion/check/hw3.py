@@ -80,14 +80,21 @@ def hw3_getitem(ctx):
                                                        slice(None, None, 2)), "A[1, 2:5, ::2]"),
              ((slice(1, 4, 2), slice(None), slice(3, 6)), (slice(1, 4, 2), slice(None),
                                                            slice(3, 6)), "A[1:4:2, :, 3:6]")]
+    at = np.transpose(a, (2, 1, 0))
     for dev in devices():
         A = arr(a, dev)
-        for idx, np_idx, text in cases:
-            B = A[idx]
+        views = [(A, a, "A", idx, np_idx, text) for idx, np_idx, text in cases]
+        views.append((A.permute((2, 1, 0)), at, "A.permute((2, 1, 0))",
+                      (slice(1, 5), slice(2, 4), slice(None, None, 2)),
+                      (slice(1, 5), slice(2, 4), slice(None, None, 2)),
+                      "A.permute((2, 1, 0))[1:5, 2:4, ::2] (a slice of a non-compact view)"))
+        for base, np_base, base_text, idx, np_idx, text in views:
+            B = base[idx]
             check_close(f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "
-                        "their axis with size 1)", B.numpy(), a[np_idx],
-                        hint="offset = sum(start * stride); strides *= step")
-            _view(text, A, B)
+                        "their axis with size 1)", B.numpy(), np_base[np_idx],
+                        hint="offset = the view's offset + sum(start * stride); "
+                        "strides *= step (start from the view's own strides and offset)")
+            _view(text, base, B)
 
 
 def hw3_compact(ctx):

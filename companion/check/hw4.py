@@ -9,7 +9,8 @@ import pickle
 import numpy as np
 
 from .common import OpCase, check_backward, check_forward, randn
-from .diagnose import CheckFailure, check_close, require, to_numpy
+from .diagnose import (CheckFailure, check_adjoints, check_close, numerical_vjp, require,
+                       to_numpy)
 from .hw3 import arr, devices
 from .mistakes import Variant
 
@@ -223,6 +224,24 @@ def hw4_nn_conv(ctx):
     expected = conv_ref(x.transpose(0, 2, 3, 1), to_numpy(layer.weight), 1, 1) + b.reshape(-1)
     check_close("nn.Conv(2, 3, 3)(x) on NCHW x (same padding k // 2)", layer(_t(x)),
                 expected.transpose(0, 3, 1, 2), inputs={"x": x}, rtol=1e-4, atol=1e-4)
+    # backward: x, weight and bias adjoints against finite differences of the reference
+    w0 = to_numpy(layer.weight).astype(np.float64)
+
+    def ref(xx, ww, bb):
+        return (conv_ref(xx.transpose(0, 2, 3, 1), ww, 1, 1)
+                + bb.reshape(-1)).transpose(0, 3, 1, 2)
+
+    g = np.random.default_rng(119).standard_normal(expected.transpose(0, 3, 1, 2).shape)
+    xt = ndl.Tensor(x, requires_grad=True)
+    (layer(xt) * ndl.Tensor(g.astype(np.float32), requires_grad=False)).sum().backward()
+    grads = [xt.grad, layer.weight.grad, layer.bias.grad]
+    for name, grad in zip(("x", "weight", "bias"), grads):
+        require(grad is not None, f"after nn.Conv(2, 3, 3)(x).backward(), {name}.grad is None")
+    numeric = numerical_vjp(ref, [x.astype(np.float64), w0, b.astype(np.float64)], g)
+    check_adjoints("nn.Conv(2, 3, 3)(x) backward", [to_numpy(v).reshape(n.shape)
+                                                    if to_numpy(v).size == n.size else v
+                                                    for v, n in zip(grads, numeric)],
+                   numeric, ["x", "weight", "bias"], inputs={"x": x}, out_grad=g)
 
 
 def hw4_cifar10_dataset(ctx):
@@ -333,6 +352,11 @@ def hw4_rnn_cell(ctx):
                     atol=1e-5, hint="h' = act(x W_ih + bias_ih + h W_hh + bias_hh)")
     check_close("RNNCell(3, 4, nonlinearity='relu')(x) with h=None (zeros)", cell(_t(x)),
                 _rnn_step(cell, x, np.zeros((2, 4)), relu=True), rtol=1e-4, atol=1e-5)
+    np.random.seed(9)
+    cell = ndl.nn.RNNCell(3, 4, bias=True, nonlinearity="tanh")
+    b = _cell_params(cell)[2]
+    _check_cell_gradients("RNNCell(3, 4)(x, h)", cell, lambda xt, ht: cell(xt, ht),
+                          lambda xx, hh, wi, wh: np.tanh(xx @ wi + hh @ wh + b), x, h)
 
 
 def hw4_rnn(ctx):
@@ -354,6 +378,23 @@ def hw4_rnn(ctx):
                 rtol=1e-4, atol=1e-5)
 
 
+def _check_cell_gradients(what, cell, run, ref, x, h):
+    """backward() of Σ run(x, h)·g: the adjoints of x, h, W_ih and W_hh against finite
+    differences of ``ref(x, h, W_ih, W_hh)`` (the biases held at the cell's values)."""
+    import needle as ndl
+    w_ih, w_hh, _ = _cell_params(cell)
+    g = np.random.default_rng(120).standard_normal((x.shape[0], w_hh.shape[0]))
+    xt, ht = (ndl.Tensor(v, requires_grad=True) for v in (x, h))
+    (run(xt, ht) * ndl.Tensor(g.astype(np.float32), requires_grad=False)).sum().backward()
+    grads = [xt.grad, ht.grad, cell.W_ih.grad, cell.W_hh.grad]
+    names = ["x", "h", "W_ih", "W_hh"]
+    for name, grad in zip(names, grads):
+        require(grad is not None, f"after {what}.backward(), {name}.grad is None")
+    numeric = numerical_vjp(ref, [x.astype(np.float64), h.astype(np.float64), w_ih, w_hh], g)
+    check_adjoints(f"{what} backward", [to_numpy(v) for v in grads], numeric, names,
+                   inputs={"x": x, "h": h}, out_grad=g)
+
+
 def hw4_lstm_cell(ctx):
     import needle as ndl
     np.random.seed(11)
@@ -365,6 +406,14 @@ def hw4_lstm_cell(ctx):
                 rtol=1e-4, atol=1e-5, hint="gates i, f, g, o are the four column blocks of "
                 "x W_ih + h W_hh + biases; c' = f c + i g; h' = o tanh(c')")
     check_close("LSTMCell(3, 4)(x, (h, c)) c'", got[1], ec, rtol=1e-4, atol=1e-5)
+    b = _cell_params(cell)[2]
+
+    def h_next(xx, hh, wi, wh):
+        i, f, gg, o = np.split(xx @ wi + hh @ wh + b, 4, axis=1)
+        return _sig(o) * np.tanh(_sig(f) * c + _sig(i) * np.tanh(gg))
+
+    _check_cell_gradients("LSTMCell(3, 4)(x, (h, c))[0]", cell,
+                          lambda xt, ht: cell(xt, (ht, _t(c)))[0], h_next, x, h)
 
 
 def hw4_lstm(ctx):

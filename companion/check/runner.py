@@ -81,6 +81,8 @@ class Report:
                     continue
                 first_with[r.detail] = r.question.id
                 lines.append("  " + r.detail.replace("\n", "\n  "))
+                if r.question.help:
+                    lines.append("  about this check: " + r.question.help)
         return "\n".join(lines)
 
 

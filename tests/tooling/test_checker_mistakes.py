@@ -259,3 +259,14 @@ def test_unknown_wrong_answers_are_not_given_a_name():
                        inputs={"a": x}, out_grad=np.ones((2, 2)), op="(negate(a))")
     text = str(info.value)
     assert "your adjoint" not in text and "finite difference:" in text
+
+
+def test_a_wrong_parameter_adjoint_is_reported_and_named():
+    """Adjoints of parameters (not among the shown inputs) are compared and named as well."""
+    x = np.ones((2, 2))
+    with pytest.raises(CheckFailure) as info:
+        check_adjoints("layer(x) backward", [np.ones((2, 2)), -np.full((3,), 2.0)],
+                       [np.ones((2, 2)), np.full((3,), 2.0)], ["x", "weight"],
+                       inputs={"x": x}, out_grad=np.ones((2, 2)))
+    assert str(info.value).splitlines()[1].strip().startswith(
+        "your adjoint of weight equals the correct one times -1")
