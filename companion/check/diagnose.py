@@ -273,22 +273,25 @@ class NumpyGuard:
         import sys
         names = ["numpy", "numpy.linalg", "numpy.random", "numpy.lib.stride_tricks",
                  __name__] + [m for m in list(sys.modules) if m.startswith("companion.check")]
-        self._saved: list[tuple[types.ModuleType, str, object]] = []
+        self._saved: list[tuple[types.ModuleType, str, object, object]] = []
         for name in names:
             module = sys.modules.get(name)
             if module is None:
                 continue
             for attr, value in list(vars(module).items()):
                 if callable(value):
-                    self._saved.append((module, attr, value))
+                    self._saved.append((module, attr, value, getattr(value, "__code__", None)))
 
     def tampered(self) -> str | None:
-        """None, or which saved functions were replaced (restored now)."""
+        """None, or which saved functions were replaced or rewritten (restored now)."""
         changed = []
-        for module, attr, value in self._saved:
-            if getattr(module, attr, None) is not value:
+        for module, attr, value, code in self._saved:
+            if getattr(module, attr, None) is not value or (
+                    code is not None and getattr(value, "__code__", None) is not code):
                 changed.append(f"{module.__name__}.{attr}")
                 setattr(module, attr, value)
+                if code is not None:
+                    value.__code__ = code
         if not changed:
             return None
         return (f"your code replaced {', '.join(changed[:5])}"

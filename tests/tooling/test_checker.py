@@ -370,6 +370,21 @@ def test_student_code_cannot_change_the_verdict(tmp_path):
     assert failures(report) == {"hw1_multiply_forward": "fail"}, report.format()
 
 
+def test_the_guard_names_and_undoes_a_rewritten_checker_function():
+    """Replacing a function's code keeps its identity; the guard notices that too."""
+    from companion.check import diagnose
+    guard = diagnose.NumpyGuard()
+    original = diagnose.mismatch.__code__
+    try:
+        diagnose.mismatch.__code__ = (lambda got, expected, *, rtol=0, atol=0: None).__code__
+        assert diagnose.mismatch(1.0, 2.0) is None
+        assert "companion.check.diagnose.mismatch" in guard.tampered()
+        assert diagnose.mismatch(1.0, 2.0) is not None  # put back
+        assert guard.tampered() is None
+    finally:
+        diagnose.mismatch.__code__ = original
+
+
 def test_the_runner_recomputes_a_passing_verdict():
     """A worker that claims a pass over values that differ is overruled by the runner."""
     from companion.check.diagnose import Recorder, record

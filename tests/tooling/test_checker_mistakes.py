@@ -109,16 +109,30 @@ def _transposed(self, out_grad, node):
 
 
 MatMul.gradient = _transposed
+
+
+def _only_leading_axes(self, out_grad, node):
+    # sums the axes broadcasting added in front, not the size-1 axes it stretched
+    lead = len(out_grad.shape) - len(node.inputs[0].shape)
+    return summation(out_grad, axes=tuple(range(lead))) if lead else out_grad
+
+
+BroadcastTo.gradient = _only_leading_axes
 """
 
 
-def test_a_transposed_matmul_adjoint_is_named(tmp_path):
+def test_a_transposed_matmul_adjoint_and_a_missing_sum_are_named(tmp_path):
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", TRANSPOSED_MATMUL)
-    report = check(root, only=["matmul_backward"])
-    assert failures(report) == {"hw1_matmul_backward": "fail"}, report.format()
-    assert first_line_after_header(details(report)["hw1_matmul_backward"]).startswith(
+    report = check(root, only=["matmul_backward", "broadcast_to_backward"])
+    assert failures(report) == {"hw1_matmul_backward": "fail",
+                                "hw1_broadcast_to_backward": "fail"}, report.format()
+    d = details(report)
+    assert first_line_after_header(d["hw1_matmul_backward"]).startswith(
         "your adjoint of a is the transpose of the correct one: ∂(a @ b)/∂a = out_grad @ bᵀ")
+    assert first_line_after_header(d["hw1_broadcast_to_backward"]) == (
+        "your adjoint of a has the output's shape (3, 4): sum it over the broadcast axes down "
+        "to a's shape (3, 1)")
 
 
 HW3_MISTAKES = """
@@ -228,6 +242,41 @@ def test_conv_and_dilation_off_by_one_are_named(tmp_path):
         "stride is 1: dilate by stride - 1 = 0)")
 
 
+HW3_MORE_MISTAKES = """
+_sum = NDArray.sum
+
+
+def _compact_last_stride_one(self):
+    # steps through the last axis one element at a time, whatever its stride
+    if self.is_compact():
+        return self
+    return _view(self, self.shape, self.strides[:-1] + (1,), self._offset)._copy()
+
+
+def _sum_next_axis(self, axis=None, keepdims=False):
+    if isinstance(axis, int):
+        axis = (axis + 1) % len(self.shape)
+    return _sum(self, axis, keepdims)
+
+
+NDArray.compact = _compact_last_stride_one
+NDArray.sum = _sum_next_axis
+"""
+
+
+def test_an_ignored_stride_and_a_reduction_over_the_wrong_axis_are_named(tmp_path):
+    root = skeleton(tmp_path, "hw3")
+    plant(root, "backend_ndarray/ndarray.py", HW3_MORE_MISTAKES)
+    report = check(root, only=["compact", "reductions"])
+    assert failures(report) == {"hw3_compact": "fail", "hw3_reductions": "fail"}, \
+        report.format()
+    d = details(report)
+    assert first_line_after_header(d["hw3_compact"]) == (
+        "your compact ignores the stride of axis 2 (6, used as 1)")
+    assert first_line_after_header(d["hw3_reductions"]) == (
+        "your sum reduced axis 1 instead of axis 0")
+
+
 # ---- the generators on their own -------------------------------------------------------------
 def test_a_sum_over_the_wrong_axes_is_named():
     g = np.arange(16.0).reshape(4, 4)
@@ -270,3 +319,16 @@ def test_a_wrong_parameter_adjoint_is_reported_and_named():
                        inputs={"x": x}, out_grad=np.ones((2, 2)))
     assert str(info.value).splitlines()[1].strip().startswith(
         "your adjoint of weight equals the correct one times -1")
+
+
+def test_conv_backward_padding_off_by_one_is_named():
+    from companion.check.hw4 import _conv_adjoints, _conv_backward_variants, conv_ref
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 6, 6, 2)), rng.standard_normal((3, 3, 2, 3))
+    g = rng.standard_normal(conv_ref(x, w, 2, 1).shape)
+    correct = _conv_adjoints(x, w, g, 2, 1, 1, 1, 1)
+    wrong_gx, _ = _conv_adjoints(x, w, g, 2, 1, 1, 2, 2)  # padding K - 1 - p + 1
+    found = _conv_backward_variants(2, 1)([x, w], g, list(correct))
+    assert name_mistake(wrong_gx, found[0], rtol=1e-6, atol=1e-6).startswith(
+        "your adjoint of x matches the course's formula with padding off by +1 (x̄ needs "
+        "padding K - 1 - p = 1")
