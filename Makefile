@@ -25,7 +25,7 @@ help:
 	@echo "make figures    re-execute the notebooks, saving figures/*.png"
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
-	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
+	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question ([HWNUM=hwN] [ARGS=...])"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 

@@ -47,9 +47,9 @@ def require_unchanged(what: str, xs: Sequence, arrays: Sequence[np.ndarray],
     would then see the changed x)."""
     for x, a, name in zip(xs, arrays, names):
         now = to_numpy(x)
-        record(f"{what}: input {name!r} afterwards", now, a, 0.0, 0.0)
+        record(f"{what}: {name} afterwards", now, a, 0.0, 0.0)
         if mismatch(now, a, rtol=0.0, atol=0.0) is not None:
-            raise CheckFailure(f"{what} changed its input {name!r} in place: it must return a "
+            raise CheckFailure(f"{what} changed {name} in place: it must return a "
                                "new array and leave its arguments alone (an `a += ...` or "
                                "`a[...] = ...` on the input writes into the caller's Tensor, so "
                                "an expression such as add_scalar(x, 1) * x would use the changed "
@@ -61,7 +61,8 @@ def check_forward(case: OpCase, *, rtol: float = 1e-5, atol: float = 1e-5) -> No
     unchanged afterwards."""
     xs = tensors(case.arrays)
     out = case.call(*xs)
-    require_unchanged(f"{case.label} (forward)", xs, case.arrays, list(case.inputs))
+    require_unchanged(f"{case.label} (forward)", xs, case.arrays,
+                      [f"its input {n!r}" for n in case.inputs])
     expected = case.ref(*[a.astype(np.float64) for a in case.arrays])
     if isinstance(expected, (tuple, list)):
         outs = list(out)
@@ -115,15 +116,17 @@ def check_backward(case: OpCase, *, rtol: float = 1e-3, atol: float = 1e-3,
         require(tuple(out.shape) == tuple(np.shape(expected)), f"{case.label}: output shape "
                 f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)")
         out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
+        before = to_numpy(out).copy()
         if via_backward:
             out.backward(out_grad)
             analytic = [x.grad for x in xs]
         else:
             analytic = list(out.op.gradient_as_tuple(out_grad, out))
-        require_unchanged(f"{case.label}: the gradient", [out_grad], [w.astype(np.float32)],
-                          ["out_grad"])
+        require_unchanged(f"{case.label}: the gradient", [out_grad, out],
+                          [w.astype(np.float32), before], ["out_grad", "the op's output (node)"])
         shown_w = w
-    require_unchanged(f"{case.label} (forward and backward)", xs, arrays, list(case.inputs))
+    require_unchanged(f"{case.label} (forward and backward)", xs, arrays,
+                      [f"its input {n!r}" for n in case.inputs])
     for i, g in enumerate(analytic):
         if g is None:
             raise CheckFailure(f"{case.label}: the adjoint of input "

@@ -273,20 +273,32 @@ def _relu_in_place(self, a):
     return a
 
 
+def _negate_gradient_in_place(self, out_grad, node):
+    g = out_grad.realize_cached_data()
+    g[_full(g)] = -g  # the right value, written into the caller's out_grad
+    return out_grad
+
+
 AddScalar.compute = _add_scalar_in_place
 ReLU.compute = _relu_in_place
+Negate.gradient = _negate_gradient_in_place
 """
 
 
 def test_an_op_that_writes_into_its_input_fails(tmp_path):
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", IN_PLACE_OPS)
-    report = check(root, only=["add_scalar", "relu", "negate"])
+    report = check(root, only=["add_scalar", "relu", "negate", "exp"])
     assert failures(report) == {q: "fail" for q in (
         "hw1_add_scalar_forward", "hw1_add_scalar_backward", "hw1_relu_forward",
-        "hw1_relu_backward")}, report.format()
-    detail = next(r.detail for r in report.results if r.question.id == "hw1_add_scalar_forward")
-    assert detail.startswith("add_scalar(a, 1.7) (forward) changed its input 'a' in place")
+        "hw1_relu_backward", "hw1_negate_backward")}, report.format()
+    d = {r.question.id: r.detail for r in report.results}
+    assert d["hw1_add_scalar_forward"].startswith(
+        "add_scalar(a, 1.7) (forward) changed its input 'a' in place")
+    assert d["hw1_negate_backward"].startswith("negate(a): the gradient changed out_grad in place")
+    # the composite expressions of compute_gradient catch it too
+    report = check(root, only=["compute_gradient"])
+    assert "add_scalar(x, 1) * x + relu(x) * x" in report.results[0].detail
 
 
 OPTIMIZER_STATE_MISTAKES = """
