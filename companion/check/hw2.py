@@ -242,10 +242,18 @@ def _run_optimizer(make):
     w0 = [randn(*shape, seed=55 + k) for k, shape in enumerate(_OPT_SHAPES)]
     ps = [ndl.nn.Parameter(_t(w)) for w in w0]
     opt = make(ps)
-    for step in _grads():
+    for number, step in enumerate(_grads()):
         for p, g in zip(ps, step):
             p.grad = None if g is None else _t(g)
-        opt.step()
+        try:
+            opt.step()
+        except Exception as exc:
+            if number != _NO_GRAD[0]:
+                raise
+            raise CheckFailure(f"step() raised {type(exc).__name__}: {exc} when parameter "
+                               f"{_NO_GRAD[1]} has grad None: a parameter the loss did not use "
+                               "keeps grad None (reset_grad() sets it so); skip it and leave "
+                               "its state alone") from None
     return ps
 
 

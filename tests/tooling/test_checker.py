@@ -4,7 +4,11 @@ Each test builds a homework folder in tmp_path with this project's needle copied
 ``hwN/python/needle`` and thin ``apps/`` modules (for hw0 a thin ``src/simple_ml.py``), then
 checks it: the
 finished package passes every question; a wrong adjoint, a ``NotImplementedError`` and a
-segfaulting C++ function each cost exactly their own question.
+segfaulting C++ function each cost exactly their own question. Wrong homework never passes (ops
+that write into their inputs, optimizer state kept wrongly, student code that changes numpy's
+comparisons), and nothing hangs or misleads (an import that never returns, exits, a syntax
+error, a worker's children, a slow build, a file named build, bad time limits). The named
+mistakes are in test_checker_mistakes.py.
 """
 from __future__ import annotations
 
@@ -557,3 +561,26 @@ def test_the_homework_hint_can_be_followed_through_make(tmp_path):
                           "ARGS=--timeout 5"], cwd=ROOT, capture_output=True, text=True).stdout
     line = next(x for x in out.splitlines() if "companion.check" in x)
     assert line.endswith("--hw hw2 --timeout 5"), line
+
+
+NO_GRAD_SKIP = """
+_sgd_step = SGD.step
+
+
+def _sgd_without_skipping(self):
+    for p in self.params:
+        p.grad.numpy()  # AttributeError on a parameter without a gradient
+    _sgd_step(self)
+
+
+SGD.step = _sgd_without_skipping
+"""
+
+
+def test_an_optimizer_that_trips_on_a_missing_gradient_is_told_why(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", NO_GRAD_SKIP)
+    report = check(root, only=["sgd"])
+    assert failures(report) == {"hw2_sgd": "fail"}, report.format()
+    assert report.results[0].detail.startswith("step() raised AttributeError: ")
+    assert "when parameter 1 has grad None" in report.results[0].detail
