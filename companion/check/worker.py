@@ -108,11 +108,12 @@ def _probe(hw: str, roots) -> str | None:
     try:
         importlib.import_module(module)
     except Exception as exc:
-        lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        student = [line for line in lines if any(r in line for r in roots)] or lines[-3:]
-        tail = "".join(lines[-1:]).strip()
-        return (f"importing your {module} raised {tail}\n  at {_where(exc, roots)}\n"
-                + "".join(student[-3:]).rstrip())
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        where = _where(exc, roots)
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f"{os.path.relpath(exc.filename, os.getcwd())}:{exc.lineno}"
+        return (f"importing your {module} raised {type(exc).__name__}: {exc}\n  at {where}\n"
+                + "\n".join(text.rstrip().splitlines()[-8:]))
     except BaseException as exc:
         return f"importing your {module}: " + _base_exception(exc, roots)
     return None
