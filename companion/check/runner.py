@@ -30,6 +30,7 @@ from .questions import HOMEWORKS, Question, questions_for
 WORKER = "companion.check.worker"
 IMPORT_PROBE = "__import__"  # the worker's first step (worker.IMPORT_PROBE)
 BUILD_TIMEOUT = 600.0
+EXIT_GRACE = 5.0  # seconds a worker may take to exit after its last answer
 
 
 @dataclass
@@ -245,7 +246,7 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                 proc = subprocess.Popen([sys.executable, "-m", WORKER, str(config)], cwd=root,
                                         env=_worker_env(root, hw), stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
-                current, started, seen, note = None, 0.0, 0, ""
+                current, started, seen, note, done_at = None, 0.0, 0, "", 0.0
                 try:
                     while True:
                         finished = proc.poll() is not None
@@ -272,6 +273,14 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                         seen = len(complete)
                         if finished:
                             break
+                        if current is None and (import_problem or all(q in results
+                                                                      for q in batch)):
+                            # every answer is in: the worker ends now (it leaves with
+                            # os._exit); give it a moment, then stop it
+                            if not done_at:
+                                done_at = time.monotonic()
+                            elif time.monotonic() - done_at > EXIT_GRACE:
+                                break
                         if current and time.monotonic() - started > timeout:
                             _kill_group(proc)
                             proc.wait()

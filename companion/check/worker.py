@@ -159,3 +159,8 @@ def main(config_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # End now: an atexit handler or a thread that student code left running must not keep
+    # the worker (and so the checker) alive after the last answer is written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

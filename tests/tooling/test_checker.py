@@ -585,3 +585,22 @@ def test_an_optimizer_that_trips_on_a_missing_gradient_is_told_why(tmp_path):
     assert failures(report) == {"hw2_sgd": "fail"}, report.format()
     assert report.results[0].detail.startswith("step() raised AttributeError: ")
     assert "when parameter 1 has grad None" in report.results[0].detail
+
+
+LINGERING = """
+import atexit as _atexit
+import threading as _threading
+import time as _time
+
+_atexit.register(_time.sleep, 600)
+_threading.Thread(target=_time.sleep, args=(600,)).start()
+"""
+
+
+def test_a_thread_or_exit_handler_left_running_does_not_hold_the_checker(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "__init__.py", LINGERING)
+    started = time.monotonic()
+    report = check(root, only=["flatten"], timeout=60)
+    assert time.monotonic() - started < 30
+    assert statuses(report) == {"hw2_flatten": "pass"}, report.format()
