@@ -115,8 +115,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[bool, str]:
     """Run a build step; (ok, the end of its output). Killed, with all it started, after
     ``timeout`` seconds."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -244,8 +245,9 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
             import_problem = None  # (status, detail) for every question
             with open(log_file, "w") as log:
                 proc = subprocess.Popen([sys.executable, "-m", WORKER, str(config)], cwd=root,
-                                        env=_worker_env(root, hw), stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        env=_worker_env(root, hw), stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
                 current, started, seen, note, done_at = None, 0.0, 0, "", 0.0
                 try:
                     while True:
