@@ -266,13 +266,15 @@ def recheck(comparisons: Sequence[dict]) -> str | None:
 
 
 class NumpyGuard:
-    """Remembers numpy's functions (and this package's) before student code runs;
-    ``tampered()`` names any that were replaced since, and puts the originals back."""
+    """Remembers the functions the checks compute and compare with (numpy's, the builtins,
+    ``math``, ``json``, this package's) before student code runs; ``tampered()`` names any
+    that were replaced since, and puts the originals back."""
 
     def __init__(self) -> None:
         import sys
-        names = ["numpy", "numpy.linalg", "numpy.random", "numpy.lib.stride_tricks",
-                 __name__] + [m for m in list(sys.modules) if m.startswith("companion.check")]
+        names = ["builtins", "math", "json", "numpy", "numpy.linalg", "numpy.random",
+                 "numpy.lib.stride_tricks", __name__] + [
+                     m for m in list(sys.modules) if m.startswith("companion.check")]
         self._saved: list[tuple[types.ModuleType, str, object, object]] = []
         for name in names:
             module = sys.modules.get(name)
