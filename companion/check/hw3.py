@@ -6,7 +6,8 @@ import numpy as np
 
 from .common import randn
 from .diagnose import check_close, require
-from .mistakes import compact_variants, reduction_variants, setitem_variants, tile_variants
+from .mistakes import (compact_variants, getitem_variants, permute_variants, reduction_variants,
+                       setitem_variants, tile_variants)
 
 
 def np_view(base: np.ndarray, view: np.ndarray) -> tuple[tuple, tuple, int]:
@@ -59,7 +60,8 @@ def hw3_permute(ctx):
         for axes in [(2, 0, 1), (1, 0, 2), (0, 2, 1)]:
             B = A.permute(axes)
             check_close(f"on {dev}: A.permute({axes}) for A of shape (2, 3, 4)", B.numpy(),
-                        np.transpose(a, axes), hint="permute the shape and the strides")
+                        np.transpose(a, axes), hint="permute the shape and the strides",
+                        variants=permute_variants(a, axes))
             _view(f"permute{axes}", A, B)
 
 
@@ -90,10 +92,13 @@ def hw3_getitem(ctx):
                       "A.permute((2, 1, 0))[1:5, 2:4, ::2] (a slice of a non-compact view)"))
         for base, np_base, base_text, idx, np_idx, text in views:
             B = base[idx]
+            ranges = [s.indices(n) for s, n in zip(np_idx, np_base.shape)]
             check_close(f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "
                         "their axis with size 1)", B.numpy(), np_base[np_idx],
                         hint="offset = the view's offset + sum(start * stride); "
-                        "strides *= step (start from the view's own strides and offset)")
+                        "strides *= step (start from the view's own strides and offset)",
+                        variants=getitem_variants(a, np_base[np_idx], [r[0] for r in ranges],
+                                                  [r[2] for r in ranges], np_view(a, np_base)))
             _view(text, base, B)
 
 

@@ -232,6 +232,51 @@ def setitem_variants(base: np.ndarray, shape, strides, offset: int,
     return found
 
 
+def permute_variants(a: np.ndarray, axes: Sequence[int]) -> list[Variant]:
+    """``a.permute(axes)`` done wrong: the shape permuted with compact strides for it (a
+    reshape), or the inverse permutation applied."""
+    shape = tuple(a.shape[i] for i in axes)
+    found = [Variant(a.reshape(shape), "your permute reorders the shape but not the strides "
+                                       "(that is a reshape): new strides[i] = "
+                                       "strides[axes[i]]")]
+    inverse = tuple(int(i) for i in np.argsort(axes))
+    if inverse != tuple(axes):
+        found.append(Variant(np.transpose(a, inverse), f"your permute applies the inverse "
+                                                       f"permutation {inverse}: axis i of the "
+                                                       "result is axis axes[i] of the input"))
+    return found
+
+
+def getitem_variants(a: np.ndarray, view: np.ndarray, starts: Sequence[int],
+                     steps: Sequence[int], base: tuple[tuple, tuple, int]) -> list[Variant]:
+    """``a[slices]`` done wrong, for the view (shape, strides, offset) ``base`` of the compact
+    ``a``'s buffer: the slice starts not added to the offset, the view's own offset dropped,
+    or the steps not multiplied into the strides."""
+    _, strides, offset = base
+    flat = a.ravel()
+    shift = sum(s * st for s, st in zip(starts, strides))
+    candidates = [(view.shape, strides_times(strides, steps), offset,
+                   "your getitem ignores the slice starts: the new offset is offset + "
+                   "sum(start·stride)"),
+                  (view.shape, strides_times(strides, steps), shift,
+                   f"your getitem drops the view's own offset ({offset}): add the starts to "
+                   "it, do not replace it"),
+                  (view.shape, tuple(strides), offset + shift,
+                   "your getitem ignores the slice steps: each stride is multiplied by its "
+                   "step")]
+    found = []
+    for shape, st, off, text in candidates[:2 if offset else 1] + candidates[2:]:
+        value = read_strided(flat, shape, st, off)
+        if value is not None:
+            found.append(Variant(value, text))
+    return found
+
+
+def strides_times(strides: Sequence[int], steps: Sequence[int]) -> tuple:
+    """Each stride multiplied by its slice step."""
+    return tuple(s * k for s, k in zip(strides, steps))
+
+
 def reduction_variants(a: np.ndarray, axis: int, reduce: str) -> list[Variant]:
     """``a.sum(axis)``/``a.max(axis)`` done wrong: over another axis, or over runs of
     ``a.shape[axis]`` consecutive elements (the axis not moved last before reducing)."""

@@ -332,3 +332,26 @@ def test_conv_backward_padding_off_by_one_is_named():
     assert name_mistake(wrong_gx, found[0], rtol=1e-6, atol=1e-6).startswith(
         "your adjoint of x matches the course's formula with padding off by +1 (x̄ needs "
         "padding K - 1 - p = 1")
+
+
+def test_view_mistakes_are_named():
+    a = np.arange(120.0).reshape(4, 5, 6)
+    found = mistakes.permute_variants(a, (1, 0, 2))
+    unpermuted_strides = a.reshape(5, 4, 6)  # the shape permuted, not the strides
+    assert name_mistake(unpermuted_strides, found, rtol=0, atol=0).startswith(
+        "your permute reorders the shape but not the strides")
+    found = mistakes.permute_variants(a, (2, 0, 1))
+    assert name_mistake(np.transpose(a, (1, 2, 0)).copy().reshape(6, 4, 5), found, rtol=0,
+                        atol=0) is None  # some other wrong answer: no name
+    # a slice of a permuted view: A.permute((2, 1, 0))[1:5, 2:4, ::2]
+    at = np.transpose(a, (2, 1, 0))
+    view = at[1:5, 2:4, ::2]
+    base = ((6, 5, 4), (1, 6, 30), 0)
+    found = mistakes.getitem_variants(a, view, [1, 2, 0], [1, 1, 2], base)
+    no_steps = mistakes.read_strided(a.ravel(), view.shape, (1, 6, 30), 1 + 12)
+    assert name_mistake(no_steps, found, rtol=0, atol=0).startswith(
+        "your getitem ignores the slice steps")
+    no_starts = at[0:4, 0:2, ::2]
+    assert name_mistake(no_starts, found, rtol=0, atol=0).startswith(
+        "your getitem ignores the slice starts")
+    assert name_mistake(view, found, rtol=0, atol=0) is None
