@@ -122,7 +122,8 @@ _NO_COUNTER = ("The course's test also counts live tensors (TENSOR_COUNTER) afte
 # stream or the MNIST/CIFAR files, live-tensor counts), these checks test the behaviour instead.
 HELP: dict[str, str] = {
     "hw0_softmax_regression_epoch": "Checked on a small random problem whose last batch is "
-    "partial (the course's test uses MNIST and batches that divide the data).",
+    "partial, against a numpy re-computation; the course's tests use batches that divide the "
+    "data and compare a weight norm after an epoch on MNIST.",
     "hw1_compute_gradient": "Besides one graph, differentiates composite expressions as the "
     "course's gradient_check(..., backward=True) does, and a gradient a second time.",
     "hw1_nn_epoch": "The course's test compares losses and weight norms after an epoch on "
