@@ -462,11 +462,11 @@ def hw4_ptb_corpus(ctx):
         for word in line.split() + ["<eos>"]:
             vocab.setdefault(word, len(vocab))
             ids.append(vocab[word])
-    require(list(corpus.train) == ids, f"Corpus.train is {list(corpus.train)}, expected {ids} "
-            "(ids in order of first appearance, '<eos>' after every line)")
-    require(dict(corpus.dictionary.word2idx) == vocab,
+    check_close("Corpus.train (ids in order of first appearance, '<eos>' after every line)",
+                np.asarray([int(i) for i in corpus.train], dtype=np.float64), np.asarray(ids))
+    require({str(k): int(v) for k, v in corpus.dictionary.word2idx.items()} == vocab,
             f"Corpus.dictionary.word2idx is {corpus.dictionary.word2idx}, expected {vocab}")
-    require(list(corpus.dictionary.idx2word) == list(vocab),
+    require([str(w) for w in corpus.dictionary.idx2word] == list(vocab),
             "Corpus.dictionary.idx2word must list the words in id order")
     short = ndl.data.Corpus(folder, max_lines=2)
     require(len(short.train) == 8, f"Corpus(max_lines=2).train has {len(short.train)} ids, "

@@ -605,3 +605,14 @@ def test_a_thread_or_exit_handler_left_running_does_not_hold_the_checker(tmp_pat
     report = check(root, only=["flatten"], timeout=60)
     assert time.monotonic() - started < 30
     assert statuses(report) == {"hw2_flatten": "pass"}, report.format()
+
+
+def test_an_answer_that_equals_everything_does_not_pass(tmp_path):
+    """Verdicts compare numbers, never with the student's own ``==``."""
+    root = skeleton(tmp_path, "hw0")
+    simple_ml = root / "src" / "simple_ml.py"
+    simple_ml.write_text(simple_ml.read_text() + (
+        "\n\nclass _Anything:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "def add(x, y):\n    return _Anything()\n"))
+    report = check(root, only=["add"])
+    assert statuses(report) == {"hw0_add": "fail"}, report.format()
