@@ -13,9 +13,9 @@
 # %% [markdown]
 # # 03 · NN Library Implementation
 #
-# **Lecture:** 8, "NN Library Implementation" (with the initialisation part of lecture 6,
-# "Fully Connected Networks, Optimization, Initialization", and the module and optimizer
-# abstractions of lecture 7, "Neural Network Library Abstractions")
+# **Lecture:** 8, "NN Library Implementation" (lecture 9 in the current schedule), with the
+# initialisation part of lecture 6, "Fully Connected Networks, Optimization, Initialization",
+# and the module and optimizer abstractions of lecture 7, "Neural Network Library Abstractions"
 #
 # **Homework:** hw2 Q1 (weight initialisation), Q2 (`nn.Module`, `Linear`, `SoftmaxLoss`),
 # Q3 (`SGD`); the `TensorTuple` machinery used by hw4's multi-output ops
