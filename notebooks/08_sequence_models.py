@@ -27,7 +27,7 @@
 # perplexity against a known floor and simple baselines, and test what its state remembers;
 # sample text from it
 #
-# **Run time:** about 7 s of CPU time on a 2-core x86-64 machine (19 s of wall time under
+# **Run time:** about 7 s of CPU time on a 2-core x86-64 machine (28 s of wall time under
 # heavy load)
 #
 # A sequence model reads inputs $x_1, x_2, \dots$ one step at a time and keeps a **hidden
@@ -57,7 +57,7 @@ from companion.apps.language_model import LanguageModel
 from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify, get_batch
 from companion.data import default_grammar, write_grammar_corpus
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -355,19 +355,24 @@ class RecordingAdam(ndl.optim.Adam):
 CLIP = 5.0
 opt = RecordingAdam(model.parameters(), lr=LR)
 history = {"train": [], "test": [], "clipped": []}
-for epoch in range(EPOCHS):
-    steps_before = len(opt.norms)
-    _, train_loss = epoch_general_ptb(train_data, model, seq_len=SEQ_LEN, opt=opt, clip=CLIP,
-                                      device=device, progress=False)
-    _, test_loss = evaluate_ptb(model, test_data, seq_len=SEQ_LEN, device=device, progress=False)
-    norms = np.array(opt.norms[steps_before:])
-    history["train"].append(np.exp(train_loss))
-    history["test"].append(np.exp(test_loss))
-    history["clipped"].append(int((norms > CLIP).sum()))
-    print(f"epoch {epoch + 1}: train perplexity {history['train'][-1]:.2f}, "
-          f"test perplexity {history['test'][-1]:.2f} | gradient norm median "
-          f"{np.median(norms):.2f}, max {norms.max():.2f}, clipped in {history['clipped'][-1]} "
-          f"of {len(norms)} steps")
+with LiveCurves({"perplexity": ["train (during the epoch)", "test"]}, logy=["perplexity"],
+                title="while it trains") as live:
+    for epoch in range(EPOCHS):
+        steps_before = len(opt.norms)
+        _, train_loss = epoch_general_ptb(train_data, model, seq_len=SEQ_LEN, opt=opt, clip=CLIP,
+                                          device=device, progress=False)
+        _, test_loss = evaluate_ptb(model, test_data, seq_len=SEQ_LEN, device=device,
+                                    progress=False)
+        norms = np.array(opt.norms[steps_before:])
+        history["train"].append(np.exp(train_loss))
+        history["test"].append(np.exp(test_loss))
+        history["clipped"].append(int((norms > CLIP).sum()))
+        live.add(epoch + 1, {"train (during the epoch)": history["train"][-1],
+                             "test": history["test"][-1]})
+        print(f"epoch {epoch + 1}: train perplexity {history['train'][-1]:.2f}, "
+              f"test perplexity {history['test'][-1]:.2f} | gradient norm median "
+              f"{np.median(norms):.2f}, max {norms.max():.2f}, clipped in {history['clipped'][-1]} "
+              f"of {len(norms)} steps")
 
 # %% [markdown]
 # (The exact digits above depend on floating-point details of the machine, so nbval does not
@@ -455,7 +460,8 @@ if DATASET == "grammar":
             m, n = path[t][4:], path[t - 1].rsplit(".", 1)[1]   # path[t - 1] is RN.m.n
             cases.append((t, m, n != m))
     other = {"sg": "pl", "pl": "sg"}
-    for name, probs_at in (("LSTM", lambda t: p_lstm[t]), ("bigram", lambda t: bigram[test_ids[t]])):
+    for name, probs_at in (("LSTM", lambda t: p_lstm[t]),
+                           ("bigram", lambda t: bigram[test_ids[t]])):
         ok = np.array([probs_at(t)[verbs[m]].sum() > probs_at(t)[verbs[other[m]]].sum()
                        for t, m, _ in cases])
         attract = np.array([a for _, _, a in cases])

@@ -25,7 +25,7 @@
 # $1/\sqrt d$; build and check a causal mask; follow the multi-head reshaping; train a small
 # Transformer language model and compare it with an LSTM; read an attention map
 #
-# **Run time:** about 22 s of CPU time on a 2-core x86-64 machine (78 s of wall time under
+# **Run time:** about 22 s of CPU time on a 2-core x86-64 machine (44 s of wall time under
 # heavy load)
 #
 # An RNN squeezes the past into one state vector that is updated step by step. **Attention**
@@ -56,7 +56,7 @@ from companion.apps.language_model import LanguageModel
 from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify, get_batch
 from companion.data import default_grammar, write_grammar_corpus
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -311,10 +311,12 @@ if DATASET == "grammar":
     assert V == 69 and len(corpus.train) == 26813 and abs(floor - 9.86) < 5e-3
 
 
-def train(seq_model, epochs, seq_len, batch, lr, seed=0, zero_readout=False, **kwargs):
+def train(seq_model, epochs, seq_len, batch, lr, seed=0, zero_readout=False, live=None,
+          label=None, **kwargs):
     """Train a LanguageModel with Adam (gradients clipped at norm 5), from np.random.seed(seed).
 
     zero_readout=True starts the output Linear's weight at 0 (the option discussed below).
+    With ``live`` (a LiveCurves), each test perplexity is added to its curve ``label``.
     Returns (model, [untrained test perplexity, then one per epoch]).
     """
     np.random.seed(seed)
@@ -326,11 +328,14 @@ def train(seq_model, epochs, seq_len, batch, lr, seed=0, zero_readout=False, **k
     test_data = batchify(corpus.test, batch, device=device, dtype="float32")
     ppl = [np.exp(evaluate_ptb(model, test_data, seq_len, device=device, progress=False)[1])]
     opt = ndl.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(epochs):
-        epoch_general_ptb(train_data, model, seq_len, opt=opt, clip=5.0, device=device,
-                          progress=False)
-        ppl.append(np.exp(evaluate_ptb(model, test_data, seq_len, device=device,
-                                       progress=False)[1]))
+    for epoch in range(epochs + 1):
+        if epoch > 0:
+            epoch_general_ptb(train_data, model, seq_len, opt=opt, clip=5.0, device=device,
+                              progress=False)
+            ppl.append(np.exp(evaluate_ptb(model, test_data, seq_len, device=device,
+                                           progress=False)[1]))
+        if live is not None:
+            live.add(epoch, {label: ppl[-1]})
     return model, ppl
 
 
@@ -409,9 +414,16 @@ configs = [("LSTM", "lstm", lr, {}) for lr in RATES]
 configs += [("Transformer", "transformer", lr, TF_ARGS) for lr in RATES]
 configs += [("Transformer, zero readout", "transformer", 0.02, dict(TF_ARGS, zero_readout=True))]
 runs = {}
-for name, kind, lr, kwargs in configs:
-    for seed in SEEDS:
-        runs[name, lr, seed] = train(kind, EPOCHS, SEQ, BATCH, lr, seed=seed, **kwargs)
+labels = {(name, lr, seed): f"{name}, lr {lr}, seed {seed}"
+          for name, _, lr, _ in configs for seed in SEEDS}
+panels = {f"{model} test perplexity": [v for k, v in labels.items() if k[0].startswith(model)]
+          for model in ("LSTM", "Transformer")}
+with LiveCurves(panels, logy=list(panels), panel_size=(6.0, 3.6), min_interval=5.0,
+                title="test perplexity after each epoch, while the runs train") as live:
+    for name, kind, lr, kwargs in configs:
+        for seed in SEEDS:
+            runs[name, lr, seed] = train(kind, EPOCHS, SEQ, BATCH, lr, seed=seed, live=live,
+                                         label=labels[name, lr, seed], **kwargs)
 final = {key: ppl[-1] for key, (_, ppl) in runs.items()}
 for name, _, lr, _ in configs:
     ppls = [runs[name, lr, s][1] for s in SEEDS]

@@ -25,7 +25,7 @@
 # with alternating updates on the minimax objective; read the discriminator's decision surface and
 # the loss curves of a GAN; say what a GAN's training does and does not guarantee
 #
-# **Run time:** about 20 s of CPU time on a 2-core x86-64 machine (57 s of wall time under
+# **Run time:** about 22 s of CPU time on a 2-core x86-64 machine (60 s of wall time under
 # heavy load)
 #
 # A GAN learns to *sample*: a generator $G$ maps noise $z \sim \mathcal N(0, I)$ to samples
@@ -57,7 +57,7 @@ from sklearn.linear_model import LogisticRegression
 
 import needle as ndl
 import needle.nn as nn
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.set_printoptions(precision=3, suppress=True)
 np.random.seed(0)
@@ -151,14 +151,22 @@ lo, hi = data.min(axis=0) - 1, data.max(axis=0) + 1
 gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
 grid = np.stack([gx.ravel(), gy.ravel()], axis=1)
 history, moments = [], [moment_errors(G)]
-for step in range(1, STEPS + 1):
-    real = data[np.random.randint(0, len(data), B)]
-    history.append(gan_step(G, D, opt_G, opt_D, real, np.random.normal(0, 1, (B, 2))))
-    if step % 50 == 0:
-        moments.append(moment_errors(G))
-    if step in SNAPSHOTS:
-        samples[step] = G(tensor(z_eval)).numpy()
-        surfaces[step] = p_real(D, grid).reshape(gx.shape)
+live = LiveCurves({"loss, mean of 50 steps": ["generator", "discriminator"],
+                   "error of G's distribution": ["|mean - μ|", "relative covariance error"]},
+                  xlabel="step", title="part 1 while it trains")
+with live:  # redrawn in place as the loop runs (in Jupyter); the figures below are static
+    for step in range(1, STEPS + 1):
+        real = data[np.random.randint(0, len(data), B)]
+        history.append(gan_step(G, D, opt_G, opt_D, real, np.random.normal(0, 1, (B, 2))))
+        if step % 50 == 0:
+            moments.append(moment_errors(G))
+            loss_G50, loss_D50 = np.mean(history[-50:], axis=0)
+            live.add(step, {"generator": loss_G50, "discriminator": loss_D50,
+                            "|mean - μ|": moments[-1][0],
+                            "relative covariance error": moments[-1][1]})
+        if step in SNAPSHOTS:
+            samples[step] = G(tensor(z_eval)).numpy()
+            surfaces[step] = p_real(D, grid).reshape(gx.shape)
 history, moments = np.array(history), np.array(moments)
 
 # %% [markdown]
@@ -298,11 +306,16 @@ def evaluate(step):
 
 evaluate(0)
 history2 = []
-for step in range(1, STEPS2 + 1):
-    real = X_digits[np.random.randint(0, len(X_digits), B2)]
-    history2.append(gan_step(G2, D2, opt_G2, opt_D2, real, np.random.normal(0, 1, (B2, ZD))))
-    if step in SNAPSHOTS2:
-        evaluate(step)
+with LiveCurves({"loss, mean of 50 steps": ["generator", "discriminator"]}, xlabel="step",
+                title="part 2 while it trains") as live:
+    for step in range(1, STEPS2 + 1):
+        real = X_digits[np.random.randint(0, len(X_digits), B2)]
+        history2.append(gan_step(G2, D2, opt_G2, opt_D2, real, np.random.normal(0, 1, (B2, ZD))))
+        if step % 50 == 0:
+            loss_G50, loss_D50 = np.mean(history2[-50:], axis=0)
+            live.add(step, generator=loss_G50, discriminator=loss_D50)
+        if step in SNAPSHOTS2:
+            evaluate(step)
 history2 = np.array(history2)
 for step in SNAPSHOTS2:
     print(f"step {step:4d}: classifier confidence {confidence[step]:.3f}, "
