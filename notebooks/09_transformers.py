@@ -22,8 +22,10 @@
 # notebook 03 (softmax)
 #
 # **You will be able to:** compute scaled dot-product attention and say why it is scaled by
-# $1/\sqrt d$; build and check a causal mask; follow the multi-head reshaping; train a small
-# Transformer language model and compare it with an LSTM; read an attention map
+# $1/\sqrt d$; write a batched matrix product and count attention's $O(T^2)$ cost; build and
+# check a causal mask; follow the multi-head reshaping; say why an untrained Transformer can start
+# worse than guessing; compare a small Transformer language model with an LSTM fairly; read an
+# attention map
 #
 # **Run time:** about 22 s of CPU time on a 2-core x86-64 machine (44 s of wall time under
 # heavy load)

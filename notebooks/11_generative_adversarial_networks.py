@@ -23,7 +23,8 @@
 #
 # **You will be able to:** write a generator and a discriminator as needle modules; train them
 # with alternating updates on the minimax objective; read the discriminator's decision surface and
-# the loss curves of a GAN; say what a GAN's training does and does not guarantee
+# the loss curves of a GAN; package the adversarial loss as a module; say why a transposed
+# convolution upsamples; say what a GAN's training does and does not guarantee
 #
 # **Run time:** about 22 s of CPU time on a 2-core x86-64 machine (60 s of wall time under
 # heavy load)
