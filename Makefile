@@ -16,7 +16,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check data clean help
+.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check progress lecture-report data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -26,7 +26,10 @@ help:
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
+	@echo "make progress HW=path/to/hwN   passed/total per homework, changes, the next question"
+	@echo "make lecture-report NEEDLE_IMPL=path/to/hwN/python   every notebook on your needle: a report card"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
@@ -54,11 +57,15 @@ $(LAB_OVERRIDES): $(INSTALLED)
 	@mkdir -p $(dir $@)
 	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $@
 
+# User paths (HW, NB, NEEDLE_IMPL; set on the command line, so make exports them) are read by the
+# shell as "$$HW" and resolved there or in Python, never by make, so spaces and quotes survive.
+# ABSPATH prints its argument made absolute (~ expanded; blank stays blank).
+ABSPATH := $(PY) -c 'import os, sys; a = sys.argv[1].strip(); print(a and os.path.abspath(os.path.expanduser(a)))'
+
 # NEEDLE_IMPL=~/hw2/python make lab: the notebooks import that needle (made absolute here,
 # because the kernels run in notebooks/).
 lab: $(BUILT) $(LAB_OVERRIDES)
-	@echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)$(if $(NEEDLE_IMPL), with NEEDLE_IMPL=$(abspath $(NEEDLE_IMPL)),)"
-	$(if $(NEEDLE_IMPL),NEEDLE_IMPL=$(abspath $(NEEDLE_IMPL)) ,)$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
+	@impl="$$($(ABSPATH) "$${NEEDLE_IMPL-}")"; if [ -n "$$impl" ]; then export NEEDLE_IMPL="$$impl"; fi; echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)$${impl:+, with NEEDLE_IMPL=$$impl}"; exec $(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: test-unit test-notebooks
 
@@ -74,39 +81,57 @@ test-notebooks: $(BUILT)
 notebooks: $(BUILT)
 	@for py in notebooks/[0-9]*.py; do \
 	  echo "== $$py"; \
-	  $(BIN)/jupytext --to ipynb --update $$py -q || exit 1; \
-	  env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $${py%.py}.ipynb || exit 1; \
+	  $(BIN)/jupytext --to ipynb --update "$$py" -q || exit 1; \
+	  env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${py%.py}.ipynb" || exit 1; \
 	done
 
 # One notebook: make notebook NB=notebooks/05_ndarray.py
 notebook: $(BUILT)
-	$(BIN)/jupytext --to ipynb --update $(NB) -q
-	env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $(basename $(NB)).ipynb
+	@test -n "$${NB-}" || { echo "usage: make notebook NB=notebooks/NN_topic.py"; exit 2; }
+	$(BIN)/jupytext --to ipynb --update "$$NB" -q
+	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${NB%.py}.ipynb"
 
 figures: $(BUILT)
 	@mkdir -p figures
 	@for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb"; \
 	  out=$$(mktemp -d); \
-	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
-	    jupyter nbconvert --to notebook --execute --output-dir $$out $$nb >/dev/null || exit 1; \
-	  rm -rf $$out; \
+	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH="$$(pwd)/$(BIN):$$PATH" \
+	    jupyter nbconvert --to notebook --execute --output-dir "$$out" "$$nb" >/dev/null || exit 1; \
+	  rm -rf "$$out"; \
 	done
 	@ls figures
 
+# With NEEDLE_IMPL=path/to/hwN/python, instead of the usual tables: that needle's kernels and a
+# training step measured beside this project's and numpy's (benchmarks/student.py).
 bench: $(BUILT)
-	$(PY) -m benchmarks
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
 
 profile: $(BUILT)
-	$(PY) -m benchmarks.step_profile
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m benchmarks.step_profile; fi
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 check: $(INSTALLED)
-	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),)
+	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
+	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",)
+
+# Passed/total per homework in or beside HW (default: here), what changed, the next question.
+progress: $(PY)
+	$(PY) -m companion.check --progress "$${HW:-.}"
+
+# Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
+lecture-report: $(BUILT)
+	@test -n "$$(echo $${NEEDLE_IMPL-})" || { echo "usage: make lecture-report NEEDLE_IMPL=path/to/hwN/python [NB=notebooks/NN_topic.py]"; exit 2; }
+	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(PY) -m companion.report_card $(if $(NB),"$$NB",)
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
+
+# Static types (mypy, configured in pyproject.toml): needle/, with the autograd core and the
+# NDArray layer in strict mode.
+.PHONY: typecheck
+typecheck: $(INSTALLED)
+	$(PY) -m mypy
 
 clean:
 	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake

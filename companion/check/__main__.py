@@ -1,9 +1,11 @@
-"""Command line: ``python -m companion.check path/to/hwN [--hw hwN] [-k text] [--list]``."""
+"""Command line: ``python -m companion.check path/to/hwN [--hw hwN] [-k text] [--list]``, and
+``python -m companion.check --progress [FOLDER ...]`` (see ``progress.py``)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+from . import progress
 from .questions import HOMEWORKS, questions_for
 from .runner import check, detect_homework
 
@@ -13,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m companion.check",
         description="Check your own needle (course skeleton layout) question by question.")
-    parser.add_argument("folder", help="your homework folder, e.g. path/to/hw2")
+    parser.add_argument("folder", nargs="*", help="your homework folder, e.g. path/to/hw2 "
+                        "(with --progress: any number, default the current folder)")
     parser.add_argument("--hw", choices=HOMEWORKS, help="the homework (default: from the name)")
     parser.add_argument("-k", action="append", metavar="TEXT",
                         help="only questions whose id contains TEXT (repeatable)")
@@ -23,7 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isolate", action="store_true",
                         help="a fresh process for every question (slower)")
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
+    parser.add_argument("--progress", action="store_true",
+                        help="print passed/total, changes and the next question per homework")
     args = parser.parse_args(argv)
+    if args.progress:
+        return _progress(args.folder or ["."])
+    if len(args.folder) != 1:
+        parser.error("give one homework folder (or --progress with any number)")
+    args.folder = args.folder[0]
     try:
         if args.list:
             from pathlib import Path
@@ -37,7 +47,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"companion check: {exc}", file=sys.stderr)
         return 2
     print(report.format())
+    note = progress.record(report, args.k)
+    if note:
+        print(note, file=sys.stderr)
+    else:
+        mine = progress.Progress(report.hw, report.root, progress.load_history(report.root))
+        print("\n" + "\n".join(mine.format()))
     return 0 if report.ok else 1
+
+
+def _progress(folders: list[str]) -> int:
+    try:
+        print(progress.format_progress(progress.progress(folders)))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"companion check: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
