@@ -1,15 +1,20 @@
 # needle course companion. The two set-up commands are `make lab` and `make test`.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
+# Any Python 3.10-3.13; `make PYTHON=python3.13 VENV=.venv-3.13 test` keeps a second one apart.
+PYTHON ?= $(shell command -v python3)
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 # Tests never write into the tree (no __pycache__ from test runs).
 export PYTHONDONTWRITEBYTECODE := 1
 # Marker files: the environment is (re)installed when pyproject.toml changes,
 # the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
-INSTALLED := $(VENV)/.needle-installed
-BUILT     := $(VENV)/.needle-built
-SOURCES   := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh)
+VENV_READY := $(VENV)/.needle-venv
+INSTALLED  := $(VENV)/.needle-installed
+BUILT      := $(VENV)/.needle-built
+SOURCES    := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh src/*/*.cc src/*/*.cu src/*/*.h src/*/*.cuh)
+# Every CMake output lives under build/ (one folder per venv); the compiled modules themselves
+# land beside the Python sources (needle/backend_ndarray/, needle/apps/).
+BUILD_DIR  := build/$(patsubst .%,%,$(notdir $(VENV)))
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
              --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider --color=no
@@ -29,20 +34,37 @@ help:
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+# LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
+# two first-time `make`s never create the venv, install or compile at the same time.
+LOCKED = $(PYTHON) -c 'import fcntl, os, subprocess, sys; os.makedirs("build", exist_ok=True); \
+  lock = open("build/.lock", "w"); fcntl.flock(lock, fcntl.LOCK_EX); \
+  sys.exit(subprocess.call(sys.argv[1:]))'
+# CMake configure arguments for this venv's Python and pybind11 (also used by test-clang etc.).
+# (Recursively expanded: make evaluates it only when a recipe that needs it runs, after $(PY) exists.)
+CMAKE_ARGS_PY = -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY)) \
+  -DCMAKE_MAKE_PROGRAM=$(abspath $(BIN)/ninja) \
+  -Dpybind11_DIR=$(shell $(PY) -c "import pybind11; print(pybind11.get_cmake_dir())")
 
-$(INSTALLED): $(PY) pyproject.toml environment.yml
-	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy
-	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation -e ".[dev,lectures]"
-	@touch $(INSTALLED) $(BUILT)
+# Each step re-checks its marker under the lock: the second of two concurrent runs finds the
+# work done and does nothing.
+$(VENV_READY):
+	$(LOCKED) sh -c 'test -f $(VENV_READY) || { { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
+	  $(PY) -m pip install --quiet --upgrade pip && touch $(VENV_READY); }'
+
+$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
+	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
+	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
+	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev,lectures]" && \
+	  touch $(INSTALLED); }'
 	@echo "needle: environment ready in $(VENV)"
 
+# The editable install above only links the Python package; CMake compiles the modules here,
+# incrementally, in $(BUILD_DIR).
 $(BUILT): $(INSTALLED) $(SOURCES)
-	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(LOCKED) sh -c '$(BIN)/cmake -S . -B $(BUILD_DIR) $(CMAKE_ARGS_PY) $(CMAKE_EXTRA) >/dev/null && \
+	  $(BIN)/cmake --build $(BUILD_DIR)'
 	@touch $(BUILT)
-	@echo "needle: compiled modules rebuilt"
+	@echo "needle: compiled modules built in $(BUILD_DIR)"
 
 build: $(BUILT)
 
@@ -111,6 +133,6 @@ data: $(INSTALLED)
 	$(PY) -m needle.data.download --all --root data
 
 clean:
-	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
-	rm -f needle/backend_ndarray/*.so needle/apps/*.so $(BUILT)
+	rm -rf build
+	rm -f needle/backend_ndarray/*.so needle/apps/*.so companion/apps/*.so $(BUILT)
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
