@@ -21,7 +21,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check data clean help
+.PHONY: lab test test-unit test-notebooks build test-clang test-sanitize notebooks notebook figures bench profile check data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -32,6 +32,8 @@ help:
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
+	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
@@ -67,6 +69,41 @@ $(BUILT): $(INSTALLED) $(SOURCES)
 	@echo "needle: compiled modules built in $(BUILD_DIR)"
 
 build: $(BUILT)
+
+# ---- other compilers and sanitizers (tests/README.md) -------------------------------------
+# The suites that exercise the compiled CPU module directly (found wherever tests/ groups them).
+find_tests    = $(wildcard $(foreach t,$(1),tests/$(t) tests/*/$(t)))
+MODULE_TESTS  = $(call find_tests,test_device_protocol.py test_cpu_module.py test_ndarray_fuzz.py \
+                  test_ndarray_errors.py)
+# Run pytest on MODULE_TESTS with the CPU module built in $(1) (tests/build/preload swaps it in,
+# in every process), after checking that the swap took effect.
+define run_module_tests
+	@so=$$(ls $(1)/needle/backend_ndarray/ndarray_backend_cpu*.so) && \
+	  export PYTHONPATH=$(CURDIR)/tests/build/preload NEEDLE_TEST_CPU_MODULE=$$so $(2) && \
+	  $(PY) -c "import os, needle.backend_ndarray as nd; f = nd.ndarray_backend_cpu.__file__; \
+	    assert os.path.samefile(f, os.environ['NEEDLE_TEST_CPU_MODULE']), f; print('testing', f)" && \
+	  $(PY) -m pytest -q -p no:cacheprovider $(3) $(MODULE_TESTS)
+endef
+
+# make test-clang: every module built by clang++ (warnings as errors) into build/clang, then the
+# module suites against its CPU module.
+CLANG_DIR := build/clang
+test-clang: $(INSTALLED)
+	@command -v clang++ >/dev/null || { echo "test-clang: clang++ is not installed"; exit 2; }
+	CXX=clang++ $(BIN)/cmake -S . -B $(CLANG_DIR) $(CMAKE_ARGS_PY) -DNEEDLE_WERROR=ON \
+	  -DNEEDLE_OUTPUT_DIR=$(abspath $(CLANG_DIR)/out) >/dev/null
+	$(BIN)/cmake --build $(CLANG_DIR)
+	$(call run_module_tests,$(CLANG_DIR)/out,,-n 2)
+
+# make test-sanitize: the CPU module with AddressSanitizer and UndefinedBehaviorSanitizer (gcc)
+# in build/sanitize; the Python interpreter is not instrumented, so libasan is preloaded.
+SAN_DIR := build/sanitize
+test-sanitize: $(INSTALLED)
+	$(BIN)/cmake -S . -B $(SAN_DIR) $(CMAKE_ARGS_PY) -DNEEDLE_SANITIZE=address,undefined \
+	  -DNEEDLE_OUTPUT_DIR=$(abspath $(SAN_DIR)/out) >/dev/null
+	$(BIN)/cmake --build $(SAN_DIR) --target ndarray_backend_cpu
+	$(call run_module_tests,$(SAN_DIR)/out,LD_PRELOAD=$$($${CXX:-c++} -print-file-name=libasan.so) \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1,-n 2)
 
 # Jupytext's notebook view is the default for .py files, so the lecture sources open as notebooks.
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -209,8 +209,9 @@ inline void compact_into(const float* a, float* out, const View& v) {
   if (short_rows(v)) {
     const idx_t w = v.shape.back();
     dispatch_row_width(w, [&](auto W) {
-      for_short_rows(v, true, [out, a, w, W](idx_t r, idx_t off) {
-        copy_row<decltype(W)::value>(out + r * w, a + off, w);
+      constexpr int kWidth = decltype(W)::value;  // a constant: the row lambda needs no capture
+      for_short_rows(v, true, [out, a, w](idx_t r, idx_t off) {
+        copy_row<kWidth>(out + r * w, a + off, w);
       });
     });
     return;
@@ -251,8 +252,9 @@ inline void setitem_from(const float* a, float* out, const View& v) {
   if (short_rows(v) && !overlap) {
     const idx_t w = v.shape.back();
     dispatch_row_width(w, [&](auto W) {
-      for_short_rows(v, true, [out, a, w, W](idx_t r, idx_t off) {
-        copy_row<decltype(W)::value>(out + off, a + r * w, w);
+      constexpr int kWidth = decltype(W)::value;  // a constant: the row lambda needs no capture
+      for_short_rows(v, true, [out, a, w](idx_t r, idx_t off) {
+        copy_row<kWidth>(out + off, a + r * w, w);
       });
     });
     return;
