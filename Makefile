@@ -21,7 +21,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build test-clang test-sanitize notebooks notebook figures bench profile check data clean help
+.PHONY: lab test test-unit test-notebooks build test-clang test-sanitize test-smoke notebooks notebook figures bench profile check data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -94,6 +94,13 @@ test-clang: $(INSTALLED)
 	  -DNEEDLE_OUTPUT_DIR=$(abspath $(CLANG_DIR)/out) >/dev/null
 	$(BIN)/cmake --build $(CLANG_DIR)
 	$(call run_module_tests,$(CLANG_DIR)/out,,-n 2)
+
+# make test-smoke: a quick check of one environment (.ci/run uses it for the newest Python):
+# the CPU-module suites and one notebook under nbval.
+SMOKE_NOTEBOOK ?= notebooks/05_ndarray.ipynb
+test-smoke: $(BUILT)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 $(MODULE_TESTS)
+	$(NBVAL) -q $(SMOKE_NOTEBOOK)
 
 # make test-sanitize: the CPU module with AddressSanitizer and UndefinedBehaviorSanitizer (gcc)
 # in build/sanitize. The Python interpreter is not instrumented: libasan is preloaded, and
