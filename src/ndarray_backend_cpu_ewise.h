@@ -1,6 +1,6 @@
-// Strided element-wise kernels and reductions of the CPU module (ewise_binary, ewise_scalar,
-// ewise_unary, reduce): operands are read through their views, broadcast (stride 0) and
-// permuted ones included, with no compact copy.
+// Strided element-wise kernels of the CPU module (ewise_binary, ewise_scalar, ewise_unary; the
+// reductions are in ndarray_backend_cpu.cc): operands are read through their views, broadcast
+// (stride 0) and permuted ones included, with no compact copy.
 //
 // A view is first simplified: size-1 dimensions dropped, neighbours merged where every operand
 // allows it (a compact operand, or a row broadcast against a compact one, becomes one flat

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ndarray_backend_cuda.h"
+#include "ndarray_bindings.h"
 #include "ndarray_checks.h"
 #include "ndarray_ops.h"
 
@@ -477,9 +478,16 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         py::arg("shape"), py::arg("strides"), py::arg("offset"), nogil,
         "Every element of the view of `out` (`size` = prod(shape) elements) = `val`.");
 
-  for (const char* name : {"add", "mul", "div", "maximum", "eq", "ge"}) bind_course_binary(m, name, true);
-  bind_course_binary(m, "power", false);
-  for (const char* name : {"log", "exp", "tanh"}) bind_course_unary(m, name);
+  // The course's compact entry points, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_BINARY(name) bind_course_binary(m, #name, true);
+#define NEEDLE_BIND_SCALAR(name) bind_course_binary(m, #name, false);
+#define NEEDLE_BIND_UNARY(name) bind_course_unary(m, #name);
+  NEEDLE_COURSE_BINARY(NEEDLE_BIND_BINARY)
+  NEEDLE_COURSE_SCALAR(NEEDLE_BIND_SCALAR)
+  NEEDLE_COURSE_UNARY(NEEDLE_BIND_UNARY)
+#undef NEEDLE_BIND_BINARY
+#undef NEEDLE_BIND_SCALAR
+#undef NEEDLE_BIND_UNARY
 
   m.def("ewise_binary", &ewise_binary, py::arg("op"), py::arg("a"), py::arg("a_strides"),
         py::arg("a_offset"), py::arg("b"), py::arg("b_strides"), py::arg("b_offset"),
@@ -524,37 +532,8 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         "out = a @ b with all three in the (rows/T, cols/T, T, T) tiled layout, T = "
         "__tile_size__ (a lecture exhibit).");
 
-  m.def("softmax_xent", &softmax_xent, py::arg("logits"), py::arg("labels"), py::arg("rows"),
-        py::arg("cols"), py::arg("loss"), py::arg("probs"), nogil,
-        "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x "
-        "cols); ValueError for a label outside [0, cols).");
-  m.def("layernorm_fwd", &layernorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
-        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
-        py::arg("rstd"), nogil,
-        "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.");
-  m.def("layernorm_bwd", &layernorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
-        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
-        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of layernorm_fwd.");
-  m.def("batchnorm_fwd", &batchnorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
-        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
-        py::arg("rstd"), py::arg("mean"), py::arg("var"), nogil,
-        "Column-wise BatchNorm of x (rows x cols) over the rows: xhat, y, and per column rstd, "
-        "mean and biased var.");
-  m.def("batchnorm_bwd", &batchnorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
-        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
-        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of batchnorm_fwd.");
-  m.def("lstm_cell_fwd", &lstm_cell_fwd, py::arg("gates"), py::arg("c_prev"), py::arg("batch"),
-        py::arg("hidden"), py::arg("h"), py::arg("c"), py::arg("act"), py::arg("tanh_c"), nogil,
-        "One LSTM step from gate pre-activations (batch x 4*hidden, order i, f, g, o).");
-  m.def("lstm_cell_bwd", &lstm_cell_bwd, py::arg("dh"), py::arg("dc"), py::arg("act"),
-        py::arg("c_prev"), py::arg("tanh_c"), py::arg("batch"), py::arg("hidden"),
-        py::arg("dgates"), py::arg("dc_prev"), nogil,
-        "The exact gradients dgates (batch x 4*hidden) and dc_prev of lstm_cell_fwd.");
-  m.def("sgd_update", &sgd_update, py::arg("param"), py::arg("grad"), py::arg("buf"),
-        py::arg("lr"), py::arg("momentum"), py::arg("weight_decay"), nogil,
-        "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.");
-  m.def("adam_update", &adam_update, py::arg("param"), py::arg("grad"), py::arg("m"),
-        py::arg("v"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-        py::arg("weight_decay"), py::arg("step"), nogil,
-        "In place Adam step with bias corrections (step >= 1) on param, m and v.");
+  // The fused kernels, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_FUSED(name, doc, ...) needle_bind::def_nogil(m, #name, &name, doc, __VA_ARGS__);
+  NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
+#undef NEEDLE_BIND_FUSED
 }
