@@ -28,7 +28,7 @@
 
 #include "ndarray_backend_cpu_threads.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 constexpr size_t ALIGNMENT = 64;
 constexpr size_t kCacheMinBytes = size_t(1) << 20;
@@ -168,4 +168,4 @@ struct AlignedArray {
   }
 };
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

@@ -19,11 +19,11 @@
 #include "ndarray_backend_cpu_threads.h"
 #include "ndarray_checks.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 using idx_t = int64_t;
 
-inline std::string vec_str(const std::vector<idx_t>& v) { return needle_checks::tuple_str(v); }
+inline std::string vec_str(const std::vector<idx_t>& v) { return needle::checks::tuple_str(v); }
 
 // Element counts above which memory-bound loops use every thread.
 constexpr idx_t kParallelCopy = idx_t(1) << 17;
@@ -80,7 +80,7 @@ inline View simplified(const std::vector<idx_t>& shape, const std::vector<idx_t>
 inline View make_view(const char* fn, const std::vector<idx_t>& shape,
                       const std::vector<idx_t>& strides, idx_t offset, idx_t buf_size) {
   return simplified(shape, strides, offset,
-                    needle_checks::check_view(fn, shape, strides, offset, buf_size));
+                    needle::checks::check_view(fn, shape, strides, offset, buf_size));
 }
 
 // Calls f(flat_pos, buffer_offset, count, inner_stride) for each innermost run of the view
@@ -287,4 +287,4 @@ inline void setitem_scalar(float val, float* out, const View& v) {
   });
 }
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

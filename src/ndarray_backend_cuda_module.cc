@@ -30,26 +30,26 @@ namespace {
 using needle::cuda::CudaArray;
 using needle::cuda::MatrixView;
 using needle::cuda::Strided;
-using needle_checks::check_at_least;
-using needle_checks::check_batchnorm_fwd;
-using needle_checks::check_lstm_cell_bwd;
-using needle_checks::check_lstm_cell_fwd;
-using needle_checks::check_norm_bwd;
-using needle_checks::check_norm_fwd;
-using needle_checks::check_op;
-using needle_checks::check_size;
-using needle_checks::check_sizes;
-using needle_checks::check_softmax_xent;
-using needle_checks::check_view;
-using needle_checks::fail;
-using needle_checks::idx_t;
-using needle_checks::shape_size;
-using needle_checks::tuple_str;
+using needle::checks::check_at_least;
+using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_lstm_cell_bwd;
+using needle::checks::check_lstm_cell_fwd;
+using needle::checks::check_norm_bwd;
+using needle::checks::check_norm_fwd;
+using needle::checks::check_op;
+using needle::checks::check_size;
+using needle::checks::check_sizes;
+using needle::checks::check_softmax_xent;
+using needle::checks::check_view;
+using needle::checks::fail;
+using needle::checks::idx_t;
+using needle::checks::shape_size;
+using needle::checks::tuple_str;
 using Ints = std::vector<idx_t>;
 
-constexpr int kBinaryCount = static_cast<int>(needle_ops::BinaryOp::count);
-constexpr int kUnaryCount = static_cast<int>(needle_ops::UnaryOp::count);
-constexpr int kReduceCount = static_cast<int>(needle_ops::ReduceOp::count);
+constexpr int kBinaryCount = static_cast<int>(needle::ops::BinaryOp::count);
+constexpr int kUnaryCount = static_cast<int>(needle::ops::UnaryOp::count);
+constexpr int kReduceCount = static_cast<int>(needle::ops::ReduceOp::count);
 // Matrix sizes stay below this so that tile indices never overflow int32 in the kernel.
 constexpr idx_t kMaxMatmulDim = (idx_t{1} << 31) - 1024;
 
@@ -105,13 +105,13 @@ std::pair<Strided, Strided> rows_of(idx_t rows, idx_t len) {
 
 int binary_code(const char* name) {
   for (int i = 0; i < kBinaryCount; ++i)
-    if (std::strcmp(needle_ops::kBinaryOpNames[i], name) == 0) return i;
+    if (std::strcmp(needle::ops::kBinaryOpNames[i], name) == 0) return i;
   throw std::logic_error(std::string("no binary op named ") + name);
 }
 
 int unary_code(const char* name) {
   for (int i = 0; i < kUnaryCount; ++i)
-    if (std::strcmp(needle_ops::kUnaryOpNames[i], name) == 0) return i;
+    if (std::strcmp(needle::ops::kUnaryOpNames[i], name) == 0) return i;
   throw std::logic_error(std::string("no unary op named ") + name);
 }
 
@@ -253,7 +253,7 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
   check_size("reduce", "out", out.size, outputs);
   if (outputs == 0) return;
   if (shape_size("reduce", inner_shape) == 0) {
-    if (op == static_cast<int>(needle_ops::ReduceOp::max)) {
+    if (op == static_cast<int>(needle::ops::ReduceOp::max)) {
       fail("reduce", "max over an empty extent " + tuple_str(inner_shape) + " of shape " +
                          tuple_str(shape) + " has no identity");
     }
@@ -265,7 +265,7 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
 }
 
 // The course's reduce_sum / reduce_max: out[j] = op of compact a[j*rs : (j+1)*rs].
-void reduce_rows(const char* fn, needle_ops::ReduceOp op, const CudaArray& a, CudaArray& out,
+void reduce_rows(const char* fn, needle::ops::ReduceOp op, const CudaArray& a, CudaArray& out,
                  idx_t reduce_size) {
   if (reduce_size <= 0)
     fail(fn, "reduce_size must be positive, got " + std::to_string(reduce_size));
@@ -424,16 +424,16 @@ RuntimeError when no GPU is usable or CUDA fails, MemoryError when device memory
 Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc";
   m.attr("__device_name__") = "cuda";
   m.attr("__tile_size__") = needle::cuda::TILE;
-  m.attr("__binary_ops__") = names(needle_ops::kBinaryOpNames);
-  m.attr("__unary_ops__") = names(needle_ops::kUnaryOpNames);
-  m.attr("__reduce_ops__") = names(needle_ops::kReduceOpNames);
+  m.attr("__binary_ops__") = names(needle::ops::kBinaryOpNames);
+  m.attr("__unary_ops__") = names(needle::ops::kUnaryOpNames);
+  m.attr("__reduce_ops__") = names(needle::ops::kReduceOpNames);
   py::register_exception<needle::cuda::OutOfMemory>(m, "OutOfMemory", PyExc_MemoryError);
   const auto nogil = py::call_guard<py::gil_scoped_release>();
 
   py::class_<CudaArray>(m, "Array", "A flat float32 buffer of `size` elements in GPU memory.")
       .def(py::init([](idx_t size) {
              if (size < 0) fail("Array", "size must be non-negative, got " + std::to_string(size));
-             if (size > needle_checks::kMaxElements)
+             if (size > needle::checks::kMaxElements)
                fail("Array", "size " + std::to_string(size) + " is too large");
              return new CudaArray(size);
            }),
@@ -508,14 +508,14 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
   m.def(
       "reduce_sum",
       [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
-        reduce_rows("reduce_sum", needle_ops::ReduceOp::sum, a, out, reduce_size);
+        reduce_rows("reduce_sum", needle::ops::ReduceOp::sum, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
       "out[j] = sum of a[j*reduce_size : (j+1)*reduce_size] (compact a).");
   m.def(
       "reduce_max",
       [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
-        reduce_rows("reduce_max", needle_ops::ReduceOp::max, a, out, reduce_size);
+        reduce_rows("reduce_max", needle::ops::ReduceOp::max, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
       "out[j] = max of a[j*reduce_size : (j+1)*reduce_size] (compact a; NaN propagates).");
@@ -533,7 +533,7 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         "__tile_size__ (a lecture exhibit).");
 
   // The fused kernels, from the list both modules share (ndarray_bindings.h).
-#define NEEDLE_BIND_FUSED(name, doc, ...) needle_bind::def_nogil(m, #name, &name, doc, __VA_ARGS__);
+#define NEEDLE_BIND_FUSED(name, doc, ...) needle::bind::def_nogil(m, #name, &name, doc, __VA_ARGS__);
   NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
 #undef NEEDLE_BIND_FUSED
 }

@@ -6,7 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
-namespace needle_bind {
+namespace needle::bind {
 // A keyword argument that refuses None: a None buffer would reach a kernel as a null pointer.
 inline pybind11::arg arg(const char* name) { return pybind11::arg(name).none(false); }
 
@@ -16,7 +16,7 @@ template <class F, class... Names>
 void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Names... names) {
   m.def(name, f, doc, pybind11::call_guard<pybind11::gil_scoped_release>(), arg(names)...);
 }
-}  // namespace needle_bind
+}  // namespace needle::bind
 
 // The course's compact entry points (hw3's names) over buffers of one size:
 // ewise_<name>(a, b, out) and scalar_<name>(a, val, out) for each op of NEEDLE_COURSE_BINARY,
