@@ -132,14 +132,11 @@ lab: $(BUILT) $(LAB_OVERRIDES)
 
 test: test-unit test-notebooks
 
-# The autograd/op/nn suites run a second time on the plain-numpy backend (NEEDLE_BACKEND=np).
-BOTH_BACKENDS = $(wildcard tests/test_autograd*.py tests/test_ops*.py tests/test_init.py \
-                  tests/test_nn_*.py tests/test_optim.py tests/test_data.py tests/test_mlp_resnet.py \
-                  tests/test_fused.py tests/test_course_api.py)
-
+# Tests marked both_backends (the autograd/op/nn/data suites) run a second time on the
+# plain-numpy backend (NEEDLE_BACKEND=np).
 test-unit: $(BUILT)
 	$(PY) -m pytest tests -n 2 -q -p no:cacheprovider
-	NEEDLE_BACKEND=np $(PY) -m pytest -n 2 -q -p no:cacheprovider $(BOTH_BACKENDS)
+	NEEDLE_BACKEND=np $(PY) -m pytest tests -n 2 -q -p no:cacheprovider -m both_backends
 
 test-notebooks: $(BUILT)
 	$(NBVAL) -q $(NOTEBOOKS)
@@ -176,12 +173,12 @@ profile: $(BUILT)
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 check: $(INSTALLED)
 	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m needle.check "$(HW)" $(if $(Q),-k $(Q),)
+	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),)
 
 data: $(INSTALLED)
-	$(PY) -m needle.data.download --all --root data
+	$(PY) -m companion.data.download --all --root data
 
 clean:
 	rm -rf build
-	rm -f needle/backend_ndarray/*.so needle/apps/*.so companion/apps/*.so $(BUILT)
+	rm -f needle/backend_ndarray/*.so companion/apps/*.so $(BUILT)
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

@@ -14,7 +14,7 @@ import sys
 
 import needle as ndl
 from benchmarks.common import Table
-from needle.timing import measure
+from companion.timing import measure
 from benchmarks.steps import TITLES, needle_step, torch_step
 
 LM_CASES = ("lstm_lm", "transformer_lm")

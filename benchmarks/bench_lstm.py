@@ -17,8 +17,8 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table, enabled_devices
-from needle.timing import measure
-from needle.apps.language_model import LanguageModel
+from companion.timing import measure
+from companion.apps.language_model import LanguageModel
 
 try:  # optional oracle; the benchmark never needs it
     import torch

@@ -20,10 +20,11 @@ import argparse
 import numpy as np
 
 import needle as ndl
+import companion.data
 from benchmarks.common import Table
-from needle.timing import measure
+from companion.timing import measure
 from benchmarks.steps import torch_mlp_resnet
-from needle.apps import mlp_resnet
+from companion.apps import mlp_resnet
 
 try:  # optional oracle; the benchmark never needs it
     import torch
@@ -36,7 +37,7 @@ LR, WD, EPS_BN = 0.001, 0.001, 1e-5
 
 def data(samples: int):
     """(X (samples, 784) float32, y (samples,) uint8): the 28x28 digits, repeated and shuffled."""
-    X, y = ndl.data.load_digits_mnist_like(28)
+    X, y = companion.data.load_digits_mnist_like(28)
     idx = np.random.RandomState(0).randint(0, len(y), size=samples)
     return X[idx], y[idx]
 

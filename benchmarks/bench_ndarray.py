@@ -24,7 +24,7 @@ import numpy as np
 
 import needle.backend_ndarray as nd
 from benchmarks.common import Table, cpu_flags
-from needle.timing import measure
+from companion.timing import measure
 
 MATMUL_SIZES = [(1024, 1024, 1024), (1000, 1023, 997), (72, 73, 74), (256, 256, 256),
                 (2048, 2048, 2048)]

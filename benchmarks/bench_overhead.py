@@ -18,7 +18,7 @@ import numpy as np
 import needle as ndl
 import needle.backend_ndarray as nd
 from benchmarks.common import Table
-from needle.timing import measure
+from companion.timing import measure
 
 try:  # optional oracle
     import torch

@@ -24,8 +24,8 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table, enabled_devices
-from needle.timing import measure
-from needle.apps.models import ConvBN, ResNet9
+from companion.timing import measure
+from companion.apps.models import ConvBN, ResNet9
 
 try:  # optional oracle; the benchmark never needs it
     import torch

@@ -1,4 +1,4 @@
-"""Helpers shared by the ``bench_*.py`` modules (timing itself is ``needle.timing.measure``).
+"""Helpers shared by the ``bench_*.py`` modules (timing itself is ``companion.timing.measure``).
 
 ``Table`` prints needle's figure beside a reference's with their ratio; ``machine_info``
 describes the run; ``numpy_blas_summary`` says which BLAS numpy uses. This module imports

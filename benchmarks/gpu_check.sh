@@ -6,7 +6,7 @@
 # 1. builds the compiled modules in place, like `make build` (plain CMake; no network needed:
 #    it uses $PYTHON, default python3, with the numpy, pybind11, pytest and hypothesis it has),
 #    for this GPU's architecture only (CUDA_ARCH=90 etc. overrides);
-# 2. runs tests/test_cuda_backend.py and the cuda() cases of the device-protocol conformance
+# 2. runs tests/framework/test_cuda_backend.py and the cuda() cases of the device-protocol conformance
 #    suite, the fused-kernel tests and the NDArray suites;
 # 3. prints matmul GFLOP/s at 1024^3 and 4096^3 (and PyTorch's fp32 figure, TF32 off, when
 #    PyTorch with CUDA is installed), the transposed and batched products, plus element-wise
@@ -55,8 +55,8 @@ assert ndl.cuda().enabled(), "the CUDA module is built but sees no GPU"
 EOF
 
 echo "== tests on cuda()"
-tests=(tests/test_cuda_backend.py)
-for f in tests/test_device_protocol.py tests/test_fused.py tests/test_ndarray*.py; do
+tests=(tests/framework/test_cuda_backend.py)
+for f in tests/framework/test_device_protocol.py tests/framework/test_fused.py tests/framework/test_ndarray*.py; do
   [ -e "$f" ] && tests+=("$f")
 done
 # -k cuda: all of test_cuda_backend.py, and the cuda() cases of the protocol conformance

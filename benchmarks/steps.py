@@ -76,19 +76,19 @@ def needle_step(case: str, device) -> Step:
     x_np, y_np = _data(case)
     np.random.seed(0)
     if case == "mlp_resnet":
-        from needle.apps import mlp_resnet
+        from companion.apps import mlp_resnet
 
         # The course's MLPResNet takes no device: its layers live on the default device.
         model = mlp_resnet.MLPResNet(MLP_DIM, MLP_HIDDEN, MLP_BLOCKS, MLP_CLASSES,
                                      drop_prob=MLP_DROP)
         opt = ndl.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
     elif case == "resnet9":
-        from needle.apps.models import ResNet9
+        from companion.apps.models import ResNet9
 
         model = ResNet9(device=device)
         opt = ndl.optim.SGD(model.parameters(), lr=0.01)
     else:
-        from needle.apps.models import LanguageModel
+        from companion.apps.models import LanguageModel
 
         model = LanguageModel(EMBED, VOCAB, HIDDEN, num_layers=LAYERS,
                               seq_model="lstm" if case == "lstm_lm" else "transformer",

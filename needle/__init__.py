@@ -3,21 +3,16 @@
 ``import needle as ndl`` gives the course's namespace: tensors and autodiff (``ndl.Tensor``),
 every op (``ndl.relu``, ``ndl.ops.relu``), devices (``ndl.cpu()``, ``ndl.cuda()``), and the
 submodules ``init``, ``nn``, ``optim``, ``data`` and ``backend_ndarray``.
-
-With ``NEEDLE_IMPL=path/to/hwN/python`` set, the hook below loads the student's own needle from
-that folder instead and stops here (``needle/student_impl.py``).
 """
-from .student_impl import use_student_package as _use_student_package
-
-if not _use_student_package():
-    from . import ops
-    from .ops import *
-    from .autograd import Op, Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
-    from . import autograd
-    from . import init
-    from .init import ones, zeros, zeros_like, ones_like
-    from . import data
-    from . import nn
-    from . import optim
-    from . import backend_ndarray
-    from .backend_selection import *
+from . import ops
+from .ops import *
+from .autograd import Op, Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from . import autograd
+from . import init
+from .init import ones, zeros, zeros_like, ones_like
+from . import data
+from . import nn
+from . import optim
+from . import backend_ndarray
+from .backend_selection import *

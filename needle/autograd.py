@@ -8,9 +8,11 @@ graph and second derivatives work.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from functools import reduce
 from operator import add
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy
 
@@ -23,9 +25,46 @@ LAZY_MODE = False
 # Number of live Values: +1 when a Value is initialised, -1 in ``Value.__del__`` (a Value whose
 # construction failed is never counted).
 TENSOR_COUNTER = 0
-# False while a backward pass without ``create_graph`` runs: ops then record no graph (every
-# result is a detached constant), so gradients hold no references back into the forward graph.
-_GRAD_ENABLED = True
+
+
+class _GradMode(threading.local):
+    """Whether ops record the graph, per thread (a class default, so every new thread starts
+    with recording on): one thread's ``no_grad()`` or fast backward pass never stops another
+    thread's ops from recording theirs."""
+
+    enabled = True
+
+
+_grad_mode = _GradMode()
+
+
+def is_grad_enabled() -> bool:
+    """True when ops called in this thread record the graph (the default)."""
+    return _grad_mode.enabled
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode: bool) -> Iterator[None]:
+    """Inside the block, ops in this thread record the graph iff ``mode``; the previous mode is
+    restored on exit, also after an exception. Usable as a decorator too."""
+    previous = _grad_mode.enabled
+    _grad_mode.enabled = bool(mode)
+    try:
+        yield
+    finally:
+        _grad_mode.enabled = previous
+
+
+def no_grad() -> contextlib.AbstractContextManager:
+    """``with no_grad():`` ops in this thread record no graph: every result is a constant with
+    ``requires_grad=False`` and keeps no reference to its inputs (evaluation, in-place updates).
+    An extension (PyTorch's ``torch.no_grad``); the course's needle has no grad mode."""
+    return set_grad_enabled(False)
+
+
+def enable_grad() -> contextlib.AbstractContextManager:
+    """``with enable_grad():`` ops in this thread record the graph, even inside ``no_grad()``."""
+    return set_grad_enabled(True)
 
 
 class Op:
@@ -97,6 +136,14 @@ class Value:
         """True for a node made by no op (a constant or a variable)."""
         return self.op is None
 
+    def replace_array(self, array: NDArray) -> None:
+        """Make ``array`` this node's value (no graph is recorded; nothing is checked).
+
+        The one place where a node's array is swapped after creation: the ``data`` setter (after
+        its checks) and the optimizers (to give a parameter a compact buffer) go through here.
+        """
+        self.cached_data = array
+
     def retain_grad(self) -> None:
         """Keep this interior node's adjoint in ``.grad`` after ``backward()`` (as in PyTorch).
 
@@ -109,16 +156,11 @@ class Value:
         if "op" in self.__dict__:  # only initialised Values were counted
             TENSOR_COUNTER -= 1
 
-    def _make_leaf(self) -> None:
-        """Drop the history of a computed node (what ``detach`` gives, without a new object)."""
-        self.op = None
-        self.inputs = []
-
     def _init(self, op: Optional[Op], inputs: List["Value"], *, num_outputs: int = 1,
               cached_data: List[object] = None, requires_grad: Optional[bool] = None) -> None:
         global TENSOR_COUNTER
         if requires_grad is None:
-            requires_grad = _GRAD_ENABLED and any(x.requires_grad for x in inputs)
+            requires_grad = _grad_mode.enabled and any(x.requires_grad for x in inputs)
         self.inputs = inputs
         if num_outputs != 1:
             self.num_outputs = num_outputs
@@ -144,7 +186,7 @@ class Value:
         global TENSOR_COUNTER
         value = object.__new__(cls)
         requires_grad = False
-        if _GRAD_ENABLED:
+        if _grad_mode.enabled:
             for x in inputs:
                 if x.requires_grad:
                     requires_grad = True
@@ -299,7 +341,7 @@ class Tensor(Value):
                 raise ValueError(f"cannot assign data of shape {tuple(value.shape)} to a tensor of "
                                  f"shape {tuple(self.shape)}")
             array = array.compact().reshape(tuple(self.shape))
-        self.cached_data = array
+        self.replace_array(array)
 
     def detach(self) -> "Tensor":
         """A new leaf tensor sharing the array, cut from the graph."""
@@ -317,15 +359,21 @@ class Tensor(Value):
     def device(self):
         return self.realize_cached_data().device
 
-    def backward(self, out_grad: Optional["Tensor"] = None, *, create_graph: bool = False) -> None:
+    def backward(self, out_grad: Optional["Tensor"] = None, *, create_graph: bool = True) -> None:
         """Reverse mode from this tensor: sets ``.grad`` on every leaf it depends on.
 
-        ``out_grad`` (same shape and device as self) defaults to ones. Interior nodes keep their
-        adjoint only after ``retain_grad()``. Unless ``create_graph`` is True the gradients are
-        detached constants and the backward pass records no graph, so once the output is dropped
-        the forward graph is freed by reference counting alone. With ``create_graph=True`` each
-        ``.grad`` keeps its own graph, so it can be differentiated again (second derivatives);
-        that graph refers back to the forward nodes, so release it (``x.grad = None``) when done.
+        ``out_grad`` (same shape and device as self) defaults to ones. As in the course, the
+        backward pass extends the graph: each ``.grad`` is a needle expression of the forward
+        nodes, so it can be differentiated again (``x.grad.backward()``). A leaf's gradient
+        graph refers back to the leaf (a reference cycle, as with PyTorch's
+        ``create_graph=True``); it is released when the gradient is reset or overwritten
+        (``opt.reset_grad()``, the next ``backward()``, ``x.grad = None``). Interior nodes keep
+        their adjoint only after ``retain_grad()``.
+
+        ``create_graph=False`` (an extension, PyTorch's default) records no graph: the
+        gradients are constants, every interior adjoint is freed as soon as it has been passed
+        on, and the forward graph is freed by reference counting once the output is dropped.
+        Inside ``no_grad()`` the pass records no graph either.
         """
         if out_grad is None:
             out_grad = Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
@@ -412,19 +460,18 @@ class Tensor(Value):
 
 
 def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
-                                  create_graph: bool = False) -> None:
+                                  create_graph: bool = True) -> None:
     """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for the leaves.
 
     Walks ``reversed(find_topo_sort([output_tensor]))``; a node's adjoint is the sum of the
     contributions of every consumer (every path). Inputs that do not require grad get none.
     Leaves (and nodes that called ``retain_grad()``) keep their adjoint in ``.grad``; every other
-    adjoint is dropped as soon as it has been passed on. Without ``create_graph`` no graph is
-    recorded and the stored gradients are detached; with it they stay differentiable.
+    adjoint is dropped as soon as it has been passed on. The adjoints are computed with needle
+    ops, recording their graph (differentiable gradients, the course's semantics) unless
+    ``create_graph`` is False or this thread is in ``no_grad()``; then they are constants.
     """
-    global _GRAD_ENABLED
-    previous = _GRAD_ENABLED
-    _GRAD_ENABLED = create_graph
-    try:
+    record = create_graph and _grad_mode.enabled
+    with set_grad_enabled(record):
         node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
         # TensorTuple -> {component index: adjoint contributions} from the ops that picked it
         component_grads: Dict[Value, Dict[int, List[Value]]] = {}
@@ -438,7 +485,7 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
             grad = grads[0] if len(grads) == 1 else sum_node_list(grads)
             leaf = node.op is None
             if leaf or node._retains_grad:
-                node.grad = grad if create_graph or not grad.requires_grad else grad.detach()
+                node.grad = grad if record or not grad.requires_grad else grad.detach()
             if leaf:
                 continue
             if node.op.selects_component:
@@ -450,8 +497,6 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
             for inp, inp_grad in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
                 if inp_grad is not None and inp.requires_grad:
                     node_to_output_grads_list.setdefault(inp, []).append(inp_grad)
-    finally:
-        _GRAD_ENABLED = previous
 
 
 def find_topo_sort(node_list: List[Value]) -> List[Value]:

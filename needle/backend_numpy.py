@@ -4,12 +4,18 @@ Autograd and the ops call one array API, the one of :mod:`needle.backend_ndarray
 backend a tensor's ``cached_data`` is an :class:`NDArray` here: a ``numpy.ndarray`` subclass
 (so it is still a numpy array for course code and users) that adds NDArray's methods
 (``compact``, ``permute``, ``broadcast_to``, ``flip``, ``pad``, ``as_strided``, ``device``,
-``numpy``, ``maximum``/``minimum``, ``log``/``exp``/``tanh``/``sqrt``/``abs``/``sigmoid``/
-``relu``/``neg``) and returns arrays, never numpy scalars, from ``sum``/``max``. This module also
-exposes the module functions of ``needle.backend_ndarray`` (``array``, ``empty``, ``full``,
-``maximum``, ``log``, ``exp``, ``tanh``, ``sum``, ``flip``, ``broadcast_to``, ``reshape``, ...)
-and the devices: only ``cpu()`` computes; ``cpu_numpy()`` is the same device, and ``cuda()``
-exists so code that names it imports, but it is never enabled and refuses to allocate.
+``numpy``, and a method for every op of ``protocol.OP_METHODS``: ``maximum``/``minimum``,
+``log``/``exp``/``tanh``/``sqrt``/``abs``/``sigmoid``/``relu``/``neg``, computed by the numpy
+kernels of ``needle.backend_ndarray.numpy_kernels``) and returns arrays, never numpy scalars,
+from ``sum``/``max``. This module also exposes the module functions of
+``needle.backend_ndarray`` (``array``, ``empty``, ``full``, ``maximum``, ``log``, ``exp``,
+``tanh``, ``sum``, ``flip``, ``broadcast_to``, ``reshape``, ...), the fused kernels
+(``softmax_xent``, ``layernorm_fwd``, ..., checked against ``fused_spec.py``) and the devices:
+only ``cpu()`` computes; ``cpu_numpy()`` is the same device, and ``cuda()`` exists so code that
+names it imports, but it is never enabled and refuses to allocate.
+
+It imports the numpy kernels and the fused specification, never the NDArray layer or the
+compiled device modules (``needle.backend_ndarray`` loads those lazily).
 
 Unlike the NDArray backend, arrays keep numpy's dtype (``dtype=None`` keeps the input's, as in
 the course), and comparisons return numpy booleans.
@@ -21,6 +27,10 @@ import math
 from typing import Sequence
 
 import numpy
+
+from .backend_ndarray import fused_spec as spec
+from .backend_ndarray import numpy_kernels as kernels
+from .backend_ndarray.protocol import OP_METHODS, module_functions
 
 
 class Device:
@@ -102,46 +112,22 @@ class NDArray(numpy.ndarray):
         out = numpy.ndarray.max(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
 
-    def maximum(self, other) -> "NDArray":
-        """Element-wise max with an array (broadcast) or a scalar."""
-        return numpy.maximum(self, other)
 
-    def minimum(self, other) -> "NDArray":
-        """Element-wise min with an array (broadcast) or a scalar."""
-        return numpy.minimum(self, other)
+def _kernel_method(name: str, kernel):
+    def method(self: NDArray, *args) -> NDArray:
+        return kernel(self, *args)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"``{name}``, element-wise (``numpy_kernels``), with numpy's broadcasting."
+    return method
 
-    def log(self) -> "NDArray":
-        """Natural logarithm, element-wise."""
-        return numpy.log(self)
 
-    def exp(self) -> "NDArray":
-        """exp, element-wise."""
-        return numpy.exp(self)
-
-    def tanh(self) -> "NDArray":
-        """tanh, element-wise."""
-        return numpy.tanh(self)
-
-    def sqrt(self) -> "NDArray":
-        """Square root, element-wise."""
-        return numpy.sqrt(self)
-
-    def abs(self) -> "NDArray":
-        """Absolute value, element-wise."""
-        return numpy.abs(self)
-
-    def neg(self) -> "NDArray":
-        """-self, element-wise."""
-        return numpy.negative(self)
-
-    def relu(self) -> "NDArray":
-        """max(self, 0), element-wise (NaN propagates)."""
-        return numpy.maximum(self, 0)
-
-    def sigmoid(self) -> "NDArray":
-        """1 / (1 + exp(-self)), element-wise."""
-        with numpy.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: σ = 0
-            return 1 / (1 + numpy.exp(-self))
+# The op methods numpy.ndarray lacks (maximum, neg, abs, exp, relu, ...), from the kernel tables;
+# the operators (+, <, -a, ...) and the reductions are numpy's own (sum/max are wrapped above).
+for _op, _methods in OP_METHODS.items():
+    _kernel = kernels.BINARY.get(_op) or kernels.UNARY.get(_op)
+    for _name in _methods:
+        if not hasattr(NDArray, _name):
+            setattr(NDArray, _name, _kernel_method(_name, _kernel))
 
 
 def _as_ndarray(a) -> NDArray:
@@ -266,54 +252,8 @@ def permute(a: NDArray, new_axes) -> NDArray:
     return _as_ndarray(a).permute(new_axes)
 
 
-def maximum(a: NDArray, b) -> NDArray:
-    """Element-wise max of ``a`` and an array or scalar ``b`` (broadcasting)."""
-    return numpy.maximum(_as_ndarray(a), b)
-
-
-def minimum(a: NDArray, b) -> NDArray:
-    """Element-wise min of ``a`` and an array or scalar ``b`` (broadcasting)."""
-    return numpy.minimum(_as_ndarray(a), b)
-
-
-def log(a: NDArray) -> NDArray:
-    """Natural logarithm of ``a``, element-wise."""
-    return numpy.log(_as_ndarray(a))
-
-
-def exp(a: NDArray) -> NDArray:
-    """exp(a), element-wise."""
-    return numpy.exp(_as_ndarray(a))
-
-
-def tanh(a: NDArray) -> NDArray:
-    """tanh(a), element-wise."""
-    return numpy.tanh(_as_ndarray(a))
-
-
-def sqrt(a: NDArray) -> NDArray:
-    """Square root of ``a``, element-wise."""
-    return numpy.sqrt(_as_ndarray(a))
-
-
-def sigmoid(a: NDArray) -> NDArray:
-    """1 / (1 + exp(-a)), element-wise."""
-    return _as_ndarray(a).sigmoid()
-
-
-def relu(a: NDArray) -> NDArray:
-    """max(a, 0), element-wise."""
-    return _as_ndarray(a).relu()
-
-
-def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
-    """Sum of ``a`` over ``axis`` (None, an int or a tuple); an array, 0-d for a full sum."""
-    return _as_ndarray(a).sum(axis=axis, keepdims=keepdims)
-
-
-def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
-    """Maximum of ``a`` over ``axis``; ValueError over an empty axis."""
-    return _as_ndarray(a).max(axis=axis, keepdims=keepdims)
+# maximum, minimum, neg, abs, sqrt, exp, log, tanh, sigmoid, relu, sum, max: f(a, ...) = a.f(...)
+globals().update(module_functions(NDArray, _as_ndarray))
 
 
 def matmul(a: NDArray, b: NDArray) -> NDArray:
@@ -336,4 +276,96 @@ def prod(x) -> int:
     return math.prod(x)
 
 
-from .backend_numpy_fused import *  # noqa: F401,F403,E402  (the fused functions on numpy arrays)
+# ---- fused kernels: checked against fused_spec, computed by numpy_kernels -------------------------
+def _check(kernel: spec.FusedKernel, arrays: tuple, **scalars) -> tuple:
+    """The kernel's sizes, after checking that each of ``arrays`` (its inputs, in order) is a
+    numpy array (TypeError) and that their shapes fit ``kernel`` (ValueError)."""
+    for op, a in zip(kernel.inputs, arrays):
+        if not isinstance(a, numpy.ndarray):
+            raise TypeError(f"{kernel.api_name}: {op.name} must be a numpy array, got "
+                            f"{type(a).__name__}")
+    return kernel.check([a.shape for a in arrays], scalars)
+
+
+def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars):
+    """``compute`` (a numpy kernel) on ``arrays`` reshaped to the shapes ``kernel`` gives them
+    (a (1, C) bias becomes (C,)), its results viewed as the first array's class."""
+    dims = _check(kernel, arrays, **dict(zip(kernel.scalars, scalars)))
+    inputs = [a if op.match in ("source", "shape or ()") else a.reshape(op.shape(*dims))
+              for op, a in zip(kernel.inputs, arrays)]
+    out = compute(*inputs, *scalars)
+    cls = type(arrays[0])
+    if isinstance(out, tuple):
+        return tuple(numpy.asarray(o).view(cls) for o in out)
+    return numpy.asarray(out).view(cls)
+
+
+def softmax_xent(logits: numpy.ndarray, labels: numpy.ndarray) -> tuple:
+    """Cross-entropy per row of ``logits`` (N, C) against integer-valued ``labels`` (N,):
+    ``(loss (N,), probs (N, C))``; ValueError for a label that is not a whole number in [0, C)."""
+    return _run(spec.SOFTMAX_XENT, kernels.softmax_xent, (logits, labels))
+
+
+def softmax_xent_bwd(probs: numpy.ndarray, labels: numpy.ndarray, dloss: numpy.ndarray,
+                     scale: float = 1.0) -> numpy.ndarray:
+    """``(probs - one_hot(labels)) * dloss[:, None] * scale``: the logits' gradient, shape
+    (N, C); ``dloss`` (N,) or () is the adjoint of the per-row losses."""
+    return _run(spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd, (probs, labels, dloss), scale)
+
+
+def layernorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: float) -> tuple:
+    """Layer norm of each row of ``x`` (R, C): ``(y, xhat, rstd (R,))`` (see fused.py)."""
+    return _run(spec.LAYERNORM_FWD, kernels.layernorm_fwd, (x, w, b), eps)
+
+
+def layernorm_bwd(dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray,
+                  w: numpy.ndarray) -> tuple:
+    """The exact gradients ``(dx (R, C), dw (C,), db (C,))`` of :func:`layernorm_fwd`."""
+    return _run(spec.LAYERNORM_BWD, kernels.layernorm_bwd, (dy, xhat, rstd, w))
+
+
+def batchnorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: float) -> tuple:
+    """Batch norm of each column of ``x`` (N ≥ 1, C): ``(y, xhat, rstd, mean, var)``."""
+    return _run(spec.BATCHNORM_FWD, kernels.batchnorm_fwd, (x, w, b), eps)
+
+
+def batchnorm_bwd(dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray,
+                  w: numpy.ndarray) -> tuple:
+    """The exact gradients ``(dx (N, C), dw (C,), db (C,))`` of :func:`batchnorm_fwd`."""
+    return _run(spec.BATCHNORM_BWD, kernels.batchnorm_bwd, (dy, xhat, rstd, w))
+
+
+def lstm_cell_fwd(gates: numpy.ndarray, c_prev: numpy.ndarray) -> tuple:
+    """One LSTM step: ``(h, c, act, tanh_c)`` from gates (B, 4H) and c_prev (B, H)."""
+    return _run(spec.LSTM_CELL_FWD, kernels.lstm_cell_fwd, (gates, c_prev))
+
+
+def lstm_cell_bwd(dh: numpy.ndarray, dc: numpy.ndarray, act: numpy.ndarray,
+                  c_prev: numpy.ndarray, tanh_c: numpy.ndarray) -> tuple:
+    """The exact gradients ``(dgates (B, 4H), dc_prev (B, H))`` of :func:`lstm_cell_fwd`."""
+    return _run(spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd, (dh, dc, act, c_prev, tanh_c))
+
+
+def _writable(fn: str, param: numpy.ndarray) -> None:
+    if not param.flags.writeable:
+        raise ValueError(f"{fn}: param is a read-only array (a broadcast view?) and cannot be "
+                         "updated in place")
+
+
+def sgd_update_(param: numpy.ndarray, grad: numpy.ndarray, buf: numpy.ndarray, lr: float,
+                momentum: float, weight_decay: float) -> None:
+    """In place: g = grad + weight_decay·param; buf = momentum·buf + (1 - momentum)·g;
+    param -= lr·buf. ``buf`` has param's shape (zeros before the first step)."""
+    _check(spec.SGD_UPDATE, (param, grad, buf))
+    _writable("sgd_update_", param)
+    kernels.sgd_update(param, grad, buf, float(lr), float(momentum), float(weight_decay))
+
+
+def adam_update_(param: numpy.ndarray, grad: numpy.ndarray, m: numpy.ndarray, v: numpy.ndarray,
+                 lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                 step: int) -> None:
+    """In place: one Adam step with bias corrections for ``step`` ≥ 1 (see fused.py)."""
+    _check(spec.ADAM_UPDATE, (param, grad, m, v), step=step)
+    _writable("adam_update_", param)
+    kernels.adam_update(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
+                        float(weight_decay), int(step))

@@ -11,16 +11,15 @@ the block.
 of modules into segments of ``every`` modules, each checkpointed (every=1 keeps only the
 segment boundaries; the sqrt(N) rule takes segments of about sqrt(N) modules).
 
-Limits: second derivatives through a checkpoint are not supported (``backward(create_graph=
-True)`` raises NotImplementedError when it reaches one). numpy's global random state is saved at
+Limits: second derivatives through a checkpoint are not supported: the gradients it gives are
+exact, and differentiating one of them again raises NotImplementedError. numpy's global random state is saved at
 forward and restored for the recomputation, so Dropout masks are the same both times; a module
 that updates state in forward (BatchNorm's running statistics) updates it twice.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,17 +27,6 @@ from needle import autograd
 from needle.autograd import Tensor, TensorOp
 from needle.backend_selection import NDArray
 from needle.nn import Module, Sequential
-
-
-@contextlib.contextmanager
-def _grad_mode(enabled: bool) -> Iterator[None]:
-    """Record graphs (True) or not (False) inside the block; restores the previous mode."""
-    previous = autograd._GRAD_ENABLED
-    autograd._GRAD_ENABLED = enabled
-    try:
-        yield
-    finally:
-        autograd._GRAD_ENABLED = previous
 
 
 class CheckpointOp(TensorOp):
@@ -51,16 +39,13 @@ class CheckpointOp(TensorOp):
 
     def compute(self, x: NDArray, *param_arrays: NDArray) -> NDArray:
         self.rng_state = np.random.get_state()
-        with _grad_mode(False):
+        with autograd.no_grad():
             out = self.fn(Tensor.make_const(x))
         if not isinstance(out, Tensor):
             raise TypeError(f"checkpoint: fn must return a Tensor, got {type(out).__name__}")
         return out.realize_cached_data()
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tuple[Tensor, ...]:
-        if autograd._GRAD_ENABLED:
-            raise NotImplementedError("backward(create_graph=True) through a checkpoint is not "
-                                      "supported: its gradient is computed by a separate pass")
         x_in = node.inputs[0]
         x = Tensor.make_const(x_in.realize_cached_data(), requires_grad=x_in.requires_grad)
         saved_grads = [p.grad for p in self.params]
@@ -69,17 +54,54 @@ class CheckpointOp(TensorOp):
             for p in self.params:
                 p.grad = None
             np.random.set_state(self.rng_state)
-            with _grad_mode(True):
+            with autograd.enable_grad():
                 out = self.fn(x)
+            self._refuse_unlisted_leaves(out, x)
             if out.requires_grad:
-                autograd.compute_gradient_of_variables(out, out_grad.detach())
+                autograd.compute_gradient_of_variables(out, out_grad.detach(),
+                                                       create_graph=False)
             grads = [x.grad] + [p.grad for p in self.params]
         finally:
             np.random.set_state(state_now)
             for p, g in zip(self.params, saved_grads):
                 p.grad = g
-        return tuple(g if g is not None else _zeros_like(inp)
-                     for g, inp in zip(grads, node.inputs))
+        grads = [g if g is not None else _zeros_like(inp) for g, inp in zip(grads, node.inputs)]
+        if not autograd.is_grad_enabled():
+            return tuple(grads)
+        # The backward pass is recording (the default): the gradients become graph nodes that
+        # refuse a second differentiation instead of acting as constants (which would give a
+        # silently wrong second derivative).
+        inputs = [out_grad, *node.inputs]
+        return tuple(FirstOrderOnly(g.realize_cached_data())(*inputs) for g in grads)
+
+
+    def _refuse_unlisted_leaves(self, out: Tensor, x: Tensor) -> None:
+        """ValueError naming each tensor fn used that needs a gradient but is neither the input
+        nor in ``params``: its gradient cannot be routed through the checkpoint, and it would
+        otherwise end up with only part of it (the uses outside the block)."""
+        listed = {id(x), *(id(p) for p in self.params)}
+        unlisted = [node for node in autograd.find_topo_sort([out])
+                    if node.op is None and node.requires_grad and id(node) not in listed]
+        if unlisted:
+            shapes = ", ".join(f"shape {tuple(t.shape)}" for t in unlisted)
+            raise ValueError(f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
+                             f"gradient but are not in params ({shapes}); list every such "
+                             f"tensor in params (a module's parameters())")
+
+
+class FirstOrderOnly(TensorOp):
+    """A precomputed checkpoint gradient as a graph node over (out_grad, x, *params): its value
+    is exact; differentiating it again raises NotImplementedError."""
+
+    def __init__(self, value: NDArray) -> None:
+        self.value = value
+
+    def compute(self, *arrays: NDArray) -> NDArray:
+        return self.value
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        raise NotImplementedError("second derivatives through a checkpoint are not supported: "
+                                  "its gradient is computed by a separate pass")
 
 
 def _zeros_like(t: Tensor) -> Tensor:
@@ -92,7 +114,8 @@ def checkpoint(fn: Callable[[Tensor], Tensor], x: Tensor,
     """``fn(x)`` without keeping fn's activations; they are recomputed in backward.
 
     ``params`` lists every tensor ``fn`` uses that needs a gradient (a module's
-    ``parameters()``); a tensor left out gets no gradient. The result has fn's output shape, and
+    ``parameters()``); backward raises ValueError naming any such tensor left out (it would
+    otherwise get only the part of its gradient from outside the block). The result has fn's output shape, and
     its gradients equal those of calling ``fn(x)`` directly.
     """
     if not isinstance(x, Tensor):

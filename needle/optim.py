@@ -85,7 +85,8 @@ class Optimizer:
         w = p.realize_cached_data()
         compact = w.compact()
         if compact is not w:  # a strided view: from now on p owns a compact buffer
-            p.cached_data = w = compact
+            p.replace_array(compact)
+            w = compact
         return g.realize_cached_data(), w
 
     def _zeros(self, w):

@@ -41,7 +41,7 @@
 #   $\theta \leftarrow \theta - \frac{\alpha}{b} X_b^\top (Z - I_y)$, where $Z$ holds the rows'
 #   softmax probabilities and $I_y$ their one-hot labels.
 #
-# The functions live in `needle.apps.simple_ml` (the course's `apps/simple_ml.py`).
+# The functions live in `companion.apps.simple_ml` (the course's `apps/simple_ml.py`).
 
 # %%
 from pathlib import Path
@@ -52,8 +52,9 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 import needle as ndl
-from needle.apps import simple_ml as sm
-from needle.viz import save_figure
+import companion.data
+from companion.apps import simple_ml as sm
+from companion.viz import save_figure
 
 np.random.seed(0)
 
@@ -63,7 +64,7 @@ np.random.seed(0)
 # The course uses MNIST (60,000 training and 10,000 test images, 28 × 28). This notebook runs
 # offline on **scikit-learn's handwritten digits**: 1,797 real 8 × 8 scans that ship with the
 # library, resized into MNIST's layout (a 20 × 20 digit centred in 28 × 28) by
-# `needle.data.load_digits_mnist_like`, split 1,500 / 297. After `make data` you can switch the
+# `companion.data.load_digits_mnist_like`, split 1,500 / 297. After `make data` you can switch the
 # cell below to `"mnist"` and rerun everything on the real thing (the digits-specific numbers
 # quoted in the text are only checked for the digits).
 
@@ -73,8 +74,8 @@ DATASET = "digits"  # or "mnist" after `make data`
 # %%
 DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
 if DATASET == "digits":
-    X_tr, y_tr = ndl.data.load_digits_mnist_like(28, train=True)
-    X_te, y_te = ndl.data.load_digits_mnist_like(28, train=False)
+    X_tr, y_tr = companion.data.load_digits_mnist_like(28, train=True)
+    X_te, y_te = companion.data.load_digits_mnist_like(28, train=False)
 elif DATASET == "mnist":
     X_tr, y_tr = sm.parse_mnist(DATA_DIR / "train-images-idx3-ubyte.gz", DATA_DIR / "train-labels-idx1-ubyte.gz")
     X_te, y_te = sm.parse_mnist(DATA_DIR / "t10k-images-idx3-ubyte.gz", DATA_DIR / "t10k-labels-idx1-ubyte.gz")
@@ -180,7 +181,7 @@ if DATASET == "digits":
 # ## 5. The same epoch in C++
 #
 # The course then rewrites `softmax_regression_epoch` in C++ (`src/simple_ml_ext.cc`, compiled
-# into `needle.apps.simple_ml_ext` with pybind11). It receives raw pointers to the numpy
+# into `companion.apps.simple_ml_ext` with pybind11). It receives raw pointers to the numpy
 # buffers, loops over the batches exactly as the numpy version does, and **updates `theta` in
 # place**. It must agree with numpy to float32 rounding: we run one epoch of each from the same
 # start and compare.
@@ -340,8 +341,8 @@ assert abs(float(l_ndl.numpy()) - l_np) < 1e-5
 # %% tags=["exercise-setup"]
 import numpy as np
 
-from needle.apps import simple_ml as sm
-from needle.check.exercises import central_difference, check_exercise
+from companion.apps import simple_ml as sm
+from companion.check.exercises import central_difference, check_exercise
 
 rng = np.random.default_rng(0)
 z_ex = rng.standard_normal(5)            # the logits of one example, 5 classes

@@ -39,7 +39,7 @@
 # 4. an **MLP-ResNet**, hw2's final model, trained to high accuracy.
 #
 # Everything runs offline on scikit-learn's handwritten digits in MNIST's 28 × 28 layout
-# (`needle.data.DigitsDataset`); the parameter cell switches to MNIST after `make data`.
+# (`companion.data.DigitsDataset`); the parameter cell switches to MNIST after `make data`.
 
 # %%
 from pathlib import Path
@@ -50,8 +50,9 @@ import numpy as np
 
 import needle as ndl
 import needle.nn as nn
-from needle.apps import mlp_resnet
-from needle.viz import save_figure
+import companion.data
+from companion.apps import mlp_resnet
+from companion.viz import save_figure
 
 np.random.seed(0)
 device = ndl.cpu()  # where needle's layers put their parameters by default
@@ -62,8 +63,8 @@ DATASET = "digits"  # or "mnist" after `make data`
 # %%
 DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
 if DATASET == "digits":
-    train_set = ndl.data.DigitsDataset(train=True, image_size=28)
-    test_set = ndl.data.DigitsDataset(train=False, image_size=28)
+    train_set = companion.data.DigitsDataset(train=True, image_size=28)
+    test_set = companion.data.DigitsDataset(train=False, image_size=28)
 elif DATASET == "mnist":
     train_set = ndl.data.MNISTDataset(str(DATA_DIR / "train-images-idx3-ubyte.gz"),
                                       str(DATA_DIR / "train-labels-idx1-ubyte.gz"))
@@ -424,7 +425,7 @@ import numpy as np
 
 import needle as ndl
 from needle import init, nn, optim
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 theta_ex = rng.standard_normal((3, 2)).astype(np.float32)

@@ -58,8 +58,8 @@ import numpy as np
 
 import needle as ndl
 from needle import backend_ndarray as nd
-from needle import lecture
-from needle.viz import save_figure
+from companion import lecture
+from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
@@ -470,7 +470,7 @@ ROOT = Path(ndl.__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside needle in a checkout
 from benchmarks.common import machine_info  # noqa: E402
-from needle.timing import measure  # noqa: E402
+from companion.timing import measure  # noqa: E402
 
 print("\n".join(machine_info()[1:]))
 print(f"needle cpu() kernels: {mod.__gemm__['isa']}, {mod.num_threads()} threads\n")
@@ -573,7 +573,7 @@ plt.show()
 import numpy as np
 
 from needle import backend_ndarray as nd
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 base_ex = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
 

@@ -68,9 +68,9 @@ import numpy as np
 import needle as ndl
 import needle.backend_ndarray.ndarray as ndarray_module
 from needle import backend_ndarray as nd
-from needle.timing import measure
-from needle import lecture
-from needle.viz import save_figure
+from companion.timing import measure
+from companion import lecture
+from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
@@ -257,7 +257,7 @@ big_t = big.permute((1, 0))
 
 
 def median_ms(fn) -> float:
-    """Median milliseconds per call of fn() (needle.timing.measure: warm-up, repeated samples)."""
+    """Median milliseconds per call of fn() (companion.timing.measure: warm-up, repeated samples)."""
     return 1e3 * measure(fn)
 
 
@@ -1051,7 +1051,7 @@ plt.show()
 import numpy as np
 
 from needle import backend_ndarray as nd
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 A_ex = rng.standard_normal((8, 12)).astype(np.float32)

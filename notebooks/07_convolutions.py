@@ -45,9 +45,10 @@ from matplotlib.ticker import MaxNLocator
 import needle as ndl
 import needle.nn as nn
 from needle import backend_ndarray as nd
-from needle.apps.models import ResNet9
-from needle.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10
-from needle.viz import save_figure
+import companion.data
+from companion.apps.models import ResNet9
+from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10
+from companion.viz import save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -316,12 +317,12 @@ print("autograd dL/dx matches the flip/dilate/crop formula")
 # %% [markdown]
 # ## 5. ResNet-9 on images
 #
-# `needle.apps.models.ResNet9` is the homework's network: four strided `ConvBN` blocks
+# `companion.apps.models.ResNet9` is the homework's network: four strided `ConvBN` blocks
 # (convolution, `BatchNorm2d`, ReLU), two residual blocks, and a two-layer head — 431,946
 # parameters mapping $(N, 3, 32, 32)$ images to 10 logits.
 #
 # **Data.** CIFAR-10 needs a download, so the committed run uses needle's offline stand-in
-# `ndl.data.ShapesDataset`: ten classes of coloured shapes and textures (discs, squares,
+# `companion.data.ShapesDataset`: ten classes of coloured shapes and textures (discs, squares,
 # triangles, rings, crosses, four kinds of stripes/checks, dot grids) drawn from a seed, with
 # random colours, positions and sizes and pixel noise — same format as CIFAR-10. To train on the
 # real thing, run `make data` and set `DATASET = "cifar10"` below.
@@ -340,9 +341,9 @@ def load(train: bool):
     if DATASET == "cifar10":
         ds = ndl.data.CIFAR10Dataset(str(Path("..") / "data" / "cifar-10-batches-py"), train)
         ds.X, ds.y = ds.X[:n], ds.y[:n]
-        ds.classes = ndl.data.CIFAR10_CLASSES
+        ds.classes = companion.data.CIFAR10_CLASSES
         return ds
-    return ndl.data.ShapesDataset(train=train, n=n, seed=0)
+    return companion.data.ShapesDataset(train=train, n=n, seed=0)
 
 
 train_set, test_set = load(True), load(False)
@@ -490,7 +491,7 @@ plt.show()
 import numpy as np
 
 import needle as ndl
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 x_ex = rng.standard_normal((2, 6, 5, 3)).astype(np.float32)   # NHWC

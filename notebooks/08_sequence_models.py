@@ -50,11 +50,11 @@ import numpy as np
 
 import needle as ndl
 from needle import autograd, nn
-from needle.apps.language_model import LanguageModel
-from needle.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
+from companion.apps.language_model import LanguageModel
+from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify, get_batch
-from needle.data.datasets.ptb_dataset import default_grammar, write_grammar_corpus
-from needle.viz import save_figure
+from companion.data import default_grammar, write_grammar_corpus
+from companion.viz import save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -166,7 +166,7 @@ assert max(errs) < 1e-5
 # the whole history's graph in memory. **Truncated BPTT** cuts the stream into chunks of
 # `seq_len` steps: each chunk starts from the previous chunk's final hidden state (so the model
 # still *sees* the past), but the gradient stops at the chunk boundary. In needle that is
-# `h = h.detach()` (for an LSTM, both `h` and `c`): `detach_state` in `needle.apps`.
+# `h = h.detach()` (for an LSTM, both `h` and `c`): `detach_state` in `companion.apps`.
 #
 # What happens without it? The new chunk's graph hangs on to the old one through `h`, so the
 # graph grows with every chunk. `autograd.TENSOR_COUNTER` counts live tensors; we run 6 chunks
@@ -442,7 +442,7 @@ import numpy as np
 
 import needle as ndl
 from needle import nn
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 np.random.seed(0)

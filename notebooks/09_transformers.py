@@ -48,11 +48,11 @@ import numpy as np
 
 import needle as ndl
 from needle import nn
-from needle.apps.language_model import LanguageModel
-from needle.apps.ptb_training import epoch_general_ptb, evaluate_ptb
+from companion.apps.language_model import LanguageModel
+from companion.apps.ptb_training import epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify
-from needle.data.datasets.ptb_dataset import default_grammar, write_grammar_corpus
-from needle.viz import save_figure
+from companion.data import default_grammar, write_grammar_corpus
+from companion.viz import save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -354,7 +354,7 @@ import numpy as np
 
 import needle as ndl
 from needle import nn
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 q_ex, k_ex, v_ex = (rng.standard_normal((2, 3, 5, 4)).astype(np.float32) for _ in range(3))

@@ -54,7 +54,7 @@ from sklearn.datasets import load_digits
 import needle as ndl
 import needle.nn as nn
 from needle import autograd
-from needle import lecture
+from companion import lecture
 from needle.autograd import Tensor, TensorOp
 
 np.set_printoptions(precision=4, suppress=True)
@@ -385,7 +385,7 @@ import numpy as np
 import needle as ndl
 from needle import autograd
 from needle.autograd import Tensor
-from needle.check.exercises import central_difference, check_exercise
+from companion.check.exercises import central_difference, check_exercise
 
 rng = np.random.default_rng(0)
 bottom_ex = rng.standard_normal((4, 5))        # a layer's input (float64, as in section 1)

@@ -52,7 +52,7 @@ from sklearn.linear_model import LogisticRegression
 
 import needle as ndl
 import needle.nn as nn
-from needle.viz import save_figure
+from companion.viz import save_figure
 
 np.set_printoptions(precision=3, suppress=True)
 np.random.seed(0)
@@ -359,7 +359,7 @@ from scipy.stats import multivariate_normal
 
 import needle as ndl
 import needle.nn as nn
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 A_ex = np.array([[1.0, 2.0], [-0.2, 0.5]])      # the data of part 1: N(mu_ex, A_exᵀ A_ex)

@@ -52,8 +52,8 @@ import numpy as np
 
 import needle as ndl
 import needle.nn as nn
-from needle import lecture
-from needle.viz import save_figure
+from companion import lecture
+from companion.viz import save_figure
 
 np.set_printoptions(precision=3, suppress=True)
 np.random.seed(0)
@@ -266,7 +266,7 @@ plt.show()
 # %% [markdown]
 # ## 3. Data parallelism over MPI
 #
-# `needle/distributed_train.py` trains a 64-64-10 MLP on the digits with SGD. Under
+# `companion/apps/distributed_train.py` trains a 64-64-10 MLP on the digits with SGD. Under
 # `mpiexec -n 2` each of the two processes computes the loss and gradients on half of every
 # global batch of 64, and `needle.distributed.allreduce_gradients` averages the gradients with
 # one MPI `Allreduce` before each step. With equal halves the average is exactly the full-batch
@@ -274,8 +274,8 @@ plt.show()
 # same script without `mpiexec` is that single process.
 
 # %%
-# companion-only: needle.distributed and needle.distributed_train (data parallelism over MPI)
-args = [sys.executable, "-m", "needle.distributed_train", "--steps", "30", "--batch", "64"]
+# companion-only: needle.distributed and companion.apps.distributed_train (data parallelism over MPI)
+args = [sys.executable, "-m", "companion.apps.distributed_train", "--steps", "30", "--batch", "64"]
 with tempfile.TemporaryDirectory() as tmp:
     subprocess.run(args + ["--out", f"{tmp}/one.npz"], cwd=ROOT, check=True)
     subprocess.run([mpiexec, "-n", "2"] + args + ["--out", f"{tmp}/two.npz"], cwd=ROOT,
@@ -393,7 +393,7 @@ import numpy as np
 import needle as ndl
 import needle.nn as nn
 from needle.backend_ndarray import ndarray_backend_cpu as cpu_module
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 rng = np.random.default_rng(0)
 

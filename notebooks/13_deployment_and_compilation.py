@@ -51,10 +51,10 @@ from tvm.target import codegen
 
 import needle as ndl
 import needle.nn as nn
-from needle import lecture
-from needle.apps.mlp_resnet import MLPResNet
-from needle.timing import measure
-from needle.viz import save_figure
+from companion import lecture
+from companion.apps.mlp_resnet import MLPResNet
+from companion.timing import measure
+from companion.viz import save_figure
 
 np.set_printoptions(precision=4, suppress=True)
 np.random.seed(0)
@@ -385,7 +385,7 @@ from tvm.target import codegen
 
 import needle as ndl
 import needle.nn as nn
-from needle.check.exercises import check_exercise
+from companion.check.exercises import check_exercise
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 dev = tvm.cpu()

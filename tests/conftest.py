@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """One marker per homework question (needle/check/questions.py): `pytest -m hw2_linear`."""
-    from needle.check.questions import QUESTIONS
+    """One marker per homework question (companion/check/questions.py): `pytest -m hw2_linear`."""
+    from companion.check.questions import QUESTIONS
     for q in QUESTIONS:
         config.addinivalue_line("markers", f"{q.marker}: {q.hw} question: {q.title}")

@@ -8,8 +8,11 @@ copies a view into row-major order.
 The kernels take strided operands (``protocol.py``): element-wise ops read broadcast (stride 0),
 permuted and sliced views directly, reductions run over a permuted view, and ``@`` passes
 transposed and batched operands as strides. What stays in Python is the bookkeeping — shapes,
-broadcasting, axis normalisation and every argument check — done once per call, before a
-device module runs; the compiled kernels trust what they receive.
+broadcasting, axis normalisation and the argument checks that give a Python user a precise
+message — done once per call, before a device module runs. The device modules check again at
+their border (the compiled bindings with ``src/ndarray_checks.h``, the numpy module in Python),
+since they can be called directly: a bad buffer, size or view is a ValueError there, never a
+crash.
 """
 from __future__ import annotations
 
@@ -33,14 +36,14 @@ from .device import (
     ndarray_backend_cuda,
     ndarray_backend_numpy,
 )
-from .protocol import BINARY_OPS, MAX_ELEMENTS, REDUCE_OPS, UNARY_OPS
+from .protocol import (BINARY_OPS, MAX_ELEMENTS, OP_METHODS, REDUCE_OPS, UNARY_OPS,
+                       module_functions)
 
-# Op codes, looked up once (the tables are identical in every device module).
-_ADD, _SUB, _MUL, _DIV, _POW, _MAXIMUM, _MINIMUM, _EQ, _NE, _LT, _LE, _GT, _GE = (
-    BINARY_OPS.index(n) for n in ("add", "sub", "mul", "div", "power", "maximum", "minimum",
-                                  "eq", "ne", "lt", "le", "gt", "ge"))
-_NEG, _ABS, _SQRT, _EXP, _LOG, _TANH, _SIGMOID, _RELU = (
-    UNARY_OPS.index(n) for n in ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu"))
+__all__ = ["BackendDevice", "NDArray", "all_devices", "array", "broadcast_to", "cpu", "cpu_numpy",
+           "cuda", "default_device", "default_tensor_device", "empty", "flip", "full", "matmul",
+           "matmul_tiled", "pad", "permute", "prod", "reshape"]
+
+# Op codes of the reductions (the tables are identical in every device module).
 _SUM, _MAX = (REDUCE_OPS.index(n) for n in ("sum", "max"))
 
 
@@ -392,115 +395,9 @@ class NDArray:
                                      shape)
         return out
 
-    def ewise_or_scalar(self, other, ewise_func, scalar_func) -> "NDArray":
-        """The course's dispatch: ``ewise_func(a, b, out)`` on compact operands of one shape
-        when ``other`` is an NDArray, else ``scalar_func(a, val, out)`` (kept for notebooks and
-        exercises; needle's own ops use the strided kernels)."""
-        out = _new(self._shape, self._device)
-        if isinstance(other, NDArray):
-            self._check_device(other)
-            if self.shape != other.shape:
-                raise ValueError(f"operands could not be combined element-wise: shapes "
-                                 f"{self.shape} and {other.shape} differ")
-            if out.size:
-                ewise_func(self.compact()._handle, other.compact()._handle, out._handle)
-        elif out.size:
-            scalar_func(self.compact()._handle, _scalar(other), out._handle)
-        return out
-
-    def __add__(self, other):
-        return self._binary(other, _ADD)
-
-    def __radd__(self, other):
-        return self._binary(other, _ADD, True)
-
-    def __sub__(self, other):
-        return self._binary(other, _SUB)
-
-    def __rsub__(self, other):
-        return self._binary(other, _SUB, True)
-
-    def __mul__(self, other):
-        return self._binary(other, _MUL)
-
-    def __rmul__(self, other):
-        return self._binary(other, _MUL, True)
-
-    def __truediv__(self, other):
-        return self._binary(other, _DIV)
-
-    def __rtruediv__(self, other):
-        return self._binary(other, _DIV, True)
-
-    def __pow__(self, other):
-        """Element-wise power with a scalar or NDArray exponent (broadcast)."""
-        return self._binary(other, _POW)
-
-    def __rpow__(self, other):
-        return self._binary(other, _POW, True)
-
-    def maximum(self, other) -> "NDArray":
-        """Element-wise maximum with an NDArray (broadcast) or scalar; NaN propagates."""
-        return self._binary(other, _MAXIMUM)
-
-    def minimum(self, other) -> "NDArray":
-        """Element-wise minimum with an NDArray (broadcast) or scalar; NaN propagates."""
-        return self._binary(other, _MINIMUM)
-
-    # IEEE comparisons (false with NaN, except !=), each one kernel; results are 1.0 / 0.0.
-    def __eq__(self, other):
-        return self._binary(other, _EQ)
-
-    def __ne__(self, other):
-        return self._binary(other, _NE)
-
-    def __lt__(self, other):
-        return self._binary(other, _LT)
-
-    def __le__(self, other):
-        return self._binary(other, _LE)
-
-    def __gt__(self, other):
-        return self._binary(other, _GT)
-
-    def __ge__(self, other):
-        return self._binary(other, _GE)
-
+    # The element-wise methods (__add__, __radd__, ..., maximum, exp, relu, ...) are generated
+    # below the class from protocol.OP_METHODS: one _binary / _unary call each.
     __hash__ = None
-
-    def __neg__(self):
-        return self._unary(_NEG)
-
-    def __abs__(self):
-        return self._unary(_ABS)
-
-    def abs(self) -> "NDArray":
-        """Element-wise absolute value."""
-        return self._unary(_ABS)
-
-    def sqrt(self) -> "NDArray":
-        """Element-wise square root (NaN below 0)."""
-        return self._unary(_SQRT)
-
-    def log(self) -> "NDArray":
-        """Element-wise natural logarithm."""
-        return self._unary(_LOG)
-
-    def exp(self) -> "NDArray":
-        """Element-wise exponential."""
-        return self._unary(_EXP)
-
-    def tanh(self) -> "NDArray":
-        """Element-wise hyperbolic tangent."""
-        return self._unary(_TANH)
-
-    def sigmoid(self) -> "NDArray":
-        """Element-wise logistic function 1 / (1 + exp(-x))."""
-        return self._unary(_SIGMOID)
-
-    def relu(self) -> "NDArray":
-        """Element-wise max(x, 0) (NaN stays NaN)."""
-        return self._unary(_RELU)
 
     # ---- matrix multiplication ---------------------------------------------------------------
     def __matmul__(self, other: "NDArray") -> "NDArray":
@@ -620,6 +517,33 @@ class NDArray:
         out.fill(0.0)
         out[tuple(slice(a, a + s) for s, (a, _) in zip(self.shape, axes))] = self
         return out
+
+
+def _binary_method(name: str, code: int, reverse: bool):
+    def method(self: NDArray, other) -> NDArray:
+        return self._binary(other, code, reverse)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (f"Element-wise ``{BINARY_OPS[code]}`` with an NDArray (broadcast with "
+                      f"numpy's rules) or a scalar{', reflected' if reverse else ''}.")
+    return method
+
+
+def _unary_method(name: str, code: int):
+    def method(self: NDArray) -> NDArray:
+        return self._unary(code)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Element-wise ``{UNARY_OPS[code]}``."
+    return method
+
+
+for _op, _methods in OP_METHODS.items():
+    if _op in BINARY_OPS:
+        for _i, _name in enumerate(_methods):
+            setattr(NDArray, _name, _binary_method(_name, BINARY_OPS.index(_op), _i == 1))
+    elif _op in UNARY_OPS:
+        for _name in _methods:
+            setattr(NDArray, _name, _unary_method(_name, UNARY_OPS.index(_op)))
+    # the reductions (sum, max) are written in the class: they take axes
 
 
 def _scalar(value) -> float:
@@ -789,54 +713,10 @@ def permute(array: NDArray, new_axes) -> NDArray:
     return array.permute(new_axes)
 
 
-def maximum(a: NDArray, b) -> NDArray:
-    """Element-wise maximum of ``a`` and an NDArray or scalar ``b`` (broadcast)."""
-    return a.maximum(b)
-
-
-def minimum(a: NDArray, b) -> NDArray:
-    """Element-wise minimum of ``a`` and an NDArray or scalar ``b`` (broadcast)."""
-    return a.minimum(b)
-
-
-def log(a: NDArray) -> NDArray:
-    """Element-wise natural logarithm."""
-    return a.log()
-
-
-def exp(a: NDArray) -> NDArray:
-    """Element-wise exponential."""
-    return a.exp()
-
-
-def tanh(a: NDArray) -> NDArray:
-    """Element-wise hyperbolic tangent."""
-    return a.tanh()
-
-
-def sqrt(a: NDArray) -> NDArray:
-    """Element-wise square root."""
-    return a.sqrt()
-
-
-def sigmoid(a: NDArray) -> NDArray:
-    """Element-wise logistic function."""
-    return a.sigmoid()
-
-
-def relu(a: NDArray) -> NDArray:
-    """Element-wise max(x, 0)."""
-    return a.relu()
-
-
-def sum(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
-    """Sum of ``a`` over ``axis`` (None, an int or a tuple of ints)."""
-    return a.sum(axis=axis, keepdims=keepdims)
-
-
-def max(a: NDArray, axis=None, keepdims: bool = False) -> NDArray:
-    """Maximum of ``a`` over ``axis`` (None, an int or a tuple of ints)."""
-    return a.max(axis=axis, keepdims=keepdims)
+# maximum, minimum, neg, abs, sqrt, exp, log, tanh, sigmoid, relu, sum, max: f(a, ...) = a.f(...)
+_FUNCTIONS = module_functions(NDArray)
+globals().update(_FUNCTIONS)
+__all__ += list(_FUNCTIONS)
 
 
 def matmul(a: NDArray, b: NDArray) -> NDArray:

@@ -6,6 +6,10 @@ identically on all three. It is slow and meant as an oracle and a readable speci
 protocol, including its checks: a wrong kind of argument is a TypeError; buffers whose sizes do
 not fit, views reaching outside their buffer, negative sizes and unknown op codes are
 ValueErrors naming the function and the numbers.
+
+The computations themselves are ``numpy_kernels``' (shared with ``NEEDLE_BACKEND=np``); the
+fused kernels' buffer sizes are checked against ``fused_spec``. This module adds the buffers,
+the views and the checks.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import operator
 
 import numpy as np
 
+from . import fused_spec
+from . import numpy_kernels as kernels
 from .protocol import MAX_ELEMENTS
 
 __device_name__ = "cpu_numpy"
@@ -20,40 +26,9 @@ _datatype = np.float32
 _datetype_size = np.dtype(_datatype).itemsize
 
 
-# The op tables: one numpy function per op, in op-code order (protocol.BINARY_OPS ...), each
-# called as f(a, b, out=...) / f(a, out=...) with a float32 out (comparisons write 1.0 / 0.0).
-# Semantics are numpy's float32 (IEEE): comparisons with NaN are false except `ne`,
-# maximum/minimum/max propagate NaN. Adding an op is one line here.
-_BINARY = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.divide,
-    "power": np.power,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-}
-_UNARY = {
-    "neg": np.negative,
-    "abs": np.abs,
-    "sqrt": np.sqrt,
-    "exp": np.exp,
-    "log": np.log,
-    "tanh": np.tanh,
-    "sigmoid": lambda a, out: np.divide(1.0, np.add(1.0, np.exp(-a), out=out), out=out),
-    "relu": lambda a, out: np.copyto(out, np.where((a > 0) | np.isnan(a), a, np.float32(0))),
-}
-# (function over axes, identity for an empty extent or None when an empty extent is an error)
-_REDUCE = {
-    "sum": (np.sum, 0.0),
-    "max": (np.max, None),
-}
+# The op tables come from the numpy kernels, in op-code order (protocol.BINARY_OPS ...); each
+# is called as f(a, b, out=...) / f(a, out=...) with a float32 out (comparisons write 1.0 / 0.0).
+_BINARY, _UNARY, _REDUCE = kernels.BINARY, kernels.UNARY, kernels.REDUCE
 __binary_ops__ = tuple(_BINARY)
 __unary_ops__ = tuple(_UNARY)
 __reduce_ops__ = tuple(_REDUCE)
@@ -477,6 +452,45 @@ def reduce_sum(a, out, reduce_size):
     out.array[:] = a.array[: out.array.size * reduce_size].reshape(-1, reduce_size).sum(axis=1)
 
 
-# The fused kernels (protocol.py, "fused kernels") live in their own file; imported last so
-# that file may import this module's Array and helpers.
-from .ndarray_backend_numpy_fused import *  # noqa: E402,F401,F403
+# ---- fused kernels (protocol.py's last section) -----------------------------------------------
+def _fused(spec: fused_spec.FusedKernel, kernel):
+    """The device function of the fused kernel ``spec``: arguments (inputs..., sizes...,
+    scalars..., outputs...) as in ``protocol.py``; checks kinds, then every buffer's size
+    against ``spec`` (``fused_spec.FusedKernel.check_buffers``), runs the numpy ``kernel`` on
+    views of the inputs and writes its results into the outputs (an in-place update, with no
+    outputs, updates its input buffers)."""
+    fn = spec.name
+    n_in, n_dims, n_scalars = len(spec.inputs), len(spec.dims), len(spec.scalars)
+    names = [op.name for op in spec.inputs + spec.outputs]
+
+    def device_function(*args) -> None:
+        if len(args) != n_in + n_dims + n_scalars + len(spec.outputs):
+            raise TypeError(f"{fn}: expected {n_in + n_dims + n_scalars + len(spec.outputs)} "
+                            f"arguments, got {len(args)}")
+        buffers = args[:n_in] + args[n_in + n_dims + n_scalars:]
+        for name, buf in zip(names, buffers):
+            _buf(fn, name, buf)
+        dims = tuple(_int(fn, d, v) for d, v in zip(spec.dims, args[n_in:n_in + n_dims]))
+        scalars = [_float(fn, s, v) for s, v in
+                   zip(spec.scalars, args[n_in + n_dims:n_in + n_dims + n_scalars])]
+        dims = spec.check_buffers(dict(zip(names, buffers)), dims, dict(zip(spec.scalars, scalars)))
+        inputs = [buf.array.reshape(op.shape(*dims)) for op, buf in zip(spec.inputs, buffers)]
+        results = kernel(*inputs, *scalars)
+        if spec.outputs:
+            for buf, value in zip(buffers[n_in:], results):
+                buf.array[:] = np.ravel(value)
+
+    device_function.__name__ = device_function.__qualname__ = fn
+    device_function.__doc__ = f"See ``protocol.DeviceModule.{fn}``."
+    return device_function
+
+
+softmax_xent = _fused(fused_spec.SOFTMAX_XENT, kernels.softmax_xent)
+layernorm_fwd = _fused(fused_spec.LAYERNORM_FWD, kernels.layernorm_fwd)
+layernorm_bwd = _fused(fused_spec.LAYERNORM_BWD, kernels.layernorm_bwd)
+batchnorm_fwd = _fused(fused_spec.BATCHNORM_FWD, kernels.batchnorm_fwd)
+batchnorm_bwd = _fused(fused_spec.BATCHNORM_BWD, kernels.batchnorm_bwd)
+lstm_cell_fwd = _fused(fused_spec.LSTM_CELL_FWD, kernels.lstm_cell_fwd)
+lstm_cell_bwd = _fused(fused_spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd)
+sgd_update = _fused(fused_spec.SGD_UPDATE, kernels.sgd_update)
+adam_update = _fused(fused_spec.ADAM_UPDATE, kernels.adam_update)

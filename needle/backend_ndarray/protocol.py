@@ -4,8 +4,8 @@ A *device module* implements storage and kernels for one device. needle has thre
 reference module (``ndarray_backend_numpy``, device ``cpu_numpy()``), the compiled C++ module
 (``ndarray_backend_cpu``, ``cpu()``) and the compiled CUDA module (``ndarray_backend_cuda``,
 ``cuda()``). :class:`needle.backend_ndarray.NDArray` validates every argument in Python and then
-calls these functions; the conformance suite (``tests/test_device_protocol.py``) checks all three
-modules against numpy, values and errors.
+calls these functions; the conformance suite (``tests/framework/test_device_protocol.py``)
+checks all three modules against numpy, values and errors.
 
 Conventions
 -----------
@@ -36,15 +36,48 @@ transposed matrix products, and fused kernels for the composites a training step
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Protocol, Sequence, Tuple
 
 import numpy as np
 
-# The op tables, in op-code order. src/ndarray_ops.h lists the same names in the same order.
-BINARY_OPS: Tuple[str, ...] = ("add", "sub", "mul", "div", "power", "maximum", "minimum",
-                               "eq", "ne", "lt", "le", "gt", "ge")
-UNARY_OPS: Tuple[str, ...] = ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")
-REDUCE_OPS: Tuple[str, ...] = ("sum", "max")
+# The op tables, in op-code order, with the array types' methods for each op (NDArray and the
+# NEEDLE_BACKEND=np array both have every one; a binary op's second method is the reflected
+# form, ``2 - a``). src/ndarray_ops.h lists the same names in the same order. The array-API
+# modules generate one module function per method with a plain name (``array_api.exp(a)`` is
+# ``a.exp()``) with :func:`module_functions`.
+BINARY_METHODS: Dict[str, Tuple[str, ...]] = {
+    "add": ("__add__", "__radd__"),
+    "sub": ("__sub__", "__rsub__"),
+    "mul": ("__mul__", "__rmul__"),
+    "div": ("__truediv__", "__rtruediv__"),
+    "power": ("__pow__", "__rpow__"),
+    "maximum": ("maximum",),
+    "minimum": ("minimum",),
+    "eq": ("__eq__",),
+    "ne": ("__ne__",),
+    "lt": ("__lt__",),
+    "le": ("__le__",),
+    "gt": ("__gt__",),
+    "ge": ("__ge__",),
+}
+UNARY_METHODS: Dict[str, Tuple[str, ...]] = {
+    "neg": ("__neg__", "neg"),
+    "abs": ("__abs__", "abs"),
+    "sqrt": ("sqrt",),
+    "exp": ("exp",),
+    "log": ("log",),
+    "tanh": ("tanh",),
+    "sigmoid": ("sigmoid",),
+    "relu": ("relu",),
+}
+REDUCE_METHODS: Dict[str, Tuple[str, ...]] = {
+    "sum": ("sum",),
+    "max": ("max",),
+}
+BINARY_OPS: Tuple[str, ...] = tuple(BINARY_METHODS)
+UNARY_OPS: Tuple[str, ...] = tuple(UNARY_METHODS)
+REDUCE_OPS: Tuple[str, ...] = tuple(REDUCE_METHODS)
+OP_METHODS: Dict[str, Tuple[str, ...]] = {**BINARY_METHODS, **UNARY_METHODS, **REDUCE_METHODS}
 
 # The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
 # sizes are a ValueError before anything is allocated, and every index product fits in int64.
@@ -52,6 +85,41 @@ MAX_ELEMENTS: int = 1 << 50
 
 Shape = Sequence[int]
 Strides = Sequence[int]
+
+_DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` (broadcast); "
+                    "NaN propagates.",
+         "minimum": "Element-wise minimum of ``a`` and an array or scalar ``b`` (broadcast); "
+                    "NaN propagates.",
+         "sum": "Sum of ``a`` over ``axis`` (None, an int or a tuple of ints; ``keepdims``).",
+         "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError."}
+
+
+def _module_function(op: str, name: str, method: Callable, coerce) -> Callable:
+    coerce = coerce or (lambda a: a)
+    if op in BINARY_METHODS:
+        def function(a, b):
+            return method(coerce(a), b)
+    elif op in UNARY_METHODS:
+        def function(a):
+            return method(coerce(a))
+    else:
+        def function(a, axis=None, keepdims: bool = False):
+            return method(coerce(a), axis=axis, keepdims=keepdims)
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
+    return function
+
+
+def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
+                     ) -> Dict[str, Callable]:
+    """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
+    method with a plain name, ``f(a, b) = a.method(b)`` (binary), ``f(a) = a.method()``
+    (unary) or ``f(a, axis=None, keepdims=False) = a.method(axis=axis, keepdims=keepdims)``
+    (reductions), the method looked up on ``array_type`` once and ``a`` passed through
+    ``coerce`` when given (e.g. to accept a plain numpy array)."""
+    return {name: _module_function(op, name, getattr(array_type, name), coerce)
+            for op, methods in OP_METHODS.items() for name in methods
+            if not name.startswith("__")}
 
 
 class Array(Protocol):
@@ -207,4 +275,6 @@ class DeviceModule(Protocol):
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
 
-__all__ = ["Array", "DeviceModule", "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "MAX_ELEMENTS"]
+__all__ = ["Array", "DeviceModule", "BINARY_METHODS", "UNARY_METHODS", "REDUCE_METHODS",
+           "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS", "MAX_ELEMENTS",
+           "module_functions"]

@@ -100,7 +100,15 @@ class DataLoader:
             raise StopIteration
         indices = self.ordering[self._batch]
         self._batch += 1
-        sample = self.dataset[indices]
+        try:
+            sample = self.dataset[indices]
+        except (TypeError, IndexError, ValueError) as exc:
+            raise type(exc)(
+                f"DataLoader reads a batch as dataset[indices] with indices a 1-D int array (here "
+                f"{indices[:4].tolist()}{'...' if len(indices) > 4 else ''}), as the course's "
+                f"loader does, and {type(self.dataset).__name__}.__getitem__ failed on it: "
+                f"{type(exc).__name__}: {exc}. Make __getitem__ accept an index array (e.g. "
+                f"return self.X[index], self.y[index]).") from exc
         if not isinstance(sample, (tuple, list)):
             sample = (sample,)
         # Data needs no adjoint (requires_grad=False, unlike the course's default): ops can then

@@ -283,16 +283,15 @@ class BatchNorm1d(Module):
         _check_features(x, self.dim, type(self).__name__)
         n = x.shape[0]
         if self.training and n > 0:
-            op = ops_fused.BatchNormColumns(self.eps)
-            y = op(x, self.weight, self.bias)
-            y.realize_cached_data()  # the batch statistics exist once the op has run
+            out = ops_fused.BatchNormColumns(self.eps)(x, self.weight, self.bias)
+            _, mean, var = out.realize_cached_data()  # the op returns (y, mean, var)
             m = self.momentum
             # plain arrays: the running statistics never join the graph
             self.running_mean = Tensor.make_const(
-                self.running_mean.realize_cached_data() * (1 - m) + op.mean * m)
+                self.running_mean.realize_cached_data() * (1 - m) + mean * m)
             self.running_var = Tensor.make_const(
-                self.running_var.realize_cached_data() * (1 - m) + op.var * m)
-            return y
+                self.running_var.realize_cached_data() * (1 - m) + var * m)
+            return out[0]
         # Evaluation, and an empty training batch (which has no statistics: the running
         # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
         row = (1, self.dim)

@@ -40,6 +40,9 @@ def _check_input(X: Tensor, ndim: int, cell: Module, what: str) -> None:
         want = "(bs, {f})" if ndim == 2 else "(seq_len, bs, {f})"
         raise ValueError(f"{what} expects input of shape {want.format(f=cell.input_size)}, "
                          f"got {tuple(X.shape)}")
+    if ndim == 3 and X.shape[0] == 0:
+        raise ValueError(f"{what} got an input of sequence length 0 (shape {tuple(X.shape)}): "
+                         f"there is no step to run and no final state to return")
     if X.device != cell.W_ih.device:
         raise ValueError(f"{what}: input is on {X.device} but the parameters are on "
                          f"{cell.W_ih.device}")

@@ -85,59 +85,72 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 # ---- layer norm and batch norm ------------------------------------------------------------------
-class _Norm(TensorOp):
-    """y = w·(x - mean)/sqrt(var + eps) + b; inputs (x, w, b). ``kind`` names the array-API
-    kernels (``{kind}_fwd``/``{kind}_bwd``), which choose the axis of the statistics."""
-
-    kind = ""
+class LayerNormRows(TensorOp):
+    """Layer norm: y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of
+    each row of x (R, C); inputs (x, w, b), w and b of C elements."""
 
     def __init__(self, eps: float):
         self.eps = eps
         self.xhat = self.rstd = None
-        self.stats: tuple = ()
 
     def compute(self, x, w, b):
-        y, self.xhat, self.rstd, *self.stats = getattr(array_api, self.kind + "_fwd")(
-            x, w, b, self.eps)
+        y, self.xhat, self.rstd = array_api.layernorm_fwd(x, w, b, self.eps)
         return y
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        grads = NormBackward(self.kind, self.xhat, self.rstd)(out_grad, *node.inputs)
+        grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", self.xhat, self.rstd)(
+            out_grad, *node.inputs)
         return tuple(grads[k] for k in range(3))
 
 
-class LayerNormRows(_Norm):
-    """Layer norm: the mean and biased variance of each row of x (R, C); w, b (C,)."""
+class BatchNormColumns(TensorTupleOp):
+    """Batch norm in training mode, as the tuple (y, mean, var): y = w·(x - mean)/sqrt(var +
+    eps) + b with the batch mean and biased batch variance (C,) of each column of x (N ≥ 1, C)
+    over the batch; inputs (x, w, b), w and b of C elements. The statistics are returned for
+    the running averages (``nn.BatchNorm1d`` reads them from the result); gradients through
+    them are exact too."""
 
-    kind = "layernorm"
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.xhat = self.rstd = None
 
+    def compute(self, x, w, b):
+        y, self.xhat, self.rstd, mean, var = array_api.batchnorm_fwd(x, w, b, self.eps)
+        return y, mean, var
 
-class BatchNormColumns(_Norm):
-    """Batch norm in training mode: the mean and biased variance of each column of x (N ≥ 1, C)
-    over the batch; w, b (C,). After compute, ``mean`` and ``var`` are those batch statistics
-    (raw arrays (C,)), for the running averages."""
-
-    kind = "batchnorm"
-
-    @property
-    def mean(self):
-        return self.stats[0]
-
-    @property
-    def var(self):
-        return self.stats[1]
+    def gradient(self, out_grad: TensorTuple, node: TensorTuple):
+        grads = NormBackward(array_api.batchnorm_bwd, "batchnorm_columns", self.xhat,
+                             self.rstd, with_statistics=True)(out_grad, *node.inputs)
+        return tuple(grads[k] for k in range(3))
 
 
 class NormBackward(_BackwardOp, TensorTupleOp):
-    """(dx, dw, db) of a :class:`LayerNormRows` or :class:`BatchNormColumns`; inputs (dy, x, w,
-    b), of which only dy and w are read (x enters the graph as for softmax_cross_entropy)."""
+    """(dx, dw, db) of a :class:`LayerNormRows` or :class:`BatchNormColumns`: ``kernel`` is the
+    array-API backward kernel (``layernorm_bwd`` or ``batchnorm_bwd``), ``xhat`` and ``rstd``
+    the forward pass's saved arrays. Inputs (adjoint, x, w, b), of which only the adjoint and w
+    are read (x enters the graph as for softmax_cross_entropy). With ``with_statistics`` the
+    adjoint is the tuple (dy, dmean, dvar) of batch norm's outputs, and dx gains the terms of
+    the batch statistics, dmean/N + dvar·2(x - mean)/N, when those adjoints are not zero."""
 
-    def __init__(self, kind: str, xhat, rstd):
-        self.kind, self.xhat, self.rstd = kind, xhat, rstd
-        self.forward_name = kind
+    def __init__(self, kernel, forward_name: str, xhat, rstd, with_statistics: bool = False):
+        self.kernel, self.xhat, self.rstd = kernel, xhat, rstd
+        self.forward_name = forward_name
+        self.with_statistics = with_statistics
 
-    def compute(self, dy, _x, w, _b):
-        return tuple(getattr(array_api, self.kind + "_bwd")(dy, self.xhat, self.rstd, w))
+    def compute(self, adjoint, _x, w, _b):
+        if not self.with_statistics:
+            return tuple(self.kernel(adjoint, self.xhat, self.rstd, w))
+        dy, dmean, dvar = adjoint
+        dx, dw, db = self.kernel(dy, self.xhat, self.rstd, w)
+        if dmean.numpy().any() or dvar.numpy().any():  # only when a statistic was used
+            rows, cols = self.xhat.shape
+            row = (1, cols)
+            # x - mean = xhat / rstd; d mean / dx = 1/N, d var / dx = 2(x - mean)/N
+            scale = (dvar.compact().reshape(row) / self.rstd.compact().reshape(row)) * (2 / rows)
+            shift = dmean.compact().reshape(row) * (1 / rows)
+            dx = dx + self.xhat * scale.broadcast_to((rows, cols)) \
+                + shift.broadcast_to((rows, cols))
+        return dx, dw, db
 
 
 def layernorm_rows(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
@@ -146,8 +159,9 @@ def layernorm_rows(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
 
 
 def batchnorm_columns(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
-    """Training-mode batch norm of ``x`` (N ≥ 1, C) with ``w``, ``b`` (C,), batch statistics."""
-    return BatchNormColumns(eps)(x, w, b)
+    """Training-mode batch norm of ``x`` (N ≥ 1, C) with ``w``, ``b`` (C,), batch statistics
+    (the normalised output only; :class:`BatchNormColumns` also returns the statistics)."""
+    return BatchNormColumns(eps)(x, w, b)[0]
 
 
 # ---- LSTM cell ----------------------------------------------------------------------------------
@@ -226,22 +240,23 @@ class LSTMLayer(TensorTupleOp):
         return out, h, c
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = LSTMLayerBackward(self)(out_grad, *node.inputs)
+        grads = LSTMLayerBackward(self.saved, self.out)(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(4))
 
 
 class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
     """(d xw, d h0, d c0, d W_hh) of :class:`LSTMLayer`; inputs (the tuple adjoint (d output,
-    d h_T, d c_T), xw, h0, c0, W_hh)."""
+    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``saved`` holds
+    (act, c_prev, tanh_c) of each step, ``out`` the hidden states (T, B, H)."""
 
     forward_name = "lstm_layer"
 
-    def __init__(self, forward: LSTMLayer):
-        self.forward = forward
+    def __init__(self, saved, out):
+        self.saved, self.out = saved, out
 
     def compute(self, adjoint, xw, h0, _c0, w_hh):
         d_out, dh, dc = adjoint
-        saved, out = self.forward.saved, self.forward.out
+        saved, out = self.saved, self.out
         steps, batch, hidden = out.shape
         dxw = array_api.empty(tuple(xw.shape), dtype=xw.dtype, device=xw.device)
         # compacted once: small products with a transposed (strided) operand are slower

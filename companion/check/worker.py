@@ -1,0 +1,104 @@
+"""The checker's worker: runs questions one after another against the student's package.
+
+Started by ``runner.py`` as ``python -m companion.check.worker CONFIG.json`` in a clean
+environment whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): the
+student's ``needle`` is imported through :mod:`companion.impl`, the same mechanism a notebook
+uses, and the checks (``companion.check.hwN``) import it like any user code. The homework's
+folders go first on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...). It
+appends one JSON line per event to the result file: ``{"start": id}`` before a question and
+``{"id": ..., "status": ..., "detail": ..., "needle": path}`` after it. A crash (segfault) leaves a
+start without an end, which the runner reports for that question alone.
+"""
+import faulthandler
+import importlib
+import json
+import os
+import sys
+import traceback
+
+from companion import impl
+
+
+def _isolate(paths):
+    """Put the student's folders first on sys.path; ``import needle`` comes from NEEDLE_IMPL."""
+    impl.install()  # already done at start-up by the .pth where the wheel or `make build` put it
+    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
+
+
+def _where(exc: BaseException, roots) -> str:
+    """file:line in function (Class) of the innermost frame inside the student's folders."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    tb = exc.__traceback__
+    objs = []
+    while tb is not None:
+        objs.append(tb.tb_frame)
+        tb = tb.tb_next
+    for summary, frame in reversed(list(zip(frames, objs))):
+        if any(os.path.abspath(summary.filename).startswith(r) for r in roots):
+            owner = frame.f_locals.get("self")
+            cls = f" ({type(owner).__name__})" if owner is not None else ""
+            rel = os.path.relpath(summary.filename, os.getcwd())
+            return f"{rel}:{summary.lineno} in {summary.name}{cls}"
+    if frames:
+        s = frames[-1]
+        return f"{s.filename}:{s.lineno} in {s.name}"
+    return "?"
+
+
+def _run_one(qid, hw_module, ctx, roots):
+    import numpy as np
+    from companion.check.diagnose import CheckFailure
+    np.random.seed(0)
+    fn = getattr(hw_module, qid, None)
+    if fn is None:
+        return "error", f"the checker has no check for {qid}"
+    try:
+        fn(ctx)
+        return "pass", ""
+    except NotImplementedError as exc:
+        return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}"
+    except CheckFailure as exc:
+        return "fail", str(exc)
+    except Exception as exc:  # the student's code raised: report where, not a crash
+        lines = traceback.format_exception_only(type(exc), exc)
+        return "fail", (f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
+                        + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip())
+
+
+class Context:
+    """What a check may use: the homework folder, a scratch folder for generated files, and
+    ``note(text)``, which records the call about to run (shown if the process then crashes)."""
+
+    def __init__(self, root: str, scratch: str, out):
+        self.root = root
+        self.scratch = scratch
+        self._out = out
+
+    def note(self, text: str) -> None:
+        self._out.write(json.dumps({"note": text}) + "\n")
+        self._out.flush()
+
+
+def main(config_path: str) -> None:
+    with open(config_path) as f:
+        config = json.load(f)
+    faulthandler.enable()
+    _isolate(config["paths"])
+    os.chdir(config["root"])
+    roots = [os.path.abspath(p) for p in config["paths"]]
+    hw_module = importlib.import_module(f"companion.check.{config['hw']}")
+    with open(config["results"], "a", buffering=1) as out:
+        ctx = Context(config["root"], config["scratch"], out)
+        for qid in config["questions"]:
+            out.write(json.dumps({"start": qid}) + "\n")
+            out.flush()
+            status, detail = _run_one(qid, hw_module, ctx, roots)
+            needle = sys.modules.get("needle")
+            where = getattr(needle, "__file__", None) if needle is not None else None
+            out.write(json.dumps({"id": qid, "status": status, "detail": detail,
+                                  "needle": where}) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

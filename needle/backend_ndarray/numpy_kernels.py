@@ -1,0 +1,219 @@
+"""The numpy kernels: every computation of needle's two numpy paths, written once.
+
+Pure numpy on numpy arrays (this module imports nothing else), used by
+
+* ``ndarray_backend_numpy``, the ``cpu_numpy()`` device module, which runs them on views of its
+  flat ``Array`` buffers (writing float32 results into the caller's outputs), and
+* ``needle.backend_numpy``, the ``NEEDLE_BACKEND=np`` array API, which runs them on its numpy
+  arrays (keeping their dtype).
+
+It holds the element-wise op tables (one numpy function per op, in the op-code order of
+``protocol.BINARY_OPS`` / ``UNARY_OPS`` / ``REDUCE_OPS``) and the fused kernels (the last
+section of ``protocol.py``), which take and return whole arrays: (rows, cols) matrices for the
+row and column kernels, any shape for the in-place updates. Argument checks are not here: the
+shapes are checked by ``fused_spec.py`` before a kernel runs; only what depends on the values
+(``check_labels``) is checked by the kernel itself, as in the compiled modules.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+
+# ---- element-wise ops -------------------------------------------------------------------------
+def sigmoid(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """1 / (1 + exp(-a)), element-wise (exp(-a) overflowing to inf gives 0)."""
+    with np.errstate(over="ignore"):
+        t = np.exp(np.negative(a), out=out)
+    np.add(t, 1.0, out=t)
+    return np.divide(1.0, t, out=t)
+
+
+def relu(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """max(a, 0), element-wise: NaN stays NaN, -0.0 becomes 0.0 (as the compiled kernels)."""
+    t = np.maximum(a, 0, out=out)
+    return np.add(t, 0, out=t)  # -0.0 + 0 = +0.0; an integer array stays integer
+
+
+# The op tables: name -> f(a[, b], out=None), in op-code order. Semantics are numpy's (IEEE):
+# comparisons with NaN are false except `ne`, maximum/minimum/max propagate NaN. Comparisons
+# give booleans (written as 1.0 / 0.0 into a float32 out). Adding an op is one line here.
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "power": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}
+UNARY = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sigmoid": sigmoid,
+    "relu": relu,
+}
+# name -> (f(a, axis=...), the value over an empty extent, or None when that is an error)
+REDUCE = {
+    "sum": (np.sum, 0.0),
+    "max": (np.max, None),
+}
+
+
+# ---- fused kernels ----------------------------------------------------------------------------
+def check_labels(fn: str, labels: np.ndarray, cols: int) -> np.ndarray:
+    """``labels`` as int64 after checking that each is a whole number in [0, cols) (ValueError)."""
+    labels = np.asarray(labels)
+    if labels.size:
+        if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
+            bad = labels[labels != np.round(labels)][:5]
+            raise ValueError(f"{fn}: labels must be whole numbers, got {bad}")
+        lo, hi = labels.min(), labels.max()
+        if lo < 0 or hi >= cols:
+            raise ValueError(f"{fn}: labels must lie in [0, {cols}), got min {lo} and max {hi}")
+    return labels.astype(np.int64)
+
+
+def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Per row of ``logits`` (N, C) and integer-valued ``labels`` (N,): (loss (N,), probs (N, C));
+    ValueError (before anything is computed) for a label that is not a whole number in [0, C).
+
+    loss[r] = logsumexp(logits[r]) - logits[r, labels[r]], computed as log Σ exp(z - m) minus
+    (z[label] - m) with m the row max, so a non-target logit of -inf contributes exp(-inf) = 0
+    and never meets a 0·inf.
+    """
+    labels = check_labels("softmax_xent", labels, logits.shape[1])
+    rows = np.arange(logits.shape[0])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        m = logits.max(axis=1, keepdims=True) if logits.shape[1] else \
+            np.zeros((logits.shape[0], 1), logits.dtype)
+        m = np.where(np.isfinite(m), m, 0).astype(logits.dtype)  # an all -inf row stays NaN below
+        shifted = logits - m
+        e = np.exp(shifted)
+        s = e.sum(axis=1, keepdims=True)
+        loss = np.log(s[:, 0]) - shifted[rows, labels]
+        probs = e / s
+    return loss.astype(logits.dtype, copy=False), probs.astype(logits.dtype, copy=False)
+
+
+def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
+                     scale: float = 1.0) -> np.ndarray:
+    """``(probs - one_hot(labels)) * dloss[:, None] * scale`` (N, C): the logits' gradient of
+    :func:`softmax_xent` given the adjoint ``dloss`` (N,) or () of its losses."""
+    d = probs.copy()
+    d[np.arange(probs.shape[0]), np.asarray(labels).astype(np.int64)] -= 1
+    column = np.reshape(dloss, (-1, 1)) * float(scale)
+    return d * column.astype(probs.dtype, copy=False)
+
+
+def _normalize(x: np.ndarray, axis: int, eps: float):
+    mean = x.mean(axis=axis, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=axis, keepdims=True)
+    rstd = (1 / np.sqrt(var + eps)).astype(x.dtype)
+    return centred * rstd, rstd, mean, var
+
+
+def _normalize_bwd(dy, xhat, rstd, w, axis: int):
+    """dx, dw, db of xhat = (x - mean)·rstd over ``axis``, y = xhat·w + b (w: one per column)."""
+    dxhat = dy * w
+    dx = rstd * (dxhat - dxhat.mean(axis=axis, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=axis, keepdims=True))
+    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
+
+
+def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):
+    """Row-wise layer norm of x (R, C) with w, b (C,): (y (R, C), xhat (R, C), rstd (R,))."""
+    xhat, rstd, _, _ = _normalize(x, 1, eps)
+    return xhat * w + b, xhat, rstd[:, 0]
+
+
+def layernorm_bwd(dy, xhat, rstd, w):
+    """The exact gradients (dx (R, C), dw (C,), db (C,)) of :func:`layernorm_fwd`."""
+    return _normalize_bwd(dy, xhat, rstd[:, None], w, 1)
+
+
+def batchnorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):
+    """Column-wise (over the batch) norm of x (N, C) with w, b (C,):
+    (y (N, C), xhat (N, C), rstd (C,), mean (C,), biased var (C,)); N ≥ 1."""
+    xhat, rstd, mean, var = _normalize(x, 0, eps)
+    return xhat * w + b, xhat, rstd[0], mean[0], var[0]
+
+
+def batchnorm_bwd(dy, xhat, rstd, w):
+    """The exact gradients (dx (N, C), dw (C,), db (C,)) of :func:`batchnorm_fwd`."""
+    return _normalize_bwd(dy, xhat, rstd[None, :], w, 0)
+
+
+def _sigmoid_tanh(x):
+    # tanh form: the same function as 1/(1+exp(-x)) without exp overflowing for x << 0
+    return (np.tanh(x * 0.5) + 1) * 0.5
+
+
+def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray):
+    """One LSTM step from gates (B, 4H) in the order i, f, g, o and c_prev (B, H):
+    (h (B, H), c (B, H), act (B, 4H) = (σi, σf, tanh g, σo), tanh_c (B, H))."""
+    H = c_prev.shape[1]
+    act = np.empty_like(gates)
+    act[:, :2 * H] = _sigmoid_tanh(gates[:, :2 * H])
+    act[:, 2 * H:3 * H] = np.tanh(gates[:, 2 * H:3 * H])
+    act[:, 3 * H:] = _sigmoid_tanh(gates[:, 3 * H:])
+    i, f, g, o = (act[:, k * H:(k + 1) * H] for k in range(4))
+    c = f * c_prev + i * g
+    tanh_c = np.tanh(c)
+    return o * tanh_c, c, act, tanh_c
+
+
+def lstm_cell_bwd(dh, dc, act, c_prev, tanh_c):
+    """The exact gradients (dgates (B, 4H), dc_prev (B, H)) of :func:`lstm_cell_fwd`
+    given the adjoints dh, dc (B, H) of its outputs h and c."""
+    H = c_prev.shape[1]
+    i, f, g, o = (act[:, k * H:(k + 1) * H] for k in range(4))
+    dc_total = dc + dh * o * (1 - tanh_c * tanh_c)
+    dgates = np.empty_like(act)
+    dgates[:, :H] = dc_total * g * i * (1 - i)
+    dgates[:, H:2 * H] = dc_total * c_prev * f * (1 - f)
+    dgates[:, 2 * H:3 * H] = dc_total * i * (1 - g * g)
+    dgates[:, 3 * H:] = dh * tanh_c * o * (1 - o)
+    return dgates, dc_total * f
+
+
+def sgd_update(param: np.ndarray, grad, buf: np.ndarray, lr: float, momentum: float,
+                      weight_decay: float) -> None:
+    """In place: g = grad + wd·param; buf = momentum·buf + (1-momentum)·g; param -= lr·buf."""
+    g = grad + weight_decay * param if weight_decay else grad
+    buf *= momentum
+    buf += (1 - momentum) * g
+    param -= lr * buf
+
+
+def adam_update(param: np.ndarray, grad, m: np.ndarray, v: np.ndarray, lr: float,
+                       beta1: float, beta2: float, eps: float, weight_decay: float,
+                       step: int) -> None:
+    """In place: Adam with L2 decay and the bias corrections of step ``step`` (≥ 1):
+    param -= lr·m̂/(sqrt(v̂) + eps) with m̂ = m/(1-β1^step), v̂ = v/(1-β2^step)."""
+    g = grad + weight_decay * param if weight_decay else grad
+    tmp = np.multiply(g, 1 - beta1)  # one scratch array, reused: no temporary per operation
+    m *= beta1
+    m += tmp
+    np.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
+    v *= beta2
+    v += tmp
+    np.divide(v, 1 - beta2 ** step, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= lr / (1 - beta1 ** step)
+    param -= tmp

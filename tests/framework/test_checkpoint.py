@@ -1,0 +1,170 @@
+"""Activation checkpointing (needle.checkpoint): the same gradients as the plain model, with
+fewer arrays kept alive between forward and backward.
+
+Oracle: the un-checkpointed model, run from the same parameters and the same random state.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import needle as ndl
+import needle.nn as nn
+from needle.checkpoint import (Checkpoint, checkpoint, checkpoint_sequential, graph_bytes,
+                               sqrt_rule)
+
+from helpers import backend_dtype
+
+pytestmark = pytest.mark.nn
+
+DEPTH, WIDTH, BATCH = 8, 24, 16
+
+
+def _layers(seed: int, dropout: float = 0.0):
+    """DEPTH blocks Linear-ReLU(-Dropout) and a head; same seed, same parameters."""
+    np.random.seed(seed)
+    mods = []
+    for _ in range(DEPTH):
+        mods += [nn.Linear(WIDTH, WIDTH, dtype=backend_dtype()), nn.ReLU()]
+        if dropout:
+            mods.append(nn.Dropout(dropout))
+    mods.append(nn.Linear(WIDTH, 3, dtype=backend_dtype()))
+    return mods
+
+
+def _grads(model, x_np, y_np, seed=7):
+    """Loss and gradients (input first, then parameters) of one step of ``model``."""
+    x = ndl.Tensor(x_np, dtype=backend_dtype(), requires_grad=True)
+    y = ndl.Tensor(y_np, dtype=backend_dtype(), requires_grad=False)
+    np.random.seed(seed)  # the dropout masks
+    loss = nn.SoftmaxLoss()(model(x), y)
+    loss.backward()
+    return float(loss.numpy()), [x.grad.numpy()] + [p.grad.numpy() for p in model.parameters()]
+
+
+@pytest.fixture
+def batch():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, WIDTH)).astype(backend_dtype()),
+            rng.integers(0, 3, BATCH).astype(backend_dtype()))
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 5, 100])
+def test_checkpoint_sequential_gradients_equal_plain(batch, every):
+    plain_loss, plain = _grads(nn.Sequential(*_layers(1)), *batch)
+    ckpt_loss, ckpt = _grads(checkpoint_sequential(_layers(1), every), *batch)
+    assert ckpt_loss == pytest.approx(plain_loss, rel=1e-6)
+    assert len(ckpt) == len(plain) == 2 * (DEPTH + 1) + 1
+    for a, b in zip(ckpt, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_dropout_masks_are_replayed(batch):
+    plain_loss, plain = _grads(nn.Sequential(*_layers(2, dropout=0.3)), *batch)
+    ckpt_loss, ckpt = _grads(checkpoint_sequential(_layers(2, dropout=0.3), 2), *batch)
+    assert ckpt_loss == pytest.approx(plain_loss, rel=1e-6)
+    for a, b in zip(ckpt, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_function_form_and_unused_input_grads(batch):
+    np.random.seed(3)
+    lin = nn.Linear(WIDTH, WIDTH, dtype=backend_dtype())
+    x_np = batch[0]
+    x1 = ndl.Tensor(x_np, dtype=backend_dtype())
+    (ndl.ops.relu(lin(x1)) ** 2).sum().backward()
+    expected = [x1.grad.numpy(), lin.weight.grad.numpy(), lin.bias.grad.numpy()]
+    lin.weight.grad = lin.bias.grad = None
+    x2 = ndl.Tensor(x_np, dtype=backend_dtype())
+    out = checkpoint(lambda t: ndl.ops.relu(lin(t)) ** 2, x2, lin.parameters())
+    out.sum().backward()
+    for a, b in zip([x2.grad.numpy(), lin.weight.grad.numpy(), lin.bias.grad.numpy()], expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # a parameter that fn does not use gets a zero gradient, not an error
+    unused = ndl.Tensor(np.ones((2, 2)), dtype=backend_dtype())
+    x3 = ndl.Tensor(x_np, dtype=backend_dtype())
+    checkpoint(lambda t: t * 2, x3, [unused]).sum().backward()
+    np.testing.assert_array_equal(unused.grad.numpy(), np.zeros((2, 2)))
+    np.testing.assert_allclose(x3.grad.numpy(), np.full(x_np.shape, 2.0))
+
+
+def test_existing_parameter_grads_are_not_clobbered_by_the_recompute(batch):
+    """The recompute runs its own backward; the outer backward's result must be what is kept."""
+    model = checkpoint_sequential(_layers(4), 3)
+    _, first = _grads(model, *batch)
+    _, second = _grads(model, *batch)  # .grad already set from the first step
+    for a, b in zip(first, second):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_checkpointing_keeps_fewer_arrays(batch):
+    """Between forward and backward the plain graph holds every activation; the checkpointed
+    one holds the segment inputs only (parameters count in both)."""
+    def held(model):
+        x = ndl.Tensor(batch[0], dtype=backend_dtype())
+        out = model(x)
+        params = sum(p.numpy().nbytes for p in model.parameters())
+        return graph_bytes(out) - params - batch[0].nbytes
+
+    act = BATCH * WIDTH * np.dtype(backend_dtype()).itemsize  # one activation
+    plain = held(nn.Sequential(*_layers(5)))
+    every1 = held(checkpoint_sequential(_layers(5), 1))
+    every4 = held(checkpoint_sequential(_layers(5), 4))
+    # plain: per block the Linear's matmul, bias broadcast, sum and the ReLU output
+    assert plain >= 3 * DEPTH * act
+    # every=1: one output per module (2·DEPTH + 1 modules), nothing inside a module
+    assert every1 <= (2 * DEPTH + 1) * act + 3 * 8 * WIDTH
+    # every=4: one output per segment of four modules
+    assert every4 <= ((2 * DEPTH + 1) // 4 + 1) * act + 3 * 8 * WIDTH
+    assert every4 < every1 < plain
+
+
+def test_second_derivative_through_checkpoint_raises(batch):
+    """A plain backward() records the gradient graph (the course's semantics); a checkpoint's
+    gradients are exact graph nodes that refuse to be differentiated again."""
+    x = ndl.Tensor(batch[0], dtype=backend_dtype())
+    block = nn.Sequential(*_layers(6)[:2])
+    out = Checkpoint(block)(x).sum()
+    out.backward()
+    assert x.grad.requires_grad
+    y = ndl.Tensor(batch[0], dtype=backend_dtype())
+    block(y).sum().backward(create_graph=False)
+    np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="second derivatives through a checkpoint"):
+        (x.grad * x.grad).sum().backward()
+
+
+def test_a_tensor_used_inside_but_not_listed_is_refused_by_name():
+    """A parameter used inside and outside the block but missing from params used to get only
+    its outside gradient, silently; now backward names it."""
+    rng = np.random.default_rng(3)
+    w = ndl.Tensor(rng.standard_normal((4, 4)).astype(np.float32), dtype=backend_dtype())
+    x = ndl.Tensor(rng.standard_normal((2, 4)).astype(np.float32), dtype=backend_dtype())
+    out = checkpoint(lambda t: ndl.relu(t @ w), x, params=[]) @ w
+    with pytest.raises(ValueError, match=r"not in params \(shape \(4, 4\)\)"):
+        out.sum().backward()
+    # listed, it gets the whole gradient: the uses inside and outside the block
+    w.grad = x.grad = None
+    checkpoint(lambda t: ndl.relu(t @ w), x, params=[w]).__matmul__(w).sum().backward()
+    listed = w.grad.numpy()
+    w.grad = None
+    (ndl.relu(x @ w) @ w).sum().backward()
+    np.testing.assert_allclose(listed, w.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="needle Tensor"):
+        checkpoint(lambda t: t, np.ones(3))
+    with pytest.raises(TypeError, match=r"params\[0\]"):
+        checkpoint(lambda t: t, ndl.Tensor(np.ones(3)), [np.ones(3)])
+    with pytest.raises(TypeError, match="must return a Tensor"):
+        checkpoint(lambda t: 3.0, ndl.Tensor(np.ones(3)))
+    with pytest.raises(TypeError, match="wraps a Module"):
+        Checkpoint(lambda t: t)
+    with pytest.raises(ValueError, match="positive int"):
+        checkpoint_sequential(_layers(0), 0)
+    with pytest.raises(ValueError, match="no modules"):
+        checkpoint_sequential([], 2)
+    with pytest.raises(ValueError, match="positive"):
+        sqrt_rule(0)
+    assert [sqrt_rule(n) for n in (1, 4, 5, 16, 17)] == [1, 2, 3, 4, 5]

@@ -1,0 +1,314 @@
+"""NEEDLE_IMPL: the lecture notebooks and this project's tools run against a student's own needle.
+
+Each test copies this project's ``needle/`` as it is (the framework and nothing else) into a
+course-layout ``hw4/python/needle`` in tmp_path, then imports ``needle`` in a subprocess with
+``NEEDLE_IMPL`` pointing at it; ``companion.*`` comes from this project and builds on whichever
+needle is imported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import companion
+import needle
+from companion import lecture
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(needle.__file__).resolve().parent
+COMPANION = Path(companion.__file__).resolve().parent
+# This project's later-lecture modules, which the course's package does not have.
+EXTENSIONS = ("checkpoint", "export", "distributed")
+
+
+@pytest.fixture
+def student(tmp_path) -> Path:
+    """``tmp_path/hw4/python``: a student's folder holding a copy of this project's needle."""
+    python = tmp_path / "hw4" / "python"
+    shutil.copytree(PACKAGE, python / "needle", ignore=shutil.ignore_patterns("__pycache__"))
+    return python
+
+
+# The course's Tensor, emulated on a copy of this one: no retain_grad(), a backward() without
+# keywords, and every node keeps its gradient.
+COURSE_TENSOR = """
+
+del Value.retain_grad
+Value._retains_grad = True
+_companion_backward = Tensor.backward
+
+
+def _course_backward(self, out_grad=None):
+    _companion_backward(self, out_grad)
+
+
+Tensor.backward = _course_backward
+"""
+
+
+@pytest.fixture
+def course_student(student) -> Path:
+    """The student's folder as the course's is: without this project's later-lecture modules,
+    and with the course's Tensor (see COURSE_TENSOR)."""
+    for name in EXTENSIONS:
+        (student / "needle" / f"{name}.py").unlink()
+    autograd = student / "needle" / "autograd.py"
+    autograd.write_text(autograd.read_text() + COURSE_TENSOR)
+    return student
+
+
+def run(code: str, impl, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -c code`` with NEEDLE_IMPL=impl (unset when None)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
+    if impl is not None:
+        env["NEEDLE_IMPL"] = str(impl)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+WHERE = """
+import importlib, json, needle
+import needle as ndl
+mods = {m: importlib.import_module(m).__file__ for m in MODULES}
+print(json.dumps(mods))
+"""
+
+
+# The course's own modules: they always come from the student's folder.
+COURSE_MODULES = ("autograd", "backend_ndarray", "backend_numpy", "backend_selection", "data",
+                  "init", "nn", "ops", "optim")
+
+
+def test_the_students_package_and_its_submodules_are_imported(student):
+    course = ["needle"] + [f"needle.{m}" for m in COURSE_MODULES] + [
+        "needle.ops.ops_mathematic", "needle.nn.nn_basic", "needle.backend_ndarray.ndarray",
+        "needle.data.data_basic", "needle.init.init_basic"]
+    tools = ["companion.viz", "companion.timing", "companion.lecture", "companion.data",
+             "companion.check.exercises", "companion.apps.simple_ml", "companion.apps.mlp_resnet"]
+    done = run(f"MODULES = {course + tools!r}" + WHERE, student, cwd=student.parents[1])
+    assert done.returncode == 0, done.stderr
+    where = {m: Path(f).resolve() for m, f in json.loads(done.stdout).items()}
+    for m in course:
+        assert where[m].is_relative_to(student), (m, where[m])
+    for m in tools:
+        assert where[m].is_relative_to(COMPANION), (m, where[m])
+    assert done.stderr.splitlines().count(f"needle from {student} (NEEDLE_IMPL)") == 1
+
+
+def test_the_students_package_wins_inside_this_checkout(student):
+    """From the checkout (``''`` on sys.path, the editable finder) it is still the student's."""
+    done = run("import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
+               student, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert [Path(p) for p in done.stdout.split()] == [student / "needle" / "__init__.py",
+                                                      student / "needle" / "ops" / "__init__.py"]
+
+
+IMPORTED_TOOLS = "import needle, sys; print(sorted(m for m in sys.modules if m.startswith('companion')))"
+
+
+def test_import_needle_imports_no_tooling(student):
+    done = run(IMPORTED_TOOLS, None)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    # under NEEDLE_IMPL only the loader itself, which the start-up .pth imported
+    done = run(IMPORTED_TOOLS, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['companion', 'companion.impl']"
+
+
+def test_a_relative_path_is_made_absolute_for_subprocesses(student):
+    done = run("""
+        import os, needle
+        print(os.environ["NEEDLE_IMPL"])
+        print(needle.__file__)
+        """, "hw4/python", cwd=student.parents[1])
+    assert done.returncode == 0, done.stderr
+    env, file = done.stdout.split()
+    assert Path(env) == student and Path(file) == student / "needle" / "__init__.py"
+
+
+def test_extensions_are_not_taken_from_this_project(course_student):
+    done = run("""
+        import needle as ndl
+        for name in EXTENSIONS:
+            try:
+                __import__("needle." + name)
+            except ModuleNotFoundError as exc:
+                print(exc)
+        """.replace("EXTENSIONS", repr(EXTENSIONS)), course_student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"No module named 'needle.{m}'" for m in EXTENSIONS]
+
+
+def test_the_offline_data_sets_are_built_on_the_students_dataset(student):
+    done = run("""
+        import needle as ndl
+        import companion.data
+        from companion.data.grammar import default_grammar
+        ds = companion.data.DigitsDataset(train=False, image_size=8)
+        base = ndl.data.Dataset
+        print(isinstance(ds, base), base.__module__, len(ds), ds[0][0].shape)
+        print(issubclass(companion.data.ShapesDataset, base), len(default_grammar().vocab))
+        import sys; print(sys.modules[base.__module__].__file__)
+        """, student)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["True needle.data.data_basic 297 (64,)", "True 69"]
+    assert Path(lines[2]) == student / "needle" / "data" / "data_basic.py"
+
+
+BROKEN_ADD = """
+
+_correct_add = EWiseAdd.compute
+
+
+def _broken_add(self, a, b):
+    return _correct_add(self, a, b) + 1  # off by one, as a student's bug might be
+EWiseAdd.compute = _broken_add
+"""
+
+
+def test_a_broken_student_op_shows_up(student):
+    code = """
+        import numpy as np
+        import needle as ndl
+        x = ndl.Tensor(np.array([1.0, 2.0], dtype="float32"))
+        print((x + x).numpy().tolist())
+        """
+    assert run(code, student).stdout.strip() == "[2.0, 4.0]"
+    ops = student / "needle" / "ops" / "ops_mathematic.py"
+    ops.write_text(ops.read_text() + BROKEN_ADD)
+    done = run(code, student)
+    assert done.stdout.strip() == "[3.0, 5.0]", done.stderr
+
+
+def test_a_bug_in_the_students_init_propagates(student):
+    init = student / "needle" / "__init__.py"
+    init.write_text(init.read_text() + "\nraise NotImplementedError('half-written')\n")
+    done = run("import needle", student)
+    assert done.returncode != 0
+    assert "NotImplementedError: half-written" in done.stderr
+    assert str(init) in done.stderr
+
+
+@pytest.mark.parametrize("case, missing", [("absent", "is not a folder"),
+                                           ("empty", "has no needle/ "),
+                                           ("no_init", "has no needle/__init__.py")])
+def test_a_bad_path_raises_an_import_error_naming_it(tmp_path, case, missing):
+    folder = tmp_path / case
+    if case != "absent":
+        folder.mkdir()
+    if case == "no_init":
+        (folder / "needle").mkdir()
+    done = run("import needle", folder)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: NEEDLE_IMPL=") and str(folder) in last, last
+    assert missing in last and "hw2/python" in last, last
+
+
+def test_this_projects_own_folder_is_a_no_op():
+    done = run("import needle; print(needle.__file__)", ROOT)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == PACKAGE / "__init__.py"
+    assert "NEEDLE_IMPL" not in done.stderr
+
+
+# ---- companion-only cells ------------------------------------------------------------------------
+MARKED = ["# companion-only: fused kernels (ndl.ops.layernorm_rows)\n", "y = f(x)\n"]
+
+
+def test_the_transformer_turns_a_marked_cell_into_one_skip_line(capsys):
+    out = lecture.skip_companion_only(["\n"] + MARKED, "/hw/python")
+    assert len(out) == 1
+    exec(compile("".join(out), "<cell>", "exec"), {})
+    assert capsys.readouterr().out == (
+        "companion-only cell skipped: it uses fused kernels (ndl.ops.layernorm_rows), which the "
+        "course's needle (from /hw/python, NEEDLE_IMPL) does not have\n")
+
+
+@pytest.mark.parametrize("cell", [
+    ["x = 1\n"],
+    ["x = 1  # companion-only: not the first line\n"],
+    ["x = 1\n", "# companion-only: a later line\n"],
+    ["# companion-only:\n", "x = 1\n"],  # no reason given: not a marker
+    [],
+])
+def test_the_transformer_leaves_other_cells_alone(cell):
+    assert lecture.skip_companion_only(cell, "/hw/python") == cell
+
+
+IPYTHON = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_cell("import needle; from companion import lecture; print(lecture.setup())")
+shell.run_cell("# companion-only: create_graph=True\\nprint('marked cell ran')")
+shell.run_cell("print('plain cell ran')")
+"""
+
+
+def test_setup_registers_the_transformer_only_in_student_mode(student):
+    done = run(IPYTHON, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True",
+        f"companion-only cell skipped: it uses create_graph=True, which the course's needle "
+        f"(from {student}, NEEDLE_IMPL) does not have",
+        "plain cell ran"]
+    done = run(IPYTHON, None)  # this project's needle: the marked cell runs as written
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "marked cell ran", "plain cell ran"]
+
+
+# ---- real notebooks, end to end ------------------------------------------------------------------
+# 02 and 03: companion-only cells among course cells (03's ScaleAdd step and update boundary
+# need no extension); 12: a notebook mostly about extensions (needle.checkpoint,
+# needle.distributed, memory_stats), whose course part must still run.
+NOTEBOOKS = ["02_automatic_differentiation", "03_nn_library", "12_training_large_models"]
+EXECUTE = """
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+               resources={"metadata": {"path": sys.argv[2]}}).execute()
+errors, streams = [], []
+for cell in nb.cells:
+    for out in cell.get("outputs", []):
+        if out.output_type == "error":
+            errors.append(f"{out.ename}: {out.evalue} in {cell.source[:80]!r}")
+        elif out.output_type == "stream":
+            streams.append(out.text)
+print(json.dumps({"errors": errors, "streams": streams}))
+"""
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_notebook_runs_on_the_students_needle(course_student, name):
+    notebook = ROOT / "notebooks" / f"{name}.ipynb"
+    student = course_student
+    source = notebook.with_suffix(".py").read_text()
+    marked = len(re.findall(r"^# %%.*\n# companion-only: ", source, flags=re.M))
+    assert marked, f"notebook {name} has no companion-only cells to skip"
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "MPLBACKEND")}
+    env["NEEDLE_IMPL"] = str(student)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run([sys.executable, "-c", EXECUTE, str(notebook), str(notebook.parent)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["errors"] == []
+    text = "".join(result["streams"])
+    assert f"needle from {student} (NEEDLE_IMPL)" in text
+    assert text.count("companion-only cell skipped: ") == marked
+    # the exercise checks ran on the student's package too
+    assert "not answered yet" in text

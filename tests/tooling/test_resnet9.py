@@ -1,0 +1,173 @@
+"""ResNet-9 (hw4) and the CIFAR-10 training loops, on the offline ShapesDataset."""
+import numpy as np
+import pytest
+
+import needle as ndl
+import companion.data
+from conftest import DEVICES
+from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
+from companion.apps.models import ConvBN, ResNet9
+
+pytestmark = [pytest.mark.conv, pytest.mark.apps]
+
+
+def n_params(model):
+    return sum(int(np.prod(p.shape)) for p in model.parameters())
+
+
+@pytest.mark.hw4_resnet9
+def test_resnet9_has_431946_parameters():
+    # counted by hand: conv k*k*a*b + bias b + BatchNorm 2b per ConvBN, then the two Linears
+    convbn = lambda a, b, k: k * k * a * b + b + 2 * b  # noqa: E731
+    expected = (convbn(3, 16, 7) + convbn(16, 32, 3) + 2 * convbn(32, 32, 3)
+                + convbn(32, 64, 3) + convbn(64, 128, 3) + 2 * convbn(128, 128, 3)
+                + 128 * 128 + 128 + 128 * 10 + 10)
+    assert expected == 431946
+    assert n_params(ResNet9()) == 431946
+    assert n_params(ConvBN(3, 16, 7, 4)) == convbn(3, 16, 7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_resnet9
+def test_resnet9_forward_backward_shapes(device):
+    np.random.seed(0)
+    model = ResNet9(device=device)
+    x = ndl.Tensor(np.random.randn(3, 3, 32, 32).astype(np.float32), device=device)
+    out = model(x)
+    assert out.shape == (3, 10) and out.device == device
+    (out * ndl.Tensor(np.random.randn(3, 10).astype(np.float32), device=device)).sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape
+        assert np.all(np.isfinite(p.grad.numpy()))
+    assert np.abs(model.parameters()[0].grad.numpy()).max() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resnet9_directional_derivative(device):
+    """<grad, d> against a central difference of sum(logits * R) along a random direction d
+    (eval mode, so BatchNorm is a fixed affine map)."""
+    np.random.seed(1)
+    model = ResNet9(device=device)
+    model.eval()
+    x = ndl.Tensor(np.random.rand(2, 3, 32, 32).astype(np.float32), device=device)
+    R = ndl.Tensor(np.random.randn(2, 10).astype(np.float32), device=device)
+    params = model.parameters()
+    base = [p.numpy().astype(np.float64) for p in params]
+    dirs = [np.random.randn(*p.shape) for p in params]
+
+    def loss_at(t):
+        for p, b, d in zip(params, base, dirs):
+            p.data = ndl.Tensor((b + t * d).astype(np.float32), device=device)
+        return float(np.asarray((model(x) * R).sum().numpy()).reshape(-1)[0])
+
+    loss_at(0.0)
+    (model(x) * R).sum().backward()
+    analytic = sum(float(np.sum(p.grad.numpy() * d)) for p, d in zip(params, dirs))
+    eps = 1e-3
+    numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+    assert numeric == pytest.approx(analytic, rel=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resnet9_channels_last_matches_nchw_layers(device):
+    """ResNet9's ConvBNs run NCHW as in the course; switching them to channels-last
+    (``ConvBN(channels_last=True)``, no layout change inside) and feeding (N, H, W, C) images
+    gives the same logits and gradients."""
+    np.random.seed(6)
+    model = ResNet9(device=device)
+    x = ndl.Tensor(np.random.randn(4, 3, 32, 32).astype(np.float32), device=device)
+    R = ndl.Tensor(np.random.randn(4, 10).astype(np.float32), device=device)
+    params = model.parameters()
+
+    def run(call):
+        for p in params:
+            p.grad = None
+        out = call()
+        (out * R).sum().backward()
+        return out.numpy(), [p.grad.numpy() for p in params]
+
+    out_nchw, grads_nchw = run(lambda: model(x))
+    convbns = [m for m in _modules(model) if isinstance(m, ConvBN)]
+    assert len(convbns) == 8 and not any(m.channels_last for m in convbns)
+    for m in convbns:
+        m.channels_last = True
+    x_nhwc = x.transpose((1, 2)).transpose((2, 3))
+    out_cl, grads_cl = run(lambda: model.model(x_nhwc))  # Flatten of (N, 1, 1, 128) is (N, 128)
+    np.testing.assert_allclose(out_cl, out_nchw, rtol=1e-4, atol=1e-4)
+    for g_cl, g in zip(grads_cl, grads_nchw):
+        np.testing.assert_allclose(g_cl, g, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(g).max()))
+
+
+def _modules(module):
+    """``module`` and every module inside it, depth first."""
+    yield module
+    for value in vars(module).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, ndl.nn.Module):
+                yield from _modules(item)
+
+
+def test_resnet9_rejects_wrong_image_shape():
+    with pytest.raises(ValueError, match=r"\(N, 3, 32, 32\).*\(2, 3, 28, 28\)"):
+        ResNet9()(ndl.init.rand(2, 3, 28, 28))
+
+
+def _loader(n, batch, seed=0, shuffle=False):
+    ds = companion.data.ShapesDataset(train=True, n=n, seed=seed)
+    return ds, ndl.data.DataLoader(ds, batch_size=batch, shuffle=shuffle)
+
+
+def _softmax_loss_np(logits, y):
+    z = logits - logits.max(axis=1, keepdims=True)
+    return np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.hw4_epoch_cifar10
+def test_evaluate_cifar10_matches_numpy(device):
+    np.random.seed(2)
+    model = ResNet9(device=device)
+    ds, loader = _loader(10, 4)          # batches of 4, 4, 2: averages weight by batch size
+    before = [p.numpy().copy() for p in model.parameters()]
+    acc, loss = evaluate_cifar10(model, loader, progress=False)
+    assert not model.training
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+    logits = model(ndl.Tensor(ds.X, device=device)).numpy().astype(np.float64)
+    assert acc == pytest.approx(np.mean(np.argmax(logits, axis=1) == ds.y))
+    assert loss == pytest.approx(_softmax_loss_np(logits, ds.y).mean(), rel=1e-4)
+    # the course passes a loss class to evaluate_cifar10 and an instance to the epoch function
+    acc2, loss2 = epoch_general_cifar10(loader, model, loss_fn=ndl.nn.SoftmaxLoss(),
+                                        progress=False)
+    assert (acc2, loss2) == pytest.approx((acc, loss))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_train_cifar10_fits_a_small_set_reproducibly(device):
+    def run():
+        np.random.seed(3)
+        model = ResNet9(device=device)
+        _, loader = _loader(32, 16, shuffle=True)
+        log = []
+        result = train_cifar10(model, loader, n_epochs=4, lr=0.01, progress=False,
+                               callback=lambda i, a, l: log.append((i, a, l)))
+        return model, result, log
+
+    model, (acc, loss), log = run()
+    assert model.training
+    assert [i for i, _, _ in log] == [0, 1] * 4
+    # the result is the last epoch's sample average (two batches of 16)
+    assert acc == pytest.approx((log[-2][1] + log[-1][1]) / 2)
+    assert loss == pytest.approx((log[-2][2] + log[-1][2]) / 2)
+    first, last = (log[0][2] + log[1][2]) / 2, loss
+    assert last < 0.5 * first, f"training loss went from {first:.3f} to {last:.3f}"
+    # np.random.seed(4) at the start of each call makes a rerun identical
+    _, again, _ = run()
+    assert again == pytest.approx((acc, loss), rel=1e-6)
+
+
+def test_train_cifar10_rejects_bad_epochs():
+    _, loader = _loader(4, 4)
+    with pytest.raises(ValueError, match="n_epochs"):
+        train_cifar10(ResNet9(), loader, n_epochs=0, progress=False)
