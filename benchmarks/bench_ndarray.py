@@ -115,6 +115,37 @@ def bench_elementwise(device) -> Table:
     return table
 
 
+TRANSPOSED_SIDE = 2048
+TRANSPOSED_ROUNDS = 5
+
+
+def bench_transposed_add(device) -> Table:
+    """Milliseconds of ``X.T + Y`` (2048² float32, X.T a transposed view) read in place, and
+    compacting X.T first then adding compact arrays, beside numpy's ``x.T + y``: the three are
+    measured in turn (each a median over blocks of calls), ``TRANSPOSED_ROUNDS`` times; the
+    table shows the median of the rounds and their spread (max - min)."""
+    rng = np.random.default_rng(2)
+    n = TRANSPOSED_SIDE
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    y = rng.standard_normal((n, n), dtype=np.float32)
+    X, Y = nd.NDArray(x, device=device), nd.NDArray(y, device=device)
+    XT = X.permute((1, 0))
+    plans = {"in place": lambda: XT + Y, "compact first": lambda: XT.compact() + Y}
+    for name, f in plans.items():
+        assert np.array_equal(f().numpy(), x.T + y), name  # element-wise ops are exact
+    rounds: dict[str, list[float]] = {name: [] for name in [*plans, "numpy"]}
+    for _ in range(TRANSPOSED_ROUNDS):
+        for name, f in [*plans.items(), ("numpy", lambda: x.T + y)]:
+            rounds[name].append(measure(f, repeats=REPEATS) * 1e3)
+    med = {name: float(np.median(ts)) for name, ts in rounds.items()}
+    spread = ", ".join(f"{name} {max(ts) - min(ts):.2f}" for name, ts in rounds.items())
+    table = Table(f"add, transposed {n}² operand (median of {TRANSPOSED_ROUNDS} rounds; "
+                  f"spread ms: {spread})", "ms", higher_is_better=False)
+    for name in plans:
+        table.add(f"add, transposed {n}² operand: needle {name}", med[name], med["numpy"])
+    return table
+
+
 # Runs in a subprocess with another kernel set: name -> (environment, what the run plays).
 OTHER_ISA_RUNS = {
     "avx2": ({"NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"},
@@ -169,6 +200,8 @@ def main(argv=None) -> None:
     bench_matmul_kernel(device).print()
     print()
     bench_elementwise(device).print()
+    print()
+    bench_transposed_add(device).print()
     if not requested and kernel_isa(device) != "portable":
         print()
         bench_other_isa("portable", matmul_only=False)

@@ -123,10 +123,15 @@ inline void for_runs_parallel(const View& v, bool allow_parallel, F&& f, idx_t p
 
 // Transposed 2-D views (inner stride far from 1) are copied in square blocks so that both
 // the reads and the writes stay in cache; returns false when the view is not of that form.
-inline bool compact_blocked_2d(const float* a, float* out, const View& v) {
+inline bool blocked_2d_applies(const View& v) {
   if (v.shape.size() != 2) return false;
+  const idx_t sc = v.strides[1];
+  return !(sc == 1 || sc == 0 || sc == -1 || v.shape[0] < 16 || v.shape[1] < 16);
+}
+
+inline bool compact_blocked_2d(const float* a, float* out, const View& v) {
+  if (!blocked_2d_applies(v)) return false;
   const idx_t R = v.shape[0], C = v.shape[1], sr = v.strides[0], sc = v.strides[1];
-  if (sc == 1 || sc == 0 || sc == -1 || R < 16 || C < 16) return false;
   constexpr idx_t B = 32;
   const idx_t nbr = (R + B - 1) / B, nbc = (C + B - 1) / B;
   parallel_ranges(nbr * nbc, kParallelCopy / (B * B), 16, [=](idx_t b0, idx_t b1) {
