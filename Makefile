@@ -148,3 +148,10 @@ book: $(BOOK_DEPS)
 
 # tests/book/ builds the site and opens it in Chromium: `make test` installs the extra first.
 test-unit: $(BOOK_DEPS)
+
+# ---- Colab, simulated (tests/build/colab_simulation.py) --------------------------------------
+# A fresh Python 3.12 venv with Colab's preinstalled packages and no `make`; each notebook's set-up
+# cell installs needle from a git clone of HEAD (commit first), then notebooks 01 and 02 run.
+.PHONY: test-colab
+test-colab: $(INSTALLED)
+	$(PY) tests/build/colab_simulation.py $(if $(COLAB_PYTHON),--python "$(COLAB_PYTHON)",)

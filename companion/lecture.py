@@ -2,9 +2,10 @@
 
 A notebook cell whose first line is ``# companion-only: <what it needs>`` uses something the
 course's needle does not have (a fused op, ``create_graph=True``, ``matmul_tiled``, ...), or the
-results of such a cell. The notebook's first code cell calls :func:`setup`; when ``NEEDLE_IMPL``
-has loaded a student's needle (:mod:`companion.impl`), that registers an IPython input
-transformer which replaces each such cell's source by one ``print`` saying what it skips and why.
+results of such a cell. The notebook's first code cell after the Colab set-up cell calls
+:func:`setup`; when ``NEEDLE_IMPL`` has loaded a student's needle (:mod:`companion.impl`), that
+registers an IPython input transformer which replaces each such cell's source by one ``print``
+saying what it skips and why.
 Without ``NEEDLE_IMPL`` :func:`setup` does nothing and every cell runs as written.
 
 In that mode :func:`setup` also tallies every cell the kernel runs; :func:`report_card` prints
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 #: This project's checkout (its ``src/`` and ``benchmarks/``), whichever needle is imported.
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -105,3 +106,18 @@ def report_card() -> None:
     lines += [f"  failed: `{first[:60]}`: {error[:150]}" for status, first, error in CELLS
               if status == "failed"]
     print("\n".join(lines))
+
+
+def best_device() -> Any:
+    """The device a lecture's models and arrays live on: ``cuda()`` where its module is built
+    and a GPU is visible (Colab's GPU runtime), else the compiled ``cpu()``, else ``cpu_numpy()``
+    (a needle without a compiled CPU module). Works on a student's needle (NEEDLE_IMPL) too."""
+    import needle as ndl
+    for name in ("cuda", "cpu"):
+        make = getattr(ndl, name, None)
+        if make is None:
+            continue
+        device = make()
+        if device.enabled():
+            return device
+    return ndl.cpu_numpy()
