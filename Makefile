@@ -25,10 +25,11 @@ help:
 	@echo "make figures    re-execute the notebooks, saving figures/*.png"
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
-	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
+	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question ([HWNUM=hwN] [ARGS=...])"
 	@echo "make progress HW=path/to/hwN   passed/total per homework, changes, the next question"
 	@echo "make lecture-report NEEDLE_IMPL=path/to/hwN/python   every notebook on your needle: a report card"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
@@ -110,9 +111,10 @@ profile: $(BUILT)
 	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m benchmarks.step_profile; fi
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
+# (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)
 check: $(INSTALLED)
-	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",)
+	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]"; exit 2; }
+	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",) $(if $(HWNUM),--hw "$$HWNUM",) $${ARGS-}
 
 # Passed/total per homework in or beside HW (default: here), what changed, the next question.
 progress: $(PY)
@@ -125,6 +127,12 @@ lecture-report: $(BUILT)
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
+
+# Static types (mypy, configured in pyproject.toml): needle/, with the autograd core and the
+# NDArray layer in strict mode.
+.PHONY: typecheck
+typecheck: $(INSTALLED)
+	$(PY) -m mypy
 
 clean:
 	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake

@@ -10,6 +10,17 @@ from .questions import HOMEWORKS, questions_for
 from .runner import check, detect_homework
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Check a homework folder and print the report; exit status 0 when every question passes."""
     parser = argparse.ArgumentParser(
@@ -21,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", action="append", metavar="TEXT",
                         help="only questions whose id contains TEXT (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the questions and exit")
-    parser.add_argument("--timeout", type=float, default=120.0,
-                        help="seconds one question may run (default 120)")
+    parser.add_argument("--timeout", type=_seconds, default=120.0,
+                        help="seconds one question (and the import) may run (default 120)")
+    parser.add_argument("--build-timeout", type=_seconds, default=600.0,
+                        help="seconds one build step may run (default 600)")
     parser.add_argument("--isolate", action="store_true",
                         help="a fresh process for every question (slower)")
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
@@ -40,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
             hw = args.hw or detect_homework(Path(args.folder))
             for q in questions_for(hw):
                 print(f"{q.id:<36} {q.title}")
+                if q.help:
+                    print(f"{'':<36}   ({q.help})")
             return 0
         report = check(args.folder, args.hw, only=args.k, timeout=args.timeout,
-                       isolate=args.isolate, do_build=not args.no_build)
+                       isolate=args.isolate, do_build=not args.no_build,
+                       build_timeout=args.build_timeout)
     except (ValueError, FileNotFoundError) as exc:
         print(f"companion check: {exc}", file=sys.stderr)
         return 2
