@@ -19,19 +19,19 @@
 #include "ndarray_backend_cpu_strided.h"
 #include "ndarray_checks.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 namespace fused {
 
 using idx_t = int64_t;
 
-using needle_checks::check_batchnorm_fwd;
-using needle_checks::check_lstm_cell_bwd;
-using needle_checks::check_lstm_cell_fwd;
-using needle_checks::check_norm_bwd;
-using needle_checks::check_norm_fwd;
-using needle_checks::check_size;
-using needle_checks::check_softmax_xent;
-using needle_checks::fail;
+using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_lstm_cell_bwd;
+using needle::checks::check_lstm_cell_fwd;
+using needle::checks::check_norm_bwd;
+using needle::checks::check_norm_fwd;
+using needle::checks::check_size;
+using needle::checks::check_softmax_xent;
+using needle::checks::fail;
 
 inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
 
@@ -293,4 +293,4 @@ void adam_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* m,
 }
 
 }  // namespace fused
-}  // namespace needle_cpu
+}  // namespace needle::cpu

@@ -17,8 +17,7 @@
 
 #include "ndarray_ops.h"
 
-namespace needle {
-namespace cuda {
+namespace needle::cuda {
 namespace {
 
 constexpr int BLOCK = 256;
@@ -211,7 +210,7 @@ template <class Body>
 void with_binary_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::BinaryOp::name): return body(needle_ops::Binary_##name{});
+  case static_cast<int>(needle::ops::BinaryOp::name): return body(needle::ops::Binary_##name{});
     NEEDLE_BINARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -222,7 +221,7 @@ template <class Body>
 void with_unary_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::UnaryOp::name): return body(needle_ops::Unary_##name{});
+  case static_cast<int>(needle::ops::UnaryOp::name): return body(needle::ops::Unary_##name{});
     NEEDLE_UNARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -233,7 +232,7 @@ template <class Body>
 void with_reduce_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::ReduceOp::name): return body(needle_ops::Reduce_##name{});
+  case static_cast<int>(needle::ops::ReduceOp::name): return body(needle::ops::Reduce_##name{});
     NEEDLE_REDUCE_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -540,12 +539,12 @@ __device__ unsigned long long g_bad_label_row;
 __global__ void softmax_xent_kernel(const float* logits, const float* labels, int64_t rows,
                                     int64_t cols, float* loss, float* probs) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_max max_op;
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_max max_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* x = logits + r * cols;
     float* p = probs + r * cols;
-    float m = needle_ops::Reduce_max::identity();
+    float m = needle::ops::Reduce_max::identity();
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
     m = block_reduce(m, max_op, scratch);
     if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
@@ -572,7 +571,7 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
                                      int64_t rows, int64_t cols, float eps, float* y,
                                      float* xhat, float* rstd) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float s = 0.f;
@@ -597,7 +596,7 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
 __global__ void layernorm_bwd_kernel(const float* dy, const float* xhat, const float* rstd,
                                      const float* w, int64_t rows, int64_t cols, float* dx) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* dyr = dy + r * cols;
     const float* hr = xhat + r * cols;
@@ -728,8 +727,8 @@ dim3 column_grid(int64_t cols) { return dim3(grid_for(cols, COL_X)); }
 __global__ void lstm_cell_fwd_kernel(const float* gates, const float* c_prev, int64_t batch,
                                      int64_t hidden, float* h, float* c, float* act,
                                      float* tanh_c) {
-  const needle_ops::Unary_sigmoid sigmoid;
-  const needle_ops::Unary_tanh tanh_op;
+  const needle::ops::Unary_sigmoid sigmoid;
+  const needle::ops::Unary_tanh tanh_op;
   NEEDLE_GRID_LOOP(e, batch * hidden) {
     const int64_t row = e / hidden, j = e % hidden;
     const float* g = gates + row * 4 * hidden;
@@ -1040,5 +1039,4 @@ void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArra
   check_launch("adam_update kernel");
 }
 
-}  // namespace cuda
-}  // namespace needle
+}  // namespace needle::cuda
