@@ -89,6 +89,15 @@ def add_badges(app, doctree) -> None:
         raise ValueError(f"{app.env.docname}: the notebook has no title to put the badges under")
     title.parent.insert(title.parent.index(title) + 1,
                         nodes.raw("", badge_bar(lecture), format="html"))
+    # The notebook's own badge (an image from Colab's site) gives way to the bar: the site loads
+    # nothing from other hosts.
+    for image in list(doctree.findall(nodes.image)):
+        if image["uri"] == toc.COLAB_BADGE:
+            badge = image.parent if isinstance(image.parent, nodes.reference) else image
+            holder = badge.parent
+            holder.remove(badge)
+            if isinstance(holder, nodes.paragraph) and not holder.astext().strip():
+                holder.parent.remove(holder)
 
 
 class LectureTable(SphinxDirective):

@@ -36,6 +36,10 @@ except ImportError:  # pragma: no cover - Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+#: The branch Colab opens the notebooks from.
+BRANCH = "main"
+#: The set-up cell's marker line: the website (book/) leaves the cell out (``remove-cell``).
+CELL_MARKER = '# %% tags=["remove-cell"]'
 #: The first line of the set-up cell: how the generator finds the cell it wrote.
 SETUP_MARK = "# Colab set-up"
 #: A notebook that imports one of these modules (or runs mpiexec) installs needle[lectures].
@@ -52,7 +56,7 @@ if in_colab and importlib.util.find_spec("needle"):
 elif in_colab:
     import importlib, shutil, subprocess
     repo = os.environ.get("NEEDLE_COLAB_REPO", "{repo}")
-    repo = "file://" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
     env = dict(os.environ)
     if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
         env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
@@ -89,15 +93,20 @@ def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
     return url[:-4] if url.endswith(".git") else url
 
 
-def badge_line(notebook: str, repo: str) -> str:
-    """The markdown badge that opens ``notebooks/<notebook>.ipynb`` of ``repo`` (a GitHub URL)
-    in Colab."""
+def colab_url(repo: str, notebook: str) -> str:
+    """The Colab address that opens ``notebooks/<notebook>.ipynb`` of ``repo`` (a GitHub URL)
+    from its ``main`` branch."""
     match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)", repo)
     if match is None:
         raise ValueError(f"Colab opens notebooks from GitHub: {repo!r} is not "
                          "https://github.com/<owner>/<repo>")
-    target = f"https://colab.research.google.com/github/{match.group(1)}/blob/main/notebooks/{notebook}.ipynb"
-    return f"[![Open In Colab]({BADGE_IMAGE})]({target})"
+    return (f"https://colab.research.google.com/github/{match.group(1)}/blob/{BRANCH}/"
+            f"notebooks/{notebook}.ipynb")
+
+
+def badge_line(notebook: str, repo: str) -> str:
+    """The markdown badge that opens ``notebooks/<notebook>.ipynb`` of ``repo`` in Colab."""
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repo, notebook)})"
 
 
 def extras(source: str) -> str:
@@ -141,7 +150,7 @@ def generate(text: str, notebook: str, repo: str) -> str:
     if not code:
         raise ValueError(f"{notebook}: no code cell")
     start = code[0]
-    cell = ["# %%"] + setup_cell(repo, extras(text)).split("\n") + [""]
+    cell = [CELL_MARKER] + setup_cell(repo, extras(text)).split("\n") + [""]
     if lines[start + 1] == SETUP_MARK or lines[start + 1].startswith(SETUP_MARK + " "):
         end = next((i for i in markers if i > start), len(lines))
         lines[start:end] = cell

@@ -46,7 +46,7 @@
 #
 # The functions live in `companion.apps.simple_ml` (the course's `apps/simple_ml.py`).
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
 # and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
 # anywhere else it does nothing.
@@ -57,7 +57,7 @@ if in_colab and importlib.util.find_spec("needle"):
 elif in_colab:
     import importlib, shutil, subprocess
     repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
-    repo = "file://" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
     env = dict(os.environ)
     if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
         env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"

@@ -63,8 +63,11 @@ def test_generate_inserts_badge_and_cell_once_and_is_idempotent():
     assert lines[title + 2] == ("# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
                                 "(https://colab.research.google.com/github/example-owner/example-repo/blob/main/"
                                 "notebooks/99_example.ipynb)")
-    first_code = next(i for i, line in enumerate(lines) if line == "# %%")
+    first_code = next(i for i, line in enumerate(lines)
+                      if line.startswith("# %%") and "[markdown]" not in line)
+    assert lines[first_code] == '# %% tags=["remove-cell"]'  # the website leaves it out
     assert lines[first_code + 1].startswith(colab.SETUP_MARK)
+    assert lines.index("import numpy as np") > first_code + len(colab.setup_cell(REPO).split("\n"))
     assert colab.generate(once, "99_example", REPO) == once
     # Only the badge (two lines) and the cell were added: the rest is untouched.
     cell = colab.setup_cell(REPO).split("\n")
@@ -136,7 +139,7 @@ def test_the_cell_installs_for_the_gpu_it_finds_and_imports_the_result(tmp_path)
                                         "NEEDLE_COLAB_GPU_CAP": "7.5"})
     assert done.returncode == 0, done.stderr
     args, arch, cmake = record.splitlines()
-    assert args == f"-m pip install -q needle[lectures] @ git+file://{clone}"
+    assert args == f"-m pip install -q needle[lectures] @ git+file://localhost{clone}"
     assert (arch, cmake) == ("CUDAARCHS=75-real", "CMAKE_ARGS=")
     assert "(GPU: 7.5)" in done.stdout
     assert done.stdout.endswith("needle installed: cpu() only\nTrue\n")
