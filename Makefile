@@ -38,6 +38,7 @@ help:
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
 	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
+	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.12 venv, two notebooks run"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
+from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
 
@@ -124,54 +124,63 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", help="the Python 3.12 interpreter (default: pyenv's)")
     parser.add_argument("--notebooks", nargs="+", default=NOTEBOOKS)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary folder (clone, venv, executed notebooks)")
     args = parser.parse_args(argv)
     python = args.python or find_python312()
     nvcc = shutil.which("nvcc") is not None
     head = run(["git", "-C", ROOT, "rev-parse", "HEAD"]).stdout.strip()
+    if args.keep:
+        tmp = tempfile.mkdtemp(prefix="needle-colab-")
+        print(f"keeping {tmp}")
+        return simulate(Path(tmp), python, args.notebooks, nvcc, head)
     with tempfile.TemporaryDirectory(prefix="needle-colab-") as tmp:
-        tmp = Path(tmp)
-        clone, venv, work, nomake = tmp / "repo", tmp / "venv", tmp / "content", tmp / "nomake"
-        run(["git", "clone", "-q", "--no-checkout", ROOT, clone])
-        run(["git", "-C", clone, "checkout", "-q", "-B", "colab-simulation", head])
-        work.mkdir()
-        nomake.mkdir()
-        (nomake / "make").write_text("#!/bin/sh\necho 'make: not in this simulated Colab' >&2\nexit 127\n")
-        (nomake / "make").chmod(0o755)
-        env = clean_env(venv, nomake)
-        run([python, "-m", "venv", venv], env=env)
-        vpy = venv / "bin" / "python"
-        run([vpy, "-m", "pip", "install", "-q"] + PREINSTALLED, env=env)
-        sim = dict(env, NEEDLE_COLAB_SIMULATE="1", NEEDLE_COLAB_REPO=str(clone),
-                   NEEDLE_COLAB_GPU_CAP=T4, CMAKE_BUILD_PARALLEL_LEVEL="2")
-        (work / "execute.py").write_text(EXECUTE)
-        report = []
-        for name in args.notebooks:
-            shutil.copy(clone / "notebooks" / f"{name}.ipynb", work / f"{name}.ipynb")
-            out = work / f"{name}.json"
-            run([vpy, work / "execute.py", work / f"{name}.ipynb", out], env=sim, cwd=work)
-            result = json.loads(out.read_text())
-            report.append((name, result))
-            print(f"{name}: {result['cells']} code cells ran without error in "
-                  f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
-                  flush=True)
-        first, second = report[0][1]["setup_output"], (report[1][1]["setup_output"] if len(report) > 1 else "")
-        problems = []
-        if "needle installed:" not in first:
-            problems.append(f"the first notebook's set-up cell did not install needle: {first!r}")
-        if len(report) > 1 and not second.startswith("needle is installed"):
-            problems.append(f"the second notebook's set-up cell installed again: {second!r}")
-        problems += installed_problems(vpy, clone, env, nvcc)
-        timing = report[0][1]["setup_timing"]
-        if "shell.execute_reply" in timing and "iopub.execute_input" in timing:
-            from datetime import datetime
-            t0 = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
-            t1 = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
-            print(f"set-up cell (pip install, {'CPU + CUDA sm_75' if nvcc else 'CPU only'} build, "
-                  f"{os.cpu_count()} cores): {(t1 - t0).total_seconds():.0f} s")
-        if problems:
-            print("colab simulation FAILED:\n  " + "\n  ".join(problems))
-            return 1
-    print(f"colab simulation passed: {', '.join(args.notebooks)} ran in a fresh Python 3.12 "
+        return simulate(Path(tmp), python, args.notebooks, nvcc, head)
+
+
+def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str) -> int:
+    """Clone, make the venv, run the notebooks (the first installs needle), check the install."""
+    clone, venv, work, nomake = tmp / "repo", tmp / "venv", tmp / "content", tmp / "nomake"
+    run(["git", "clone", "-q", "--no-checkout", ROOT, clone])
+    run(["git", "-C", clone, "checkout", "-q", "-B", "colab-simulation", head])
+    work.mkdir()
+    nomake.mkdir()
+    (nomake / "make").write_text("#!/bin/sh\necho 'make: not in this simulated Colab' >&2\nexit 127\n")
+    (nomake / "make").chmod(0o755)
+    env = clean_env(venv, nomake)
+    run([python, "-m", "venv", venv], env=env)
+    vpy = venv / "bin" / "python"
+    run([vpy, "-m", "pip", "install", "-q"] + PREINSTALLED, env=env)
+    sim = dict(env, NEEDLE_COLAB_SIMULATE="1", NEEDLE_COLAB_REPO=str(clone),
+               NEEDLE_COLAB_GPU_CAP=T4, CMAKE_BUILD_PARALLEL_LEVEL="2")
+    (work / "execute.py").write_text(EXECUTE)
+    report = []
+    for name in notebooks:
+        shutil.copy(clone / "notebooks" / f"{name}.ipynb", work / f"{name}.ipynb")
+        out = work / f"{name}.json"
+        run([vpy, work / "execute.py", work / f"{name}.ipynb", out], env=sim, cwd=work)
+        result = json.loads(out.read_text())
+        report.append((name, result))
+        print(f"{name}: {result['cells']} code cells ran without error in "
+              f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
+              flush=True)
+    first, second = report[0][1]["setup_output"], (report[1][1]["setup_output"] if len(report) > 1 else "")
+    problems = []
+    if "needle installed:" not in first:
+        problems.append(f"the first notebook's set-up cell did not install needle: {first!r}")
+    if len(report) > 1 and not second.startswith("needle is installed"):
+        problems.append(f"the second notebook's set-up cell installed again: {second!r}")
+    problems += installed_problems(vpy, clone, env, nvcc)
+    timing = report[0][1]["setup_timing"]
+    if "shell.execute_reply" in timing and "iopub.execute_input" in timing:
+        t0 = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
+        t1 = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
+        print(f"set-up cell (pip install, {'CPU + CUDA sm_75' if nvcc else 'CPU only'} build, "
+              f"{os.cpu_count()} cores): {(t1 - t0).total_seconds():.0f} s")
+    if problems:
+        print("colab simulation FAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print(f"colab simulation passed: {', '.join(notebooks)} ran in a fresh Python 3.12 "
           f"environment installed by the set-up cell from {head[:10]}")
     return 0
 
