@@ -28,11 +28,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-try:  # Python 3.11+; the check runs in a checkout, where pyproject.toml is
-    import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
-    tomllib = None
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -84,8 +79,10 @@ elif in_colab:
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
     """The repository's address: ``[project.urls] Repository`` of ``pyproject``, no trailing
     slash or ``.git``."""
-    if tomllib is None:  # pragma: no cover - Python 3.10
-        raise RuntimeError("companion.colab needs Python 3.11+ (tomllib) to read pyproject.toml")
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: the same parser as the tomli package (in the dev extra for 3.10)
+        import tomli as tomllib
     urls = tomllib.loads(pyproject.read_text())["project"].get("urls", {})
     if "Repository" not in urls:
         raise KeyError(f"{pyproject} has no [project.urls] Repository entry")

@@ -9,10 +9,14 @@ The real install, with the notebooks executed on it, is ``make test-colab``
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as the tomli package (in the dev extra for 3.10)
+    import tomli as tomllib
 
 from companion import colab, lecture
 
