@@ -21,7 +21,7 @@ NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check progress lecture-report data clean help test-clang test-sanitize test-smoke
+.PHONY: lab test test-unit test-notebooks build test-clang test-sanitize test-smoke notebooks notebook figures bench profile check progress lecture-report data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -189,7 +189,7 @@ check: $(INSTALLED)
 	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",) $(if $(HWNUM),--hw "$$HWNUM",) $${ARGS-}
 
 # Passed/total per homework in or beside HW (default: here), what changed, the next question.
-progress: $(VENV_READY)
+progress: $(INSTALLED)
 	$(PY) -m companion.check --progress "$${HW:-.}"
 
 # Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
@@ -217,8 +217,8 @@ clean:
 # The site's packages (the `book` extra) are installed here when missing, without rebuilding needle.
 BOOK_DEPS := $(VENV)/.needle-book
 
-$(BOOK_DEPS): $(VENV_READY) pyproject.toml
-	$(PY) -m pip install --quiet $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
+$(BOOK_DEPS): $(INSTALLED)
+	$(PY) -m pip install --quiet $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
 	@touch $@
 
 .PHONY: book

@@ -582,7 +582,21 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
       const float d = xr[j] - mean;
       q += d * d;
     }
-    const float rs = 1.f / sqrtf(block_reduce(q, sum_op, scratch) / cols + eps);
+    const float q_total = block_reduce(q, sum_op, scratch);  // the same on every thread
+    float rs = 1.f / sqrtf(q_total / cols + eps);
+    if (!isfinite(q_total)) {
+      // Data above about 2e19 in magnitude: the variance overflows float, its rstd does not.
+      // Sum the squares of (x - mean) / m, m = max |x - mean|, and scale back in the rstd.
+      float m = 0.f;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, fabsf(xr[j] - mean));
+      m = block_reduce(m, needle::ops::Reduce_max(), scratch);
+      float qs = 0.f;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float d = (xr[j] - mean) / m;
+        qs += d * d;
+      }
+      rs = (1.f / m) / sqrtf(block_reduce(qs, sum_op, scratch) / cols + eps / (m * m));
+    }
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const float h = (xr[j] - mean) * rs;
       xhat[r * cols + j] = h;
@@ -630,6 +644,17 @@ __device__ float column_sum(float v, float (*scratch)[COL_X + 1]) {
   return s;
 }
 
+// The maximum of v over threadIdx.y for this thread's column, as column_sum.
+__device__ float column_max(float v, float (*scratch)[COL_X + 1]) {
+  scratch[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  float m = scratch[0][threadIdx.x];
+#pragma unroll
+  for (int y = 1; y < COL_Y; ++y) m = fmaxf(m, scratch[y][threadIdx.x]);
+  __syncthreads();
+  return m;
+}
+
 // dw[c] = sum_r dy[r, c] * xhat[r, c], db[c] = sum_r dy[r, c] (LayerNorm's parameter gradients).
 __global__ void column_grads_kernel(const float* dy, const float* xhat, int64_t rows,
                                     int64_t cols, float* dw, float* db) {
@@ -674,7 +699,24 @@ __global__ void batchnorm_fwd_kernel(const float* x, const float* w, const float
         q += d * d;
       }
     const float var = column_sum(q, scratch) / rows;
-    const float rs = 1.f / sqrtf(var + eps);
+    float rs = 1.f / sqrtf(var + eps);
+    // Data above about 2e19 in magnitude: the variance overflows float, its rstd does not. If
+    // any column of the block overflowed (all threads take this branch together, as the
+    // barriers inside column_sum require), rescale by m = max |x - mean| of each column.
+    if (__syncthreads_or(valid && !isfinite(var))) {
+      float m = 0.f;
+      if (valid)
+        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) m = fmaxf(m, fabsf(x[r * cols + c] - mean));
+      m = column_max(m, scratch);
+      float qs = 0.f;
+      if (valid && m > 0.f)
+        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+          const float d = (x[r * cols + c] - mean) / m;
+          qs += d * d;
+        }
+      qs = column_sum(qs, scratch);
+      if (!isfinite(var)) rs = (1.f / m) / sqrtf(qs / rows + eps / (m * m));
+    }
     if (valid) {
       const float wc = w[c], bc = b[c];
       for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
