@@ -168,6 +168,7 @@ def stale(folder: Path = NOTEBOOKS, repo: Optional[str] = None) -> List[Path]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The command line: ``--write``, ``--check`` or ``--print-cell NN_topic``; the exit status."""
     parser = argparse.ArgumentParser(prog="python -m companion.colab", description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", action="store_true", help="rewrite each notebook's badge and set-up cell")

@@ -121,6 +121,7 @@ def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) ->
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The command line (see the module docstring); 0 when the simulation passes."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", help="the Python 3.12 interpreter (default: pyenv's)")
     parser.add_argument("--notebooks", nargs="+", default=NOTEBOOKS)
