@@ -20,6 +20,7 @@ answer on a machine without a GPU.
 ``.py`` sources; regenerate the ``.ipynb`` with ``jupytext --to ipynb --update``);
 ``python -m companion.colab --check`` lists the notebooks that differ from what it would write.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ SETUP_MARK = "# Colab set-up"
 #: A notebook that imports one of these modules (or runs mpiexec) installs needle[lectures].
 LECTURES_MODULES = ("mpi4py", "mpiexec", "onnx", "onnxruntime", "tvm")
 
-SETUP_TEMPLATE = '''\
+SETUP_TEMPLATE = """\
 # Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
 # and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
 # anywhere else it does nothing.
@@ -56,7 +57,7 @@ elif in_colab:
     if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
         env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
     cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
-    if not cap and shutil.which("nvidia-smi"):  # the GPU's compute capability: T4 7.5, A100 8.0, L4 8.9
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
         cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip().split("\\n")[0]
     cap = cap if cap.replace(".", "").isdigit() else ""
@@ -73,7 +74,7 @@ elif in_colab:
     importlib.invalidate_caches()
     import needle
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
-'''
+"""
 
 
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
@@ -95,10 +96,13 @@ def colab_url(repo: str, notebook: str) -> str:
     from its ``main`` branch."""
     match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)", repo)
     if match is None:
-        raise ValueError(f"Colab opens notebooks from GitHub: {repo!r} is not "
-                         "https://github.com/<owner>/<repo>")
-    return (f"https://colab.research.google.com/github/{match.group(1)}/blob/{BRANCH}/"
-            f"notebooks/{notebook}.ipynb")
+        raise ValueError(
+            f"Colab opens notebooks from GitHub: {repo!r} is not https://github.com/<owner>/<repo>"
+        )
+    return (
+        f"https://colab.research.google.com/github/{match.group(1)}/blob/{BRANCH}/"
+        f"notebooks/{notebook}.ipynb"
+    )
 
 
 def badge_line(notebook: str, repo: str) -> str:
@@ -136,11 +140,11 @@ def generate(text: str, notebook: str, repo: str) -> str:
     if not lines[title].startswith("# # "):
         raise ValueError(f"{notebook}: the header does not start with a '# # title' line")
     badge = "# " + badge_line(notebook, repo)
-    after = lines[title + 1:title + 3]
+    after = lines[title + 1 : title + 3]
     if len(after) == 2 and after[0] == "#" and after[1].startswith("# [![Open In Colab]"):
         lines[title + 2] = badge
     else:
-        lines[title + 1:title + 1] = ["#", badge]
+        lines[title + 1 : title + 1] = ["#", badge]
     # The set-up cell: replaced where it is, else inserted before the first code cell.
     markers = _cells(lines)
     code = [i for i in markers if not lines[i].startswith("# %% [markdown]")]
@@ -169,10 +173,16 @@ def stale(folder: Path = NOTEBOOKS, repo: Optional[str] = None) -> List[Path]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """The command line: ``--write``, ``--check`` or ``--print-cell NN_topic``; the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m companion.colab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m companion.colab", description=__doc__.split("\n\n")[0]
+    )
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--write", action="store_true", help="rewrite each notebook's badge and set-up cell")
-    group.add_argument("--check", action="store_true", help="list the notebooks that differ; exit 1 if any")
+    group.add_argument(
+        "--write", action="store_true", help="rewrite each notebook's badge and set-up cell"
+    )
+    group.add_argument(
+        "--check", action="store_true", help="list the notebooks that differ; exit 1 if any"
+    )
     group.add_argument("--print-cell", metavar="NN_topic", help="print one notebook's set-up cell")
     args = parser.parse_args(argv)
     repo = repository_url()
@@ -183,7 +193,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.check:
         out = stale(repo=repo)
         for path in out:
-            print(f"{path.name}: badge or set-up cell differs from `python -m companion.colab --write`")
+            print(
+                f"{path.name}: badge or set-up cell differs from "
+                "`python -m companion.colab --write`"
+            )
         return 1 if out else 0
     for path in sources():
         new = generate(path.read_text(), path.stem, repo)

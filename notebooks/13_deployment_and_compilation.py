@@ -56,7 +56,7 @@ elif in_colab:
     if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
         env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
     cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
-    if not cap and shutil.which("nvidia-smi"):  # the GPU's compute capability: T4 7.5, A100 8.0, L4 8.9
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
         cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip().split("\n")[0]
     cap = cap if cap.replace(".", "").isdigit() else ""

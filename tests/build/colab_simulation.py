@@ -15,6 +15,7 @@ NEEDLE_IMPL .pth. Exits non-zero, naming the problem, on any failure.
 
     python tests/build/colab_simulation.py [--python PATH] [--notebooks 01_x 02_y]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,14 @@ PREINSTALLED = ["numpy>=2", "matplotlib", "ipykernel", "nbclient", "nbformat"]
 T4 = "7.5"
 
 EXECUTE = r"""
-import json, sys, time
+import json, pathlib, sys, time
 import nbclient, nbformat
 path, out = sys.argv[1], sys.argv[2]
 nb = nbformat.read(path, as_version=4)
 start = time.time()
+folder = str(pathlib.Path(path).parent)
 nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3",
-                        resources={"metadata": {"path": str(__import__("pathlib").Path(path).parent)}}).execute()
+                        resources={"metadata": {"path": folder}}).execute()
 code = [c for c in nb.cells if c.cell_type == "code"]
 setup = code[0]
 times = setup.metadata.get("execution", {})
@@ -63,8 +65,9 @@ def find_python312() -> str:
     path = shutil.which("python3.12")
     if path:
         return path
-    raise SystemExit("colab simulation: no Python 3.12 found (pyenv versions/3.12.*, python3.12); "
-                     "pass --python")
+    raise SystemExit(
+        "colab simulation: no Python 3.12 found (pyenv versions/3.12.*, python3.12); pass --python"
+    )
 
 
 def run(cmd: List[str], **kwargs) -> subprocess.CompletedProcess:
@@ -72,18 +75,26 @@ def run(cmd: List[str], **kwargs) -> subprocess.CompletedProcess:
     print("+", " ".join(str(c) for c in cmd), flush=True)
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
     if done.returncode:
-        raise SystemExit(f"colab simulation: {cmd[0]} failed ({done.returncode}):\n"
-                         f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+        raise SystemExit(
+            f"colab simulation: {cmd[0]} failed ({done.returncode}):\n"
+            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
     return done
 
 
 def clean_env(venv: Path, nomake: Path) -> dict:
     """The environment of the simulated Colab: no variables of this checkout's venv, the new
     venv's bin and a failing `make` first on PATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NEEDLE_", "PYTHON", "VIRTUAL_ENV", "MAKE", "MFLAGS", "JUPYTER"))}
-    path = [p for p in env.get("PATH", "").split(os.pathsep)
-            if p and not Path(p).resolve().is_relative_to(ROOT)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NEEDLE_", "PYTHON", "VIRTUAL_ENV", "MAKE", "MFLAGS", "JUPYTER"))
+    }
+    path = [
+        p
+        for p in env.get("PATH", "").split(os.pathsep)
+        if p and not Path(p).resolve().is_relative_to(ROOT)
+    ]
     env["PATH"] = os.pathsep.join([str(nomake), str(venv / "bin")] + path)
     env["MPLBACKEND"] = "agg"
     return env
@@ -92,11 +103,14 @@ def clean_env(venv: Path, nomake: Path) -> dict:
 def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) -> List[str]:
     """What the installed needle lacks: a file of the clone's needle/ or companion/ (tracked,
     compiled modules aside), a compiled module, the .pth; or needle imported from elsewhere."""
-    probe = ("import json, sysconfig, needle, companion; "
-             "print(json.dumps([sysconfig.get_paths()['purelib'], needle.__file__, "
-             "needle.cuda().mod is not None]))")
+    probe = (
+        "import json, sysconfig, needle, companion; "
+        "print(json.dumps([sysconfig.get_paths()['purelib'], needle.__file__, "
+        "needle.cuda().mod is not None]))"
+    )
     purelib, needle_file, cuda_built = json.loads(
-        run([venv_python, "-c", probe], env=env, cwd=clone.parent).stdout)
+        run([venv_python, "-c", probe], env=env, cwd=clone.parent).stdout
+    )
     site = Path(purelib)
     problems = []
     if not Path(needle_file).is_relative_to(site):
@@ -104,11 +118,14 @@ def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) ->
     tracked = run(["git", "-C", clone, "ls-files", "needle", "companion"]).stdout.split()
     missing = [f for f in tracked if not (site / f).is_file()]
     if missing:
-        problems.append(f"{len(missing)} files of the repository missing from the install: "
-                        f"{missing[:8]}")
-    wanted = {"needle/backend_ndarray/ndarray_backend_cpu": True,
-              "companion/apps/simple_ml_ext": True,
-              "needle/backend_ndarray/ndarray_backend_cuda": nvcc}
+        problems.append(
+            f"{len(missing)} files of the repository missing from the install: {missing[:8]}"
+        )
+    wanted = {
+        "needle/backend_ndarray/ndarray_backend_cpu": True,
+        "companion/apps/simple_ml_ext": True,
+        "needle/backend_ndarray/ndarray_backend_cuda": nvcc,
+    }
     for stem, required in wanted.items():
         have = glob.glob(str(site / (stem + "*.so")))
         if required and not have:
@@ -125,8 +142,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", help="the Python 3.12 interpreter (default: pyenv's)")
     parser.add_argument("--notebooks", nargs="+", default=NOTEBOOKS)
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the temporary folder (clone, venv, executed notebooks)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary folder (clone, venv, executed notebooks)",
+    )
     args = parser.parse_args(argv)
     python = args.python or find_python312()
     nvcc = shutil.which("nvcc") is not None
@@ -146,14 +166,21 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
     run(["git", "-C", clone, "checkout", "-q", "-B", "colab-simulation", head])
     work.mkdir()
     nomake.mkdir()
-    (nomake / "make").write_text("#!/bin/sh\necho 'make: not in this simulated Colab' >&2\nexit 127\n")
+    (nomake / "make").write_text(
+        "#!/bin/sh\necho 'make: not in this simulated Colab' >&2\nexit 127\n"
+    )
     (nomake / "make").chmod(0o755)
     env = clean_env(venv, nomake)
     run([python, "-m", "venv", venv], env=env)
     vpy = venv / "bin" / "python"
     run([vpy, "-m", "pip", "install", "-q"] + PREINSTALLED, env=env)
-    sim = dict(env, NEEDLE_COLAB_SIMULATE="1", NEEDLE_COLAB_REPO=str(clone),
-               NEEDLE_COLAB_GPU_CAP=T4, CMAKE_BUILD_PARALLEL_LEVEL="2")
+    sim = dict(
+        env,
+        NEEDLE_COLAB_SIMULATE="1",
+        NEEDLE_COLAB_REPO=str(clone),
+        NEEDLE_COLAB_GPU_CAP=T4,
+        CMAKE_BUILD_PARALLEL_LEVEL="2",
+    )
     (work / "execute.py").write_text(EXECUTE)
     report = []
     for name in notebooks:
@@ -162,10 +189,15 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
         run([vpy, work / "execute.py", work / f"{name}.ipynb", out], env=sim, cwd=work)
         result = json.loads(out.read_text())
         report.append((name, result))
-        print(f"{name}: {result['cells']} code cells ran without error in "
-              f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
-              flush=True)
-    first, second = report[0][1]["setup_output"], (report[1][1]["setup_output"] if len(report) > 1 else "")
+        print(
+            f"{name}: {result['cells']} code cells ran without error in "
+            f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
+            flush=True,
+        )
+    first, second = (
+        report[0][1]["setup_output"],
+        (report[1][1]["setup_output"] if len(report) > 1 else ""),
+    )
     problems = []
     if "needle installed:" not in first:
         problems.append(f"the first notebook's set-up cell did not install needle: {first!r}")
@@ -176,13 +208,17 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
     if "shell.execute_reply" in timing and "iopub.execute_input" in timing:
         t0 = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
         t1 = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
-        print(f"set-up cell (pip install, {'CPU + CUDA sm_75' if nvcc else 'CPU only'} build, "
-              f"{os.cpu_count()} cores): {(t1 - t0).total_seconds():.0f} s")
+        print(
+            f"set-up cell (pip install, {'CPU + CUDA sm_75' if nvcc else 'CPU only'} build, "
+            f"{os.cpu_count()} cores): {(t1 - t0).total_seconds():.0f} s"
+        )
     if problems:
         print("colab simulation FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print(f"colab simulation passed: {', '.join(notebooks)} ran in a fresh Python 3.12 "
-          f"environment installed by the set-up cell from {head[:10]}")
+    print(
+        f"colab simulation passed: {', '.join(notebooks)} ran in a fresh Python 3.12 "
+        f"environment installed by the set-up cell from {head[:10]}"
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ when it acts (NEEDLE_COLAB_SIMULATE=1), run one ``pip install`` with the GPU's a
 The real install, with the notebooks executed on it, is ``make test-colab``
 (tests/build/colab_simulation.py).
 """
+
 import os
 import subprocess
 import sys
@@ -55,7 +56,10 @@ def test_the_url_comes_from_pyproject():
     assert colab.repository_url() == url.rstrip("/").removesuffix(".git")
     for path in colab.sources():
         text = path.read_text()
-        assert f"colab.research.google.com/github/{url.split('github.com/')[1]}/blob/main/notebooks/{path.stem}.ipynb" in text
+        assert (
+            f"colab.research.google.com/github/{url.split('github.com/')[1]}/blob/main/notebooks/{path.stem}.ipynb"
+            in text
+        )
         assert f'"NEEDLE_COLAB_REPO", "{url}")' in text
 
 
@@ -64,11 +68,14 @@ def test_generate_inserts_badge_and_cell_once_and_is_idempotent():
     lines = once.split("\n")
     title = lines.index("# # 99 · Example")
     assert lines[title + 1] == "#"
-    assert lines[title + 2] == ("# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-                                "(https://colab.research.google.com/github/example-owner/example-repo/blob/main/"
-                                "notebooks/99_example.ipynb)")
-    first_code = next(i for i, line in enumerate(lines)
-                      if line.startswith("# %%") and "[markdown]" not in line)
+    assert lines[title + 2] == (
+        "# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        "(https://colab.research.google.com/github/example-owner/example-repo/blob/main/"
+        "notebooks/99_example.ipynb)"
+    )
+    first_code = next(
+        i for i, line in enumerate(lines) if line.startswith("# %%") and "[markdown]" not in line
+    )
     assert lines[first_code] == '# %% tags=["remove-cell"]'  # the website leaves it out
     assert lines[first_code + 1].startswith(colab.SETUP_MARK)
     assert lines.index("import numpy as np") > first_code + len(colab.setup_cell(REPO).split("\n"))
@@ -112,21 +119,31 @@ def _run_cell(tmp_path, env_extra, pip_rc=0, installed=False):
     build variables and, when it succeeds, leaves a stand-in ``needle`` package in the working
     folder, which the cell must then import. ``installed``: the stand-in is there from the start."""
     record = tmp_path / "record.txt"
-    stand_in = "mkdir -p needle && echo 'def cuda():\n    return cpu()\ndef cpu():\n    return type(\"D\", (), {\"enabled\": lambda self: False})()' > needle/__init__.py"
+    stand_in = (
+        "mkdir -p needle && echo 'def cuda():\n    return cpu()\ndef cpu():\n"
+        '    return type("D", (), {"enabled": lambda self: False})()\' > needle/__init__.py'
+    )
     fake = tmp_path / "fake_python"
-    fake.write_text(f"#!/bin/sh\n{{ echo \"$@\"; echo \"CUDAARCHS=${{CUDAARCHS-}}\"; "
-                    f"echo \"CMAKE_ARGS=${{CMAKE_ARGS-}}\"; }} > {record}\necho pip-said-no\n"
-                    + (f"exit {pip_rc}\n" if pip_rc else f"{stand_in}\n"))
+    fake.write_text(
+        f'#!/bin/sh\n{{ echo "$@"; echo "CUDAARCHS=${{CUDAARCHS-}}"; '
+        f'echo "CMAKE_ARGS=${{CMAKE_ARGS-}}"; }} > {record}\necho pip-said-no\n'
+        + (f"exit {pip_rc}\n" if pip_rc else f"{stand_in}\n")
+    )
     fake.chmod(0o755)
     if installed:
         subprocess.run(["sh", "-c", stand_in], cwd=tmp_path, check=True)
     cell = colab.setup_cell(REPO, "[lectures]")
-    code = f"import sys; sys.executable = {str(fake)!r}\n" + cell + "\nprint('needle' in sys.modules)\n"
+    code = (
+        f"import sys; sys.executable = {str(fake)!r}\n"
+        + cell
+        + "\nprint('needle' in sys.modules)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEEDLE_COLAB", "PYTHON"))}
     env.update(env_extra)
     env["PATH"] = "/usr/bin:/bin"  # no nvidia-smi
-    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
-                          env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     return done, (record.read_text() if record.exists() else None)
 
 
@@ -139,8 +156,14 @@ def test_the_cell_does_nothing_outside_colab(tmp_path):
 def test_the_cell_installs_for_the_gpu_it_finds_and_imports_the_result(tmp_path):
     clone = tmp_path / "clone"
     clone.mkdir()
-    done, record = _run_cell(tmp_path, {"NEEDLE_COLAB_SIMULATE": "1", "NEEDLE_COLAB_REPO": str(clone),
-                                        "NEEDLE_COLAB_GPU_CAP": "7.5"})
+    done, record = _run_cell(
+        tmp_path,
+        {
+            "NEEDLE_COLAB_SIMULATE": "1",
+            "NEEDLE_COLAB_REPO": str(clone),
+            "NEEDLE_COLAB_GPU_CAP": "7.5",
+        },
+    )
     assert done.returncode == 0, done.stderr
     args, arch, cmake = record.splitlines()
     assert args == f"-m pip install -q needle[lectures] @ git+file://localhost{clone}"
@@ -150,7 +173,9 @@ def test_the_cell_installs_for_the_gpu_it_finds_and_imports_the_result(tmp_path)
 
 
 def test_without_a_gpu_the_cell_builds_no_cuda_module(tmp_path):
-    done, record = _run_cell(tmp_path, {"NEEDLE_COLAB_SIMULATE": "1", "NEEDLE_COLAB_GPU_CAP": "none"})
+    done, record = _run_cell(
+        tmp_path, {"NEEDLE_COLAB_SIMULATE": "1", "NEEDLE_COLAB_GPU_CAP": "none"}
+    )
     assert done.returncode == 0, done.stderr
     args, arch, cmake = record.splitlines()
     assert args == f"-m pip install -q needle[lectures] @ git+{REPO}"
@@ -172,6 +197,7 @@ def test_a_failed_install_raises_with_pips_output(tmp_path):
 
 def test_best_device_is_cpu_without_a_gpu_and_cuda_with_one(monkeypatch):
     import needle as ndl
+
     cuda_on = ndl.cuda().enabled()
     assert lecture.best_device() == (ndl.cuda() if cuda_on else ndl.cpu())
 
@@ -181,6 +207,7 @@ def test_best_device_is_cpu_without_a_gpu_and_cuda_with_one(monkeypatch):
 
         def enabled(self):
             return self.on
+
     gpu = Fake(True)
     monkeypatch.setattr(ndl, "cuda", lambda: gpu)
     assert lecture.best_device() is gpu
