@@ -27,6 +27,7 @@ help:
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
 	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 $(PY):
@@ -111,3 +112,21 @@ clean:
 	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
 	rm -f needle/backend_ndarray/*.so companion/apps/*.so $(BUILT)
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+
+# ---- the lectures as a website (book/, tests/book/) -----------------------------------------
+# make book: Sphinx renders the committed, executed notebooks (never re-executed) into build/book/;
+# serve it with `.venv/bin/python -m http.server -d build/book --bind 127.0.0.1`.
+# The site's packages (the `book` extra) are installed here when missing, without rebuilding needle.
+BOOK_DEPS := $(VENV)/.needle-book
+
+$(BOOK_DEPS): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
+	@touch $@
+
+.PHONY: book
+book: $(BOOK_DEPS)
+	$(PY) -m book.build build/book
+	@echo "the site: build/book/index.html"
+
+# tests/book/ builds the site and opens it in Chromium: `make test` installs the extra first.
+test-unit: $(BOOK_DEPS)

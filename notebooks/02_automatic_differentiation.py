@@ -21,13 +21,14 @@
 # **Prerequisites:** the chain rule; notebook 01 (the hand-derived gradients this replaces)
 #
 # **You will be able to:** read a needle computational graph (`op`, `inputs`, `cached_data`);
-# compute a topological order and reverse-mode adjoints by hand and check them against
-# `backward()` and finite differences; say which nodes keep `.grad`; take a second derivative
-# with `create_graph=True`; use lazy evaluation
+# compute a topological order and reverse-mode adjoints by hand (and forward-mode tangents) and
+# check them against
+# `backward()` and finite differences; say which nodes keep `.grad`; differentiate a gradient
+# (reverse mode extends the graph); use lazy evaluation
 #
 # **Run time:** about 10 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
-# companion-only are skipped: they use `retain_grad()` and `backward(create_graph=True)`, which the
+# companion-only are skipped: they use `retain_grad()` and `backward(create_graph=False)`, which the
 # course's `Tensor` does not have.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
@@ -56,7 +57,7 @@ from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
-print(ndl.BACKEND, ndl.default_device())
+print(ndl.BACKEND, ndl.default_tensor_device())  # where ndl.Tensor(...) puts its data
 
 # %% [markdown]
 # ## A computational graph
@@ -118,10 +119,10 @@ assert [names[id(n)] for n in order] == ["v1", "v2", "v3", "v4"]
 # * $\bar v_1 = \bar v_2 \cdot \exp(v_1) = 5 \cdot 2 = 10$.
 #
 # Check: $y = e^{2x} + e^x$, so $dy/dx = 2e^{2x} + e^x = 2\cdot 4 + 2 = 10$ at $x = \ln 2$.
-# `backward()` stores the adjoint of every **leaf** (here $v_1$) in `.grad`. The adjoints of
-# interior nodes are released as soon as they have been passed on (so a training step does not
-# keep a second copy of its graph alive); a node keeps its adjoint in `.grad` only when asked
-# with `retain_grad()` before `backward()`, as in PyTorch. We ask for all three here.
+# `backward()` stores the adjoint of every **leaf** (here $v_1$) in `.grad`. The course's needle
+# stores it on every node; this project keeps interior adjoints only when asked with
+# `retain_grad()` before `backward()` (PyTorch's rule, an extension), so that the adjoints of
+# interior nodes are released as soon as they have been passed on. We ask for all three here.
 
 # %%
 # companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
@@ -135,9 +136,11 @@ for v in (v4, v3, v2, v1):
     assert abs(v.grad.numpy()[0] - hand[name]) < 1e-5
 
 # %% [markdown]
-# Without `retain_grad()` only the leaf keeps its gradient:
+# Without `retain_grad()` only the leaf keeps its gradient here (the course's needle keeps every
+# node's):
 
 # %%
+# companion-only: this project's rule that only leaves and retained nodes keep .grad
 w1 = ndl.Tensor([np.log(2.0)], dtype="float32")
 w2 = ndl.exp(w1)
 (w2 * (w2 + 1)).backward()
@@ -263,34 +266,77 @@ print(f"loss = {loss.numpy().item():.4f}, max |autodiff - finite differences| < 
 assert abs(loss.numpy().item() - loss_np(W)) < 1e-4 and err < 1e-5
 
 # %% [markdown]
+# ## Forward mode, and why reverse mode
+#
+# Forward mode is the other way to apply the chain rule: carry, next to each value $v_i$, its
+# tangent $\dot v_i = \partial v_i / \partial x$ for one chosen input direction, and update both
+# in the order of the program. For the lecture's example: $\dot v_1 = 1$,
+# $\dot v_2 = e^{v_1}\dot v_1 = 2$, $\dot v_3 = \dot v_2 = 2$,
+# $\dot v_4 = \dot v_2 v_3 + v_2 \dot v_3 = 6 + 4 = 10$: the same 10 as reverse mode.
+#
+# One forward-mode pass gives the derivative of every output along **one** input direction (a
+# Jacobian-vector product). A loss $L:\mathbb R^n \to \mathbb R$ has one output and $n$
+# parameters, so forward mode needs $n$ passes for the gradient, while reverse mode gets all $n$
+# entries from **one** backward pass (a vector-Jacobian product) costing about as much as the
+# forward pass. Below, forward mode in numpy (each line is the tangent rule of the line of
+# `loss_np` it follows) recovers the gradient of the matrix loss above, one entry of $W$ per pass.
+
+# %%
+def loss_tangent(W, W_dot):
+    """dL/dW · W_dot for loss_np: the forward-mode tangent, computed alongside the values."""
+    z = np.tanh(X @ W)
+    z_dot = (1 - z ** 2) * (X @ W_dot)                   # tanh' · (X Ẇ)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    lse_dot = (p * z_dot).sum(1)                         # d log Σ exp z = softmax · ż
+    return z_dot.sum() - z.shape[1] * lse_dot.sum()      # L = Σ z − (columns) · Σ lse
+
+
+basis = np.eye(W.size).reshape(W.size, *W.shape)
+forward_grad = np.array([loss_tangent(W, e) for e in basis]).reshape(W.shape)
+err = np.abs(forward_grad - Wt.grad.numpy()).max()
+print(f"forward mode: {len(basis)} passes (one per entry of W); reverse mode: 1 backward pass; "
+      f"max difference < 1e-5: {err < 1e-5}")
+assert err < 1e-5
+
+# %% [markdown]
 # ## Differentiating a gradient
 #
 # Each `gradient` is written with needle ops, so `backward()` does not just compute numbers: it
-# can **extend the graph** with the adjoint computation (the lecture's "reverse mode AD by
-# extending the computational graph"). By default `backward()` stores the gradient as a detached
-# constant — a training step needs only its value — but `backward(create_graph=True)` keeps the
-# gradient's own history, so it can be differentiated again.
+# **extends the graph** with the adjoint computation (the lecture's "reverse mode AD by
+# extending the computational graph"). That is the course's design and needle's default: every
+# `.grad` is itself a node whose inputs reach back into the forward graph, so it can be
+# differentiated again with no keyword.
 #
 # For $y = x^3$: $y' = 3x^2$ and $y'' = 6x$. We evaluate at $x = 3$, where $y' = 27$ and
 # $y'' = 18$ differ (at $x = 2$ both are 12, and a check there could not tell a correct second
 # derivative from a `.grad` that was simply left over from the first pass).
 
 # %%
-# companion-only: backward(create_graph=True) (second derivatives)
 x = ndl.Tensor([3.0], dtype="float32")
 (x ** 3).backward()
-print(f"default: y'(3) = {x.grad.numpy()[0]:.4f}, a constant: op={x.grad.op}, "
-      f"requires_grad={x.grad.requires_grad}")
-assert abs(x.grad.numpy()[0] - 27.0) < 1e-4 and x.grad.op is None and not x.grad.requires_grad
-
-(x ** 3).backward(create_graph=True)
 g = x.grad
-print(f"create_graph=True: y'(3) = {g.numpy()[0]:.4f}, made by {type(g.op).__name__}, "
+print(f"y'(3) = {g.numpy()[0]:.4f}, made by {type(g.op).__name__}, "
       f"requires_grad={g.requires_grad}")
 assert abs(g.numpy()[0] - 27.0) < 1e-4 and g.requires_grad and g.op is not None
 g.backward()
 print(f"y''(3) = {x.grad.numpy()[0]:.4f}")
 assert abs(x.grad.numpy()[0] - 18.0) < 1e-4
+
+# %% [markdown]
+# Keeping that graph has a price: a parameter's gradient holds the whole forward graph (and
+# every interior adjoint) alive until the gradient is reset, and the gradient graph refers back
+# to the parameter, a reference cycle that `opt.reset_grad()` or the next `backward()` breaks.
+# A training step needs only the gradient's value, so this project adds an opt-in fast path,
+# `backward(create_graph=False)` (PyTorch's default; `with ndl.no_grad():` does the same): the
+# gradients are constants and each interior adjoint is freed as soon as it has been used.
+
+# %%
+# companion-only: backward(create_graph=False) (the fast path, an extension)
+x = ndl.Tensor([3.0], dtype="float32")
+(x ** 3).backward(create_graph=False)
+print(f"create_graph=False: y'(3) = {x.grad.numpy()[0]:.4f}, a constant: op={x.grad.op}, "
+      f"requires_grad={x.grad.requires_grad}")
+assert abs(x.grad.numpy()[0] - 27.0) < 1e-4 and x.grad.op is None and not x.grad.requires_grad
 
 # %% [markdown]
 # ## Lazy mode
@@ -320,9 +366,10 @@ finally:
 # * A `Tensor` is a node: `op`, `inputs`, `cached_data`.
 # * `find_topo_sort` orders the graph (post-order DFS); `backward()` walks it in reverse,
 #   summing each node's adjoint over all its consumers — exactly the "multiple pathway" rule.
-# * Leaves keep their gradient in `.grad`; interior nodes only after `retain_grad()`.
-# * Gradients are needle expressions, so with `backward(create_graph=True)` higher derivatives
-#   come for free.
+# * Leaves keep their gradient in `.grad`; interior nodes only after `retain_grad()` (the
+#   course's needle keeps every node's).
+# * Gradients are needle expressions and `backward()` records them, so higher derivatives come
+#   for free; `backward(create_graph=False)` is the fast path when only the values are needed.
 # * The next notebook builds modules and optimizers on top of this, and shows why parameter
 #   updates go through `.data` (so the graph does not grow step after step).
 

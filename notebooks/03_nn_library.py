@@ -13,9 +13,9 @@
 # %% [markdown]
 # # 03 · NN Library Implementation
 #
-# **Lecture:** 8, "NN Library Implementation" (with the initialisation part of lecture 6,
-# "Fully Connected Networks, Optimization, Initialization", and the module and optimizer
-# abstractions of lecture 7, "Neural Network Library Abstractions")
+# **Lecture:** 8, "NN Library Implementation" (lecture 9 in the current schedule), with the
+# initialisation part of lecture 6, "Fully Connected Networks, Optimization, Initialization",
+# and the module and optimizer abstractions of lecture 7, "Neural Network Library Abstractions"
 #
 # **Homework:** hw2 Q1 (weight initialisation), Q2 (`nn.Module`, `Linear`, `SoftmaxLoss`),
 # Q3 (`SGD`); the `TensorTuple` machinery used by hw4's multi-output ops
@@ -32,8 +32,8 @@
 #
 # **Run time:** about 20 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
-# companion-only are skipped: they use `retain_grad()` and `backward(create_graph=True)`, which the
-# course's `Tensor` does not have.
+# companion-only are skipped: they use `retain_grad()`, which the course's `Tensor` does not
+# have (its `backward()` keeps every node's gradient instead).
 #
 # Automatic differentiation (notebook 02) gives us gradients of any expression; a *library*
 # adds the structure around it:
@@ -252,7 +252,9 @@ print(f"weight {lin.weight.shape}, bias {lin.bias.shape}, output {Yl.shape}; "
       f"Var(W) = {W_np.var():.5f} (2/fan_in = {2 / 400:.5f}, 2/fan_out = {2 / 100:.5f})")
 assert lin.weight.shape == (400, 100) and lin.bias.shape == (1, 100)
 assert np.allclose(Yl, Xl @ W_np + b_np, atol=1e-4)          # Y = X W + b ...
-assert np.allclose(Yl, Xl @ (W_np.T).T + b_np, atol=1e-4)    # ... = X (W_pt)^T + b, W_pt = W^T
+W_pt = np.ascontiguousarray(W_np.T)                         # PyTorch's layout: (out, in)
+assert W_pt.shape == (100, 400)
+assert np.allclose(Yl, np.einsum("ni,oi->no", Xl, W_pt) + b_np, atol=1e-4)  # ... = X W_pt^T + b
 assert abs(W_np.var() / (2 / 400) - 1) < 0.05
 
 
@@ -269,9 +271,12 @@ assert abs(W_np.var() / (2 / 400) - 1) < 0.05
 #   \frac{\partial L}{\partial b_j} = \frac{\partial L}{\partial h} = 4,\qquad
 #   \frac{\partial L}{\partial x} = \frac{\partial L}{\partial h}(s_0 + s_1) = 8.$$
 #
-# `backward()` stores gradients on **leaves** (parameters, inputs). An interior node such as
-# $h$ keeps its adjoint only when asked with `h.retain_grad()` before `backward()`, as in
-# PyTorch; everything else is freed as reverse mode moves on.
+# `backward()` stores gradients on **leaves** (parameters, inputs). The course's needle stores
+# one on every node, interior ones such as $h$ included; this project keeps an interior adjoint
+# only when asked with `h.retain_grad()` before `backward()` (PyTorch's rule, an extension) and
+# frees the others as reverse mode moves on. $\partial L/\partial h$ needs neither: it is the
+# gradient of the loss with respect to its input, so evaluate the loss on a leaf holding $h$'s
+# value.
 
 # %%
 class L2Loss(nn.Module):
@@ -286,20 +291,33 @@ x = ndl.Tensor([2.0], dtype="float32")
 t = ndl.Tensor([2.0], dtype="float32", requires_grad=False)
 
 # %%
-# companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
 model = MultiPathScaleAdd()
 h = model(x)
-h.retain_grad()
 loss = L2Loss()(h, t)
 loss.backward()
-print(f"h = {h.numpy()[0]:.2f}, L = {loss.numpy().item():.2f}, dL/dh = {h.grad.numpy()[0]:.2f}")
+h_leaf = ndl.Tensor(h.numpy(), dtype="float32")   # the loss's input as a leaf
+L2Loss()(h_leaf, t).backward()
+print(f"h = {h.numpy()[0]:.2f}, L = {loss.numpy().item():.2f}, dL/dh = {h_leaf.grad.numpy()[0]:.2f}")
 for name, p in model.named_parameters():
     print(f"dL/d{name} = {p.grad.numpy()[0]:.2f}")
-print(f"dL/dx = {x.grad.numpy()[0]:.2f}; the difference h - t kept no gradient: "
-      f"{loss.inputs[0].inputs[0].grad}")
-assert h.numpy()[0] == 4 and loss.numpy().item() == 4 and h.grad.numpy()[0] == 4
+print(f"dL/dx = {x.grad.numpy()[0]:.2f}")
+assert h.numpy()[0] == 4 and loss.numpy().item() == 4 and h_leaf.grad.numpy()[0] == 4
 assert [p.grad.numpy()[0] for p in model.parameters()] == [8, 4, 8, 4]
-assert x.grad.numpy()[0] == 8 and loss.inputs[0].inputs[0].grad is None
+assert x.grad.numpy()[0] == 8
+
+# %% [markdown]
+# With `retain_grad()` $h$ keeps its own adjoint, the same 4; the difference $h - t$, which
+# nobody asked for, keeps none (on the course's needle it would).
+
+# %%
+# companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
+h = MultiPathScaleAdd()(x)
+h.retain_grad()
+loss_r = L2Loss()(h, t)
+loss_r.backward()
+print(f"dL/dh = {h.grad.numpy()[0]:.2f}; the difference h - t kept no gradient: "
+      f"{loss_r.inputs[0].inputs[0].grad}")
+assert h.grad.numpy()[0] == 4 and loss_r.inputs[0].inputs[0].grad is None
 
 # %% [markdown]
 # ### The all-ones seed
@@ -341,7 +359,6 @@ assert g_first == [4.0, 4.0] * 2
 # $h = 2(2\cdot 0.92 - 0.04) = 3.60$ and $L = 1.6^2 = 2.56$: the loss went down.
 
 # %%
-# companion-only: the gradients left by the companion-only cell above
 class PlainSGD(optim.Optimizer):
     """theta <- theta - lr * grad, updating through .data (see section 3)."""
 
@@ -524,11 +541,13 @@ print("accumulated: ", np.round(accumulated, 5))
 assert np.allclose(full, accumulated, atol=1e-5)
 
 # %% [markdown]
-# **Differentiating through an update.** Normally the gradient is a constant to the update
-# (`backward()` stores it detached). Some methods (meta-learning, hyper-parameter gradients)
-# instead ask how the loss *after* a step depends on the weights *before* it. Then the gradient
-# must keep its graph: `backward(create_graph=True)`. For $L(w) = \tfrac12 w^2$ and one step
-# $w_1 = w - \eta\,L'(w) = (1-\eta)w$:
+# **Differentiating through an update.** `backward()` records the gradient's own graph (the
+# course's design: reverse mode extends the graph), so `w.grad` is a function of `w`. An update
+# written with ordinary ops, `w1 = w - eta * w.grad`, therefore lets a later `backward()`
+# differentiate *through* the update, which some methods (meta-learning, hyper-parameter
+# gradients) want. Going through `.data` (`w.grad.data`, same values, no history) holds the
+# gradient constant instead, which is what a training step means. For $L(w) = \tfrac12 w^2$ and
+# one step $w_1 = w - \eta\,L'(w) = (1-\eta)w$:
 #
 # $$\frac{d}{dw} L(w_1) = (1-\eta)^2 w \quad\text{(through the update)},\qquad
 #   \frac{\partial}{\partial w} L(w - \eta\,g)\Big|_{g\ \text{constant}} = (1-\eta)w .$$
@@ -536,16 +555,16 @@ assert np.allclose(full, accumulated, atol=1e-5)
 # At $w = 2$, $\eta = 0.5$: $0.5$ through the update, $1$ with the gradient held constant.
 
 # %%
-# companion-only: backward(create_graph=True) (differentiating through an update)
-def grad_after_update(create_graph: bool, w0=2.0, eta=0.5):
+def grad_after_update(hold_gradient_constant: bool, w0=2.0, eta=0.5):
     w = ndl.Tensor([w0], dtype="float32")
-    (w * w / 2).sum().backward(create_graph=create_graph)
-    w1 = w - w.grad * eta            # the update, written with graph-tracked ops on purpose
+    (w * w / 2).sum().backward()
+    g = w.grad.data if hold_gradient_constant else w.grad
+    w1 = w - g * eta                 # the update, written with graph-tracked ops on purpose
     (w1 * w1 / 2).sum().backward()
     return w.grad.numpy()[0]
 
 
-meta, plain = grad_after_update(True), grad_after_update(False)
+meta, plain = grad_after_update(False), grad_after_update(True)
 print(f"d L(w1) / dw: through the update {meta:.3f}, gradient held constant {plain:.3f}")
 assert abs(meta - (1 - 0.5) ** 2 * 2.0) < 1e-6 and abs(plain - (1 - 0.5) * 2.0) < 1e-6
 
@@ -637,13 +656,20 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
 # Written with ordinary tensor ops, `w = w - lr * w.grad` makes the new `w` an op output whose
 # input is the old `w`, itself the output of the previous update: every step hangs the whole
 # chain of earlier updates off the next one. (After the first such update `w` is not even a leaf
-# any more, so `backward()` keeps its gradient only when asked with `retain_grad()`: a first hint
-# that this is not how updates are meant to be written.) Count the nodes reachable from `w` and
-# the live tensors (`autograd.TENSOR_COUNTER`, incremented when a Value is created and
-# decremented when it is freed):
+# any more: a first hint that this is not how updates are meant to be written. This project then
+# keeps its gradient only when asked with `retain_grad()`; the course's needle keeps every
+# node's, so `keep_grad` below does nothing there.) Count the nodes reachable from `w` and the
+# live tensors (`autograd.TENSOR_COUNTER`, incremented when a Value is created and decremented
+# when it is freed):
 
 # %%
-# companion-only: retain_grad() on a non-leaf update
+def keep_grad(v):
+    """Keep v's adjoint after backward(): retain_grad() here, nothing to do on the course's
+    needle (which keeps every node's)."""
+    if hasattr(v, "retain_grad"):
+        v.retain_grad()
+
+
 def live_tensors():
     gc.collect()
     return ndl.autograd.TENSOR_COUNTER
@@ -657,7 +683,7 @@ w = ndl.Tensor([1.0, -2.0, 3.0], dtype="float32")
 start = live_tensors()
 tracked_sizes, tracked_live = [], []
 for step in range(1, 6):
-    w.retain_grad()
+    keep_grad(w)
     loss = (w * w).sum()
     loss.backward()
     w = w - w.grad * 0.1  # graph-tracked update
@@ -674,7 +700,6 @@ assert all(b > a for a, b in zip(tracked_live, tracked_live[1:]))
 # `w` stays a one-node graph and the number of live tensors stays flat. The values are the same.
 
 # %%
-# companion-only: w_tracked from the companion-only cell above
 w = ndl.Tensor([1.0, -2.0, 3.0], dtype="float32")
 loss = None
 start = live_tensors()
@@ -1095,8 +1120,9 @@ assert not isinstance(plain, ndl.autograd.Value)
 # * `nn.Linear` stores $W$ as (fan_in, fan_out) and computes $XW + b$; the lecture's $XW^\top$
 #   is the same map with PyTorch's layout.
 # * `backward()` seeds with ones (it differentiates the sum), keeps gradients on leaves (and on
-#   nodes that `retain_grad()`), overwrites `.grad`, and stores it detached unless
-#   `create_graph=True`. The loop is clear, forward, backward, update; skipping the clear lets a
+#   nodes that `retain_grad()`; the course's needle keeps every node's), overwrites `.grad`, and
+#   records each gradient's graph, so a later `backward()` can differentiate through an update
+#   written with ops. The loop is clear, forward, backward, update; skipping the clear lets a
 #   stale gradient move an unused parameter.
 # * The optimizer updates through `.data`, outside the graph, so memory stays flat; `.data`
 #   aliases the parameter's array, so a snapshot needs a copy.

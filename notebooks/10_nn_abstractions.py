@@ -55,6 +55,7 @@ import needle as ndl
 import needle.nn as nn
 from needle import autograd
 from companion import lecture
+from companion.viz import draw_graph
 from needle.autograd import Tensor, TensorOp
 
 np.set_printoptions(precision=4, suppress=True)
@@ -86,6 +87,12 @@ print([p.shape for p in params0])
 # A Caffe layer has `forward(bottom) -> top` and `backward(top_grad) -> bottom_grad`, and keeps its
 # parameter gradients. The network is a list; training is "forward through the list, backward
 # through it reversed". Each backward is written by hand, once per layer type.
+#
+# The layers below are a toy version. Real Caffe keeps no arrays on a layer: the `Net` owns
+# every blob (an array with its data and its gradient, "diff"), and passes a layer its bottom and
+# top blobs in `Forward(bottom, top)` and again in `Backward(top, propagate_down, bottom)`. Here
+# each layer stores its input on itself (`self.bottom`), which is shorter and has a limit that
+# real Caffe does not (section 4).
 
 # %%
 class LinearLayer:
@@ -176,7 +183,12 @@ for (i, j) in zip(*np.unravel_index(largest, grads_caffe[0].shape)):
 # ## 2. Define by run (PyTorch, needle)
 #
 # The forward pass is ordinary Python; each op computes its value at once and records a node.
-# `backward()` walks the recorded graph in reverse topological order.
+# `backward()` walks the recorded graph in reverse topological order. Drawn below, every node of
+# the forward graph already has its value (its shape is printed in the box); nothing had to be
+# "run". The inputs are on the left; yellow leaves are the parameters (leaves with
+# `requires_grad`), grey leaves constants. The labels are not a node at all: `nn.SoftmaxLoss`'s
+# fused op keeps their array as an attribute. That is fine for one step, and it is one more
+# reason why a graph meant to be re-fed with new batches cannot use `nn.SoftmaxLoss`.
 
 # %%
 x1 = Tensor(X1, device=device, requires_grad=False)
@@ -201,6 +213,8 @@ err_eager = max_rel_err(grads_eager, grads_caffe)
 print(f"define-by-run vs layers: max relative gradient difference {show(err_eager)}")
 assert abs(float(loss.numpy()) - loss_caffe) < 1e-5
 assert err_eager < 1e-5
+names = {"X": x1, "W1": W1, "b1": b1, "W2": W2, "b2": b2, "loss": loss}
+draw_graph(loss, names=names, grads=False, title="define by run: the graph of one step, computed")
 
 # %% [markdown]
 # ## 3. Define, then run (TensorFlow 1.x style, needle's lazy mode)
@@ -213,8 +227,11 @@ assert err_eager < 1e-5
 # One catch shows at once: `nn.Linear.forward` reads `out.shape` to broadcast its bias, and in
 # needle a node's shape is the shape of its computed array, so reading it computes the node. A
 # static-graph library needs *shape inference* separate from computation (TensorFlow infers
-# every node's shape when the node is declared). Here the forward pass is written with the shapes
-# spelled out, so nothing is computed while it is built.
+# every node's shape when the node is declared). `nn.SoftmaxLoss` has the same catch: it checks
+# `logits.shape` against the labels when it is called, which computes the whole forward graph.
+# Here the forward pass is written with the shapes spelled out, and the loss with graph ops only
+# (log-sum-exp of the logits minus the logit of the target, the target given as a one-hot
+# placeholder), so nothing is computed while the graph is defined.
 
 # %%
 def forward(x, relu=ndl.ops.relu):
@@ -222,19 +239,57 @@ def forward(x, relu=ndl.ops.relu):
     return relu(x @ W1 + b1.broadcast_to((N, H))) @ W2 + b2.broadcast_to((N, K))
 
 
+def softmax_loss(z, y_hot):
+    """Mean cross-entropy of logits z (N, K) against one-hot labels y_hot, in graph ops only."""
+    return (ndl.ops.logsumexp(z, axes=(1,)).sum() - (z * y_hot).sum()) / N
+
+
+def one_hot(y):
+    return np.eye(K, dtype=np.float32)[y]
+
+
 for p in (W1, b1, W2, b2):
     p.grad = None
 autograd.LAZY_MODE = True
+try:  # define: placeholders for the data, then the loss
+    x_ph = Tensor(X1, device=device, requires_grad=False)
+    y_ph = Tensor(one_hot(y1), device=device, requires_grad=False)
+    loss_lazy = softmax_loss(forward(x_ph), y_ph)
+finally:
+    autograd.LAZY_MODE = False
+nodes = autograd.find_topo_sort([loss_lazy])
+pending = [n for n in nodes if n.cached_data is None]
+print(f"{len(nodes)} nodes, {len(pending)} not computed yet:")
+print(" -> ".join(type(n.op).__name__ for n in pending))
+assert len(pending) == sum(n.op is not None for n in nodes) > 0  # every op node waits
+names = {"X": x_ph, "y one-hot": y_ph, "W1": W1, "b1": b1, "W2": W2, "b2": b2, "loss": loss_lazy}
+draw_graph(loss_lazy, names=names, grads=False, title="define, then run: defined, not yet run")
+
+# %% [markdown]
+# The drawing shows the program before it runs: the leaves hold data, every op says "not
+# computed". Running it means asking for a value: `realize_cached_data()` computes the loss and,
+# recursively, every node it needs. The backward pass then extends the graph (built in lazy mode
+# too), and reading a gradient's value runs that part.
+#
+# For contrast, calling `nn.SoftmaxLoss` on a lazy graph computes it on the spot:
+
+# %%
+autograd.LAZY_MODE = True
 try:
-    x_ph = Tensor(X1, device=device, requires_grad=False)  # plays the role of a placeholder
-    logits = forward(x_ph)
-    nodes = autograd.find_topo_sort([logits])
-    pending = [n for n in nodes if n.cached_data is None]
-    print(f"{len(nodes)} nodes, {len(pending)} not computed yet:")
-    print(" -> ".join(type(n.op).__name__ for n in pending))
-    assert len(pending) == sum(n.op is not None for n in nodes) > 0
-    # "run": realize, then differentiate
-    loss_lazy = nn.SoftmaxLoss()(logits, t1)
+    logits_probe = forward(x_ph)
+    computed_before = sum(n.cached_data is not None for n in autograd.find_topo_sort([logits_probe]))
+    nn.SoftmaxLoss()(logits_probe, t1)  # checks logits.shape: computes the logits
+    computed_after = sum(n.cached_data is not None for n in autograd.find_topo_sort([logits_probe]))
+finally:
+    autograd.LAZY_MODE = False
+total = len(autograd.find_topo_sort([logits_probe]))
+print(f"nodes of the logits' graph with a value: {computed_before} of {total} before calling "
+      f"nn.SoftmaxLoss, {computed_after} of {total} after")
+assert computed_after == total > computed_before
+
+# %%
+autograd.LAZY_MODE = True
+try:  # run: realize the loss, then differentiate
     loss_lazy.realize_cached_data()
     loss_lazy.backward()
 finally:
@@ -252,12 +307,12 @@ assert err_lazy < 1e-5
 # that: it clears every computed node, puts the fed arrays into the placeholder leaves, and
 # realizes the requested outputs.
 #
-# The loss is written with graph ops only (log-sum-exp minus the logit of the target, the target
-# given as a one-hot placeholder), so labels are data too. The gradient graph is built once with
-# `backward(create_graph=True)`, which makes each `.grad` a graph node rather than a number. It is
-# built in lazy mode too: in eager mode needle folds every node that needs no gradient into a
-# constant (for example $X^\top$ in $\partial\ell/\partial W_1 = X^\top G$), which is right for
-# one step and wrong for a graph meant to be re-fed.
+# The loss is the graph-op `softmax_loss` above, with the labels as a one-hot placeholder, so
+# labels are data too. The gradient graph is built once by `backward(create_graph=True)`: each
+# `.grad` is a graph node rather than a number (needle's default, as in the course; the keyword
+# only says so). It is built in lazy mode too: in eager mode needle folds every node that needs
+# no gradient into a constant (for example $X^\top$ in $\partial\ell/\partial W_1 = X^\top G$),
+# which is right for one step and wrong for a graph meant to be re-fed.
 
 # %%
 # companion-only: backward(create_graph=True) (gradients as graph nodes)
@@ -272,10 +327,6 @@ def run(fetches, feeds):
     return [f.realize_cached_data().numpy() for f in fetches]
 
 
-def one_hot(y):
-    return np.eye(K, dtype=np.float32)[y]
-
-
 def build_graph(relu):
     """Placeholders, the loss graph and its gradient graph for the model with ``relu``."""
     for p in (W1, b1, W2, b2):
@@ -284,8 +335,7 @@ def build_graph(relu):
     try:
         x = Tensor(X1, device=device, requires_grad=False)
         y_hot = Tensor(one_hot(y1), device=device, requires_grad=False)
-        z = forward(x, relu)
-        loss = (ndl.ops.logsumexp(z, axes=(1,)).sum() - (z * y_hot).sum()) / N
+        loss = softmax_loss(forward(x, relu), y_hot)
         loss.backward(create_graph=True)  # the gradients are graph nodes
     finally:
         autograd.LAZY_MODE = False
@@ -304,10 +354,29 @@ print(f"batch 2 through the same graph vs layers: {show(max_rel_err(second, grad
 assert max_rel_err(first, grads_caffe) < 1e-5
 assert max_rel_err(second, grads_caffe2) > 1e-2
 
+
+def relu_gradient_graph(relu, title):
+    """The graph of sum(relu(X W)) and of dW, built in lazy mode: small enough to read."""
+    autograd.LAZY_MODE = True
+    try:
+        x = Tensor(X1[:4, :3], device=device, requires_grad=False)
+        w = Tensor(params0[0][:3, :2].astype(np.float32), device=device)
+        out = relu(x @ w).sum()
+        out.backward(create_graph=True)
+    finally:
+        autograd.LAZY_MODE = False
+    return draw_graph(out, names={"X": x, "W": w, "out": out}, title=title)
+
+
+relu_gradient_graph(ndl.ops.relu, "sum(relu(X W)) and its gradient, with needle's ReLU")
+
 # %% [markdown]
 # The first batch is right and the second is **wrong**. Needle's `ReLU.gradient` is written for
 # define-by-run: it reads the value of its node *while the backward graph is being built* and
-# stores the mask $[x > 0]$ as a constant leaf. Re-running the graph recomputes every node but
+# stores the mask $[x > 0]$ as a constant leaf. The drawing shows the pattern on a graph small
+# enough to read, $\sum \mathrm{ReLU}(XW)$ and its gradient: the mask is the grey (4, 2)
+# constant that feeds the backward pass's multiplication, and no edge leads to it from the
+# forward graph. Re-running the graph recomputes every node but
 # not that constant, so batch 2 is differentiated with batch 1's mask. In define-by-run this is
 # correct and cheap, since the graph is rebuilt for every batch.
 #
@@ -346,27 +415,33 @@ print(f"static graph, three runs on two batches vs layers: {show(err_static)}")
 print(f"loss of batch 1 from the static graph {float(third[0]):.4f} (layers {loss_caffe:.4f})")
 assert err_static < 1e-5
 assert abs(float(third[0]) - loss_caffe) < 1e-5
+relu_gradient_graph(lambda a: GraphReLU()(a), "the same graph with GraphReLU")
 
 # %% [markdown]
-# All three designs now give the same gradients on both batches, within float32 rounding of the
-# float64 layer version.
+# In the drawing the mask constant is gone: `ReLUGrad` takes the ReLU's input through an edge
+# of the graph, so every run recomputes it. All three designs now give the same gradients on both
+# batches, within float32 rounding of the float64 layer version.
 #
 # ## 4. What each design makes easy and hard
 #
 # | | layers + hand backward (Caffe) | define, then run (TF 1.x) | define by run (PyTorch, needle) |
 # | --- | --- | --- | --- |
 # | new layer | write forward **and** backward | write the forward as graph ops (backward derived) | write the forward in Python (backward derived) |
-# | gradient of a gradient | not available | yes, if gradients are graph ops | yes (`create_graph=True`) |
+# | gradient of a gradient | not available | yes, if gradients are graph ops | yes (`backward()` records the gradients' graph) |
 # | control flow depending on data | fixed network | special graph ops (`tf.cond`, `tf.while_loop`) | plain Python `if` / `for` |
 # | debugging | inspect a layer's arrays | values exist only inside `run` | print any tensor at any line |
 # | whole-program optimization | none across layers | yes: the graph is known before it runs (fusion, memory planning, placement) | only what is traced or compiled (notebook 13) |
 # | per-step overhead | low | low (graph built once) | Python builds the graph every step |
 #
 # The section above shows one hard part of define-then-run that the table hides: every gradient
-# must be a pure function of graph values. Caffe's layers avoid the question by keeping their
-# state on the layer object, which is why a layer can be used only once per forward pass (a
-# second use would overwrite `self.bottom`). Define-by-run avoids it by rebuilding the graph every
-# step, at the cost of Python overhead per op (measured in notebook 06's step profile).
+# must be a pure function of graph values. Caffe's layers avoid the question: each backward is
+# written by hand against the blobs of its own forward run, and there is no gradient graph to
+# re-run. (This notebook's toy layers keep their input on the layer object, so one object can be
+# used only once per forward pass: a second use would overwrite `self.bottom`. That limit is the
+# toy's. Real Caffe passes Net-owned blobs to `Forward` and `Backward`; a layer still appears
+# once in a Caffe net, and reusing weights means two layers that share a parameter blob by
+# name.) Define-by-run avoids the question by rebuilding the graph every step, at the cost of
+# Python overhead per op (measured in notebook 06's step profile).
 # Modern systems mix the two: PyTorch 2's `torch.compile` and JAX's `jit` trace a define-by-run
 # program into a static graph and compile it.
 
@@ -443,9 +518,10 @@ check_exercise("10.1 tanh_backward", lambda: tanh_backward(bottom_ex, top_grad_e
 
 # %% [markdown]
 # **Exercise 10.2 (a layer used twice).** With tied weights, $Y = (X W) W$: the same
-# parameter is used by two layers. A Caffe `LinearLayer` object could not be used twice (its
-# second forward overwrites `self.bottom`), so a Caffe net needs two layer objects sharing $W$,
-# and the gradient of $W$ is the sum of theirs. Write $\partial \ell / \partial W$ for
+# parameter is used by two layers. This notebook's toy `LinearLayer` object could not be used
+# twice (its second forward overwrites `self.bottom`); real Caffe stores no input on a layer, but
+# its net also lists each layer once, so tied weights are two layers sharing the parameter blob
+# $W$ by name, and the gradient of $W$ is the sum of theirs. Write $\partial \ell / \partial W$ for
 # $\ell = \sum Y \odot G$. The check runs needle's define-by-run `backward()`, which adds the
 # two contributions by itself.
 

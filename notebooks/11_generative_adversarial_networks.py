@@ -13,8 +13,9 @@
 # %% [markdown]
 # # 11 · Generative adversarial networks
 #
-# **Lecture:** 19, "Generative Adversarial Networks", and 20, "Generative Adversarial Networks
-# Implementation" (whose official notebook is written in needle)
+# **Lecture:** 16, "Generative Adversarial Networks", and 17, "Generative Adversarial Networks
+# Implementation" (lecture 21 in the current schedule; its official notebook is written in
+# needle)
 #
 # **Homework:** none (the course has no homework for GANs)
 #

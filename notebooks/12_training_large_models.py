@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 12 · Training large models: memory, checkpointing, data/model/pipeline parallelism
 #
-# **Lecture:** 21, "Training Large Models" (memory saving, activation checkpointing, data,
+# **Lecture:** 15, "Training Large Models" (memory saving, activation checkpointing, data,
 # model and pipeline parallelism)
 #
 # **Homework:** none (the course has no homework for this lecture)

@@ -13,8 +13,9 @@
 # %% [markdown]
 # # 13 · Deployment and machine-learning compilation: ONNX, onnxruntime, Apache TVM
 #
-# **Lecture:** 22, "Model Deployment", and 23-24, "Machine Learning Compilation and Deployment"
-# (the course's TVM lecture: tensor programs, schedule transformations, build and run)
+# **Lecture:** 23, "Model Deployment", and 24, "Machine Learning Compilation and Deployment
+# Implementation" (the course's TVM lecture: tensor programs, schedule transformations, build
+# and run)
 #
 # **Homework:** none (the course has no homework for these lectures)
 #

@@ -62,6 +62,10 @@ def _compact_strides(shape: tuple) -> tuple:
     return tuple(reversed(res))
 
 
+#: The largest integer magnitude up to which every integer is exactly representable in float32.
+FLOAT32_EXACT_INT = 2 ** 24
+
+
 def _as_float32_numpy(other) -> np.ndarray:
     try:
         arr = np.asarray(other)
@@ -70,6 +74,13 @@ def _as_float32_numpy(other) -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise TypeError(
             f"cannot convert data of dtype {arr.dtype} ({type(other).__name__}) to a float32 NDArray"
+        )
+    if arr.dtype.kind in "iu" and arr.size and int(np.abs(arr).max()) > FLOAT32_EXACT_INT:
+        # e.g. class labels or word ids: float32 would round them to a neighbour silently
+        raise ValueError(
+            f"integer data up to {int(np.abs(arr).max())} cannot be held exactly by a float32 "
+            f"NDArray (integers above 2**24 = {FLOAT32_EXACT_INT} are rounded); keep such ids "
+            f"in numpy, or convert to float yourself if rounding is acceptable"
         )
     # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
     return np.asarray(arr, dtype=np.float32, order="C")

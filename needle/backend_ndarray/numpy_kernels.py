@@ -118,11 +118,16 @@ def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
 
 
 def _normalize(x: np.ndarray, axis: int, eps: float):
-    mean = x.mean(axis=axis, keepdims=True)
-    centred = x - mean
+    # Statistics in float64: the variance of float32 data of magnitude above about 2e19 does
+    # not fit float32 (it would become inf and the output 0), while its rstd does.
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=axis, keepdims=True)
+    centred = x64 - mean
     var = (centred * centred).mean(axis=axis, keepdims=True)
-    rstd = (1 / np.sqrt(var + eps)).astype(x.dtype)
-    return centred * rstd, rstd, mean, var
+    rstd = 1 / np.sqrt(var + eps)
+    with np.errstate(over="ignore"):  # a variance beyond float32 is reported as inf
+        return ((centred * rstd).astype(x.dtype), rstd.astype(x.dtype), mean.astype(x.dtype),
+                var.astype(x.dtype))
 
 
 def _normalize_bwd(dy, xhat, rstd, w, axis: int):

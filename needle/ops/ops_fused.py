@@ -35,7 +35,7 @@ class _BackwardOp:
 # ---- softmax cross-entropy ----------------------------------------------------------------------
 class SoftmaxCrossEntropy(TensorOp):
     """Mean over the batch of the cross-entropy of logits (N, C) against fixed integer labels:
-    a scalar (shape ()); an empty batch gives 0.
+    a scalar (shape ()); an empty batch gives NaN (the mean of nothing, as in numpy and PyTorch).
 
     loss = mean_r(logsumexp(logits[r]) - logits[r, labels[r]]). ``labels`` is a raw array (N,)
     on the logits' device; it is data, not an input, so it gets no gradient. A non-target logit
@@ -48,11 +48,13 @@ class SoftmaxCrossEntropy(TensorOp):
 
     def compute(self, logits):
         loss, self.probs = array_api.softmax_xent(logits, self.labels)
+        if self.probs.shape[0] == 0:  # the mean of nothing, as numpy and PyTorch give it
+            return loss.sum(axis=(0,)) + float("nan")
         return (loss * self._scale()).sum(axis=(0,))
 
     def _scale(self) -> float:
         n = self.probs.shape[0]
-        return 1.0 / n if n else 0.0
+        return 1.0 / n if n else float("nan")
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
         return SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale())(

@@ -2,14 +2,20 @@
 
 A 2-process ``mpiexec -n 2`` job must train to the same parameters as one process on the full
 batch (the oracle: plain single-process SGD), and the collectives must give hand-computed sums.
+A job whose ranks disagree (one raises, one lacks a gradient, parameters in another order or
+shape) must end quickly with an error, never hang or sum unrelated numbers.
 Needs the lectures extra (mpi4py and the mpich wheel, which puts mpiexec beside python).
 """
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +43,88 @@ def _run(args, timeout=240):
     result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+def _run_job(script: str, timeout: float = 60):
+    """(returncode, stdout + stderr, seconds) of ``script`` on 2 ranks; a job still running
+    after ``timeout`` seconds is killed with all its processes (no rank left spinning) and the
+    test fails."""
+    start = time.perf_counter()
+    job = subprocess.Popen([_mpiexec(), "-n", "2", sys.executable, "-c", textwrap.dedent(script)],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        out, _ = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, _ = job.communicate()
+        pytest.fail(f"the 2-rank job was still running after {timeout} s (hung):\n{out}")
+    return job.returncode, out, time.perf_counter() - start
+
+
+# Each rank r has gradients a.grad = r + 1 (2, 3) and b.grad = r + 1 (4,) before the script's body.
+SETUP = """
+    import numpy as np, needle as ndl
+    from needle import distributed as dist
+    r = dist.rank()
+    a = ndl.Tensor(np.zeros((2, 3)), dtype="float32")
+    b = ndl.Tensor(np.zeros(4), dtype="float32")
+    a.grad = ndl.Tensor(np.full((2, 3), r + 1.0), dtype="float32")
+    b.grad = ndl.Tensor(np.full(4, r + 1.0), dtype="float32")
+"""
+
+
+def test_a_failing_rank_ends_the_job():
+    """Rank 1 raises while rank 0 waits in allreduce_gradients: the job must abort, not hang."""
+    code, out, seconds = _run_job(SETUP + """
+    if r == 1:
+        raise RuntimeError("rank 1 breaks down")
+    dist.allreduce_gradients([a, b])
+    print("rank 0 got past the allreduce")
+    """)
+    assert code != 0, out
+    assert "RuntimeError: rank 1 breaks down" in out, out
+    assert "rank 0 got past" not in out, out
+    assert seconds < 30, seconds
+
+
+# Each rank writes what it saw to its own file (printed lines of two ranks can interleave).
+REPORT = """
+    try:
+        dist.{call}
+        seen = "summed"
+    except ValueError as error:
+        seen = f"refused: {{error}}"
+    open(f"{out}/rank{{r}}.txt", "w").write(seen)
+"""
+
+
+# case: (what the script does on each rank, the call, the error every rank must raise)
+DISAGREE = {
+    "missing gradient": ("if r == 1: b.grad = None", "allreduce_gradients([a, b])",
+                         "parameter 1 \\(\\(4,\\) float32\\) has no gradient on rank 1"),
+    "other order": ("params = [a, b] if r == 0 else [b, a]", "allreduce_gradients(params)",
+                    "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(4,\\) float32 on rank 1"),
+    "same size, other shape": (
+        "if r == 1: a = ndl.Tensor(np.zeros((3, 2)), dtype='float32'); "
+        "a.grad = ndl.Tensor(np.ones((3, 2)), dtype='float32')", "allreduce_gradients([a, b])",
+        "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(3, 2\\) float32 on rank 1"),
+    "fewer parameters": ("params = [a, b] if r == 0 else [a]", "allreduce_gradients(params)",
+                         "rank 0 passes 2 parameters, rank 1 passes 1"),
+    "broadcast, other order": ("params = [a, b] if r == 0 else [b, a]",
+                               "broadcast_parameters(params)",
+                               "broadcast_parameters: parameter 0 is \\(2, 3\\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(DISAGREE))
+def test_ranks_that_disagree_all_raise_the_same_error(case, tmp_path):
+    body, call, message = DISAGREE[case]
+    code, out, _ = _run_job(SETUP + f"\n    {body}\n" + REPORT.format(call=call, out=tmp_path))
+    assert code == 0, out
+    for r in (0, 1):
+        seen = (tmp_path / f"rank{r}.txt").read_text()
+        assert re.match(f"refused: .*{message}", seen), (case, r, seen)
 
 
 def test_two_ranks_match_single_process_full_batch(tmp_path):
@@ -91,8 +179,15 @@ def test_single_process_world_and_errors():
     dist.allreduce_gradients([p])
     np.testing.assert_array_equal(p.grad.numpy(), [1.0, 2.0, 3.0])
     q = ndl.Tensor(np.ones(2), dtype="float32")
-    with pytest.raises(ValueError, match="entry 1 is None"):
+    with pytest.raises(ValueError, match="parameter 1 \\(\\(2,\\) float32\\) has no gradient on "
+                                         "rank 0"):
         dist.allreduce_gradients([p, q])
+    q.grad = ndl.Tensor(np.ones(3), dtype="float32")
+    with pytest.raises(ValueError, match="gradient of parameter 1 is \\(3,\\) float32 on rank 0, "
+                                         "the parameter \\(2,\\) float32"):
+        dist.allreduce_gradients([p, q])
+    with pytest.raises(TypeError, match="parameter 1 is a ndarray, not a Tensor"):
+        dist.allreduce_gradients([p, np.ones(2)])
     with pytest.raises(ValueError, match="no parameters"):
         dist.allreduce_gradients([])
     with pytest.raises(ValueError, match="root 1 is not a rank"):

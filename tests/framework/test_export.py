@@ -1,5 +1,6 @@
-"""needle.export: every translated op, and two whole models, run in onnxruntime and compared
-with needle's own forward pass (relative error at most 1e-5 of the output's largest entry).
+"""needle.export: every translated op, and whole models, run in onnxruntime and compared
+with needle's own forward pass (relative error at most 1e-5 of the output's largest entry);
+models whose export would ignore their input are refused.
 
 onnxruntime is the oracle: an independent implementation of each ONNX operator. Needs the
 lectures extra (onnx, onnxruntime).
@@ -15,8 +16,9 @@ import onnxruntime as ort  # noqa: E402
 
 import needle as ndl  # noqa: E402
 import needle.nn as nn  # noqa: E402
-from needle import ops  # noqa: E402
+from companion.apps.language_model import LanguageModel  # noqa: E402
 from companion.apps.mlp_resnet import MLPResNet  # noqa: E402
+from needle import export, ops  # noqa: E402
 from needle.autograd import TensorOp  # noqa: E402
 from needle.export import to_onnx  # noqa: E402
 
@@ -72,6 +74,13 @@ CASES = {
     "conv_same": (lambda x: ops.conv(x, CONV_W, stride=1, padding=1), (2, 5, 5, 2)),
     "conv_strided": (lambda x: ops.conv(x, CONV_W, stride=2, padding=0), (1, 7, 6, 2)),
     "conv_1x1": (lambda x: ops.conv(x, CONV_W2, stride=1, padding=0), (2, 3, 3, 2)),
+    "sum_no_axes": (lambda x: ops.summation(x, axes=()) * 2.0, (3, 4)),  # the identity
+    "logsumexp_no_axes": (lambda x: ops.logsumexp(x, axes=()) * 2.0, (3, 4)),
+    "stack": (lambda x: ops.stack([x, x * 2.0, -x], 1), (3, 4)),
+    "stack_last": (lambda x: ops.stack([x, ops.exp(x)], -1), (3, 4)),
+    "split": (lambda x: ops.split(x, 1)[2] * ops.split(x, 1)[0], (3, 4, 2)),
+    "split_negative_axis": (lambda x: ops.split(x, -1)[1] + 1.0, (3, 4, 2)),
+    "split_then_stack": (lambda x: ops.stack(list(ops.split(x, 0))[::-1], 1), (3, 4)),
 }
 
 
@@ -132,3 +141,92 @@ def test_errors():
         to_onnx(lambda t: t.numpy(), x)
     with pytest.raises(ValueError, match="returned its input"):
         to_onnx(lambda t: t, x)
+    np.random.seed(5)
+    lstm = nn.LSTM(3, 4).eval()
+    with pytest.raises(NotImplementedError, match="not supported: LSTMLayer"):
+        to_onnx(lambda t: lstm(t)[0], RNG.standard_normal((5, 2, 3)).astype(np.float32))
+    # a fused op keeps input-dependent caches: "not supported" comes before the trace comparison
+    with pytest.raises(NotImplementedError, match="not supported: LayerNormRows"):
+        to_onnx(nn.LayerNorm1d(4).eval(), RNG.standard_normal((3, 4)).astype(np.float32))
+
+
+def _fresh_ids(shape, vocab, seed):
+    return np.random.default_rng(seed).integers(0, vocab, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("seq_model", ["embedding", "rnn"])
+def test_embedding_model_follows_its_input(seq_model):
+    """nn.Embedding's one-hot matrix is built from the ids in Python; the export must still
+    look the ids up (a Gather), so a second batch of ids gives needle's output for it."""
+    np.random.seed(3)
+    if seq_model == "embedding":
+        model = nn.Embedding(20, 6).eval()
+    else:
+        lm = LanguageModel(8, 20, 6, num_layers=2, seq_model="rnn").eval()
+        model = lambda t: lm(t)[0]  # noqa: E731 (the logits, not the hidden state)
+    forward = nn.Embedding.forward
+    proto = to_onnx(model, _fresh_ids((5, 3), 20, 0))
+    assert nn.Embedding.forward is forward  # the trace's hook is removed again
+    assert "Gather" in {node.op_type for node in proto.graph.node}
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in (1, 2):
+        ids = _fresh_ids((5, 3), 20, seed)
+        assert_close(session.run(None, {"input": ids})[0], model(ndl.Tensor(ids)).numpy())
+
+
+W53 = const(5, 3)
+FOLDED = {  # models whose trace holds a value read from the input outside needle's ops
+    "detach": (lambda t: t.detach() @ W53 + t @ W53, "constant of shape \\(4, 5\\)"),
+    "numpy_read": (lambda t: ndl.Tensor(t.numpy() * 2.0) @ W53 + t @ W53,
+                   "constant of shape \\(4, 5\\).*changes with the input"),
+    "scalar_from_numpy": (lambda t: t * float(t.numpy().max()),
+                          "attribute scalar of MulScalar changes"),
+    "output_is_constant": (lambda t: ndl.Tensor(t.numpy()) @ W53,
+                           "output does not depend on its input"),
+    "control_flow": (lambda t: t * 2.0 if float(t.numpy()[0, 0]) > 0 else ops.exp(t),
+                     "traced graph changes with the input"),
+}
+
+
+@pytest.mark.parametrize("name", list(FOLDED))
+def test_refuses_values_read_from_the_input(name):
+    f, message = FOLDED[name]
+    x = np.abs(RNG.standard_normal((4, 5))).astype(np.float32) + 0.1
+    with pytest.raises(ValueError, match=message):
+        to_onnx(f, x, check_input=-x)  # -x: the control-flow case takes the other branch
+
+
+def test_refuses_training_mode():
+    np.random.seed(4)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Dropout(0.5))
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="training mode \\(Dropout, Linear, Sequential\\).*"
+                                         "model.eval\\(\\)"):
+        to_onnx(model, x)
+    # behind a lambda the mode is invisible, but the mask differs between the two traces
+    with pytest.raises(ValueError, match="constant of shape \\(3, 4\\).*changes with the input"):
+        to_onnx(lambda t: model(t), x)
+    model.eval()
+    got, want = run_both(model, x)
+    assert_close(got, want)
+
+
+def test_check_catches_a_wrong_translation(monkeypatch):
+    """The second-input check runs onnxruntime: a mistranslated op is caught before returning."""
+    monkeypatch.setitem(export._UNARY, ops.Tanh, "Sigmoid")
+    with pytest.raises(ValueError, match="disagrees with needle on a second input: 12 of 12 "
+                                         "entries differ"):
+        to_onnx(lambda t: ops.tanh(t), RNG.standard_normal((3, 4)).astype(np.float32))
+    proto = to_onnx(lambda t: ops.tanh(t), np.ones((3, 4), np.float32), check=False)
+    assert [node.op_type for node in proto.graph.node] == ["Sigmoid", "Identity"]
+
+
+def test_check_input_errors():
+    emb = nn.Embedding(10, 4).eval()
+    zeros = np.zeros((2, 3), np.float32)  # constant ids: the default perturbation is not ids
+    with pytest.raises(ValueError, match="failed on the second \\(check\\) input.*whole numbers"):
+        to_onnx(emb, zeros)
+    to_onnx(emb, zeros, check_input=zeros + 3.0)
+    with pytest.raises(ValueError, match="check_input must be a numpy array of the example's "
+                                         "shape \\(2, 3\\)"):
+        to_onnx(emb, zeros, check_input=np.ones((3, 2), np.float32))

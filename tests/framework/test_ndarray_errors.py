@@ -177,6 +177,19 @@ def test_data_that_is_not_float32(device, data, pattern):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_integers_float32_would_round_are_refused(device):
+    """Labels or ids above 2**24 used to be rounded to a neighbour without a word."""
+    exact = nd.array(np.array([2 ** 24, -(2 ** 24), 7]), device=device)
+    np.testing.assert_array_equal(exact.numpy(), [2 ** 24, -(2 ** 24), 7])
+    for bad in (np.array([3, 2 ** 24 + 1]), np.array([-(2 ** 24) - 1], dtype=np.int64),
+                np.array([2 ** 32], dtype=np.uint64)):
+        with pytest.raises(ValueError, match=r"integer data up to \d+ cannot be held exactly"):
+            nd.array(bad, device=device)
+    with pytest.raises(ValueError, match="2\\*\\*24"):
+        ndl.Tensor(np.array([16777217]), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dtype_other_than_float32(device):
     with pytest.raises(TypeError, match="only float32, got dtype 'float64'"):
         nd.array([1.0], dtype="float64", device=device)

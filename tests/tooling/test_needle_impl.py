@@ -37,11 +37,31 @@ def student(tmp_path) -> Path:
     return python
 
 
+# The course's Tensor, emulated on a copy of this one: no retain_grad(), a backward() without
+# keywords, and every node keeps its gradient.
+COURSE_TENSOR = """
+
+del Value.retain_grad
+Value._retains_grad = True
+_companion_backward = Tensor.backward
+
+
+def _course_backward(self, out_grad=None):
+    _companion_backward(self, out_grad)
+
+
+Tensor.backward = _course_backward
+"""
+
+
 @pytest.fixture
 def course_student(student) -> Path:
-    """The student's folder without this project's later-lecture modules (as the course's is)."""
+    """The student's folder as the course's is: without this project's later-lecture modules,
+    and with the course's Tensor (see COURSE_TENSOR)."""
     for name in EXTENSIONS:
         (student / "needle" / f"{name}.py").unlink()
+    autograd = student / "needle" / "autograd.py"
+    autograd.write_text(autograd.read_text() + COURSE_TENSOR)
     return student
 
 
@@ -250,9 +270,10 @@ def test_setup_registers_the_transformer_only_in_student_mode(student):
 
 
 # ---- real notebooks, end to end ------------------------------------------------------------------
-# 02: companion-only cells among course cells; 12: a notebook mostly about extensions
-# (needle.checkpoint, needle.distributed, memory_stats), whose course part must still run.
-NOTEBOOKS = ["02_automatic_differentiation", "12_training_large_models"]
+# 02 and 03: companion-only cells among course cells (03's ScaleAdd step and update boundary
+# need no extension); 12: a notebook mostly about extensions (needle.checkpoint,
+# needle.distributed, memory_stats), whose course part must still run.
+NOTEBOOKS = ["02_automatic_differentiation", "03_nn_library", "12_training_large_models"]
 EXECUTE = """
 import json, sys
 import nbformat
