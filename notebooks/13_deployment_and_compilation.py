@@ -388,7 +388,9 @@ for before, after in zip(STEPS, STEPS[1:]):
     print(f"{after:20s} {verdict}: {ladder[after]:.1f} vs {ladder[before]:.1f} GFLOP/s "
           f"({ratio:.2f}x)")
 best_rung = max(STEPS, key=ladder.get)
-print(f"fastest rung: {best_rung}, {ladder[best_rung] / ladder[STEPS[0]]:.0f}x the naive loops")
+print(f"fastest rung: {best_rung}, {ladder[best_rung] / ladder[STEPS[0]]:.0f}x the naive loops; "
+      f"needle's engine {ladder['needle engine'] / ladder[best_rung]:.1f}x and numpy "
+      f"{ladder['numpy'] / ladder[best_rung]:.1f}x the fastest rung")
 
 fig, ax = plt.subplots(figsize=(8, 3.4))
 names = list(ladder)
@@ -413,31 +415,32 @@ plt.show()
 #   1024, so LLVM unrolls and pipelines it less and the loop overhead grows, while the reordered
 #   loop's working set (one 4 KiB row of $C$, rows of $B$ streamed from L2 and L3) already suits
 #   this CPU's caches. Tile sizes are a tuning knob: a 32 × 64 × 64 block of $A$, $B$ and $C$ is
-#   32 KiB, which fits a typical 32-48 KiB L1 data cache, but smaller tiles pay their overhead for nothing when the data did
-#   not miss in the first place.
+#   32 KiB, which fits a typical 32-48 KiB L1 data cache, but tiles pay their overhead for
+#   nothing when the data did not miss in the first place.
 # * **vectorize** changes little when LLVM had vectorized the loop already; it matters where
 #   the auto-vectorizer gives up (non-unit strides, unknown extents).
 # * **parallel** needs idle cores: on a shared 2-core machine the two threads wait for each
 #   other and the rung can come out no faster, or slower, than the single-thread one.
 #
-# The remaining gap to needle's engine and OpenBLAS is register blocking and packing, the next
-# rungs of notebook 06's ladder (its C++ kernel does those steps by hand). Searching over tile
+# What separates the best rung from needle's engine (the last line of the timing cell) is
+# register blocking and packing, the next rungs of notebook 06's ladder (its C++ kernel does
+# those steps by hand). numpy's OpenBLAS runs threads on both cores, so on a busy machine it
+# loses the most. Searching over tile
 # sizes and loop orders automatically is what TVM's MetaSchedule does; it is not run here
 # because it takes minutes per kernel.
 #
 # ## 5. The exported model compiled by TVM
 #
-# TVM's Relax front end reads the ONNX file into a graph of high-level operators
-# (`R.matmul`, `R.add`, `R.nn.relu`, ...). `LegalizeOps` lowers each to a TensorIR loop nest
-# like the ones above, one `call_tir` per operator. Then the compiler's graph-level work:
-# `AnnotateTIROpPattern` labels each loop nest (element-wise, broadcast, injective, reduction
-# "out-fusable"...), `FoldConstant` evaluates what depends only on constants, `FuseOps` groups
-# a reduction with the element-wise operators that consume it, and `FuseTIR` merges each group
-# into one TensorIR function: one call instead of several, and the intermediate arrays become
-# buffers local to that function instead of tensors the graph allocates. These are the passes
+# TVM's Relax front end reads the ONNX file into a graph of high-level operators (`R.matmul`,
+# `R.add`, `R.nn.relu`, ...). `LegalizeOps` lowers each to a TensorIR loop nest like the ones above,
+# one `call_tir` per operator. Then the compiler's graph-level work: `AnnotateTIROpPattern` labels
+# each loop nest (element-wise, broadcast, injective, reduction, "output element-wise fusable" for a
+# matmul, ...), `FoldConstant` evaluates what depends only on constants, `FuseOps` groups a
+# reduction with the element-wise operators that consume it, and `FuseTIR` merges each group into
+# one TensorIR function: one call instead of several, and the intermediate arrays become buffers
+# local to that function instead of tensors the graph allocates. These are the passes
 # `tvm.compile`'s default CPU pipeline runs; here they are applied one by one to print the graph
-# before and after fusion, and one fused kernel. The compiled models must agree with
-# onnxruntime.
+# before and after fusion, and one fused kernel. The compiled models must agree with onnxruntime.
 
 # %%
 # companion-only: the exported ONNX models and onnxruntime sessions (needle.export)
@@ -486,13 +489,11 @@ print(fused_mod[fused[0]].script())
 # and the `relu`. Inside it, as the printed kernel shows, the loop nests are still separate and
 # each writes a whole intermediate buffer (`matmul_intermediate`, `T_add_intermediate`): fusing
 # the *loops*, so that each element is consumed as soon as it is produced, is a schedule
-# transformation (`compute_inline`, `reverse_compute_at`), which TVM's schedule search or its
-# GPU default schedules apply and which exercise 13.3 does by hand. The `broadcast_to` kernels that only
-# expanded constants are gone: `FoldConstant` evaluated them at compile time. BatchNorm is
+# transformation (`compute_inline`, `reverse_compute_at`), which a schedule search
+# (MetaSchedule) applies and which exercise 13.3 does by hand. The `broadcast_to` kernels that
+# only expanded constants are gone: `FoldConstant` evaluated them at compile time. BatchNorm is
 # still computed at run time, inside the kernel; only folding it into the weights (exercise
 # 13.1) would remove it.
-#
-# The compiled models, checked against onnxruntime at both batch sizes:
 
 # %% [markdown]
 # Section 4's two ideas, applied to the fused kernels by hand: `schedule_kernels` reorders each
@@ -532,9 +533,9 @@ print(scheduled[fused[2]].script())
 # shrinks it to the one row that an iteration of `i0` uses (exercise 13.3's check counts such
 # elements). The folded constants show what `FoldConstant` did with the `broadcast_to` kernels:
 # each bias and BatchNorm vector became a full 64 × 64 constant (`param_1` ... `param_5`), read
-# at every call: folding trades run-time work for constant memory. The
-# compiled models in the three forms (unfused, fused, fused and scheduled), checked against
-# onnxruntime at both batch sizes:
+# at every call: folding trades run-time work for constant memory. The compiled models in the
+# three forms (unfused, fused, fused and scheduled), checked against onnxruntime at both batch
+# sizes:
 
 # %%
 # companion-only: the exported ONNX models and onnxruntime sessions (needle.export)
@@ -618,7 +619,7 @@ for (name, b), t in latency.items():
 # | `tvm.nd.array(a)`               | `tvm.runtime.tensor(a, dev)`        |
 # | `tvm.nd.empty(shape, dtype)`    | `tvm.runtime.empty(shape, dtype, dev)` |
 # | `tvm.tir.max`, `tvm.tir.const`  | `tvm.tirx.max`, `tvm.tirx.const`    |
-# | `rt_mod.time_evaluator("main", dev, number=10)` | `tvm.compile(...).mod.time_evaluator("main", dev, number=10)` |
+# | `rt_mod.time_evaluator("main", dev)` | `tvm.compile(...).mod.time_evaluator("main", dev)` |
 #
 # The next cell checks the right-hand column against the installed TVM and times section 4's
 # reordered matmul with `time_evaluator` (its number moves with the load, so it is not
@@ -780,21 +781,21 @@ check_exercise("13.2 mlp_to_onnx", lambda: mlp_to_onnx(*MLP_PARAMS, batch=len(X_
                predicate=_onnx_ok)
 
 # %% [markdown]
-# **Exercise 13.3 (a fused operator as a tensor program).** Declare with `te.compute` a
-# `Linear` followed by a ReLU, $Y_{ij} = \max(\sum_k X_{ik} W_{kj} + b_j, 0)$, for placeholders
-# `X` (n, k), `W` (k, m) and `b` (m,): a stage `S` (the matmul: `te.sum` over a
-# `te.reduce_axis`, as in section 4) and a stage `Y` reading it (`tvm.tirx.max(a, b)` is an
-# element-wise maximum, `tvm.tirx.const(0.0, "float32")` a zero); name them with `name="S"` and
-# `name="Y"`. Declared like this, the program still writes the whole n × m array `S` to memory
-# and reads it back: two loop nests, as needle's separate ops would. **Fuse them** in
-# `fuse_linear_relu(sch)`: move the computation of `Y` inside the loops of `S`
-# (`sch.reverse_compute_at(sch.get_sblock("Y"), loop)` with one of `sch.get_loops(sch.get_sblock("S"))`,
-# or the mirror image `sch.compute_at`), so that each element of `S` is consumed right after it is
-# summed and TVM needs only a small piece of `S` at a time. The check compiles your program,
-# compares it with numpy, and counts the elements TVM allocates for `S` after planning where
-# it lives: fewer than n × m means fused. (`sch.reverse_compute_inline` would put `Y` into
-# `S`'s block itself, which TVM refuses for a reduction; `fuse_reduction_epilogue` does it by
-# applying the ReLU at every step of the sum, which changes the result.)
+# **Exercise 13.3 (a fused operator as a tensor program).** Declare with `te.compute` a `Linear`
+# followed by a ReLU, $Y_{ij} = \max(\sum_k X_{ik} W_{kj} + b_j, 0)$, for placeholders `X` (n, k),
+# `W` (k, m) and `b` (m,): a stage `S` (the matmul: `te.sum` over a `te.reduce_axis`, as in section
+# 4) and a stage `Y` reading it (`tvm.tirx.max(a, b)` is an element-wise maximum,
+# `tvm.tirx.const(0.0, "float32")` a zero); name them with `name="S"` and `name="Y"`. Declared like
+# this, the program still writes the whole n × m array `S` to memory and reads it back: two loop
+# nests, as needle's separate ops would. **Fuse them** in `fuse_linear_relu(sch)`: move the
+# computation of `Y` inside the loops of `S` (`sch.reverse_compute_at(sch.get_sblock("Y"), loop)`
+# with `loop` one of `sch.get_loops(sch.get_sblock("S"))`, or the mirror image `sch.compute_at`), so
+# that each element of `S` is consumed right after it is summed and TVM needs only a small piece of
+# `S` at a time. The check compiles your program, compares it with numpy, and counts the elements
+# TVM allocates for `S` after planning where it lives: fewer than n × m means fused.
+# (`sch.reverse_compute_inline` would put `Y` into `S`'s block itself, which TVM refuses for a
+# reduction; `fuse_reduction_epilogue` does it by applying the ReLU at every step of the sum, which
+# changes the result.)
 
 # %% tags=["exercise-stub"]
 def linear_relu_compute(X, W, b):
