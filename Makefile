@@ -1,22 +1,27 @@
 # needle course companion. The two set-up commands are `make lab` and `make test`.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
+# Any Python 3.10-3.13; `make PYTHON=python3.13 VENV=.venv-3.13 test` keeps a second one apart.
+PYTHON ?= $(shell command -v python3)
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 # Tests never write into the tree (no __pycache__ from test runs).
 export PYTHONDONTWRITEBYTECODE := 1
 # Marker files: the environment is (re)installed when pyproject.toml changes,
 # the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
-INSTALLED := $(VENV)/.needle-installed
-BUILT     := $(VENV)/.needle-built
-SOURCES   := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh)
+VENV_READY := $(VENV)/.needle-venv
+INSTALLED  := $(VENV)/.needle-installed
+BUILT      := $(VENV)/.needle-built
+SOURCES    := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh src/*/*.cc src/*/*.cu src/*/*.h src/*/*.cuh)
+# Every CMake output lives under build/ (one folder per venv); the compiled modules themselves
+# land beside the Python sources (needle/backend_ndarray/, needle/apps/).
+BUILD_DIR  := build/$(patsubst .%,%,$(notdir $(VENV)))
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 NBVAL     := env -u MPLBACKEND $(PY) -m pytest --nbval --nbval-current-env \
              --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider --color=no
 NBEXEC    := jupyter nbconvert --to notebook --execute --inplace \
              --ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=1200
 
-.PHONY: lab test test-unit test-notebooks build notebooks notebook figures bench profile check data clean help
+.PHONY: lab test test-unit test-notebooks build test-clang test-sanitize test-smoke notebooks notebook figures bench profile check progress lecture-report data clean help
 
 help:
 	@echo "make lab        set up (.venv, install, compile) and open JupyterLab on notebooks/"
@@ -25,27 +30,96 @@ help:
 	@echo "make figures    re-execute the notebooks, saving figures/*.png"
 	@echo "make bench      benchmarks: needle beside numpy (and PyTorch when installed)"
 	@echo "make profile    one training step per model split into kernel time and framework overhead"
-	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question"
+	@echo "make check HW=path/to/hwN   check your own homework folder (course layout), question by question ([HWNUM=hwN] [ARGS=...])"
+	@echo "make progress HW=path/to/hwN   passed/total per homework, changes, the next question"
+	@echo "make lecture-report NEEDLE_IMPL=path/to/hwN/python   every notebook on your needle: a report card"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
+	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
+	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+# LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
+# two first-time `make`s never create the venv, install or compile at the same time.
+LOCKED = $(PYTHON) -c 'import fcntl, os, subprocess, sys; os.makedirs("build", exist_ok=True); \
+  lock = open("build/.lock", "w"); fcntl.flock(lock, fcntl.LOCK_EX); \
+  sys.exit(subprocess.call(sys.argv[1:]))'
+# CMake configure arguments for this venv's Python and pybind11 (also used by test-clang etc.).
+# (Recursively expanded: make evaluates it only when a recipe that needs it runs, after $(PY) exists.)
+CMAKE_ARGS_PY = -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY)) \
+  -DCMAKE_MAKE_PROGRAM=$(abspath $(BIN)/ninja) \
+  -Dpybind11_DIR=$(shell $(PY) -c "import pybind11; print(pybind11.get_cmake_dir())")
 
-$(INSTALLED): $(PY) pyproject.toml environment.yml
-	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy
-	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation -e ".[dev,lectures]"
-	@touch $(INSTALLED) $(BUILT)
+# Each step re-checks its marker under the lock: the second of two concurrent runs finds the
+# work done and does nothing.
+$(VENV_READY):
+	$(LOCKED) sh -c 'test -f $(VENV_READY) || { { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
+	  $(PY) -m pip install --quiet --upgrade pip && touch $(VENV_READY); }'
+
+$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
+	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
+	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
+	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev,lectures]" && \
+	  touch $(INSTALLED); }'
 	@echo "needle: environment ready in $(VENV)"
 
+# The editable install above only links the Python package; CMake compiles the modules here,
+# incrementally, in $(BUILD_DIR).
 $(BUILT): $(INSTALLED) $(SOURCES)
-	flock .build.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(LOCKED) sh -c '$(BIN)/cmake -S . -B $(BUILD_DIR) $(CMAKE_ARGS_PY) $(CMAKE_EXTRA) >/dev/null && \
+	  $(BIN)/cmake --build $(BUILD_DIR)'
 	@touch $(BUILT)
-	@echo "needle: compiled modules rebuilt"
+	@echo "needle: compiled modules built in $(BUILD_DIR)"
 
 build: $(BUILT)
+
+# ---- other compilers and sanitizers (tests/README.md) -------------------------------------
+# The suites that exercise the compiled CPU module directly (found wherever tests/ groups them).
+find_tests    = $(wildcard $(foreach t,$(1),tests/$(t) tests/*/$(t)))
+MODULE_TESTS  = $(call find_tests,test_device_protocol.py test_cpu_module.py test_ndarray_fuzz.py \
+                  test_ndarray_errors.py)
+# Run pytest on MODULE_TESTS with the CPU module built in $(1) (tests/build/preload swaps it in,
+# in every process), after checking that the swap took effect.
+define run_module_tests
+	@so=$$(ls $(1)/needle/backend_ndarray/ndarray_backend_cpu*.so) && \
+	  export PYTHONPATH=$(CURDIR)/tests/build/preload NEEDLE_TEST_CPU_MODULE=$$so $(2) && \
+	  $(PY) -c "import os, needle.backend_ndarray as nd; f = nd.ndarray_backend_cpu.__file__; \
+	    assert os.path.samefile(f, os.environ['NEEDLE_TEST_CPU_MODULE']), f; print('testing', f)" && \
+	  $(PY) -m pytest -q -p no:cacheprovider $(3) $(MODULE_TESTS)
+endef
+
+# make test-clang: every module built by clang++ (warnings as errors) into build/clang, then the
+# module suites against its CPU module.
+CLANG_DIR := build/clang
+test-clang: $(INSTALLED)
+	@command -v clang++ >/dev/null || { echo "test-clang: clang++ is not installed"; exit 2; }
+	CXX=clang++ $(BIN)/cmake -S . -B $(CLANG_DIR) $(CMAKE_ARGS_PY) -DNEEDLE_WERROR=ON \
+	  -DNEEDLE_OUTPUT_DIR=$(abspath $(CLANG_DIR)/out) >/dev/null
+	$(BIN)/cmake --build $(CLANG_DIR)
+	$(call run_module_tests,$(CLANG_DIR)/out,,-n 2)
+
+# make test-smoke: a quick check of one environment (.ci/run uses it for the newest Python):
+# the CPU-module suites and one notebook under nbval.
+SMOKE_NOTEBOOK ?= notebooks/05_ndarray.ipynb
+test-smoke: $(BUILT)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 $(MODULE_TESTS)
+	$(NBVAL) -q $(SMOKE_NOTEBOOK)
+
+# make test-sanitize: the CPU module with AddressSanitizer and UndefinedBehaviorSanitizer (gcc)
+# in build/sanitize. The Python interpreter is not instrumented: libasan is preloaded, and
+# libstdc++ with it (ASan must find the real __cxa_throw when it starts, and python does not
+# link libstdc++). Huge allocations return null (the module raises MemoryError) instead of
+# stopping the run; leak checking is off (the interpreter keeps its objects at exit).
+SAN_DIR := build/sanitize
+SAN_CXX ?= c++
+SAN_ENV  = LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libstdc++.so)" \
+  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1
+test-sanitize: $(INSTALLED)
+	CXX=$(SAN_CXX) $(BIN)/cmake -S . -B $(SAN_DIR) $(CMAKE_ARGS_PY) -DNEEDLE_SANITIZE=address,undefined \
+	  -DNEEDLE_OUTPUT_DIR=$(abspath $(SAN_DIR)/out) >/dev/null
+	$(BIN)/cmake --build $(SAN_DIR) --target ndarray_backend_cpu
+	$(call run_module_tests,$(SAN_DIR)/out,$(SAN_ENV),-n 2)
 
 # Jupytext's notebook view is the default for .py files, so the lecture sources open as notebooks.
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
@@ -54,11 +128,15 @@ $(LAB_OVERRIDES): $(INSTALLED)
 	@mkdir -p $(dir $@)
 	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $@
 
+# User paths (HW, NB, NEEDLE_IMPL; set on the command line, so make exports them) are read by the
+# shell as "$$HW" and resolved there or in Python, never by make, so spaces and quotes survive.
+# ABSPATH prints its argument made absolute (~ expanded; blank stays blank).
+ABSPATH := $(PY) -c 'import os, sys; a = sys.argv[1].strip(); print(a and os.path.abspath(os.path.expanduser(a)))'
+
 # NEEDLE_IMPL=~/hw2/python make lab: the notebooks import that needle (made absolute here,
 # because the kernels run in notebooks/).
 lab: $(BUILT) $(LAB_OVERRIDES)
-	@echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)$(if $(NEEDLE_IMPL), with NEEDLE_IMPL=$(abspath $(NEEDLE_IMPL)),)"
-	$(if $(NEEDLE_IMPL),NEEDLE_IMPL=$(abspath $(NEEDLE_IMPL)) ,)$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
+	@impl="$$($(ABSPATH) "$${NEEDLE_IMPL-}")"; if [ -n "$$impl" ]; then export NEEDLE_IMPL="$$impl"; fi; echo "Starting JupyterLab on notebooks/ (Ctrl-C to stop)$${impl:+, with NEEDLE_IMPL=$$impl}"; exec $(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: test-unit test-notebooks
 
@@ -74,42 +152,61 @@ test-notebooks: $(BUILT)
 notebooks: $(BUILT)
 	@for py in notebooks/[0-9]*.py; do \
 	  echo "== $$py"; \
-	  $(BIN)/jupytext --to ipynb --update $$py -q || exit 1; \
-	  env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $${py%.py}.ipynb || exit 1; \
+	  $(BIN)/jupytext --to ipynb --update "$$py" -q || exit 1; \
+	  env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${py%.py}.ipynb" || exit 1; \
 	done
 
 # One notebook: make notebook NB=notebooks/05_ndarray.py
 notebook: $(BUILT)
-	$(BIN)/jupytext --to ipynb --update $(NB) -q
-	env -u MPLBACKEND PATH=$(CURDIR)/$(BIN):$$PATH $(NBEXEC) $(basename $(NB)).ipynb
+	@test -n "$${NB-}" || { echo "usage: make notebook NB=notebooks/NN_topic.py"; exit 2; }
+	$(BIN)/jupytext --to ipynb --update "$$NB" -q
+	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${NB%.py}.ipynb"
 
 figures: $(BUILT)
 	@mkdir -p figures
 	@for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb"; \
 	  out=$$(mktemp -d); \
-	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH=$(CURDIR)/$(BIN):$$PATH \
-	    jupyter nbconvert --to notebook --execute --output-dir $$out $$nb >/dev/null || exit 1; \
-	  rm -rf $$out; \
+	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH="$$(pwd)/$(BIN):$$PATH" \
+	    jupyter nbconvert --to notebook --execute --output-dir "$$out" "$$nb" >/dev/null || exit 1; \
+	  rm -rf "$$out"; \
 	done
 	@ls figures
 
+# With NEEDLE_IMPL=path/to/hwN/python, instead of the usual tables: that needle's kernels and a
+# training step measured beside this project's and numpy's (benchmarks/student.py).
 bench: $(BUILT)
-	$(PY) -m benchmarks
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
 
 profile: $(BUILT)
-	$(PY) -m benchmarks.step_profile
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m benchmarks.step_profile; fi
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
+# (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)
 check: $(INSTALLED)
-	@test -n "$(HW)" || { echo "usage: make check HW=path/to/hwN [Q=text]"; exit 2; }
-	$(PY) -m companion.check "$(HW)" $(if $(Q),-k $(Q),)
+	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]"; exit 2; }
+	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",) $(if $(HWNUM),--hw "$$HWNUM",) $${ARGS-}
+
+# Passed/total per homework in or beside HW (default: here), what changed, the next question.
+progress: $(INSTALLED)
+	$(PY) -m companion.check --progress "$${HW:-.}"
+
+# Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
+lecture-report: $(BUILT)
+	@test -n "$$(echo $${NEEDLE_IMPL-})" || { echo "usage: make lecture-report NEEDLE_IMPL=path/to/hwN/python [NB=notebooks/NN_topic.py]"; exit 2; }
+	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(PY) -m companion.report_card $(if $(NB),"$$NB",)
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
 
+# Static types (mypy, configured in pyproject.toml): needle/, with the autograd core and the
+# NDArray layer in strict mode.
+.PHONY: typecheck
+typecheck: $(INSTALLED)
+	$(PY) -m mypy
+
 clean:
-	rm -rf CMakeCache.txt CMakeFiles build.ninja .ninja_deps .ninja_log cmake_install.cmake
+	rm -rf build
 	rm -f needle/backend_ndarray/*.so companion/apps/*.so $(BUILT)
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 
@@ -119,8 +216,8 @@ clean:
 # The site's packages (the `book` extra) are installed here when missing, without rebuilding needle.
 BOOK_DEPS := $(VENV)/.needle-book
 
-$(BOOK_DEPS): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
+$(BOOK_DEPS): $(INSTALLED)
+	$(PY) -m pip install --quiet $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
 	@touch $@
 
 .PHONY: book

@@ -7,7 +7,10 @@ the device kernel called on prepared buffers; the rest in billions of elements p
 The last column is needle's throughput over numpy's. On a machine with AVX-512 the matmul
 table is printed a second time from a subprocess that plays a machine without AVX-512: needle
 runs its AVX2 kernels (``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell (AVX2) kernels
-(``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set.
+(``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set. Then, unless
+the portable kernels are already in use, every table is printed again from a subprocess on the
+portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside numpy's OpenBLAS on
+its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
 """
 from __future__ import annotations
 
@@ -112,17 +115,30 @@ def bench_elementwise(device) -> Table:
     return table
 
 
-def bench_matmul_avx2() -> None:
-    """The matmul table again as on an AVX2-only machine: needle's AVX2 kernels beside numpy's
-    OpenBLAS pinned to its Haswell (AVX2) kernels, in a subprocess."""
-    env = {**os.environ, "NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
+# Runs in a subprocess with another kernel set: name -> (environment, what the run plays).
+OTHER_ISA_RUNS = {
+    "avx2": ({"NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"},
+             "as on an AVX2 machine (NEEDLE_CPU_ISA=avx2, OPENBLAS_CORETYPE=Haswell)"),
+    # The portable kernels are what ARM (Apple silicon, ARM servers) runs; compiled here for
+    # x86-64 with no instruction-set flags they use 128-bit SSE vectors, NEON's width, and
+    # numpy's OpenBLAS is pinned to its SSE kernels (Nehalem) likewise.
+    "portable": ({"NEEDLE_CPU_ISA": "portable", "OPENBLAS_CORETYPE": "Nehalem"},
+                 "with the portable kernels (NEEDLE_CPU_ISA=portable, OPENBLAS_CORETYPE=Nehalem)"),
+}
+
+
+def bench_other_isa(isa: str, matmul_only: bool) -> None:
+    """The tables again from a subprocess that runs another kernel set (``OTHER_ISA_RUNS``):
+    needle's ``isa`` kernels beside numpy's OpenBLAS pinned to a matching instruction set."""
+    extra, what = OTHER_ISA_RUNS[isa]
+    env = {**os.environ, **extra}
     root = Path(__file__).resolve().parents[1]
-    print("matmul as on an AVX2 machine (a subprocess with NEEDLE_CPU_ISA=avx2 and "
-          "OPENBLAS_CORETYPE=Haswell):", flush=True)
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_ndarray", "--matmul-only"],
+    print(f"{'matmul' if matmul_only else 'all tables'} {what}, in a subprocess:", flush=True)
+    args = ["--matmul-only"] if matmul_only else []
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_ndarray", *args],
                           env=env, cwd=root)
     if done.returncode:
-        print(f"(the AVX2 run failed with exit status {done.returncode})")
+        print(f"(the {isa} run failed with exit status {done.returncode})")
 
 
 def main(argv=None) -> None:
@@ -148,11 +164,14 @@ def main(argv=None) -> None:
     if args.matmul_only:
         return
     if "avx512f" in cpu_flags() and not requested:
-        bench_matmul_avx2()
+        bench_other_isa("avx2", matmul_only=True)
         print()
     bench_matmul_kernel(device).print()
     print()
     bench_elementwise(device).print()
+    if not requested and kernel_isa(device) != "portable":
+        print()
+        bench_other_isa("portable", matmul_only=False)
 
 
 if __name__ == "__main__":

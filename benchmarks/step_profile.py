@@ -146,7 +146,30 @@ def profile_case(case: str, device, repeats: int = 7, warmup: int = 2,
     wrappers' own cost is taken out of the overhead); every figure is a median over
     ``repeats`` steps.
     """
-    step = needle_step(case, device)
+    result = profile_step(needle_step(case, device), device, repeats, warmup)
+    result["title"] = TITLES[case]
+    ref = torch_step(case) if with_torch else None
+    if ref is not None:
+        for _ in range(warmup):
+            ref()
+        time.sleep(0.3)
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ref()
+            samples.append(time.perf_counter() - t0)
+        result["torch_ms"] = 1e3 * statistics.median(samples)
+        result["torch_min_ms"] = 1e3 * min(samples)
+        result["ratio"] = result["torch_ms"] / result["step_ms"]
+        # the fastest steps are the least disturbed by other processes: a second, robust ratio
+        result["ratio_min"] = result["torch_min_ms"] / result["step_min_ms"]
+    return result
+
+
+def profile_step(step, device, repeats: int = 7, warmup: int = 2) -> dict:
+    """Kernel and overhead milliseconds of ``step`` (a :class:`benchmarks.steps.Step`) whose
+    kernels run on ``device`` (anything with a ``mod``, this project's needle or a student's):
+    the keys of :func:`profile_case` but "title", with the PyTorch figures None."""
     for _ in range(warmup):
         step()
     time.sleep(0.3)  # let threads left spinning by earlier work go idle
@@ -168,8 +191,8 @@ def profile_case(case: str, device, repeats: int = 7, warmup: int = 2,
                       "overhead_ms": 1e3 * statistics.median(overhead(t, phase) for t in timed)}
               for phase in PHASES}
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:8]
-    result = {
-        "title": TITLES[case], "step_ms": 1e3 * statistics.median(plain),
+    return {
+        "step_ms": 1e3 * statistics.median(plain),
         "kernel_ms": 1e3 * statistics.median(sum(t["kernel"].values()) for t in timed),
         "overhead_ms": 1e3 * statistics.median(sum(overhead(t, p) for p in PHASES)
                                                for t in timed),
@@ -178,22 +201,6 @@ def profile_case(case: str, device, repeats: int = 7, warmup: int = 2,
         "step_min_ms": 1e3 * min(plain), "torch_ms": None, "torch_min_ms": None, "ratio": None,
         "ratio_min": None, "load_average": os.getloadavg()[0],
     }
-    ref = torch_step(case) if with_torch else None
-    if ref is not None:
-        for _ in range(warmup):
-            ref()
-        time.sleep(0.3)
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            ref()
-            samples.append(time.perf_counter() - t0)
-        result["torch_ms"] = 1e3 * statistics.median(samples)
-        result["torch_min_ms"] = 1e3 * min(samples)
-        result["ratio"] = result["torch_ms"] / result["step_ms"]
-        # the fastest steps are the least disturbed by other processes: a second, robust ratio
-        result["ratio_min"] = result["torch_min_ms"] / result["step_min_ms"]
-    return result
 
 
 def render(results: dict) -> str:

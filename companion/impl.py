@@ -25,8 +25,12 @@ that resolves the top-level ``needle`` against the checkout whatever ``sys.path`
 finder answers before it for ``needle``; for everything else (``companion`` included, which the
 editable install serves from the same checkout) it returns None and the normal finders run.
 
-The folder is checked when ``needle`` is first imported: a bad path raises ``ImportError`` naming
-it, at the ``import needle`` line. ``NEEDLE_IMPL`` naming this project's own folder is a no-op.
+The folder is checked at every ``import needle`` that is not already done: a bad path raises
+``ImportError`` naming it, at the ``import needle`` line. Once installed, the finder never lets
+``needle`` or ``needle.*`` through to another finder: an import that failed (the student's
+``__init__`` raised, or the folder lost its package) fails again or, once fixed, imports the
+student's package, but never this project's, for as long as the process runs. An empty or blank
+``NEEDLE_IMPL``, or one naming this project's own folder, is ignored with one line on stderr.
 The first import prints (stderr) which needle is in use. A relative path is made absolute in
 ``os.environ``, so subprocesses started from another folder import the same package.
 """
@@ -41,6 +45,13 @@ ENV = "NEEDLE_IMPL"
 #: The folder holding this project's ``needle`` and ``companion`` (the checkout, or site-packages).
 OWN_FOLDER = Path(__file__).resolve().parents[1]
 _HINT = "point it at the folder that holds your needle/ package, e.g. hw2/python"
+_said: set[str] = set()  # notes already printed (site runs the .pth once per site dir: lib, lib64)
+
+
+def _note(text: str) -> None:
+    if text not in _said:
+        _said.add(text)
+        print(text, file=sys.stderr)
 
 
 def student_folder(raw: str) -> Path:
@@ -65,15 +76,22 @@ class StudentNeedle:
         self.folder: Path | None = None  # set once the folder has been validated
 
     def find_spec(self, fullname: str, path=None, target=None):
-        """The student's spec for ``needle`` / ``needle.*``, None for any other module."""
+        """The student's spec for ``needle`` / ``needle.*``, None for any other module.
+
+        For those it answers or raises, never returns None: no later finder (this project's
+        editable install) may serve them."""
         if fullname != "needle" and not fullname.startswith("needle."):
             return None
         if fullname == "needle":
+            folder = student_folder(self.raw)  # again on a retry: the folder may have changed
             if self.folder is None:
-                self.folder = student_folder(self.raw)
-                print(f"needle from {self.folder} ({ENV})", file=sys.stderr)
-            path = [str(self.folder)]
-        return importlib.machinery.PathFinder.find_spec(fullname, path)
+                print(f"needle from {folder} ({ENV})", file=sys.stderr)
+            self.folder = folder
+            path = [str(folder)]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return spec
 
 
 def _finder() -> StudentNeedle | None:
@@ -84,17 +102,22 @@ def install() -> bool:
     """Serve ``import needle`` from ``NEEDLE_IMPL``'s folder; returns whether it now does.
 
     A no-op returning False when ``NEEDLE_IMPL`` is unset, empty, or names this project's own
-    folder; calling it again is harmless. Raises RuntimeError when another ``needle`` is
-    already imported (set the variable before Python starts, or call this first).
+    folder (the last two say so in one line on stderr); calling it again is harmless. Raises
+    RuntimeError when another ``needle`` is already imported (set the variable before Python
+    starts, or call this first).
     """
-    raw = os.environ.get(ENV, "").strip()
+    if ENV not in os.environ:
+        return False
+    raw = os.environ[ENV].strip()
     if not raw:
+        _note(f"{ENV}={os.environ[ENV]!r} is blank: ignored, this project's needle is imported")
         return False
     if _finder() is not None:
         return True
     folder = Path(raw).expanduser().resolve()
     os.environ[ENV] = str(folder)  # absolute: subprocesses find the same package from any cwd
     if folder == OWN_FOLDER:
+        _note(f"{ENV}={raw} is this project's own folder: ignored")
         return False
     loaded = sys.modules.get("needle")
     if loaded is not None:

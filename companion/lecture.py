@@ -7,6 +7,10 @@ has loaded a student's needle (:mod:`companion.impl`), that registers an IPython
 transformer which replaces each such cell's source by one ``print`` saying what it skips and why.
 Without ``NEEDLE_IMPL`` :func:`setup` does nothing and every cell runs as written.
 
+In that mode :func:`setup` also tallies every cell the kernel runs; :func:`report_card` prints
+which passed, failed or were skipped so far (``python -m companion.report_card`` does the same
+for whole notebooks, from outside).
+
 (A comment rather than a cell magic: Jupytext keeps comments intact in the paired .py files.)
 """
 from __future__ import annotations
@@ -18,6 +22,10 @@ from typing import List, Optional
 #: This project's checkout (its ``src/`` and ``benchmarks/``), whichever needle is imported.
 CHECKOUT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"#\s*companion-only:\s*(?P<reason>\S.*?)\s*$")
+#: How every skip line begins (``companion.report_card`` counts skipped cells by it).
+SKIP_PREFIX = "companion-only cell skipped: "
+#: The cells run in this kernel under NEEDLE_IMPL: (status, first line, error), in order.
+CELLS: List[tuple] = []
 
 
 def companion_only_reason(lines: List[str]) -> Optional[str]:
@@ -31,7 +39,7 @@ def companion_only_reason(lines: List[str]) -> Optional[str]:
 
 def skip_line(reason: str, folder: str) -> str:
     """The one line a skipped cell prints."""
-    return (f"companion-only cell skipped: it uses {reason}, which the course's needle "
+    return (f"{SKIP_PREFIX}it uses {reason}, which the course's needle "
             f"(from {folder}, NEEDLE_IMPL) does not have")
 
 
@@ -68,4 +76,32 @@ def setup() -> bool:
     transformers = shell.input_transformers_post
     if not any(getattr(t, "needle_companion_only", False) for t in transformers):
         transformers.append(_transformer(str(folder)))
+        shell.events.register("post_run_cell", _tally)
     return True
+
+
+def _tally(result) -> None:
+    """IPython's post_run_cell hook: record the cell's status for :func:`report_card`."""
+    source = getattr(result.info, "raw_cell", "") or ""
+    lines = source.splitlines(keepends=True)
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if not first or "report_card(" in source:
+        return
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:
+        CELLS.append(("failed", first, f"{type(error).__name__}: {error}"))
+    elif companion_only_reason(lines) is not None:
+        CELLS.append(("skipped", first, ""))
+    else:
+        CELLS.append(("passed", first, ""))
+
+
+def report_card() -> None:
+    """Print the cells this kernel ran under NEEDLE_IMPL since :func:`setup`: counts of passed,
+    failed and skipped, then each failure (its first line and error)."""
+    counts = {k: sum(1 for c in CELLS if c[0] == k) for k in ("passed", "failed", "skipped")}
+    lines = [f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
+             f"{counts['skipped']} skipped (companion-only)"]
+    lines += [f"  failed: `{first[:60]}`: {error[:150]}" for status, first, error in CELLS
+              if status == "failed"]
+    print("\n".join(lines))

@@ -12,13 +12,25 @@ import contextlib
 import threading
 from functools import reduce
 from operator import add
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterable, Iterator, List, Optional,
+                    Sequence, Tuple, TypeVar, Union)
 
 import numpy
 
 import needle
 
-from .backend_selection import NDArray, array_api, default_tensor_device
+# NDArray and array_api are re-exported: the course's ops import them from here.
+from .backend_selection import Device, default_tensor_device
+from .backend_selection import NDArray as NDArray
+from .backend_selection import array_api as array_api
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+# The node type an op produces (Tensor or TensorTuple): its gradient receives adjoints of it.
+V = TypeVar("V", bound="Value")
+# What ``gradient`` returns: one adjoint, or one per input (None for an input that needs none).
+Adjoints = Union["Value", Tuple[Optional["Value"], ...], List[Optional["Value"]]]
 
 # When True, ops build the graph without computing; ``realize_cached_data()`` computes.
 LAZY_MODE = False
@@ -55,29 +67,34 @@ def set_grad_enabled(mode: bool) -> Iterator[None]:
         _grad_mode.enabled = previous
 
 
-def no_grad() -> contextlib.AbstractContextManager:
+def no_grad() -> contextlib.AbstractContextManager[None]:
     """``with no_grad():`` ops in this thread record no graph: every result is a constant with
     ``requires_grad=False`` and keeps no reference to its inputs (evaluation, in-place updates).
     An extension (PyTorch's ``torch.no_grad``); the course's needle has no grad mode."""
     return set_grad_enabled(False)
 
 
-def enable_grad() -> contextlib.AbstractContextManager:
+def enable_grad() -> contextlib.AbstractContextManager[None]:
     """``with enable_grad():`` ops in this thread record the graph, even inside ``no_grad()``."""
     return set_grad_enabled(True)
 
 
-class Op:
-    """An operator: ``compute`` works on raw arrays, ``gradient`` is its vector-Jacobian product."""
+class Op(Generic[V]):
+    """An operator: ``compute`` works on raw arrays, ``gradient`` is its vector-Jacobian product.
 
-    def __call__(self, *args):
+    ``V`` is the node type it makes (``Tensor`` for a TensorOp, ``TensorTuple`` for a
+    TensorTupleOp). Each op declares its own ``__call__`` and ``compute`` arguments, so the base
+    signatures take anything.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> V:
         raise NotImplementedError()
 
-    def compute(self, *args: Tuple[NDArray]):
+    def compute(self, *args: Any, **kwargs: Any) -> Any:
         """Forward pass on raw arrays (the backend's NDArray): returns the output array(s)."""
         raise NotImplementedError()
 
-    def gradient(self, out_grad: "Value", node: "Value") -> Union["Value", Tuple["Value"]]:
+    def gradient(self, out_grad: V, node: V) -> Adjoints:
         """The adjoint of each input given ``out_grad``, the adjoint of ``node`` (this op's output).
 
         Written with needle ops, so the returned gradients are differentiable themselves.
@@ -88,8 +105,9 @@ class Op:
     # backward pass then routes the adjoint to that component directly instead of building a
     # mostly-zero tuple per pick (O(len²) work when every component of a split is picked).
     selects_component = False
+    index: int  # the component such an op picks
 
-    def gradient_as_tuple(self, out_grad: "Value", node: "Value") -> Tuple["Value"]:
+    def gradient_as_tuple(self, out_grad: V, node: V) -> Tuple[Optional["Value"], ...]:
         """``gradient`` always returned as a tuple (one entry per input)."""
         output = self.gradient(out_grad, node)
         if isinstance(output, tuple):
@@ -99,36 +117,44 @@ class Op:
         return (output,)
 
 
-class TensorOp(Op):
+class TensorOp(Op["Tensor"]):
     """An op whose output is a Tensor."""
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any, **kwargs: Any) -> "Tensor":
         return Tensor.make_from_op(self, args)
 
 
-class TensorTupleOp(Op):
+class TensorTupleOp(Op["TensorTuple"]):
     """An op whose output is a TensorTuple."""
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any, **kwargs: Any) -> "TensorTuple":
         return TensorTuple.make_from_op(self, args)
 
 
 class Value:
     """A node of the computational graph."""
 
-    op: Optional[Op]
-    inputs: List["Value"]
-    cached_data: NDArray
+    op: Optional[Op[Any]]
+    inputs: Sequence["Value"]
+    # The node's array(s): an NDArray for a Tensor, a tuple of them for a TensorTuple; None until
+    # computed (LAZY_MODE). Tensor and TensorTuple narrow the type.
+    cached_data: Any
     requires_grad: bool
     # Class defaults, so that making a node does not have to set them.
-    grad = None
+    grad: Optional["Value"] = None
     num_outputs = 1
     _retains_grad = False
+    # Set on the all-zero adjoints of zero_adjoints() (see is_zero_adjoint).
+    _zero_adjoint = False
 
-    def realize_cached_data(self):
+    if TYPE_CHECKING:  # every node type (Tensor, TensorTuple) has one
+        def detach(self) -> "Value": ...
+
+    def realize_cached_data(self) -> Any:
         """The node's array, computed from its inputs on first use and cached."""
         if self.cached_data is not None:
             return self.cached_data
+        assert self.op is not None, "a leaf always holds its array"
         self.cached_data = self.op.compute(*[x.realize_cached_data() for x in self.inputs])
         return self.cached_data
 
@@ -151,13 +177,13 @@ class Value:
         """
         self._retains_grad = True
 
-    def __del__(self):
+    def __del__(self) -> None:
         global TENSOR_COUNTER
         if "op" in self.__dict__:  # only initialised Values were counted
             TENSOR_COUNTER -= 1
 
-    def _init(self, op: Optional[Op], inputs: List["Value"], *, num_outputs: int = 1,
-              cached_data: List[object] = None, requires_grad: Optional[bool] = None) -> None:
+    def _init(self, op: Optional[Op[Any]], inputs: Sequence["Value"], *, num_outputs: int = 1,
+              cached_data: Any = None, requires_grad: Optional[bool] = None) -> None:
         global TENSOR_COUNTER
         if requires_grad is None:
             requires_grad = _grad_mode.enabled and any(x.requires_grad for x in inputs)
@@ -171,14 +197,14 @@ class Value:
         self.op = op  # set last: marks the Value as counted
 
     @classmethod
-    def make_const(cls, data, *, requires_grad: bool = False):
+    def make_const(cls, data: Any, *, requires_grad: bool = False) -> Self:
         """A leaf holding ``data`` (an array), with no history."""
         value = object.__new__(cls)
         value._init(None, [], cached_data=data, requires_grad=requires_grad)
         return value
 
     @classmethod
-    def make_from_op(cls, op: Op, inputs: List["Value"]):
+    def make_from_op(cls, op: Op[Any], inputs: Sequence["Value"]) -> Self:
         """The node ``op(*inputs)``: computed now unless LAZY_MODE; detached when no grad is needed.
 
         The hot path of every op, hence written out by hand rather than through ``_init``.
@@ -222,6 +248,11 @@ class Value:
 class TensorTuple(Value):
     """A tuple of tensors (not nested): the output of a TensorTupleOp such as ``split``."""
 
+    cached_data: Optional[Tuple[NDArray, ...]]
+
+    if TYPE_CHECKING:  # the inherited method, with this node type's array
+        def realize_cached_data(self) -> Tuple[NDArray, ...]: ...
+
     def __len__(self) -> int:
         return len(self.realize_cached_data())
 
@@ -231,10 +262,10 @@ class TensorTuple(Value):
             raise IndexError(f"TensorTuple index {index!r} is out of range for length {n}")
         return needle.ops.tuple_get_item(self, int(index) % n)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator["Tensor"]:
         return (self[i] for i in range(len(self)))
 
-    def tuple(self) -> tuple:
+    def tuple(self) -> Tuple["Tensor", ...]:
         """The components as a Python tuple of Tensors."""
         return tuple(x for x in self)
 
@@ -266,15 +297,15 @@ class TensorTuple(Value):
 def is_zero_adjoint(value: Value) -> bool:
     """True for the all-zero constant adjoints that ``tuple_get_item`` sends to the components
     it did not select (marked ``_zero_adjoint``)."""
-    return getattr(value, "_zero_adjoint", False)
+    return value._zero_adjoint
 
 
-def _full(shape, value: float, dtype, device):
+def _full(shape: Iterable[int], value: float, dtype: Any, device: Device) -> NDArray:
     """A raw array of ``shape`` filled with ``value`` (the backend's array type)."""
     return device.full(tuple(shape), value, dtype=dtype)
 
 
-def _squeezed(shape) -> tuple:
+def _squeezed(shape: Iterable[int]) -> Tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
@@ -288,11 +319,19 @@ class Tensor(Value):
     argument is a TypeError naming it.
     """
 
-    grad: "Tensor"
+    grad: Optional["Tensor"]
+    cached_data: Optional[NDArray]
+    # A Tensor's inputs are Tensors, except the TensorTuple input of tuple_get_item's output
+    # (ops_tuple.TupleGetItem, the one op that reads it as a TensorTuple).
+    inputs: Sequence["Tensor"]
     # numpy defers to Tensor's reflected operators: np.float32(2) * t is a Tensor, not an array
     __array_ufunc__ = None
 
-    def __init__(self, array, *, device=None, dtype=None, requires_grad: bool = True):
+    if TYPE_CHECKING:  # the inherited method, with this node type's array
+        def realize_cached_data(self) -> NDArray: ...
+
+    def __init__(self, array: Any, *, device: Optional[Device] = None, dtype: Any = None,
+                 requires_grad: bool = True):
         if isinstance(array, Tensor):
             if device is None:
                 device = array.device
@@ -309,7 +348,7 @@ class Tensor(Value):
         self._init(None, [], cached_data=cached_data, requires_grad=requires_grad)
 
     @classmethod
-    def make_const(cls, data, requires_grad: bool = False) -> "Tensor":
+    def make_const(cls, data: Any, requires_grad: bool = False) -> Self:
         """A leaf tensor holding ``data`` (an array, or the array of a Tensor), sharing it."""
         if isinstance(data, Tensor):
             data = data.realize_cached_data()
@@ -348,15 +387,15 @@ class Tensor(Value):
         return Tensor.make_const(self.realize_cached_data())
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> Tuple[int, ...]:
         return self.realize_cached_data().shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> Any:
         return self.realize_cached_data().dtype
 
     @property
-    def device(self):
+    def device(self) -> Device:
         return self.realize_cached_data().device
 
     def backward(self, out_grad: Optional["Tensor"] = None, *, create_graph: bool = True) -> None:
@@ -399,60 +438,60 @@ class Tensor(Value):
 
     # ---- operators: a Tensor operand gives the element-wise op (numpy broadcasting), a
     # scalar (number, numpy scalar, one-element array) the scalar op ----------------------------
-    def __add__(self, other):
+    def __add__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWiseAdd()(self, other)
         return needle.ops.AddScalar(other)(self)
 
-    def __mul__(self, other):
+    def __mul__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWiseMul()(self, other)
         return needle.ops.MulScalar(other)(self)
 
-    def __pow__(self, other):
+    def __pow__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWisePow()(self, other)
         return needle.ops.PowerScalar(other)(self)
 
-    def __sub__(self, other):
+    def __sub__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWiseAdd()(self, needle.ops.Negate()(other))
         return needle.ops.AddScalar(-needle.ops.ops_mathematic.scalar_value(other, "subtract"))(self)
 
-    def __rsub__(self, other):
+    def __rsub__(self, other: Any) -> "Tensor":
         """``other - self`` for a scalar ``other`` (an extension: the course has no __rsub__)."""
         op = needle.ops.AddScalar(other)
         return op(needle.ops.Negate()(self))
 
-    def __truediv__(self, other):
+    def __truediv__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWiseDiv()(self, other)
         return needle.ops.DivScalar(other)(self)
 
-    def __rtruediv__(self, other):
+    def __rtruediv__(self, other: Any) -> "Tensor":
         """``other / self`` for a scalar ``other`` (an extension)."""
         op = needle.ops.MulScalar(other)
         return op(needle.ops.PowerScalar(-1)(self))
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: Any) -> "Tensor":
         return needle.ops.MatMul()(self, other)
 
-    def matmul(self, other):
+    def matmul(self, other: Any) -> "Tensor":
         return needle.ops.MatMul()(self, other)
 
-    def sum(self, axes=None):
+    def sum(self, axes: Any = None) -> "Tensor":
         return needle.ops.Summation(axes)(self)
 
-    def broadcast_to(self, shape):
+    def broadcast_to(self, shape: Sequence[int]) -> "Tensor":
         return needle.ops.BroadcastTo(shape)(self)
 
-    def reshape(self, shape):
+    def reshape(self, shape: Sequence[int]) -> "Tensor":
         return needle.ops.Reshape(shape)(self)
 
-    def __neg__(self):
+    def __neg__(self) -> "Tensor":
         return needle.ops.Negate()(self)
 
-    def transpose(self, axes=None):
+    def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
         return needle.ops.Transpose(axes)(self)
 
     __radd__ = __add__
@@ -483,18 +522,18 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
             if grads is None:  # no path to the output needs this node
                 continue
             grad = grads[0] if len(grads) == 1 else sum_node_list(grads)
-            leaf = node.op is None
-            if leaf or node._retains_grad:
+            op = node.op
+            if op is None or node._retains_grad:
                 node.grad = grad if record or not grad.requires_grad else grad.detach()
-            if leaf:
+            if op is None:  # a leaf
                 continue
-            if node.op.selects_component:
+            if op.selects_component:
                 source = node.inputs[0]
                 if source.requires_grad:
                     component_grads.setdefault(source, {}).setdefault(
-                        node.op.index, []).append(grad)
+                        op.index, []).append(grad)
                 continue
-            for inp, inp_grad in zip(node.inputs, node.op.gradient_as_tuple(grad, node)):
+            for inp, inp_grad in zip(node.inputs, op.gradient_as_tuple(grad, node)):
                 if inp_grad is not None and inp.requires_grad:
                     node_to_output_grads_list.setdefault(inp, []).append(inp_grad)
 
@@ -505,14 +544,14 @@ def find_topo_sort(node_list: List[Value]) -> List[Value]:
     The order is that of a post-order depth-first search starting from each node of
     ``node_list`` in turn and visiting ``inputs`` left to right, each node once.
     """
-    visited: set = set()
+    visited: set[Value] = set()
     topo_order: List[Value] = []
     for node in node_list:
         topo_sort_dfs(node, visited, topo_order)
     return topo_order
 
 
-def topo_sort_dfs(node: Value, visited: set, topo_order: List[Value]) -> None:
+def topo_sort_dfs(node: Value, visited: set[Value], topo_order: List[Value]) -> None:
     """Post-order DFS from ``node``: appends every unvisited node after all its inputs.
 
     Iterative (an explicit stack), so deep graphs such as long RNN unrolls do not hit Python's
@@ -534,10 +573,10 @@ def topo_sort_dfs(node: Value, visited: set, topo_order: List[Value]) -> None:
             topo_order.append(current)
 
 
-def zero_adjoints(arrays) -> List[Value]:
+def zero_adjoints(arrays: Iterable[NDArray]) -> List["Tensor"]:
     """Constant all-zero Tensors shaped like each array of ``arrays`` (one shared constant per
     shape, dtype and device), marked so that ``TensorTuple.__add__`` skips adding them."""
-    zeros: dict = {}
+    zeros: Dict[Tuple[Tuple[int, ...], str, str], Tensor] = {}
     out = []
     for value in arrays:
         key = (tuple(value.shape), str(value.dtype), str(value.device))
@@ -555,7 +594,7 @@ def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
     parts = node.realize_cached_data()
     missing = [parts[i] for i in range(len(parts)) if i not in picked]
     zeros = iter(zero_adjoints(missing))
-    components = []
+    components: List[Value] = []
     for i in range(len(parts)):
         grads = picked.get(i)
         if grads is None:

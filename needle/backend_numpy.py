@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy
 
@@ -55,7 +55,7 @@ class NDArray(numpy.ndarray):
     """A numpy array with NDArray's methods (see the module docstring). Views stay NDArrays."""
 
     @property
-    def device(self) -> "CPUDevice":
+    def device(self) -> "CPUDevice":  # type: ignore[override]  # numpy's is the string "cpu"
         """Always ``cpu()``: numpy arrays live on the host."""
         return _CPU
 
@@ -73,7 +73,7 @@ class NDArray(numpy.ndarray):
 
     def broadcast_to(self, new_shape: Sequence[int]) -> "NDArray":
         """A read-only stride-0 view of ``new_shape`` (numpy's broadcasting rules)."""
-        return numpy.broadcast_to(self, tuple(new_shape), subok=True)
+        return cast(NDArray, numpy.broadcast_to(self, tuple(new_shape), subok=True))
 
     def as_strided(self, shape: Sequence[int], strides: Sequence[int]) -> "NDArray":
         """A read-only view with ``shape`` and ``strides`` counted in elements.
@@ -87,12 +87,13 @@ class NDArray(numpy.ndarray):
         if math.prod(shape) > 0 and builtins.sum((n - 1) * s for n, s in zip(shape, strides)) >= base.size:
             raise ValueError(f"as_strided: shape {shape} with strides {strides} leaves the buffer "
                              f"of {base.size} elements")
-        return numpy.lib.stride_tricks.as_strided(
-            base, shape, tuple(s * base.itemsize for s in strides), subok=True, writeable=False)
+        # subok=True keeps the subclass (numpy's stubs say ndarray; so in the casts around here)
+        return cast(NDArray, numpy.lib.stride_tricks.as_strided(
+            base, shape, tuple(s * base.itemsize for s in strides), subok=True, writeable=False))
 
     def flip(self, axes) -> "NDArray":
         """A compact copy reversed along ``axes`` (an int or a tuple; None: every axis)."""
-        return numpy.flip(self, axes).copy()
+        return cast(NDArray, numpy.flip(self, axes).copy())
 
     def pad(self, axes) -> "NDArray":
         """Zero padding: ``axes`` holds one (before, after) pair per dimension."""
@@ -102,12 +103,15 @@ class NDArray(numpy.ndarray):
                              f"shape {self.shape}, got {axes}")
         return numpy.pad(self, axes).view(NDArray)
 
-    def sum(self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
+    # sum and max have NDArray's signature, not numpy's (an override mypy flags): always an array
+    def sum(  # type: ignore[override]
+            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
         """Sum over ``axis`` (None, an int or a tuple); always an array (0-d for a full sum)."""
         out = numpy.ndarray.sum(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
 
-    def max(self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
+    def max(  # type: ignore[override]
+            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
         """Maximum over ``axis`` (ValueError over an empty axis); always an array."""
         out = numpy.ndarray.max(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
@@ -258,7 +262,7 @@ globals().update(module_functions(NDArray, _as_ndarray))
 
 def matmul(a: NDArray, b: NDArray) -> NDArray:
     """Batched, broadcasting matrix product (numpy's ``@``)."""
-    return _as_ndarray(a) @ b
+    return cast(NDArray, _as_ndarray(a) @ b)
 
 
 def flip(a: NDArray, axes) -> NDArray:

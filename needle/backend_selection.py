@@ -6,10 +6,16 @@ CPU and CUDA device modules; ``NEEDLE_BACKEND=np`` uses numpy arrays
 other value raises ``RuntimeError`` at import.
 """
 import os
+from typing import TYPE_CHECKING
 
 BACKEND = os.environ.get("NEEDLE_BACKEND", "nd")
 
-if BACKEND == "nd":
+if TYPE_CHECKING:
+    # The type checker sees the NDArray backend: the numpy backend's array and devices mirror
+    # its methods (backend_numpy.py), and tests/framework checks the two agree at run time.
+    from . import backend_ndarray as array_api
+    from .backend_ndarray.device import BackendDevice as Device
+elif BACKEND == "nd":
     from . import backend_ndarray as array_api
 
     Device = array_api.BackendDevice

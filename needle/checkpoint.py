@@ -19,7 +19,7 @@ that updates state in forward (BatchNorm's running statistics) updates it twice.
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class CheckpointOp(TensorOp):
     def __init__(self, fn: Callable[[Tensor], Tensor], params: Sequence[Tensor]) -> None:
         self.fn = fn
         self.params = list(params)
-        self.rng_state = None
+        self.rng_state: Any = None  # numpy's global RNG state, saved by the forward pass
 
     def compute(self, x: NDArray, *param_arrays: NDArray) -> NDArray:
         self.rng_state = np.random.get_state()
@@ -60,12 +60,12 @@ class CheckpointOp(TensorOp):
             if out.requires_grad:
                 autograd.compute_gradient_of_variables(out, out_grad.detach(),
                                                        create_graph=False)
-            grads = [x.grad] + [p.grad for p in self.params]
+            found = [x.grad] + [p.grad for p in self.params]
         finally:
             np.random.set_state(state_now)
             for p, g in zip(self.params, saved_grads):
                 p.grad = g
-        grads = [g if g is not None else _zeros_like(inp) for g, inp in zip(grads, node.inputs)]
+        grads = [g if g is not None else _zeros_like(inp) for g, inp in zip(found, node.inputs)]
         if not autograd.is_grad_enabled():
             return tuple(grads)
         # The backward pass is recording (the default): the gradients become graph nodes that
@@ -83,7 +83,8 @@ class CheckpointOp(TensorOp):
         unlisted = [node for node in autograd.find_topo_sort([out])
                     if node.op is None and node.requires_grad and id(node) not in listed]
         if unlisted:
-            shapes = ", ".join(f"shape {tuple(t.shape)}" for t in unlisted)
+            # leaves of fn's graph are Tensors
+            shapes = ", ".join(f"shape {tuple(cast(Tensor, t).shape)}" for t in unlisted)
             raise ValueError(f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
                              f"gradient but are not in params ({shapes}); list every such "
                              f"tensor in params (a module's parameters())")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -168,13 +168,14 @@ def allreduce_gradients(params: Sequence[Tensor], average: bool = True) -> None:
     params = _param_list(params, "allreduce_gradients")
     grads = [p.grad for p in params]
     _agree("allreduce_gradients", params, grads)
-    send = _flat(grads, "allreduce_gradients")
+    present = cast(List[Tensor], grads)  # _agree raised on every rank unless all are there
+    send = _flat(present, "allreduce_gradients")
     recv = np.empty_like(send)
     comm = MPI.COMM_WORLD
     _collective(lambda: comm.Allreduce(send, recv, op=MPI.SUM), send)
     if average:
         recv /= comm.Get_size()
-    for p, g in zip(params, _unflat(recv, grads)):
+    for p, g in zip(params, _unflat(recv, present)):
         p.grad = g
 
 

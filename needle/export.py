@@ -33,12 +33,12 @@ Needs the ``onnx`` package (the ``lectures`` extra); the check needs ``onnxrunti
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from needle import autograd, ops
-from needle.autograd import Tensor, TensorOp, Value
+from needle.autograd import Tensor, TensorOp
 from needle.nn import Module
 from needle.nn.nn_sequence import Embedding
 from needle.ops import ops_conv
@@ -65,6 +65,11 @@ _SCALAR = {ops.AddScalar: "Add", ops.MulScalar: "Mul", ops.DivScalar: "Div",
 _REDUCE = {ops.Summation: "ReduceSum", ops.LogSumExp: "ReduceLogSumExp"}
 
 Names = Union[str, List[str]]  # the ONNX name of a Tensor, or the names of a TensorTuple's parts
+# A node of the traced graph as the translation reads it: a Tensor (shape, numpy()) or a
+# TensorTuple, which the op at hand tells apart; and the Names of its inputs, a str per Tensor
+# and a list per TensorTuple. The type checker takes both on trust (Any).
+Node = Any
+InputNames = List[Any]
 
 
 class _EmbeddingLookup(TensorOp):
@@ -97,11 +102,11 @@ def _embeddings_as_lookups() -> Iterator[None]:
             return out
         return _EmbeddingLookup(out.realize_cached_data())(x, self.weight)
 
-    Embedding.forward = forward
+    Embedding.forward = forward  # type: ignore[method-assign]  # the hook, for the trace only
     try:
         yield
     finally:
-        Embedding.forward = original
+        Embedding.forward = original  # type: ignore[method-assign]  # the hook removed
 
 
 class _Builder:
@@ -149,7 +154,7 @@ def _reduce_axes(axes, ndim: int) -> List[int]:
     return [axes] if isinstance(axes, int) else list(axes)
 
 
-def _emit(b: _Builder, op, node: Value, args: List[Names]) -> Names:
+def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
     """ONNX node(s) computing ``node`` = op(inputs) from the ONNX names ``args``."""
     kind = type(op)
     if kind in _ELEMENTWISE:
@@ -263,14 +268,14 @@ def _same(a, b) -> bool:
     return bool(a == b)
 
 
-def _consumer(order: List[Value], leaf: Value) -> str:
+def _consumer(order: List[Node], leaf: Node) -> str:
     for node in order:
         if any(i is leaf for i in node.inputs):
             return type(node.op).__name__
     return "the output"
 
 
-def _compare_traces(order: List[Value], x: Tensor, order2: List[Value], x2: Tensor) -> None:
+def _compare_traces(order: List[Node], x: Tensor, order2: List[Node], x2: Tensor) -> None:
     """Raise ValueError where the trace on the second input differs from the first in anything
     but the input: its structure, an op attribute, or a constant's value."""
     hint = ("the model computes it from the input's values outside needle's ops (x.numpy(), "
@@ -325,7 +330,7 @@ def _check_on_second_input(model_proto: "onnx.ModelProto", check_input: np.ndarr
                          f"first at index {i} (onnxruntime {got[i]!r}, needle {want[i]!r})")
 
 
-def _build(order: List[Value], x: Tensor, out: Tensor, shape: tuple,
+def _build(order: List[Node], x: Tensor, out: Tensor, shape: tuple,
            name: str) -> "onnx.ModelProto":
     """The checked ONNX model of the traced graph ``order`` (input ``x``, output ``out``)."""
     b = _Builder()
@@ -337,7 +342,9 @@ def _build(order: List[Value], x: Tensor, out: Tensor, shape: tuple,
             names[id(node)] = b.const(node.numpy().astype(np.float32), "param")
             continue
         names[id(node)] = _emit(b, node.op, node, [names[id(i)] for i in node.inputs])
-    b.nodes.append(helper.make_node("Identity", [names[id(out)]], ["output"]))
+    # the output is a Tensor: one name, not a list
+    b.nodes.append(helper.make_node(
+        "Identity", [names[id(out)]], ["output"]))  # type: ignore[list-item]
     graph = helper.make_graph(
         b.nodes, name,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterable, List
+from typing import Dict, Iterable, List
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class Optimizer:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        seen = {}
+        seen: Dict[int, int] = {}
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameter {i} is a "

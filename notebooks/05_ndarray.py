@@ -27,7 +27,7 @@
 # changes of (shape, strides, offset); follow a Python call down to a C++ kernel; and measure
 # matmul kernels robustly and explain the naive → tiled → packed/SIMD → BLAS ladder.
 #
-# **Run time:** about 15 s on a 2-core x86-64 machine (30 s when other jobs load it)
+# **Run time:** about 25 s on a 2-core x86-64 machine (a minute when other jobs load it)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's compiled module (strided kernels, size
 # checks, `matmul_naive`, `__gemm__`), `NDArray.matmul_tiled` and negative indices.
@@ -159,7 +159,8 @@ assert b.numpy()[1, 0] == 100 and buffer(b)[4] == 100
 # `0 1 2 3 …`, while its rows read `0 4 8`. So the course's NDArray calls `compact()` before
 # every such kernel: it copies a non-compact view into a fresh row-major buffer (and returns
 # the array itself when it is already compact). needle's element-wise kernels also accept
-# strides and read views in place (notebook 06 shows how); `compact()` remains the copy for
+# strides and read views in place (notebook 06 shows how, and measures when that is slower
+# than copying first); `compact()` remains the copy for
 # everything that needs row-major memory, such as `reshape` below.
 
 # %%
@@ -376,9 +377,13 @@ else:
 #   too. For each output tile it loops over the tiles of a row of $A$ and a column of $B$ and
 #   multiplies them tile by tile, so each small product works on $3T^2$ floats already in
 #   cache;
-# * `matmul` — the blocked (Goto/BLIS-style) engine behind `@`: panels of $A$ and $B$ packed
-#   into the exact order a register-blocked SIMD micro-kernel reads them, sized to fit the
-#   caches, and threads for large products. Notebook 06 does its arithmetic.
+# * `matmul` — the engine behind `@`. It picks one of three paths by the number of
+#   multiply-adds $mnp$ (thresholds in `__gemm__`, printed below): tiny products run a plain
+#   loop nest; mid-sized ones run a register-blocked SIMD micro-kernel that reads $A$ and $B$
+#   **in place** (no packing), split by rows or columns between the threads from $64^3$ on;
+#   from about $293^3$ on, the blocked (Goto/BLIS-style) engine **packs** panels of $A$ and $B$
+#   into the exact order the micro-kernel reads them, sized to fit the caches, and shares one
+#   product among all threads. Notebook 06 does the packed engine's arithmetic.
 #
 # `NDArray.matmul_tiled` runs the tiled route (tile both operands, multiply, untile); `@` takes
 # the engine. The tiled layout is itself a view: `as_strided` with shape $(m/T, n/T, T, T)$ and
@@ -420,6 +425,26 @@ def kernel_call(name: str, x: nd.NDArray, y: nd.NDArray):
 
 
 KERNELS = ["matmul_naive", "matmul_tiled", "matmul"]
+GEMM = mod.__gemm__
+
+
+def engine_path(m: int, n: int, p: int) -> str:
+    """The path `matmul` takes for a product of compact operands (gemm_one in
+    src/ndarray_backend_cpu_kernels.cc), from the thresholds in __gemm__."""
+    madds, threads = m * n * p, mod.num_threads()
+    if madds <= GEMM["direct_flops"]:
+        return "direct loop, 1 thread"
+    if madds < GEMM["parallel_flops"] or threads == 1:
+        if threads > 1 and madds >= GEMM["split_flops"]:
+            return f"unpacked, split over {threads} threads"
+        return "unpacked, 1 thread"
+    return f"packed engine, {threads} threads"
+
+
+print(f"thresholds (multiply-adds m*n*p): direct <= {GEMM['direct_flops']:.0f} "
+      f"(= 20^3), split >= {GEMM['split_flops']:.0f} (= 64^3), packed >= "
+      f"{GEMM['parallel_flops']:.0f} (~ {GEMM['parallel_flops'] ** (1 / 3):.0f}^3)")
+assert GEMM["split_flops"] == 64**3 and 289 < GEMM["parallel_flops"] ** (1 / 3) < 294
 tile_demo = tiles(nd.array(np.arange(4 * T * T).reshape(2 * T, 2 * T), device=device))
 print("tiled layout of a", (2 * T, 2 * T), "matrix:", tile_demo.shape)
 assert tile_demo.numpy()[0, 1, 0, 0] == T  # tile (0, 1) starts at column T of row 0
@@ -484,11 +509,13 @@ for n in SIZES:
                                          settle_s=0.1) / 1e9)
     gflops["numpy"].append(flops / measure(lambda: xa @ xb, repeats=5, warmup=1,
                                            min_sample_s=0.02, settle_s=0.1) / 1e9)
-    print(f"n={n:<4} " + "  ".join(f"{k}={g[-1]:7.2f}" for k, g in gflops.items()))
+    print(f"n={n:<4} " + "  ".join(f"{k}={g[-1]:7.2f}" for k, g in gflops.items())
+          + f"   matmul path: {engine_path(n, n, n)}")
 
 FLOOR = 5.0  # GFLOP/s: any x86-64 core with SIMD runs BLAS well above this from n = 128
 big = SIZES.index(512)
-if min(gflops["numpy"][1:]) < FLOOR:
+busy = min(gflops["numpy"][1:]) < FLOOR
+if busy:
     print(f"\nWARNING: numpy's BLAS fell to {min(gflops['numpy'][1:]):.2f} GFLOP/s (floor "
           f"{FLOOR}): the machine was busy, so these timings support no conclusion. Rerun.")
 else:
@@ -503,27 +530,67 @@ else:
 # multiply-add waits for a new cache line. The tiled kernel keeps three $T \times T$ tiles in
 # cache while it works on them, so it re-reads $B$ about $T$ times less often; but its tiles
 # are small and its loops are plain C++ left to the compiler, so it gains only a small factor
-# over naive. The engine adds packing (every load sequential), register blocking (a $12 \times 32$
-# block of $C$ held in registers with AVX-512), SIMD and both cores, and lands near numpy's
+# over naive. `matmul` adds register blocking (a $12 \times 32$ block of $C$ held in registers
+# with AVX-512), SIMD and both cores, and, on the packed path, packing; it lands near numpy's
 # BLAS, which does the same things.
 #
-# Where the figure dips, the reasons are known ones:
+# Where the figure bends, these are the known reasons (the printed rates say which show on
+# this machine in this run):
 #
 # * **the naive loop after $n = 64$**: at $n = 64$ the three matrices (48 KiB) sit in the
-#   caches, so the column walk down $B$ (one float from every row) still hits cache, and the
-#   naive loop even beats the tiled one, whose tiling then buys nothing; from $n = 128$ on, each
-#   step of that walk is a cache miss. At powers of two it is worse still: the walk steps by
-#   $4n$ bytes, a multiple of 4 KiB at $n = 512$, so its lines map to the same few cache sets
-#   and evict one another (conflict misses); sizes just off a power of two (say 500 or 520)
-#   run the same loop noticeably faster per flop;
-# * **every blocked kernel at $n = 64$**: $2 \cdot 64^3$ flops is about half a million, a few
-#   microseconds, so packing, the call itself and (below about $2^{21}$ flops) running on one
-#   thread instead of two dominate; numpy pays the same fixed costs;
+#   caches, so the column walk down $B$ still hits cache, and the naive loop can even beat the
+#   tiled one, whose tiling then buys nothing; from $n = 128$ on, each step of that walk is
+#   likely a cache miss;
+# * **`matmul` at $n = 64$ to $256$** takes the unpacked path, split between the two threads
+#   (each thread's micro-kernel reads its rows of $A$ and all of $B$ in place): no packing
+#   cost, which counts most at $n = 64$, where a product takes microseconds; but reading $B$
+#   in place with a row stride of $4n$ bytes, a power of two, is also what can cause
+#   cache-set conflicts (next paragraph), and a single sample on a shared machine can dip for
+#   no reason of its own;
+# * **the path change** between $n = 256$ ($2^{24}$ multiply-adds) and $n = 384$ (past
+#   $293^3$) from the unpacked split to the packed engine: the rate can step either way there;
 # * **anything, anywhere, on a shared machine**: the engine and BLAS use both cores, so a
 #   process that takes one core for a moment halves a threaded kernel's rate for that sample.
 #   The medians above absorb short interruptions, not long ones; hence the sanity floor.
 #
-# The figure (log scale) is redrawn from this run's measurements.
+# **Power-of-two strides.** A cache of 64-byte lines with $S$ sets puts the line at address
+# $x$ in set $(x / 64) \bmod S$; a typical 32 or 48 KiB L1 has 64 sets, so addresses 4 KiB apart
+# share a set. The naive loop's walk down a column of $B$ steps by one row, $4n$ bytes: 2 KiB
+# at $n = 512$, so the column's 512 lines fall into just 2 of the 64 sets, where only 16 to 24
+# of them fit (8 or 12 ways each), and they evict one another before the next column, 4 bytes
+# further on, could reuse them. At $n = 500$ or $520$ the step is not a multiple of the line,
+# so the same walk spreads over all the sets. Whether this *conflict-miss* penalty shows
+# depends on the CPU (its associativity, its L2, its prefetchers): the next cell measures the
+# naive loop at 500, 512 and 520 and says what it found. (Comparing $n = 512$ with $384$ in
+# the table above would not test this: $4 \cdot 384$ bytes is 24 lines, so $n = 384$ also uses
+# only 8 sets.)
+
+# %% tags=["nbval-ignore-output"]
+# companion-only: this project's compiled module's matmul_naive
+calls = {}
+for n in (500, 512, 520):
+    xa = rng.standard_normal((n, n)).astype(np.float32)
+    calls[n] = kernel_call("matmul_naive", nd.array(xa, device=device),
+                           nd.array(xa.T.copy(), device=device))[0]
+rounds = {n: [] for n in calls}
+for _ in range(3):  # interleaved rounds, so a burst of load hits all three sizes alike
+    for n, run in calls.items():
+        rounds[n].append(2.0 * n**3 / measure(run, repeats=3, warmup=1, min_sample_s=0.02) / 1e9)
+near = {n: float(np.median(r)) for n, r in rounds.items()}
+print("naive loop, GFLOP/s (median of 3 interleaved rounds): "
+      + "  ".join(f"n={n}: {g:.2f}" for n, g in near.items()))
+neighbours = (near[500] + near[520]) / 2
+if near[512] < 0.85 * neighbours:
+    print(f"n = 512 ran at {near[512] / neighbours:.2f}x its neighbours' mean rate: the "
+          f"power-of-two slowdown shows on this machine")
+else:
+    print(f"n = 512 ran at {near[512] / neighbours:.2f}x its neighbours' mean rate: no clear "
+          f"power-of-two slowdown on this machine in this run (within 15%)")
+if busy:
+    print("(the machine was busy during the table above: read this comparison with care too)")
+
+# %% [markdown]
+# The figure (log scale) is redrawn from the timings above.
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the timings of the companion-only cells above

@@ -23,10 +23,11 @@
 #
 # **You will be able to:** compute a convolution as matrix products and as one im2col product;
 # predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
-# derive a convolution's input gradient (flip, dilate, crop) and check it numerically; train
-# ResNet-9 and look at its first layer's feature maps
+# derive a convolution's input gradient (flip, dilate, crop), say how needle computes both
+# gradients (col2im and im2col products) and check them numerically; compute max and average
+# pooling and their gradients; train ResNet-9 and look at its first layer's feature maps
 #
-# **Run time:** about 50 s on a 2-core x86-64 machine
+# **Run time:** about 30 s on a 2-core x86-64 machine
 #
 # With the real `needle` package, we will
 #
@@ -34,8 +35,10 @@
 # 2. get the output size for any stride, padding and dilation, and check it against `ndl.conv`;
 # 3. build the **im2col** matrix as a strided *view* (no copy) and count what compacting it costs;
 # 4. derive the gradient of a convolution: another convolution, with a **flipped** kernel, a
-#    **dilated** output gradient and a final crop — checked against finite differences;
-# 5. train **ResNet-9** on an offline image set and look at what its first layer learned.
+#    **dilated** output gradient and a final crop — checked against finite differences — and
+#    see how needle computes it instead (col2im for the input, one im2col product for the weight);
+# 5. compute **max and average pooling** and their gradients;
+# 6. train **ResNet-9** on an offline image set and look at what its first layer learned.
 
 # %%
 import numpy as np
@@ -48,7 +51,7 @@ from needle import backend_ndarray as nd
 import companion.data
 from companion.apps.models import ResNet9
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10
-from companion.viz import save_figure
+from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
 # the compiled CPU backend when it is built, else needle's numpy device
@@ -302,20 +305,166 @@ for H, S in ((6, 1), (7, 1), (6, 2), (7, 2)):
     assert (uncropped == H) == (S == 1 or (H + 2 - 3) % S == S - 1)
 
 # %% [markdown]
-# needle's `Conv.gradient` is built exactly this way (plus the weight gradient, a convolution of
-# the input with $\bar z$ with batch and channel axes exchanged), so autograd agrees — here on
-# the last case, $H = 7$ at stride 2, where the crop matters:
+# ### What needle's `Conv.gradient` actually computes
+#
+# The formula above is the textbook derivation, and needle uses it only at **stride 1**: the
+# input gradient is the full convolution of $\bar z$ with the flipped, channel-swapped kernel
+# (padding $K - 1$), with the padding $P$ cropped off. At **stride $S > 1$** the dilated
+# $\bar z$ is mostly zeros (a fraction $1 - 1/S^2$ of it: three quarters at stride 2), and
+# convolving it would spend most of its multiply-adds on them. needle's `ConvInputGrad` does the
+# adjoint of im2col instead, **col2im**:
+#
+# 1. one matrix product $\bar z\, W^\top$, $(N H_{out} W_{out}) \times C_{out}$ by
+#    $C_{out} \times (K K C_{in})$, gives the adjoint of every patch (every row of the im2col
+#    matrix);
+# 2. each patch's adjoint is added back where the patch came from: for every kernel offset
+#    $(a, b)$, a strided slice of the zero-padded input gradient (rows $a, a+S, \dots$) gets
+#    the matching $C_{in}$ columns; overlapping patches add up;
+# 3. the padding is cropped.
+#
+# Only non-zero products are computed, at any stride. The **weight gradient** is not a
+# convolution in the code either: $\bar W[a, b, c, c'] = \sum_{n,i,j} x_p[n, iS+a, jS+b, c]\,
+# \bar z[n, i, j, c']$ is exactly $\hat x^\top \bar z$, the im2col matrix of the forward pass
+# (kept from it, so it is not built twice) transposed, times $\bar z$ reshaped to
+# $(N H_{out} W_{out}) \times C_{out}$: one product, $(K K C_{in}) \times C_{out}$. (Written
+# as a convolution, the same sum correlates the input with $\bar z$ dilated by $S$, batch and
+# channel axes exchanged: again mostly zeros at $S > 1$.)
+#
+# Both, written out in numpy and checked against needle's autograd, on the last case above
+# ($H = 7$, stride 2, where the crop matters), and the weight gradient against central finite
+# differences too:
 
 # %%
+def col2im_grad_x(zbar, W, S, P, H):
+    """Input gradient of conv(x, W, stride=S, padding=P), as ConvInputGrad computes it (numpy)."""
+    N, Ho, Wo, C_out = zbar.shape
+    K, _, C_in, _ = W.shape
+    patch_adj = (zbar.reshape(-1, C_out) @ W.reshape(-1, C_out).T).reshape(N, Ho, Wo, K, K, C_in)
+    out = np.zeros((N, H + 2 * P, H + 2 * P, C_in))
+    for a in range(K):
+        for b in range(K):
+            out[:, a:a + S * (Ho - 1) + 1:S, b:b + S * (Wo - 1) + 1:S] += patch_adj[:, :, :, a, b]
+    return out[:, P:P + H, P:P + H]
+
+
+def im2col_grad_w(x, zbar, K, S, P):
+    """Weight gradient of conv(x, W, stride=S, padding=P): im2col(x)^T @ zbar (numpy)."""
+    xp = np.pad(x, ((0, 0), (P, P), (P, P), (0, 0)))
+    N, Ho, Wo, C_out = zbar.shape
+    C_in = x.shape[3]
+    cols = np.stack([xp[:, a:a + S * (Ho - 1) + 1:S, b:b + S * (Wo - 1) + 1:S]
+                     for a in range(K) for b in range(K)], axis=3)  # (N, Ho, Wo, K*K, C_in)
+    return (cols.reshape(-1, K * K * C_in).T @ zbar.reshape(-1, C_out)).reshape(K, K, C_in, C_out)
+
+
 xt = ndl.Tensor(xg, device=device, requires_grad=True)
 Wt = ndl.Tensor(Wg, device=device, requires_grad=True)
 Rt = ndl.Tensor(R.astype(np.float32), device=device)
 (ndl.conv(xt, Wt, stride=2, padding=1) * Rt).sum().backward()
-assert np.allclose(xt.grad.numpy(), gx, atol=1e-4)
-print("autograd dL/dx matches the flip/dilate/crop formula")
+print(f"stride 2: x.grad comes from {type(xt.grad.op).__name__}, "
+      f"W.grad from {type(Wt.grad.op).__name__}")
+assert np.allclose(xt.grad.numpy(), col2im_grad_x(R, Wg, 2, 1, 7), atol=1e-4)
+assert np.allclose(xt.grad.numpy(), gx, atol=1e-4)  # and the flip/dilate/crop formula
+gw = im2col_grad_w(xg.astype(np.float64), R, 3, 2, 1)
+assert np.allclose(Wt.grad.numpy(), gw, rtol=1e-4, atol=1e-4)
+
+eps, fd_w = 0.1, np.zeros(Wg.shape)
+for idx in np.ndindex(*Wg.shape):  # linear in W as well: central differences are exact
+    Wp, Wm = Wg.astype(np.float64), Wg.astype(np.float64)
+    Wp[idx] += eps
+    Wm[idx] -= eps
+    fd_w[idx] = (loss_np(xg, Wp.astype(np.float32), R, 2, 1)
+                 - loss_np(xg, Wm.astype(np.float32), R, 2, 1)) / (2 * eps)
+err_w = np.abs(Wt.grad.numpy() - fd_w).max() / np.abs(fd_w).max()
+print(f"autograd dL/dx == col2im == flip/dilate/crop; autograd dL/dW == im2col(x)^T @ zbar; "
+      f"dL/dW agrees with finite differences to 1e-3: {err_w < 1e-3}")
+assert err_w < 1e-3
 
 # %% [markdown]
-# ## 5. ResNet-9 on images
+# ## 5. Pooling
+#
+# A **pooling** layer shrinks the feature maps without weights: each output pixel summarises a
+# $k \times k$ window of one channel, with stride $s$ (usually $s = k$, non-overlapping
+# windows), so the output size is the convolution formula of section 2. **Max pooling** keeps
+# each window's largest value; **average pooling** its mean. Both act on every channel
+# separately. (The course's ResNet-9 has no pooling layer: it downsamples with strided
+# convolutions, as section 2 showed. Many other CNNs pool; the ResNets of the original paper,
+# for one, end with a *global* average pool over the whole map.)
+#
+# With $s = k$ dividing $H$ and $W$, the windows are a reshape: $(N, H, W, C) \to
+# (N, H/k, k, W/k, k, C)$, reduced over axes 2 and 4. Average pooling is then `summation`
+# divided by $k^2$, a linear map whose gradient sends $\bar y / k^2$ to every pixel of the
+# window. It is also a convolution: a kernel $W[a, b] = I_C / k^2$ (identity over channels)
+# at stride $k$. Max pooling is, for a given input, multiplication by a 0/1 **mask** that
+# marks each window's maximum, then the same sum, so its gradient routes $\bar y$ to the
+# maximum's position and gives 0 to the rest of the window (with ties, to one of them). needle
+# has no max-pooling op; below the mask is computed in numpy, the rest is needle ops, and
+# autograd gives the gradient, checked against the rule just stated and against finite
+# differences.
+
+# %%
+def pool_windows(x: ndl.Tensor, k: int) -> ndl.Tensor:
+    """(N, H, W, C) -> (N, H/k, k, W/k, k, C): the non-overlapping k x k windows."""
+    N, H, W, C = x.shape
+    return ndl.reshape(x, (N, H // k, k, W // k, k, C))
+
+
+def avg_pool(x: ndl.Tensor, k: int) -> ndl.Tensor:
+    return ndl.summation(pool_windows(x, k), axes=(2, 4)) / (k * k)
+
+
+def max_pool(x: ndl.Tensor, k: int) -> ndl.Tensor:
+    """Max over each window: the sum of the window times a one-hot mask of its maximum."""
+    win = pool_windows(x, k).numpy()
+    N, Hk, _, Wk, _, C = win.shape
+    flat = win.transpose(0, 1, 3, 5, 2, 4).reshape(N, Hk, Wk, C, k * k)
+    mask = np.zeros_like(flat)
+    np.put_along_axis(mask, flat.argmax(axis=-1)[..., None], 1.0, axis=-1)
+    mask = mask.reshape(N, Hk, Wk, C, k, k).transpose(0, 1, 4, 2, 5, 3)
+    return ndl.summation(pool_windows(x, k) * ndl.Tensor(mask, device=x.device), axes=(2, 4))
+
+
+xpool = np.random.randn(2, 6, 6, 3).astype(np.float32)
+win_np = xpool.reshape(2, 3, 2, 3, 2, 3)
+xt_pool = ndl.Tensor(xpool, device=device, requires_grad=True)
+y_max, y_avg = max_pool(xt_pool, 2), avg_pool(xt_pool, 2)
+assert np.allclose(y_max.numpy(), win_np.max(axis=(2, 4)))
+assert np.allclose(y_avg.numpy(), win_np.mean(axis=(2, 4)), atol=1e-6)
+eye_kernel = np.broadcast_to(np.eye(3, dtype=np.float32) / 4, (2, 2, 3, 3)).copy()
+y_conv = ndl.conv(ndl.Tensor(xpool, device=device), ndl.Tensor(eye_kernel, device=device),
+                  stride=2, padding=0)
+assert np.allclose(y_conv.numpy(), y_avg.numpy(), atol=1e-6)
+print(f"input {xpool.shape} -> pooled {y_max.shape}; average pooling == conv with I/k^2 at "
+      f"stride k: True")
+
+Rp = np.random.randn(*y_max.shape)
+(y_max * ndl.Tensor(Rp.astype(np.float32), device=device)).sum().backward()
+g_max = xt_pool.grad.numpy()
+is_max = (win_np == win_np.max(axis=(2, 4), keepdims=True)).reshape(xpool.shape)
+routed = np.repeat(np.repeat(Rp, 2, axis=1), 2, axis=2)  # each output's adjoint over its window
+assert np.allclose(g_max, np.where(is_max, routed, 0.0), atol=1e-6)
+print(f"max pool: nonzero gradient entries {int((g_max != 0).sum())} of {g_max.size} "
+      f"(one per window: {y_max.numpy().size})")
+assert (g_max != 0).sum() == y_max.numpy().size
+
+xt_pool.grad = None
+(avg_pool(xt_pool, 2) * ndl.Tensor(Rp.astype(np.float32), device=device)).sum().backward()
+assert np.allclose(xt_pool.grad.numpy(), routed / 4, atol=1e-6)
+
+eps = 1e-3  # max is piecewise linear; random inputs have no ties within 2 * eps
+fd = np.zeros(xpool.shape)
+for idx in np.ndindex(*xpool.shape):
+    xp_, xm_ = xpool.astype(np.float64), xpool.astype(np.float64)
+    xp_[idx] += eps
+    xm_[idx] -= eps
+    fd[idx] = ((xp_.reshape(win_np.shape).max(axis=(2, 4)) * Rp).sum()
+               - (xm_.reshape(win_np.shape).max(axis=(2, 4)) * Rp).sum()) / (2 * eps)
+print(f"max-pool gradient agrees with finite differences to 1e-4: "
+      f"{np.abs(g_max - fd).max() < 1e-4}")
+assert np.abs(g_max - fd).max() < 1e-4
+
+# %% [markdown]
+# ## 6. ResNet-9 on images
 #
 # `companion.apps.models.ResNet9` is the homework's network: four strided `ConvBN` blocks
 # (convolution, `BatchNorm2d`, ReLU), two residual blocks, and a two-layer head — 431,946
@@ -378,20 +527,31 @@ assert base_acc < 0.25
 # %% [markdown]
 # Training uses the homework's loop `epoch_general_cifar10` with Adam; a callback records the
 # loss of every mini-batch for the learning curve, and after each epoch we measure the test
-# accuracy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
+# accuracy. In Jupyter both are redrawn in place while the loop runs
+# (`companion.viz.LiveCurves`); the figure further down is the static copy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
 # shuffled training set in the same order.)
 
 # %% tags=["nbval-ignore-output"]
 opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 batch_losses, history = [], []
-for epoch in range(EPOCHS):
-    tr_acc, tr_loss = epoch_general_cifar10(
-        train_loader, model, opt=opt, progress=False,
-        callback=lambda i, acc, loss: batch_losses.append(loss))
-    te_acc, te_loss = evaluate_cifar10(model, test_loader, progress=False)
-    history.append((tr_acc, tr_loss, te_acc, te_loss))
-    print(f"epoch {epoch + 1}: train loss {tr_loss:.3f} acc {tr_acc:.3f} | "
-          f"test loss {te_loss:.3f} acc {te_acc:.3f}")
+
+
+def record(i, acc, loss):
+    """The training loop's callback: keep the mini-batch loss and draw it live."""
+    batch_losses.append(loss)
+    live.add(len(batch_losses) / len(train_loader), {"mini-batch loss": loss})
+
+
+with LiveCurves({"softmax loss": ["mini-batch loss"], "accuracy": ["train", "test"]},
+                title=f"ResNet-9 on {DATASET} (live)") as live:
+    for epoch in range(EPOCHS):
+        tr_acc, tr_loss = epoch_general_cifar10(train_loader, model, opt=opt, progress=False,
+                                                callback=record)
+        te_acc, te_loss = evaluate_cifar10(model, test_loader, progress=False)
+        history.append((tr_acc, tr_loss, te_acc, te_loss))
+        live.add(epoch + 1, {"train": tr_acc, "test": te_acc})
+        print(f"epoch {epoch + 1}: train loss {tr_loss:.3f} acc {tr_acc:.3f} | "
+              f"test loss {te_loss:.3f} acc {te_acc:.3f}")
 
 # %% [markdown]
 # The training loss falls epoch after epoch, and the final test accuracy beats the untrained
@@ -430,7 +590,7 @@ save_figure(fig, "resnet9_learning_curve")
 plt.show()
 
 # %% [markdown]
-# ## 6. What the first layer sees
+# ## 7. What the first layer sees
 #
 # The first `ConvBN` turns a $32\times32$ image into 16 feature maps of $8\times8$ (stride 4,
 # then BatchNorm and ReLU). Its $7\times7\times3$ kernels (the *filters*) are hard to read after
@@ -475,7 +635,12 @@ plt.show()
 # * $H_{out} = \lfloor (H + 2P - D(K-1) - 1)/S \rfloor + 1$.
 # * The backward pass is itself a convolution: flip the kernel, swap its channel axes,
 #   dilate the output gradient by the stride, and crop the rows and columns that fall beyond
-#   the input (needed unless $(H + 2P - K) \bmod S = S - 1$).
+#   the input (needed unless $(H + 2P - K) \bmod S = S - 1$). needle uses that form at stride 1;
+#   at larger strides it computes the same input gradient by col2im (one product, then the
+#   patches' adjoints added back), and the weight gradient is always one product,
+#   $\hat x^\top \bar z$, with the forward pass's im2col matrix.
+# * Max and average pooling summarise each window of a channel; average pooling is a
+#   convolution with a fixed kernel, and max pooling's gradient goes to each window's maximum.
 # * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.
 
 # %% [markdown]

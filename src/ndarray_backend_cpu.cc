@@ -22,19 +22,20 @@
 #include "ndarray_backend_cpu_isa.h"
 #include "ndarray_backend_cpu_math.h"
 #include "ndarray_backend_cpu_strided.h"
+#include "ndarray_bindings.h"
 #include "ndarray_checks.h"
 #include "ndarray_ops.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 namespace py = pybind11;
 using Shape = std::vector<idx_t>;
-using needle_checks::check_at_least;
-using needle_checks::check_op;
-using needle_checks::check_size;
-using needle_checks::check_sizes;
-using needle_checks::check_view;
-using needle_checks::fail;
+using needle::checks::check_at_least;
+using needle::checks::check_op;
+using needle::checks::check_size;
+using needle::checks::check_sizes;
+using needle::checks::check_view;
+using needle::checks::fail;
 
 // Kernels on fewer elements than this keep the GIL: releasing and re-taking it costs more
 // than they do.
@@ -168,13 +169,13 @@ void ewise_binary(int op, const AlignedArray& a, const Shape& a_strides, idx_t a
                   const AlignedArray& b, const Shape& b_strides, idx_t b_offset, AlignedArray* out,
                   const Shape& shape) {
   const char* fn = "ewise_binary";
-  check_op(fn, op, int(needle_ops::BinaryOp::count));
+  check_op(fn, op, int(needle::ops::BinaryOp::count));
   const idx_t n = check_view(fn, shape, a_strides, a_offset, a.size);
   check_view(fn, shape, b_strides, b_offset, b.size);
   check_size(fn, "out", out->size, n);
   if (n == 0) return;
   const View2 v = simplify2(shape, a_strides, b_strides, n);
-  const bool math = op == int(needle_ops::BinaryOp::power);
+  const bool math = op == int(needle::ops::BinaryOp::power);
   MaybeNoGil nogil{double(n)};
   dispatch_binary(op, [&](auto f) {
     binary_strided(f, a.ptr + a_offset, b.ptr + b_offset, out->ptr, v,
@@ -196,7 +197,7 @@ bool dispatch_power_fast(float val, Body&& body) {
 void ewise_scalar(int op, const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                   float val, AlignedArray* out, const Shape& shape, bool reverse) {
   const char* fn = "ewise_scalar";
-  check_op(fn, op, int(needle_ops::BinaryOp::count));
+  check_op(fn, op, int(needle::ops::BinaryOp::count));
   const idx_t n = check_view(fn, shape, a_strides, a_offset, a.size);
   check_size(fn, "out", out->size, n);
   if (n == 0) return;
@@ -207,7 +208,7 @@ void ewise_scalar(int op, const AlignedArray& a, const Shape& a_strides, idx_t a
   const float* x = a.ptr + a_offset;
   const float* lhs = reverse ? &val : x;
   const float* rhs = reverse ? x : &val;
-  const bool power = op == int(needle_ops::BinaryOp::power);
+  const bool power = op == int(needle::ops::BinaryOp::power);
   MaybeNoGil nogil{double(n)};
   auto run = [&](auto f) {
     binary_strided(f, lhs, rhs, out->ptr, v, power ? kParallelMath : kParallelEwise);
@@ -219,11 +220,11 @@ void ewise_scalar(int op, const AlignedArray& a, const Shape& a_strides, idx_t a
 // The vectorised math functions over arrays (out may equal a).
 using ArrayFn = void (*)(const float*, float*, int64_t);
 ArrayFn vector_math(int op) {
-  switch (needle_ops::UnaryOp(op)) {
-    case needle_ops::UnaryOp::exp: return vmath::exp_array;
-    case needle_ops::UnaryOp::log: return vmath::log_array;
-    case needle_ops::UnaryOp::tanh: return vmath::tanh_array;
-    case needle_ops::UnaryOp::sigmoid: return vmath::sigmoid_array;
+  switch (needle::ops::UnaryOp(op)) {
+    case needle::ops::UnaryOp::exp: return vmath::exp_array;
+    case needle::ops::UnaryOp::log: return vmath::log_array;
+    case needle::ops::UnaryOp::tanh: return vmath::tanh_array;
+    case needle::ops::UnaryOp::sigmoid: return vmath::sigmoid_array;
     default: return nullptr;
   }
 }
@@ -231,7 +232,7 @@ ArrayFn vector_math(int op) {
 void ewise_unary(int op, const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                  AlignedArray* out, const Shape& shape) {
   const char* fn = "ewise_unary";
-  check_op(fn, op, int(needle_ops::UnaryOp::count));
+  check_op(fn, op, int(needle::ops::UnaryOp::count));
   const idx_t n = check_view(fn, shape, a_strides, a_offset, a.size);
   check_size(fn, "out", out->size, n);
   if (n == 0) return;
@@ -296,22 +297,30 @@ void map2(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, F f) 
   });
 }
 
-#define NEEDLE_EWISE(name)                                                             \
-  void ewise_##name(const AlignedArray& a, const AlignedArray& b, AlignedArray* out) {  \
-    check_same_size("ewise_" #name, a, b, *out);                                       \
-    map2(a, b, out, needle_ops::Binary_##name{});                                      \
-  }                                                                                    \
-  void scalar_##name(const AlignedArray& a, float val, AlignedArray* out) {            \
-    check_same_size("scalar_" #name, a, *out);                                         \
-    map1(a, out, [val](float x) { return needle_ops::Binary_##name{}(x, val); });      \
-  }
-NEEDLE_EWISE(add)
-NEEDLE_EWISE(mul)
-NEEDLE_EWISE(div)
-NEEDLE_EWISE(maximum)
-NEEDLE_EWISE(eq)
-NEEDLE_EWISE(ge)
-#undef NEEDLE_EWISE
+// The course's compact entry points (NEEDLE_COURSE_* in ndarray_bindings.h), bound from the
+// shared lists in PYBIND11_MODULE: ewise_<op>(a, b, out) and scalar_<op>(a, val, out) with op's
+// functor (Op = needle::ops::Binary_<op>) inlined into the loop.
+template <class Op>
+void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
+  const std::string ewise = std::string("ewise_") + name, scalar = std::string("scalar_") + name;
+  if (with_ewise)
+    needle::bind::def_nogil(
+        m, ewise.c_str(),
+        [ewise](const AlignedArray& a, const AlignedArray& b, AlignedArray* out) {
+          check_same_size(ewise.c_str(), a, b, *out);
+          map2(a, b, out, Op{});
+        },
+        ("out[i] = " + std::string(name) + "(a[i], b[i]) over compact buffers of one size.").c_str(),
+        "a", "b", "out");
+  needle::bind::def_nogil(
+      m, scalar.c_str(),
+      [scalar](const AlignedArray& a, float val, AlignedArray* out) {
+        check_same_size(scalar.c_str(), a, *out);
+        map1(a, out, [val](float x) { return Op{}(x, val); });
+      },
+      ("out[i] = " + std::string(name) + "(a[i], val) over compact buffers of one size.").c_str(),
+      "a", "val", "out");
+}
 
 void scalar_power(const AlignedArray& a, float val, AlignedArray* out) {
   check_same_size("scalar_power", a, *out);
@@ -327,14 +336,14 @@ void ewise_math(const char* fn, ArrayFn F, const AlignedArray& a, AlignedArray* 
   parallel_ranges(out->size, kParallelMath, kEwiseGrain,
                   [=](idx_t b, idx_t e) { F(x + b, o + b, e - b); });
 }
-void ewise_log(const AlignedArray& a, AlignedArray* out) {
-  ewise_math("ewise_log", vmath::log_array, a, out);
-}
-void ewise_exp(const AlignedArray& a, AlignedArray* out) {
-  ewise_math("ewise_exp", vmath::exp_array, a, out);
-}
-void ewise_tanh(const AlignedArray& a, AlignedArray* out) {
-  ewise_math("ewise_tanh", vmath::tanh_array, a, out);
+// ewise_<name>(a, out) for the course's unary ops, with the vectorised array function F.
+template <ArrayFn F>
+void bind_course_unary(py::module_& m, const char* name) {
+  const std::string fn = std::string("ewise_") + name;
+  needle::bind::def_nogil(
+      m, fn.c_str(), [fn](const AlignedArray& a, AlignedArray* out) { ewise_math(fn.c_str(), F, a, out); },
+      ("out[i] = " + std::string(name) + "(a[i]) over compact buffers of one size.").c_str(), "a",
+      "out");
 }
 
 // ---- reductions -----------------------------------------------------------------------------
@@ -402,7 +411,7 @@ void reduce_rows(bool is_max, const float* base, const View& outs, const View& r
           if (first)
             std::memcpy(d, x, size_t(w) * sizeof(float));
           else
-            for (idx_t j = 0; j < w; ++j) d[j] = needle_ops::Reduce_max{}(d[j], x[j]);
+            for (idx_t j = 0; j < w; ++j) d[j] = needle::ops::Reduce_max{}(d[j], x[j]);
         } else {
           if (first)
             for (idx_t j = 0; j < w; ++j) acc[j] = x[j];
@@ -460,18 +469,18 @@ void reduce_general(bool is_max, const float* base, const View& outs, const View
 void reduce(int op, const AlignedArray& a, const Shape& shape, const Shape& strides, idx_t offset,
             idx_t keep, AlignedArray* out) {
   const char* fn = "reduce";
-  check_op(fn, op, int(needle_ops::ReduceOp::count));
+  check_op(fn, op, int(needle::ops::ReduceOp::count));
   check_view(fn, shape, strides, offset, a.size);
   if (keep < 0 || keep > idx_t(shape.size()))
     fail(fn, "keep " + std::to_string(keep) + " is outside [0, " + std::to_string(shape.size()) +
                  "] for shape " + vec_str(shape));
   const Shape kshape(shape.begin(), shape.begin() + keep), kstrides(strides.begin(), strides.begin() + keep);
   const Shape rshape(shape.begin() + keep, shape.end()), rstrides(strides.begin() + keep, strides.end());
-  const idx_t kept = needle_checks::shape_size(fn, kshape);
-  const idx_t reduced = needle_checks::shape_size(fn, rshape);
+  const idx_t kept = needle::checks::shape_size(fn, kshape);
+  const idx_t reduced = needle::checks::shape_size(fn, rshape);
   check_size(fn, "out", out->size, kept);
   if (kept == 0) return;
-  const bool is_max = op == int(needle_ops::ReduceOp::max);
+  const bool is_max = op == int(needle::ops::ReduceOp::max);
   if (reduced == 0) {
     if (is_max) fail(fn, "max over an empty extent " + vec_str(rshape) + " has no identity");
     std::fill(out->ptr, out->ptr + kept, 0.0f);
@@ -540,7 +549,7 @@ void matmul_strided(const AlignedArray& a, const Shape& a_strides, idx_t a_offse
                  vec_str(a_strides) + " and " + vec_str(b_strides));
   check_view(fn, {batch, m, n}, a_strides, a_offset, a.size);
   check_view(fn, {batch, n, p}, b_strides, b_offset, b.size);
-  const idx_t size = needle_checks::shape_size(fn, {batch, m, p});
+  const idx_t size = needle::checks::shape_size(fn, {batch, m, p});
   check_size(fn, "out", out->size, size);
   if (size == 0) return;
   MaybeNoGil nogil{double(batch) * double(m) * double(n) * double(p)};
@@ -555,9 +564,9 @@ void matmul_strided(const AlignedArray& a, const Shape& a_strides, idx_t a_offse
 void check_matmul(const char* fn, const AlignedArray& a, const AlignedArray& b,
                   const AlignedArray& out, idx_t m, idx_t n, idx_t p) {
   check_sizes(fn, {m, n, p});
-  check_at_least(fn, "a", a.size, needle_checks::shape_size(fn, {m, n}));
-  check_at_least(fn, "b", b.size, needle_checks::shape_size(fn, {n, p}));
-  check_at_least(fn, "out", out.size, needle_checks::shape_size(fn, {m, p}));
+  check_at_least(fn, "a", a.size, needle::checks::shape_size(fn, {m, n}));
+  check_at_least(fn, "b", b.size, needle::checks::shape_size(fn, {n, p}));
+  check_at_least(fn, "out", out.size, needle::checks::shape_size(fn, {m, p}));
 }
 
 // Course: row-major operands, the same engine as matmul_strided.
@@ -663,11 +672,11 @@ py::tuple names(const char* const (&list)[N]) {
   return t;
 }
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu
 
 PYBIND11_MODULE(ndarray_backend_cpu, m) {
   namespace py = pybind11;
-  using namespace needle_cpu;
+  using namespace needle::cpu;
   m.doc() = R"doc(needle's compiled CPU device: the device protocol of needle.backend_ndarray.protocol.
 
 Buffers are flat, 64-byte aligned float32 ``Array`` objects; shapes, strides (in elements, may be
@@ -701,16 +710,15 @@ helper that has not started. In a child created by fork() everything runs on the
   m.attr("__tile_size__") = kTile;
   m.attr("__matmul_kernel__") = g_isa->config.isa;
   m.attr("__gemm__") = gemm_info();
-  m.attr("__binary_ops__") = names(needle_ops::kBinaryOpNames);
-  m.attr("__unary_ops__") = names(needle_ops::kUnaryOpNames);
-  m.attr("__reduce_ops__") = names(needle_ops::kReduceOpNames);
+  m.attr("__binary_ops__") = names(needle::ops::kBinaryOpNames);
+  m.attr("__unary_ops__") = names(needle::ops::kUnaryOpNames);
+  m.attr("__reduce_ops__") = names(needle::ops::kReduceOpNames);
 
   py::class_<AlignedArray>(m, "Array", "A flat float32 buffer of `size` elements.")
       .def(py::init<idx_t>(), py::arg("size"))
       .def("ptr", &AlignedArray::ptr_as_int, "Address of the first element.")
       .def_readonly("size", &AlignedArray::size);
 
-  const auto nogil = py::call_guard<py::gil_scoped_release>();
   // No argument may be None (a None Array would reach the kernels as a null pointer).
   auto arg = [](const char* name) { return py::arg(name).none(false); };
   m.def("to_numpy", &to_numpy, "A numpy copy of the strided view (shape, strides, offset) of a.",
@@ -739,22 +747,19 @@ helper that has not started. In a child created by fork() everything runs on the
         "out (prod(shape[:keep])) = __reduce_ops__[op] over the axes shape[keep:] of the view.",
         arg("op"), arg("a"), arg("shape"), arg("strides"), arg("offset"), arg("keep"), arg("out"));
 
-  m.def("ewise_add", &ewise_add, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_add", &scalar_add, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_mul", &ewise_mul, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_mul", &scalar_mul, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_div", &ewise_div, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_div", &scalar_div, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("scalar_power", &scalar_power, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_maximum", &ewise_maximum, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_maximum", &scalar_maximum, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_eq", &ewise_eq, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_eq", &scalar_eq, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_ge", &ewise_ge, arg("a"), arg("b"), arg("out"), nogil);
-  m.def("scalar_ge", &scalar_ge, arg("a"), arg("val"), arg("out"), nogil);
-  m.def("ewise_log", &ewise_log, arg("a"), arg("out"), nogil);
-  m.def("ewise_exp", &ewise_exp, arg("a"), arg("out"), nogil);
-  m.def("ewise_tanh", &ewise_tanh, arg("a"), arg("out"), nogil);
+  // The course's compact entry points, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_BINARY(name) bind_course_binary<needle::ops::Binary_##name>(m, #name, true);
+#define NEEDLE_BIND_SCALAR(name)                                                             \
+  needle::bind::def_nogil(m, "scalar_" #name, &scalar_##name,                                 \
+                         "out[i] = " #name "(a[i], val) over compact buffers of one size.", \
+                         "a", "val", "out");
+#define NEEDLE_BIND_UNARY(name) bind_course_unary<vmath::name##_array>(m, #name);
+  NEEDLE_COURSE_BINARY(NEEDLE_BIND_BINARY)
+  NEEDLE_COURSE_SCALAR(NEEDLE_BIND_SCALAR)
+  NEEDLE_COURSE_UNARY(NEEDLE_BIND_UNARY)
+#undef NEEDLE_BIND_BINARY
+#undef NEEDLE_BIND_SCALAR
+#undef NEEDLE_BIND_UNARY
   m.def("reduce_max", &reduce_max, "out[j] = max of a[j*reduce_size:(j+1)*reduce_size].",
         arg("a"), arg("out"), arg("reduce_size"));
   m.def("reduce_sum", &reduce_sum, "out[j] = sum of a[j*reduce_size:(j+1)*reduce_size].",
@@ -773,32 +778,10 @@ helper that has not started. In a child created by fork() everything runs on the
   m.def("matmul_naive", &matmul_naive, "out = a @ b by the plain triple loop (row-major).",
         arg("a"), arg("b"), arg("out"), arg("m"), arg("n"), arg("p"));
 
-  m.def("softmax_xent", &fused::softmax_xent, "Per row: loss = logsumexp - logit[label], probs = "
-        "softmax (see protocol.py).", arg("logits"), arg("labels"), arg("rows"), arg("cols"),
-        arg("loss"), arg("probs"));
-  m.def("layernorm_fwd", &fused::layernorm_fwd, "Row-wise layer norm (see protocol.py).",
-        arg("x"), arg("w"), arg("b"), arg("rows"), arg("cols"), arg("eps"), arg("y"),
-        arg("xhat"), arg("rstd"));
-  m.def("layernorm_bwd", &fused::layernorm_bwd, "Gradients of layernorm_fwd.", arg("dy"),
-        arg("xhat"), arg("rstd"), arg("w"), arg("rows"), arg("cols"), arg("dx"), arg("dw"),
-        arg("db"));
-  m.def("batchnorm_fwd", &fused::batchnorm_fwd, "Column-wise batch norm (see protocol.py).",
-        arg("x"), arg("w"), arg("b"), arg("rows"), arg("cols"), arg("eps"), arg("y"),
-        arg("xhat"), arg("rstd"), arg("mean"), arg("var"));
-  m.def("batchnorm_bwd", &fused::batchnorm_bwd, "Gradients of batchnorm_fwd.", arg("dy"),
-        arg("xhat"), arg("rstd"), arg("w"), arg("rows"), arg("cols"), arg("dx"), arg("dw"),
-        arg("db"));
-  m.def("lstm_cell_fwd", &fused::lstm_cell_fwd, "One LSTM cell step (see protocol.py).",
-        arg("gates"), arg("c_prev"), arg("batch"), arg("hidden"), arg("h"), arg("c"), arg("act"),
-        arg("tanh_c"));
-  m.def("lstm_cell_bwd", &fused::lstm_cell_bwd, "Gradients of lstm_cell_fwd.", arg("dh"),
-        arg("dc"), arg("act"), arg("c_prev"), arg("tanh_c"), arg("batch"), arg("hidden"),
-        arg("dgates"), arg("dc_prev"));
-  m.def("sgd_update", &fused::sgd_update, "In-place SGD step with momentum and weight decay.",
-        arg("param"), arg("grad"), arg("buf"), arg("lr"), arg("momentum"), arg("weight_decay"));
-  m.def("adam_update", &fused::adam_update, "In-place Adam step with bias correction.",
-        arg("param"), arg("grad"), arg("m"), arg("v"), arg("lr"), arg("beta1"), arg("beta2"),
-        arg("eps"), arg("weight_decay"), arg("step"));
+  // The fused kernels, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_FUSED(name, doc, ...) needle::bind::def_nogil(m, #name, &fused::name, doc, __VA_ARGS__);
+  NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
+#undef NEEDLE_BIND_FUSED
 
   m.def("num_threads", &num_threads,
         "Threads the large kernels use: OMP_NUM_THREADS, else one per core (an extension).");

@@ -3,8 +3,7 @@
 // Why a cache: glibc serves a large aligned allocation with a fresh mmap and returns it with
 // munmap when freed, so each new NDArray of a few MB page-faults all of its memory on first
 // touch (measured here: 1-2 ms per 4 MB array, more than copying it). NDArray operations
-// allocate and drop such arrays constantly (matmul through the tiled layout makes four per
-// product).
+// allocate and drop such arrays constantly (every op's result is a new one).
 //
 // Policy: buffers of at least kCacheMinBytes (1 MiB) and at most kCacheMaxBytes / 4 (64 MiB)
 // are rounded up to 64 KiB; when freed they are kept, up to kCacheMaxBytes (256 MiB) in all,
@@ -29,7 +28,7 @@
 
 #include "ndarray_backend_cpu_threads.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 constexpr size_t ALIGNMENT = 64;
 constexpr size_t kCacheMinBytes = size_t(1) << 20;
@@ -169,4 +168,4 @@ struct AlignedArray {
   }
 };
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

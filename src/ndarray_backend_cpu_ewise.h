@@ -1,6 +1,6 @@
-// Strided element-wise kernels and reductions of the CPU module (ewise_binary, ewise_scalar,
-// ewise_unary, reduce): operands are read through their views, broadcast (stride 0) and
-// permuted ones included, with no compact copy.
+// Strided element-wise kernels of the CPU module (ewise_binary, ewise_scalar, ewise_unary; the
+// reductions are in ndarray_backend_cpu.cc): operands are read through their views, broadcast
+// (stride 0) and permuted ones included, with no compact copy.
 //
 // A view is first simplified: size-1 dimensions dropped, neighbours merged where every operand
 // allows it (a compact operand, or a row broadcast against a compact one, becomes one flat
@@ -17,7 +17,7 @@
 #include "ndarray_backend_cpu_strided.h"
 #include "ndarray_ops.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 // Element counts above which loops use every thread: memory-bound loops, and compute-bound
 // ones (exp, log, tanh, sigmoid, pow). Threads claim kEwiseGrain elements at a time.
@@ -120,9 +120,9 @@ inline void binary_strided(F f, const float* a, const float* b, float* out, cons
 // Calls body(functor) for binary op code `op` (checked by the caller).
 template <class Body>
 inline void dispatch_binary(int op, Body&& body) {
-  switch (needle_ops::BinaryOp(op)) {
+  switch (needle::ops::BinaryOp(op)) {
 #define NEEDLE_CASE(name, ...) \
-  case needle_ops::BinaryOp::name: return body(needle_ops::Binary_##name{});
+  case needle::ops::BinaryOp::name: return body(needle::ops::Binary_##name{});
     NEEDLE_BINARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
     default: return;
@@ -131,13 +131,13 @@ inline void dispatch_binary(int op, Body&& body) {
 
 template <class Body>
 inline void dispatch_unary(int op, Body&& body) {
-  switch (needle_ops::UnaryOp(op)) {
+  switch (needle::ops::UnaryOp(op)) {
 #define NEEDLE_CASE(name, ...) \
-  case needle_ops::UnaryOp::name: return body(needle_ops::Unary_##name{});
+  case needle::ops::UnaryOp::name: return body(needle::ops::Unary_##name{});
     NEEDLE_UNARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
     default: return;
   }
 }
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

@@ -19,19 +19,19 @@
 #include "ndarray_backend_cpu_strided.h"
 #include "ndarray_checks.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 namespace fused {
 
 using idx_t = int64_t;
 
-using needle_checks::check_batchnorm_fwd;
-using needle_checks::check_lstm_cell_bwd;
-using needle_checks::check_lstm_cell_fwd;
-using needle_checks::check_norm_bwd;
-using needle_checks::check_norm_fwd;
-using needle_checks::check_size;
-using needle_checks::check_softmax_xent;
-using needle_checks::fail;
+using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_lstm_cell_bwd;
+using needle::checks::check_lstm_cell_fwd;
+using needle::checks::check_norm_bwd;
+using needle::checks::check_norm_fwd;
+using needle::checks::check_size;
+using needle::checks::check_softmax_xent;
+using needle::checks::fail;
 
 inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
 
@@ -96,6 +96,16 @@ void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t 
   });
 }
 
+// 1 / sqrt(var + eps) as float. The variance of float data above about 2e19 in magnitude does
+// not fit a float (it would become inf and the normalised output 0), while its rstd does: such a
+// variance is used in double. Every variance a float can hold takes the float arithmetic the
+// kernels have always used, so results elsewhere stay bit-identical.
+inline float norm_rstd(double var, double eps) {
+  const float v = float(var);
+  if (std::isfinite(v)) return float(1.0 / std::sqrt(v + float(eps)));
+  return float(1.0 / std::sqrt(var + eps));
+}
+
 void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedArray& b,
                    idx_t rows, idx_t cols, double eps, AlignedArray* y, AlignedArray* xhat,
                    AlignedArray* rstd) {
@@ -108,7 +118,7 @@ void layernorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedAr
                          const double d = double(xr[j]) - mean;
                          return d * d;
                        }) / double(cols);
-    const float mu = float(mean), rs = float(1.0 / std::sqrt(float(var) + float(eps)));
+    const float mu = float(mean), rs = norm_rstd(var, eps);
     rstd->ptr[r] = rs;
     float* hr = xhat->ptr + r * cols;
     float* yr = y->ptr + r * cols;
@@ -160,10 +170,10 @@ void batchnorm_fwd(const AlignedArray& x, const AlignedArray& w, const AlignedAr
     }
   }
   for (idx_t j = 0; j < cols; ++j) {
-    const float v = float(q[size_t(j)] / double(rows));
+    const double v = q[size_t(j)] / double(rows);
     mean->ptr[j] = float(s[size_t(j)]);
-    var->ptr[j] = v;
-    rstd->ptr[j] = float(1.0 / std::sqrt(v + float(eps)));
+    var->ptr[j] = float(v);
+    rstd->ptr[j] = norm_rstd(v, eps);
   }
   for (idx_t r = 0; r < rows; ++r) {
     const float* xr = x.ptr + r * cols;
@@ -293,4 +303,4 @@ void adam_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* m,
 }
 
 }  // namespace fused
-}  // namespace needle_cpu
+}  // namespace needle::cpu

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 // Blocking of the matrix-product engine per instruction set:
 //   VW  floats per vector register;
@@ -71,4 +71,4 @@ const IsaKernels* isa_kernels_avx512();
 const IsaKernels* isa_kernels_avx2();
 const IsaKernels* isa_kernels_portable();
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

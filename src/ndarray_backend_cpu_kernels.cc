@@ -41,7 +41,7 @@
 #error "compile with one of NEEDLE_ISA_AVX512, NEEDLE_ISA_AVX2, NEEDLE_ISA_PORTABLE"
 #endif
 
-namespace needle_cpu {
+namespace needle::cpu {
 namespace {
 
 using idx_t = int64_t;
@@ -589,4 +589,4 @@ const IsaKernels* isa_kernels_avx512() { return nullptr; }
 const IsaKernels* isa_kernels_avx2() { return nullptr; }
 #endif
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

@@ -16,7 +16,7 @@
 // the end of the translation unit, so the pragma stays in force for the includer.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-namespace needle_cpu {
+namespace needle::cpu {
 namespace vmath {
 
 typedef float vf __attribute__((vector_size(64)));
@@ -163,4 +163,4 @@ inline void sigmoid_array(const float* a, float* out, int64_t n) {
 }
 
 }  // namespace vmath
-}  // namespace needle_cpu
+}  // namespace needle::cpu

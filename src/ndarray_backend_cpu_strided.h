@@ -19,11 +19,11 @@
 #include "ndarray_backend_cpu_threads.h"
 #include "ndarray_checks.h"
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 using idx_t = int64_t;
 
-inline std::string vec_str(const std::vector<idx_t>& v) { return needle_checks::tuple_str(v); }
+inline std::string vec_str(const std::vector<idx_t>& v) { return needle::checks::tuple_str(v); }
 
 // Element counts above which memory-bound loops use every thread.
 constexpr idx_t kParallelCopy = idx_t(1) << 17;
@@ -80,7 +80,7 @@ inline View simplified(const std::vector<idx_t>& shape, const std::vector<idx_t>
 inline View make_view(const char* fn, const std::vector<idx_t>& shape,
                       const std::vector<idx_t>& strides, idx_t offset, idx_t buf_size) {
   return simplified(shape, strides, offset,
-                    needle_checks::check_view(fn, shape, strides, offset, buf_size));
+                    needle::checks::check_view(fn, shape, strides, offset, buf_size));
 }
 
 // Calls f(flat_pos, buffer_offset, count, inner_stride) for each innermost run of the view
@@ -209,8 +209,9 @@ inline void compact_into(const float* a, float* out, const View& v) {
   if (short_rows(v)) {
     const idx_t w = v.shape.back();
     dispatch_row_width(w, [&](auto W) {
-      for_short_rows(v, true, [out, a, w, W](idx_t r, idx_t off) {
-        copy_row<decltype(W)::value>(out + r * w, a + off, w);
+      constexpr int kWidth = decltype(W)::value;  // a constant: the row lambda needs no capture
+      for_short_rows(v, true, [out, a, w](idx_t r, idx_t off) {
+        copy_row<kWidth>(out + r * w, a + off, w);
       });
     });
     return;
@@ -251,8 +252,9 @@ inline void setitem_from(const float* a, float* out, const View& v) {
   if (short_rows(v) && !overlap) {
     const idx_t w = v.shape.back();
     dispatch_row_width(w, [&](auto W) {
-      for_short_rows(v, true, [out, a, w, W](idx_t r, idx_t off) {
-        copy_row<decltype(W)::value>(out + off, a + r * w, w);
+      constexpr int kWidth = decltype(W)::value;  // a constant: the row lambda needs no capture
+      for_short_rows(v, true, [out, a, w](idx_t r, idx_t off) {
+        copy_row<kWidth>(out + off, a + r * w, w);
       });
     });
     return;
@@ -285,4 +287,4 @@ inline void setitem_scalar(float val, float* out, const View& v) {
   });
 }
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

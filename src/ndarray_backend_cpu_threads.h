@@ -36,7 +36,7 @@
 #define NEEDLE_CPU_RELAX() std::this_thread::yield()
 #endif
 
-namespace needle_cpu {
+namespace needle::cpu {
 
 inline std::atomic<bool>& forked_child() {
   static std::atomic<bool> flag{false};
@@ -171,4 +171,4 @@ inline void parallel_for(int64_t n, F&& body) {
   ThreadPool::instance().run(n, body);
 }
 
-}  // namespace needle_cpu
+}  // namespace needle::cpu

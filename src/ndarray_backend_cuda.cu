@@ -17,8 +17,7 @@
 
 #include "ndarray_ops.h"
 
-namespace needle {
-namespace cuda {
+namespace needle::cuda {
 namespace {
 
 constexpr int BLOCK = 256;
@@ -211,7 +210,7 @@ template <class Body>
 void with_binary_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::BinaryOp::name): return body(needle_ops::Binary_##name{});
+  case static_cast<int>(needle::ops::BinaryOp::name): return body(needle::ops::Binary_##name{});
     NEEDLE_BINARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -222,7 +221,7 @@ template <class Body>
 void with_unary_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::UnaryOp::name): return body(needle_ops::Unary_##name{});
+  case static_cast<int>(needle::ops::UnaryOp::name): return body(needle::ops::Unary_##name{});
     NEEDLE_UNARY_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -233,7 +232,7 @@ template <class Body>
 void with_reduce_op(int op, Body body) {
   switch (op) {
 #define NEEDLE_CASE(name, ...) \
-  case static_cast<int>(needle_ops::ReduceOp::name): return body(needle_ops::Reduce_##name{});
+  case static_cast<int>(needle::ops::ReduceOp::name): return body(needle::ops::Reduce_##name{});
     NEEDLE_REDUCE_OPS(NEEDLE_CASE)
 #undef NEEDLE_CASE
   }
@@ -540,12 +539,12 @@ __device__ unsigned long long g_bad_label_row;
 __global__ void softmax_xent_kernel(const float* logits, const float* labels, int64_t rows,
                                     int64_t cols, float* loss, float* probs) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_max max_op;
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_max max_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* x = logits + r * cols;
     float* p = probs + r * cols;
-    float m = needle_ops::Reduce_max::identity();
+    float m = needle::ops::Reduce_max::identity();
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
     m = block_reduce(m, max_op, scratch);
     if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
@@ -572,7 +571,7 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
                                      int64_t rows, int64_t cols, float eps, float* y,
                                      float* xhat, float* rstd) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float s = 0.f;
@@ -583,7 +582,21 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
       const float d = xr[j] - mean;
       q += d * d;
     }
-    const float rs = 1.f / sqrtf(block_reduce(q, sum_op, scratch) / cols + eps);
+    const float q_total = block_reduce(q, sum_op, scratch);  // the same on every thread
+    float rs = 1.f / sqrtf(q_total / cols + eps);
+    if (!isfinite(q_total)) {
+      // Data above about 2e19 in magnitude: the variance overflows float, its rstd does not.
+      // Sum the squares of (x - mean) / m, m = max |x - mean|, and scale back in the rstd.
+      float m = 0.f;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, fabsf(xr[j] - mean));
+      m = block_reduce(m, needle::ops::Reduce_max(), scratch);
+      float qs = 0.f;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float d = (xr[j] - mean) / m;
+        qs += d * d;
+      }
+      rs = (1.f / m) / sqrtf(block_reduce(qs, sum_op, scratch) / cols + eps / (m * m));
+    }
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const float h = (xr[j] - mean) * rs;
       xhat[r * cols + j] = h;
@@ -597,7 +610,7 @@ __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float
 __global__ void layernorm_bwd_kernel(const float* dy, const float* xhat, const float* rstd,
                                      const float* w, int64_t rows, int64_t cols, float* dx) {
   __shared__ float scratch[33];
-  const needle_ops::Reduce_sum sum_op;
+  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* dyr = dy + r * cols;
     const float* hr = xhat + r * cols;
@@ -629,6 +642,17 @@ __device__ float column_sum(float v, float (*scratch)[COL_X + 1]) {
   for (int y = 0; y < COL_Y; ++y) s += scratch[y][threadIdx.x];
   __syncthreads();  // scratch is reused by the next call
   return s;
+}
+
+// The maximum of v over threadIdx.y for this thread's column, as column_sum.
+__device__ float column_max(float v, float (*scratch)[COL_X + 1]) {
+  scratch[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  float m = scratch[0][threadIdx.x];
+#pragma unroll
+  for (int y = 1; y < COL_Y; ++y) m = fmaxf(m, scratch[y][threadIdx.x]);
+  __syncthreads();
+  return m;
 }
 
 // dw[c] = sum_r dy[r, c] * xhat[r, c], db[c] = sum_r dy[r, c] (LayerNorm's parameter gradients).
@@ -675,7 +699,24 @@ __global__ void batchnorm_fwd_kernel(const float* x, const float* w, const float
         q += d * d;
       }
     const float var = column_sum(q, scratch) / rows;
-    const float rs = 1.f / sqrtf(var + eps);
+    float rs = 1.f / sqrtf(var + eps);
+    // Data above about 2e19 in magnitude: the variance overflows float, its rstd does not. If
+    // any column of the block overflowed (all threads take this branch together, as the
+    // barriers inside column_sum require), rescale by m = max |x - mean| of each column.
+    if (__syncthreads_or(valid && !isfinite(var))) {
+      float m = 0.f;
+      if (valid)
+        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) m = fmaxf(m, fabsf(x[r * cols + c] - mean));
+      m = column_max(m, scratch);
+      float qs = 0.f;
+      if (valid && m > 0.f)
+        for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
+          const float d = (x[r * cols + c] - mean) / m;
+          qs += d * d;
+        }
+      qs = column_sum(qs, scratch);
+      if (!isfinite(var)) rs = (1.f / m) / sqrtf(qs / rows + eps / (m * m));
+    }
     if (valid) {
       const float wc = w[c], bc = b[c];
       for (int64_t r = threadIdx.y; r < rows; r += COL_Y) {
@@ -728,8 +769,8 @@ dim3 column_grid(int64_t cols) { return dim3(grid_for(cols, COL_X)); }
 __global__ void lstm_cell_fwd_kernel(const float* gates, const float* c_prev, int64_t batch,
                                      int64_t hidden, float* h, float* c, float* act,
                                      float* tanh_c) {
-  const needle_ops::Unary_sigmoid sigmoid;
-  const needle_ops::Unary_tanh tanh_op;
+  const needle::ops::Unary_sigmoid sigmoid;
+  const needle::ops::Unary_tanh tanh_op;
   NEEDLE_GRID_LOOP(e, batch * hidden) {
     const int64_t row = e / hidden, j = e % hidden;
     const float* g = gates + row * 4 * hidden;
@@ -1040,5 +1081,4 @@ void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArra
   check_launch("adam_update kernel");
 }
 
-}  // namespace cuda
-}  // namespace needle
+}  // namespace needle::cuda

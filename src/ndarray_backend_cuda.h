@@ -13,8 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace needle {
-namespace cuda {
+namespace needle::cuda {
 
 // Most dimensions an iteration may keep after size-1 dimensions are dropped and contiguous
 // neighbours merged (shapes and strides travel to the kernels by value).
@@ -128,5 +127,4 @@ void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float l
 void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
                  float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2);
 
-}  // namespace cuda
-}  // namespace needle
+}  // namespace needle::cuda

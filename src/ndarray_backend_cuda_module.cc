@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ndarray_backend_cuda.h"
+#include "ndarray_bindings.h"
 #include "ndarray_checks.h"
 #include "ndarray_ops.h"
 
@@ -29,26 +30,26 @@ namespace {
 using needle::cuda::CudaArray;
 using needle::cuda::MatrixView;
 using needle::cuda::Strided;
-using needle_checks::check_at_least;
-using needle_checks::check_batchnorm_fwd;
-using needle_checks::check_lstm_cell_bwd;
-using needle_checks::check_lstm_cell_fwd;
-using needle_checks::check_norm_bwd;
-using needle_checks::check_norm_fwd;
-using needle_checks::check_op;
-using needle_checks::check_size;
-using needle_checks::check_sizes;
-using needle_checks::check_softmax_xent;
-using needle_checks::check_view;
-using needle_checks::fail;
-using needle_checks::idx_t;
-using needle_checks::shape_size;
-using needle_checks::tuple_str;
+using needle::checks::check_at_least;
+using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_lstm_cell_bwd;
+using needle::checks::check_lstm_cell_fwd;
+using needle::checks::check_norm_bwd;
+using needle::checks::check_norm_fwd;
+using needle::checks::check_op;
+using needle::checks::check_size;
+using needle::checks::check_sizes;
+using needle::checks::check_softmax_xent;
+using needle::checks::check_view;
+using needle::checks::fail;
+using needle::checks::idx_t;
+using needle::checks::shape_size;
+using needle::checks::tuple_str;
 using Ints = std::vector<idx_t>;
 
-constexpr int kBinaryCount = static_cast<int>(needle_ops::BinaryOp::count);
-constexpr int kUnaryCount = static_cast<int>(needle_ops::UnaryOp::count);
-constexpr int kReduceCount = static_cast<int>(needle_ops::ReduceOp::count);
+constexpr int kBinaryCount = static_cast<int>(needle::ops::BinaryOp::count);
+constexpr int kUnaryCount = static_cast<int>(needle::ops::UnaryOp::count);
+constexpr int kReduceCount = static_cast<int>(needle::ops::ReduceOp::count);
 // Matrix sizes stay below this so that tile indices never overflow int32 in the kernel.
 constexpr idx_t kMaxMatmulDim = (idx_t{1} << 31) - 1024;
 
@@ -104,13 +105,13 @@ std::pair<Strided, Strided> rows_of(idx_t rows, idx_t len) {
 
 int binary_code(const char* name) {
   for (int i = 0; i < kBinaryCount; ++i)
-    if (std::strcmp(needle_ops::kBinaryOpNames[i], name) == 0) return i;
+    if (std::strcmp(needle::ops::kBinaryOpNames[i], name) == 0) return i;
   throw std::logic_error(std::string("no binary op named ") + name);
 }
 
 int unary_code(const char* name) {
   for (int i = 0; i < kUnaryCount; ++i)
-    if (std::strcmp(needle_ops::kUnaryOpNames[i], name) == 0) return i;
+    if (std::strcmp(needle::ops::kUnaryOpNames[i], name) == 0) return i;
   throw std::logic_error(std::string("no unary op named ") + name);
 }
 
@@ -252,7 +253,7 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
   check_size("reduce", "out", out.size, outputs);
   if (outputs == 0) return;
   if (shape_size("reduce", inner_shape) == 0) {
-    if (op == static_cast<int>(needle_ops::ReduceOp::max)) {
+    if (op == static_cast<int>(needle::ops::ReduceOp::max)) {
       fail("reduce", "max over an empty extent " + tuple_str(inner_shape) + " of shape " +
                          tuple_str(shape) + " has no identity");
     }
@@ -264,7 +265,7 @@ void reduce(int op, const CudaArray& a, const Ints& shape, const Ints& strides, 
 }
 
 // The course's reduce_sum / reduce_max: out[j] = op of compact a[j*rs : (j+1)*rs].
-void reduce_rows(const char* fn, needle_ops::ReduceOp op, const CudaArray& a, CudaArray& out,
+void reduce_rows(const char* fn, needle::ops::ReduceOp op, const CudaArray& a, CudaArray& out,
                  idx_t reduce_size) {
   if (reduce_size <= 0)
     fail(fn, "reduce_size must be positive, got " + std::to_string(reduce_size));
@@ -423,16 +424,16 @@ RuntimeError when no GPU is usable or CUDA fails, MemoryError when device memory
 Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc";
   m.attr("__device_name__") = "cuda";
   m.attr("__tile_size__") = needle::cuda::TILE;
-  m.attr("__binary_ops__") = names(needle_ops::kBinaryOpNames);
-  m.attr("__unary_ops__") = names(needle_ops::kUnaryOpNames);
-  m.attr("__reduce_ops__") = names(needle_ops::kReduceOpNames);
+  m.attr("__binary_ops__") = names(needle::ops::kBinaryOpNames);
+  m.attr("__unary_ops__") = names(needle::ops::kUnaryOpNames);
+  m.attr("__reduce_ops__") = names(needle::ops::kReduceOpNames);
   py::register_exception<needle::cuda::OutOfMemory>(m, "OutOfMemory", PyExc_MemoryError);
   const auto nogil = py::call_guard<py::gil_scoped_release>();
 
   py::class_<CudaArray>(m, "Array", "A flat float32 buffer of `size` elements in GPU memory.")
       .def(py::init([](idx_t size) {
              if (size < 0) fail("Array", "size must be non-negative, got " + std::to_string(size));
-             if (size > needle_checks::kMaxElements)
+             if (size > needle::checks::kMaxElements)
                fail("Array", "size " + std::to_string(size) + " is too large");
              return new CudaArray(size);
            }),
@@ -477,9 +478,16 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         py::arg("shape"), py::arg("strides"), py::arg("offset"), nogil,
         "Every element of the view of `out` (`size` = prod(shape) elements) = `val`.");
 
-  for (const char* name : {"add", "mul", "div", "maximum", "eq", "ge"}) bind_course_binary(m, name, true);
-  bind_course_binary(m, "power", false);
-  for (const char* name : {"log", "exp", "tanh"}) bind_course_unary(m, name);
+  // The course's compact entry points, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_BINARY(name) bind_course_binary(m, #name, true);
+#define NEEDLE_BIND_SCALAR(name) bind_course_binary(m, #name, false);
+#define NEEDLE_BIND_UNARY(name) bind_course_unary(m, #name);
+  NEEDLE_COURSE_BINARY(NEEDLE_BIND_BINARY)
+  NEEDLE_COURSE_SCALAR(NEEDLE_BIND_SCALAR)
+  NEEDLE_COURSE_UNARY(NEEDLE_BIND_UNARY)
+#undef NEEDLE_BIND_BINARY
+#undef NEEDLE_BIND_SCALAR
+#undef NEEDLE_BIND_UNARY
 
   m.def("ewise_binary", &ewise_binary, py::arg("op"), py::arg("a"), py::arg("a_strides"),
         py::arg("a_offset"), py::arg("b"), py::arg("b_strides"), py::arg("b_offset"),
@@ -500,14 +508,14 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
   m.def(
       "reduce_sum",
       [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
-        reduce_rows("reduce_sum", needle_ops::ReduceOp::sum, a, out, reduce_size);
+        reduce_rows("reduce_sum", needle::ops::ReduceOp::sum, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
       "out[j] = sum of a[j*reduce_size : (j+1)*reduce_size] (compact a).");
   m.def(
       "reduce_max",
       [](const CudaArray& a, CudaArray& out, idx_t reduce_size) {
-        reduce_rows("reduce_max", needle_ops::ReduceOp::max, a, out, reduce_size);
+        reduce_rows("reduce_max", needle::ops::ReduceOp::max, a, out, reduce_size);
       },
       py::arg("a"), py::arg("out"), py::arg("reduce_size"), nogil,
       "out[j] = max of a[j*reduce_size : (j+1)*reduce_size] (compact a; NaN propagates).");
@@ -524,37 +532,8 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
         "out = a @ b with all three in the (rows/T, cols/T, T, T) tiled layout, T = "
         "__tile_size__ (a lecture exhibit).");
 
-  m.def("softmax_xent", &softmax_xent, py::arg("logits"), py::arg("labels"), py::arg("rows"),
-        py::arg("cols"), py::arg("loss"), py::arg("probs"), nogil,
-        "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x "
-        "cols); ValueError for a label outside [0, cols).");
-  m.def("layernorm_fwd", &layernorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
-        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
-        py::arg("rstd"), nogil,
-        "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.");
-  m.def("layernorm_bwd", &layernorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
-        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
-        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of layernorm_fwd.");
-  m.def("batchnorm_fwd", &batchnorm_fwd, py::arg("x"), py::arg("w"), py::arg("b"),
-        py::arg("rows"), py::arg("cols"), py::arg("eps"), py::arg("y"), py::arg("xhat"),
-        py::arg("rstd"), py::arg("mean"), py::arg("var"), nogil,
-        "Column-wise BatchNorm of x (rows x cols) over the rows: xhat, y, and per column rstd, "
-        "mean and biased var.");
-  m.def("batchnorm_bwd", &batchnorm_bwd, py::arg("dy"), py::arg("xhat"), py::arg("rstd"),
-        py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("dx"), py::arg("dw"),
-        py::arg("db"), nogil, "The exact gradients dx (rows x cols), dw, db (cols) of batchnorm_fwd.");
-  m.def("lstm_cell_fwd", &lstm_cell_fwd, py::arg("gates"), py::arg("c_prev"), py::arg("batch"),
-        py::arg("hidden"), py::arg("h"), py::arg("c"), py::arg("act"), py::arg("tanh_c"), nogil,
-        "One LSTM step from gate pre-activations (batch x 4*hidden, order i, f, g, o).");
-  m.def("lstm_cell_bwd", &lstm_cell_bwd, py::arg("dh"), py::arg("dc"), py::arg("act"),
-        py::arg("c_prev"), py::arg("tanh_c"), py::arg("batch"), py::arg("hidden"),
-        py::arg("dgates"), py::arg("dc_prev"), nogil,
-        "The exact gradients dgates (batch x 4*hidden) and dc_prev of lstm_cell_fwd.");
-  m.def("sgd_update", &sgd_update, py::arg("param"), py::arg("grad"), py::arg("buf"),
-        py::arg("lr"), py::arg("momentum"), py::arg("weight_decay"), nogil,
-        "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.");
-  m.def("adam_update", &adam_update, py::arg("param"), py::arg("grad"), py::arg("m"),
-        py::arg("v"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-        py::arg("weight_decay"), py::arg("step"), nogil,
-        "In place Adam step with bias corrections (step >= 1) on param, m and v.");
+  // The fused kernels, from the list both modules share (ndarray_bindings.h).
+#define NEEDLE_BIND_FUSED(name, doc, ...) needle::bind::def_nogil(m, #name, &name, doc, __VA_ARGS__);
+  NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
+#undef NEEDLE_BIND_FUSED
 }

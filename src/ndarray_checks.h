@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace needle_checks {
+namespace needle::checks {
 
 using idx_t = int64_t;
 // Largest element count any buffer or view may have (keeps every index product in int64).
@@ -180,4 +180,4 @@ void check_lstm_cell_bwd(const char* fn, const A& dh, const A& dc, const A& act,
   check_size(fn, "dc_prev", dc_prev.size, n);
 }
 
-}  // namespace needle_checks
+}  // namespace needle::checks

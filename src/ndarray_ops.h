@@ -19,7 +19,7 @@
 #define NEEDLE_HD inline
 #endif
 
-namespace needle_ops {
+namespace needle::ops {
 
 // X(name, expression in float a, b)
 #define NEEDLE_BINARY_OPS(X)                                          \
@@ -88,4 +88,4 @@ constexpr const char* kUnaryOpNames[] = {NEEDLE_UNARY_OPS(NEEDLE_NAME_ENTRY)};
 constexpr const char* kReduceOpNames[] = {NEEDLE_REDUCE_OPS(NEEDLE_NAME_ENTRY)};
 #undef NEEDLE_NAME_ENTRY
 
-}  // namespace needle_ops
+}  // namespace needle::ops

@@ -10,18 +10,23 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .diagnose import CheckFailure, check_adjoints, check_close, numerical_vjp, require, to_numpy
+from .diagnose import (CheckFailure, check_adjoints, check_close, mismatch, numerical_vjp, record,
+                       require, to_numpy)
 
 
 @dataclass
 class OpCase:
     """One call of an op: ``label`` as the student would write it, the needle call on Tensors,
-    the numpy reference on arrays, and the named inputs."""
+    the numpy reference on arrays, and the named inputs. ``variants(arrays, out_grad, correct)``
+    optionally returns op-specific wrong adjoints (``mistakes.Variant``), one list per input;
+    ``forward_variants(arrays)`` wrong forward results."""
 
     label: str
     call: Callable
     ref: Callable[..., np.ndarray]
     inputs: dict
+    variants: Callable | None = None
+    forward_variants: Callable | None = None
 
     @property
     def arrays(self) -> list[np.ndarray]:
@@ -35,9 +40,29 @@ def tensors(arrays: Sequence[np.ndarray], requires_grad: bool = True) -> list:
             for a in arrays]
 
 
+def require_unchanged(what: str, xs: Sequence, arrays: Sequence[np.ndarray],
+                      names: Sequence[str]) -> None:
+    """Each Tensor in ``xs`` still holds its ``arrays`` value after ``what`` ran: an op must
+    not write into its inputs (the course's composite expressions, e.g. add_scalar(x, 1) * x,
+    would then see the changed x)."""
+    for x, a, name in zip(xs, arrays, names):
+        now = to_numpy(x)
+        record(f"{what}: {name} afterwards", now, a, 0.0, 0.0)
+        if mismatch(now, a, rtol=0.0, atol=0.0) is not None:
+            raise CheckFailure(f"{what} changed {name} in place: it must return a "
+                               "new array and leave its arguments alone (an `a += ...` or "
+                               "`a[...] = ...` on the input writes into the caller's Tensor, so "
+                               "an expression such as add_scalar(x, 1) * x would use the changed "
+                               "x)")
+
+
 def check_forward(case: OpCase, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """The op's output on ``case.inputs`` matches the numpy reference."""
-    out = case.call(*tensors(case.arrays))
+    """The op's output on ``case.inputs`` matches the numpy reference, and the inputs are
+    unchanged afterwards."""
+    xs = tensors(case.arrays)
+    out = case.call(*xs)
+    require_unchanged(f"{case.label} (forward)", xs, case.arrays,
+                      [f"its input {n!r}" for n in case.inputs])
     expected = case.ref(*[a.astype(np.float64) for a in case.arrays])
     if isinstance(expected, (tuple, list)):
         outs = list(out)
@@ -48,7 +73,10 @@ def check_forward(case: OpCase, *, rtol: float = 1e-5, atol: float = 1e-5) -> No
                         rtol=rtol, atol=atol * max(1.0, float(np.abs(e).max(initial=0))))
         return
     check_close(f"{case.label} (forward)", out, expected, inputs=case.inputs,
-                rtol=rtol, atol=atol * max(1.0, float(np.abs(expected).max(initial=0))))
+                rtol=rtol, atol=atol * max(1.0, float(np.abs(expected).max(initial=0))),
+                variants=case.forward_variants(
+                    [a.astype(np.float64) for a in case.arrays]) if case.forward_variants
+                else None)
 
 
 def check_backward(case: OpCase, *, rtol: float = 1e-3, atol: float = 1e-3,
@@ -88,19 +116,24 @@ def check_backward(case: OpCase, *, rtol: float = 1e-3, atol: float = 1e-3,
         require(tuple(out.shape) == tuple(np.shape(expected)), f"{case.label}: output shape "
                 f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)")
         out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
+        before = to_numpy(out).copy()
         if via_backward:
             out.backward(out_grad)
             analytic = [x.grad for x in xs]
         else:
             analytic = list(out.op.gradient_as_tuple(out_grad, out))
+        require_unchanged(f"{case.label}: the gradient", [out_grad, out],
+                          [w.astype(np.float32), before], ["out_grad", "the op's output (node)"])
         shown_w = w
+    require_unchanged(f"{case.label} (forward and backward)", xs, arrays,
+                      [f"its input {n!r}" for n in case.inputs])
     for i, g in enumerate(analytic):
         if g is None:
             raise CheckFailure(f"{case.label}: the adjoint of input "
                                f"{list(case.inputs)[i]!r} is None")
     check_adjoints(f"{case.label} backward", [to_numpy(g) for g in analytic], numeric,
                    list(case.inputs), inputs=case.inputs, out_grad=shown_w, rtol=rtol,
-                   atol=atol)
+                   atol=atol, op=f"({case.label})", variants=case.variants)
 
 
 def randn(*shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:

@@ -2,13 +2,20 @@
 
 This module runs inside the checker's worker process next to the *student's* ``needle``, so it
 imports only numpy and the standard library (never ``needle``): tensors are converted through
-their ``numpy()`` method.
+their ``numpy()`` method. Because student code shares that process, every comparison is also
+recorded (``Recorder``: the values copied out as bytes) and the runner recomputes the verdict in
+its own process (``recheck``); ``NumpyGuard`` notices student code replacing numpy's functions,
+which the references are computed with.
 """
 from __future__ import annotations
 
+import base64
+import types
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from .mistakes import adjoint_variants
 
 
 class CheckFailure(AssertionError):
@@ -78,12 +85,22 @@ def mismatch(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | 
 
 
 def check_close(what: str, got, expected, *, inputs: Mapping[str, object] | None = None,
-                rtol: float = 1e-5, atol: float = 1e-6, hint: str = "") -> None:
-    """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch."""
+                rtol: float = 1e-5, atol: float = 1e-6, hint: str = "",
+                variants: Sequence | None = None) -> None:
+    """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch.
+
+    ``variants`` are known wrong answers (``mistakes.Variant``); the first that ``got`` matches
+    is named in one line before the numbers.
+    """
+    record(what, got, expected, rtol, atol)
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is None:
         return
-    text = f"{what} is wrong.\n" + show_inputs(inputs)
+    text = f"{what} is wrong.\n"
+    named = name_mistake(got, variants or (), rtol=rtol, atol=atol)
+    if named:
+        text += f"  {named}\n"
+    text += show_inputs(inputs)
     text += "  expected: " + show(np.asarray(expected)) + "\n"
     text += "  got:      " + show(to_numpy(got)) + "\n  " + problem.replace("\n", "\n  ")
     if hint:
@@ -122,26 +139,48 @@ def numerical_vjp(f: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
 
 def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
                    names: Sequence[str], *, inputs: Mapping[str, object],
-                   out_grad: np.ndarray, rtol: float = 1e-3, atol: float = 1e-3) -> None:
+                   out_grad: np.ndarray, rtol: float = 1e-3, atol: float = 1e-3,
+                   op: str | None = None,
+                   variants: Callable[..., list[list]] | None = None) -> None:
     """Compare each input's adjoint with its finite-difference value; name every wrong one.
 
     ``atol`` scales with the largest finite-difference entry so tiny gradients are not waved
-    through and large ones are not failed for float32 rounding.
+    through and large ones are not failed for float32 rounding. A wrong adjoint is compared
+    with the known wrong variants (``mistakes.adjoint_variants``, plus the op-specific ones
+    ``variants(arrays, out_grad, correct)`` returns, one list per input) and the one it matches
+    is named in one line before the numbers; ``op`` is how the op is written in that line.
     """
     wrong = []
     if len(analytic) != len(numeric):
         raise CheckFailure(f"{what}: gradient returned {len(analytic)} adjoint(s), but the op "
                            f"has {len(numeric)} input(s) ({', '.join(names)}); return one "
                            "adjoint per input, in input order.")
+    tolerances = []
     for name, got, fd in zip(names, analytic, numeric):
         scale = max(1.0, float(np.abs(fd).max())) if fd.size else 1.0
+        tolerances.append(atol * scale)
+        record(f"{what}: the adjoint of {name!r}", got, fd, rtol, atol * scale)
         problem = mismatch(got, fd, rtol=rtol, atol=atol * scale)
         if problem is not None:
             wrong.append((name, got, fd, problem))
     if not wrong:
         return
     text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
-    text += "does not match a finite-difference check.\n" + show_inputs(inputs)
+    text += "does not match a finite-difference check.\n"
+    arrays = [np.asarray(to_numpy(v), dtype=np.float64) for v in inputs.values()][:len(names)]
+    arrays += [np.zeros_like(n) for n in numeric[len(arrays):]]  # adjoints of parameters
+    found = adjoint_variants(list(names), arrays, np.asarray(out_grad, dtype=np.float64),
+                             [np.asarray(n, dtype=np.float64) for n in numeric], op=op)
+    if variants is not None:
+        for i, extra in enumerate(variants(arrays, np.asarray(out_grad, dtype=np.float64),
+                                           [np.asarray(n, dtype=np.float64) for n in numeric])):
+            found[i] = list(extra) + found[i]
+    for name, got, fd, problem in wrong:
+        i = list(names).index(name)
+        named = name_mistake(got, found[i], rtol=rtol, atol=tolerances[i])
+        if named:
+            text += f"  {named}\n"
+    text += show_inputs(inputs)
     text += "    " + show(out_grad, "out_grad") + "\n"
     for name, got, fd, problem in wrong:
         got = to_numpy(got)
@@ -154,3 +193,110 @@ def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
             text += f"{float(np.abs(fd).max()):.4g})\n"
         text += "    " + problem.replace("\n", "\n    ") + "\n"
     raise CheckFailure(text.rstrip())
+
+
+def name_mistake(got, variants: Sequence, *, rtol: float, atol: float) -> str | None:
+    """The message of the first known wrong answer (``mistakes.Variant``) that ``got`` equals."""
+    try:
+        g = np.asarray(to_numpy(got), dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    for v in variants:
+        if v.matches(g, rtol, atol):
+            return v.message
+    return None
+
+
+# ---- verdicts the student's code cannot reach ------------------------------------------------
+_RECORD: list | None = None
+
+
+def _encode(x) -> dict | None:
+    a = np.asarray(to_numpy(x))
+    if a.dtype == object:
+        return None
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _decode(d: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(d["data"]), dtype=np.float64).reshape(d["shape"])
+
+
+def record(what: str, got, expected, rtol: float, atol: float) -> None:
+    """Copy one comparison's values out (as float64 bytes) while a ``Recorder`` is active."""
+    if _RECORD is None:
+        return
+    try:
+        g, e = _encode(got), _encode(expected)
+    except (TypeError, ValueError):
+        return  # not numbers: the comparison itself reports that
+    if g is not None and e is not None:
+        _RECORD.append({"what": what, "got": g, "expected": e, "rtol": float(rtol),
+                        "atol": float(atol)})
+
+
+class Recorder:
+    """``with Recorder() as log:`` collects every ``check_close``/``check_adjoints`` comparison
+    made inside the block into ``log`` (JSON-ready dicts), for ``recheck`` in another process."""
+
+    def __enter__(self) -> list:
+        global _RECORD
+        self._log: list = []
+        _RECORD = self._log
+        return self._log
+
+    def __exit__(self, *exc) -> None:
+        global _RECORD
+        _RECORD = None
+
+
+def recheck(comparisons: Sequence[dict]) -> str | None:
+    """Recompute recorded comparisons (in the runner's process); the first mismatch, or None."""
+    for c in comparisons:
+        problem = mismatch(_decode(c["got"]), _decode(c["expected"]), rtol=c["rtol"],
+                           atol=c["atol"])
+        if problem is not None:
+            return (f"{c['what']} is wrong (compared again in the checker's own process: "
+                    "inside yours it looked right, so your code changes how numpy or the "
+                    "checker compares).\n  expected: " + show(_decode(c["expected"]))
+                    + "\n  got:      " + show(_decode(c["got"])) + "\n  "
+                    + problem.replace("\n", "\n  "))
+    return None
+
+
+class NumpyGuard:
+    """Remembers the functions the checks compute and compare with (numpy's, the builtins,
+    ``math``, ``json``, this package's) before student code runs; ``tampered()`` names any
+    that were replaced since, and puts the originals back."""
+
+    def __init__(self) -> None:
+        import sys
+        names = ["builtins", "math", "json", "numpy", "numpy.linalg", "numpy.random",
+                 "numpy.lib.stride_tricks", __name__] + [
+                     m for m in list(sys.modules) if m.startswith("companion.check")]
+        self._saved: list[tuple[types.ModuleType, str, object, object]] = []
+        for name in names:
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            for attr, value in list(vars(module).items()):
+                if callable(value):
+                    self._saved.append((module, attr, value, getattr(value, "__code__", None)))
+
+    def tampered(self) -> str | None:
+        """None, or which saved functions were replaced or rewritten (restored now)."""
+        changed = []
+        for module, attr, value, code in self._saved:
+            if getattr(module, attr, None) is not value or (
+                    code is not None and getattr(value, "__code__", None) is not code):
+                changed.append(f"{module.__name__}.{attr}")
+                setattr(module, attr, value)
+                if code is not None:
+                    value.__code__ = code
+        if not changed:
+            return None
+        return (f"your code replaced {', '.join(changed[:5])}"
+                + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+                + ": the checker computes its answers with these, so it cannot trust this "
+                "run; do not assign to numpy's (or the checker's) functions")

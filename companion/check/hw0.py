@@ -63,8 +63,10 @@ def _problem(m=50, n=5, k=3):
 
 def hw0_add(ctx):
     from simple_ml import add
-    require(add(5, 6) == 11, f"add(5, 6) returned {add(5, 6)!r}, expected 11")
-    require(add(3.2, 1.0) == 4.2, f"add(3.2, 1.0) returned {add(3.2, 1.0)!r}, expected 4.2")
+    # numbers compared as float64 arrays (recorded and rechecked), never with the result's ==
+    check_close("add(5, 6)", np.asarray(add(5, 6), dtype=np.float64), 11.0, rtol=0, atol=0)
+    check_close("add(3.2, 1.0)", np.asarray(add(3.2, 1.0), dtype=np.float64), 4.2, rtol=1e-12,
+                atol=0)
     a, b = np.array([1.0, 2.0]), np.array([3.0, -1.0])
     check_close("add(a, b) on arrays", add(a, b), a + b, inputs={"a": a, "b": b})
 

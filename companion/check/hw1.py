@@ -9,6 +9,7 @@ from .common import (OpCase, away_from_zero, check_backward, check_forward, posi
                      tensors)
 from .diagnose import CheckFailure, check_adjoints, check_close, numerical_vjp, require
 from .hw0 import nn_epoch_reference
+from .mistakes import matmul_variants
 from .questions import HW1_OPS
 
 
@@ -46,17 +47,25 @@ def cases(name):
                           {"a": a, "b": away_from_zero(3, 4, seed=6, low=0.5)})],
         "divide_scalar": [OpCase("divide_scalar(a, 2.5)", lambda x: op("divide_scalar")(x, 2.5),
                                  lambda x: x / 2.5, {"a": a})],
-        "matmul": [OpCase("matmul(a, b)", lambda x, y: op("matmul")(x, y), np.matmul,
-                          {"a": randn(3, 4, seed=7), "b": randn(4, 2, seed=8)}),
-                   OpCase("matmul(a, b) batched", lambda x, y: op("matmul")(x, y), np.matmul,
-                          {"a": randn(2, 3, 4, seed=9), "b": randn(2, 4, 2, seed=10)}),
-                   OpCase("matmul(a, b) broadcasting b over a's batch",
-                          lambda x, y: op("matmul")(x, y), np.matmul,
-                          {"a": randn(2, 3, 4, seed=11), "b": randn(4, 2, seed=12)})],
-        "summation": [OpCase("summation(a, axes=(1,))", lambda x: op("summation")(x, axes=(1,)),
+        "matmul": [OpCase(label, lambda x, y: op("matmul")(x, y), np.matmul,
+                          {"a": randn(*sa, seed=seed), "b": randn(*sb, seed=seed + 1)},
+                          variants=matmul_variants)
+                   for label, sa, sb, seed in [
+                       ("matmul(a, b)", (3, 4), (4, 2), 7),
+                       ("matmul(a, b) of square matrices", (3, 3), (3, 3), 24),
+                       ("matmul(a, b) batched", (2, 3, 4), (2, 4, 2), 9),
+                       ("matmul(a, b) broadcasting b over a's batch", (2, 3, 4), (4, 2), 11),
+                       ("matmul(a, b) broadcasting a over b's batch", (3, 4), (2, 4, 2), 26)]],
+        "summation": [OpCase("summation(a, axes=(1,)) of a square a",
+                             lambda x: op("summation")(x, axes=(1,)),
+                             lambda x: x.sum(axis=1), {"a": randn(4, 4, seed=28)}),
+                      OpCase("summation(a, axes=(1,))", lambda x: op("summation")(x, axes=(1,)),
                              lambda x: x.sum(axis=1), {"a": randn(3, 4, 2, seed=13)}),
                       OpCase("summation(a)", lambda x: op("summation")(x),
                              lambda x: x.sum(), {"a": randn(3, 4, seed=14)}),
+                      OpCase("summation(a, axes=None) of a (5, 4, 1)",
+                             lambda x: op("summation")(x, axes=None),
+                             lambda x: x.sum(), {"a": randn(5, 4, 1, seed=29)}),
                       OpCase("summation(a, axes=(0, 2))",
                              lambda x: op("summation")(x, axes=(0, 2)),
                              lambda x: x.sum(axis=(0, 2)), {"a": randn(3, 4, 2, seed=15)})],
@@ -68,17 +77,31 @@ def cases(name):
                                 _bcast_ref((2, 3, 4)), {"a": randn(4, seed=17)}),
                          OpCase("broadcast_to(a, (3, 4))",
                                 lambda x: op("broadcast_to")(x, (3, 4)), _bcast_ref((3, 4)),
-                                {"a": randn(1, 4, seed=18)})],
+                                {"a": randn(1, 4, seed=18)}),
+                         OpCase("broadcast_to(a, (4, 4))",
+                                lambda x: op("broadcast_to")(x, (4, 4)), _bcast_ref((4, 4)),
+                                {"a": randn(4, 1, seed=27)}),
+                         OpCase("broadcast_to(a, (5, 4, 3))",
+                                lambda x: op("broadcast_to")(x, (5, 4, 3)),
+                                _bcast_ref((5, 4, 3)), {"a": randn(5, 4, 1, seed=25)}),
+                         OpCase("broadcast_to(a, (3, 3, 3)) of a 0-d a",
+                                lambda x: op("broadcast_to")(x, (3, 3, 3)),
+                                _bcast_ref((3, 3, 3)), {"a": randn(seed=35)})],
         "reshape": [OpCase("reshape(a, (2, 6))", lambda x: op("reshape")(x, (2, 6)),
                            lambda x: x.reshape(2, 6), {"a": a}),
                     OpCase("reshape(a, (6, 4))", lambda x: op("reshape")(x, (6, 4)),
-                           lambda x: x.reshape(6, 4), {"a": randn(2, 3, 4, seed=19)})],
+                           lambda x: x.reshape(6, 4), {"a": randn(2, 3, 4, seed=19)}),
+                    OpCase("reshape(a, (20,))", lambda x: op("reshape")(x, (20,)),
+                           lambda x: x.reshape(20), {"a": randn(5, 4, seed=34)})],
         "negate": [OpCase("negate(a)", lambda x: op("negate")(x), np.negative, {"a": a})],
         "transpose": [OpCase("transpose(a)", lambda x: op("transpose")(x),
                              lambda x: np.swapaxes(x, -1, -2), {"a": randn(2, 3, 4, seed=20)}),
                       OpCase("transpose(a, axes=(0, 1))",
                              lambda x: op("transpose")(x, axes=(0, 1)),
-                             lambda x: np.swapaxes(x, 0, 1), {"a": randn(2, 3, 4, seed=21)})],
+                             lambda x: np.swapaxes(x, 0, 1), {"a": randn(2, 3, 4, seed=21)}),
+                      OpCase("transpose(a, axes=(1, 2))",
+                             lambda x: op("transpose")(x, axes=(1, 2)),
+                             lambda x: np.swapaxes(x, 1, 2), {"a": randn(3, 5, 4, seed=33)})],
         "log": [OpCase("log(a)", lambda x: op("log")(x), np.log, {"a": positive(3, 4, seed=22)})],
         "exp": [OpCase("exp(a)", lambda x: op("exp")(x), np.exp, {"a": a})],
         "relu": [OpCase("relu(a)", lambda x: op("relu")(x), lambda x: np.maximum(x, 0),
@@ -156,7 +179,54 @@ def hw1_compute_gradient(ctx):
                                                                       b.grad.numpy()],
                    numeric, ["a", "b"], inputs={"a": arrays[0], "b": arrays[1]}, out_grad=w,
                    rtol=1e-4, atol=1e-4)
+    _check_composites(ndl)
     _check_gradient_of_gradient(ndl)
+
+
+def _composites(ndl):
+    """Expressions as the course's gradient checks build them (label, needle function, numpy
+    reference, inputs): each op's output feeds others, and an input is used again after an op
+    has read it, so an op that writes into its input changes the result."""
+    o = ndl.ops
+    return [
+        ("summation((A @ B + C) * (A @ B), axes=None)",
+         lambda A, B, C: o.summation((o.matmul(A, B) + C) * o.matmul(A, B), axes=None),
+         lambda A, B, C: ((A @ B + C) * (A @ B)).sum(),
+         {"A": randn(4, 3, seed=40), "B": randn(3, 2, seed=41), "C": randn(4, 2, seed=42)}),
+        ("summation(broadcast_to(A, (4, 3)) * B, axes=None)",
+         lambda A, B: o.summation(o.broadcast_to(A, (4, 3)) * B, axes=None),
+         lambda A, B: (np.broadcast_to(A, (4, 3)) * B).sum(),
+         {"A": randn(4, 1, seed=43), "B": randn(4, 3, seed=44)}),
+        ("summation(reshape(A, (3, 4)) @ B / 5 + C, axes=None)",
+         lambda A, B, C: o.summation(o.divide_scalar(o.matmul(o.reshape(A, (3, 4)), B), 5) + C,
+                                     axes=None),
+         lambda A, B, C: (A.reshape(3, 4) @ B / 5 + C).sum(),
+         {"A": randn(12, seed=45), "B": randn(4, 2, seed=46), "C": randn(3, 2, seed=47)}),
+        ("summation(add_scalar(x, 1) * x + relu(x) * x, axes=None)",
+         lambda x: o.summation(o.add_scalar(x, 1) * x + o.relu(x) * x, axes=None),
+         lambda x: ((x + 1) * x + np.maximum(x, 0) * x).sum(),
+         {"x": away_from_zero(3, 4, seed=48, low=0.1)}),
+    ]
+
+
+def _check_composites(ndl) -> None:
+    """backward() through composite expressions matches finite differences of the numpy
+    reference (the course's gradient_check(..., backward=True))."""
+    for label, fn, ref, inputs in _composites(ndl):
+        arrays = [np.asarray(v, dtype=np.float32) for v in inputs.values()]
+        xs = tensors(arrays)
+        out = fn(*xs)
+        check_close(f"{label} (forward)", out, ref(*[a.astype(np.float64) for a in arrays]),
+                    inputs=inputs, rtol=1e-4, atol=1e-4, hint="a wrong value here with every "
+                    "op question passing means an op changes its input in place, or "
+                    "depends on state left by an earlier call")
+        out.backward()
+        for name, x in zip(inputs, xs):
+            require(x.grad is not None, f"after ({label}).backward(), {name}.grad is None")
+        numeric = numerical_vjp(ref, [a.astype(np.float64) for a in arrays], np.array(1.0))
+        check_adjoints(f"backward() through {label}", [x.grad.numpy() for x in xs], numeric,
+                       list(inputs), inputs=inputs, out_grad=np.array(1.0), rtol=1e-3,
+                       atol=1e-3)
 
 
 DETACHED_HINT = ("the course's compute_gradient_of_variables builds every adjoint with needle "

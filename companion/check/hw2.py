@@ -205,6 +205,13 @@ def hw2_dropout(ctx):
     check_close("nn.Dropout(p=0.4)(x) in training mode with np.random.seed(9)", got,
                 x * mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
                 hint="mask = init.randb(*x.shape, p=1 - p); out = x * mask / (1 - p)")
+    np.random.seed(9)
+    xt = _t(x, requires_grad=True)
+    layer(xt).sum().backward()
+    check_close("x.grad after nn.Dropout(p=0.4)(x).sum().backward() with np.random.seed(9)",
+                xt.grad, mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
+                hint="build the output from needle ops (x * mask / (1 - p)) so the gradient "
+                "is the mask scaled by 1 / (1 - p)")
     layer.eval()
     check_close("nn.Dropout(p=0.4)(x) in eval mode", layer(_t(x)), x, inputs={"x": x})
 
@@ -218,44 +225,82 @@ def hw2_residual(ctx):
                 x @ _np(lin.weight) + _np(lin.bias) + x, inputs={"x": x}, rtol=1e-5, atol=1e-5)
 
 
-def _run_optimizer(make, steps=3):
+# Two parameters of different shapes; in step 2 the second has no gradient (it was not used):
+# an optimizer must keep its state per parameter and count t per step() call.
+_OPT_SHAPES = ((3, 2), (4,))
+_OPT_STEPS = 3
+_NO_GRAD = (1, 1)  # (step, parameter) whose grad is None
+
+
+def _grads():
+    return [[None if (s, k) == _NO_GRAD else randn(*shape, seed=60 + 10 * s + k)
+             for k, shape in enumerate(_OPT_SHAPES)] for s in range(_OPT_STEPS)]
+
+
+def _run_optimizer(make):
     import needle as ndl
-    w0 = randn(3, 2, seed=55)
-    p = ndl.nn.Parameter(_t(w0))
-    opt = make([p])
-    grads = [randn(3, 2, seed=60 + i) for i in range(steps)]
-    for g in grads:
-        p.grad = _t(g)
-        opt.step()
-    return w0.astype(np.float64), grads, p
+    w0 = [randn(*shape, seed=55 + k) for k, shape in enumerate(_OPT_SHAPES)]
+    ps = [ndl.nn.Parameter(_t(w)) for w in w0]
+    opt = make(ps)
+    for number, step in enumerate(_grads()):
+        for p, g in zip(ps, step):
+            p.grad = None if g is None else _t(g)
+        try:
+            opt.step()
+        except Exception as exc:
+            if number != _NO_GRAD[0]:
+                raise
+            raise CheckFailure(f"step() raised {type(exc).__name__}: {exc} when parameter "
+                               f"{_NO_GRAD[1]} has grad None: a parameter the loss did not use "
+                               "keeps grad None (reset_grad() sets it so); skip it and leave "
+                               "its state alone") from None
+    return ps
+
+
+def _check_optimizer(name, ps, expected, hint):
+    for k, (p, w) in enumerate(zip(ps, expected)):
+        check_close(f"parameter {k} (shape {_OPT_SHAPES[k]}) after {_OPT_STEPS} steps of {name} "
+                    f"on two parameters (in step {_NO_GRAD[0] + 1}, parameter {_NO_GRAD[1]} "
+                    "has grad None: it is skipped, its state untouched)", p, w, rtol=1e-5,
+                    atol=1e-5, hint=hint)
 
 
 def hw2_sgd(ctx):
     import needle as ndl
-    w, grads, p = _run_optimizer(lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9,
-                                                           weight_decay=0.01))
-    u = np.zeros_like(w)
-    for g in grads:
-        u = 0.9 * u + 0.1 * (g + 0.01 * w)
-        w = w - 0.1 * u
-    check_close("the parameter after 3 steps of SGD(lr=0.1, momentum=0.9, weight_decay=0.01)",
-                p, w, rtol=1e-5, atol=1e-6, hint="g = grad + wd*p; u = momentum*u + "
-                "(1 - momentum)*g; p = p - lr*u (the course's averaged momentum)")
+    ps = _run_optimizer(lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01))
+    ws = [randn(*shape, seed=55 + k).astype(np.float64) for k, shape in enumerate(_OPT_SHAPES)]
+    us = [np.zeros_like(w) for w in ws]
+    for step in _grads():
+        for k, g in enumerate(step):
+            if g is None:
+                continue
+            us[k] = 0.9 * us[k] + 0.1 * (g + 0.01 * ws[k])
+            ws[k] = ws[k] - 0.1 * us[k]
+    _check_optimizer("SGD(lr=0.1, momentum=0.9, weight_decay=0.01)", ps, ws,
+                     "g = grad + wd*p; u = momentum*u + (1 - momentum)*g; p = p - lr*u (the "
+                     "course's averaged momentum), with one u per parameter")
 
 
 def hw2_adam(ctx):
     import needle as ndl
-    w, grads, p = _run_optimizer(lambda ps: ndl.optim.Adam(ps, lr=0.1, beta1=0.9, beta2=0.999,
-                                                            eps=1e-8, weight_decay=0.01))
-    m = v = np.zeros_like(w)
-    for t, g in enumerate(grads, 1):
-        g = g + 0.01 * w
-        m = 0.9 * m + 0.1 * g
-        v = 0.999 * v + 0.001 * g * g
-        w = w - 0.1 * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
-    check_close("the parameter after 3 steps of Adam(lr=0.1, weight_decay=0.01)", p, w,
-                rtol=1e-5, atol=1e-5, hint="bias-corrected moments m/(1-beta1^t), "
-                "v/(1-beta2^t), with t counting step() calls")
+    ps = _run_optimizer(lambda ps: ndl.optim.Adam(ps, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
+                                                  weight_decay=0.01))
+    ws = [randn(*shape, seed=55 + k).astype(np.float64) for k, shape in enumerate(_OPT_SHAPES)]
+    ms = [np.zeros_like(w) for w in ws]
+    vs = [np.zeros_like(w) for w in ws]
+    for t, step in enumerate(_grads(), 1):
+        for k, g in enumerate(step):
+            if g is None:
+                continue
+            g = g + 0.01 * ws[k]
+            ms[k] = 0.9 * ms[k] + 0.1 * g
+            vs[k] = 0.999 * vs[k] + 0.001 * g * g
+            ws[k] = ws[k] - 0.1 * (ms[k] / (1 - 0.9 ** t)) / (np.sqrt(vs[k] / (1 - 0.999 ** t))
+                                                               + 1e-8)
+    _check_optimizer("Adam(lr=0.1, weight_decay=0.01)", ps, ws,
+                     "bias-corrected moments m/(1-beta1^t), v/(1-beta2^t), one m and v per "
+                     "parameter, and t counting step() calls (once per step, not per "
+                     "parameter)")
 
 
 def hw2_flip_horizontal(ctx):

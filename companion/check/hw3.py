@@ -6,6 +6,15 @@ import numpy as np
 
 from .common import randn
 from .diagnose import check_close, require
+from .mistakes import (compact_variants, getitem_variants, permute_variants, reduction_variants,
+                       setitem_variants, tile_variants)
+
+
+def np_view(base: np.ndarray, view: np.ndarray) -> tuple[tuple, tuple, int]:
+    """(shape, strides, offset) in elements of the numpy ``view`` of the compact ``base``."""
+    item = base.itemsize
+    offset = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
+    return view.shape, tuple(s // item for s in view.strides), offset
 
 
 def devices():
@@ -51,7 +60,8 @@ def hw3_permute(ctx):
         for axes in [(2, 0, 1), (1, 0, 2), (0, 2, 1)]:
             B = A.permute(axes)
             check_close(f"on {dev}: A.permute({axes}) for A of shape (2, 3, 4)", B.numpy(),
-                        np.transpose(a, axes), hint="permute the shape and the strides")
+                        np.transpose(a, axes), hint="permute the shape and the strides",
+                        variants=permute_variants(a, axes))
             _view(f"permute{axes}", A, B)
 
 
@@ -72,50 +82,72 @@ def hw3_getitem(ctx):
                                                        slice(None, None, 2)), "A[1, 2:5, ::2]"),
              ((slice(1, 4, 2), slice(None), slice(3, 6)), (slice(1, 4, 2), slice(None),
                                                            slice(3, 6)), "A[1:4:2, :, 3:6]")]
+    at = np.transpose(a, (2, 1, 0))
     for dev in devices():
         A = arr(a, dev)
-        for idx, np_idx, text in cases:
-            B = A[idx]
+        views = [(A, a, "A", idx, np_idx, text) for idx, np_idx, text in cases]
+        views.append((A.permute((2, 1, 0)), at, "A.permute((2, 1, 0))",
+                      (slice(1, 5), slice(2, 4), slice(None, None, 2)),
+                      (slice(1, 5), slice(2, 4), slice(None, None, 2)),
+                      "A.permute((2, 1, 0))[1:5, 2:4, ::2] (a slice of a non-compact view)"))
+        for base, np_base, base_text, idx, np_idx, text in views:
+            B = base[idx]
+            ranges = [s.indices(n) for s, n in zip(np_idx, np_base.shape)]
             check_close(f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "
-                        "their axis with size 1)", B.numpy(), a[np_idx],
-                        hint="offset = sum(start * stride); strides *= step")
-            _view(text, A, B)
+                        "their axis with size 1)", B.numpy(), np_base[np_idx],
+                        hint="offset = the view's offset + sum(start * stride); "
+                        "strides *= step (start from the view's own strides and offset)",
+                        variants=getitem_variants(a, np_base[np_idx], [r[0] for r in ranges],
+                                                  [r[2] for r in ranges], np_view(a, np_base)))
+            _view(text, base, B)
 
 
 def hw3_compact(ctx):
     a = randn(4, 5, 6, seed=74)
+    col = np.ascontiguousarray(a[:, :1])
+    cases = [(lambda A, C: A.permute((2, 0, 1)), a, np.transpose(a, (2, 0, 1)),
+              "A.permute((2, 0, 1))"),
+             (lambda A, C: A[1:4:2, 1:5, ::3], a, a[1:4:2, 1:5, ::3], "A[1:4:2, 1:5, ::3]"),
+             (lambda A, C: A[2:4, 3:5, 1:6].permute((1, 0, 2)), a,
+              np.transpose(a[2:4, 3:5, 1:6], (1, 0, 2)), "A[2:4, 3:5, 1:6].permute((1, 0, 2))"),
+             (lambda A, C: C.broadcast_to((4, 3, 6)), col, np.broadcast_to(col, (4, 3, 6)),
+              "A[:, :1].broadcast_to((4, 3, 6))")]
     for dev in devices():
-        A = arr(a, dev)
-        for view, expected, text in [
-                (A.permute((2, 0, 1)), np.transpose(a, (2, 0, 1)), "A.permute((2, 0, 1))"),
-                (A[1:4:2, 1:5, ::3], a[1:4:2, 1:5, ::3], "A[1:4:2, 1:5, ::3]"),
-                (arr(a[:, :1], dev).broadcast_to((4, 3, 6)), np.broadcast_to(a[:, :1],
-                                                                          (4, 3, 6)),
-                 "A[:, :1].broadcast_to((4, 3, 6))")]:
+        A, C = arr(a, dev), arr(col, dev)
+        for make, base, expected, text in cases:
             ctx.note(f"on {dev}: {text}.compact() for A of shape (4, 5, 6)")
-            C = view.compact()
-            require(C.is_compact(), f"on {dev}: {text}.compact() is not compact")
-            check_close(f"on {dev}: {text}.compact()", C.numpy(), expected,
+            out = make(A, C).compact()
+            require(out.is_compact(), f"on {dev}: {text}.compact() is not compact")
+            check_close(f"on {dev}: {text}.compact()", out.numpy(), expected,
                         hint="compact walks the view's shape in row-major order, reading "
-                        "offset + sum(index * stride)")
+                        "offset + sum(index * stride)",
+                        variants=compact_variants(base.ravel(), *np_view(base, expected)))
 
 
 def hw3_setitem(ctx):
     a = randn(5, 6, seed=75)
     b = randn(2, 3, seed=76)
+    c = randn(3, 4, seed=84)
     for dev in devices():
-        A = arr(a, dev)
-        ctx.note(f"on {dev}: A[1:5:2, 2:5] = B for A (5, 6), B (2, 3)")
-        A[1:5:2, 2:5] = arr(b, dev)
-        e = a.copy()
-        e[1:5:2, 2:5] = b
-        check_close(f"on {dev}: A[1:5:2, 2:5] = B (ewise_setitem)", A.numpy(), e)
-        A = arr(a, dev)
-        ctx.note(f"on {dev}: A[::2, 1:3] = 7.5 for A (5, 6)")
-        A[::2, 1:3] = 7.5
-        e = a.copy()
-        e[::2, 1:3] = 7.5
-        check_close(f"on {dev}: A[::2, 1:3] = 7.5 (scalar_setitem)", A.numpy(), e)
+        for text, setter, np_index, value in [
+                ("A[1:5:2, 2:5] = B (ewise_setitem)",
+                 lambda A: A.__setitem__((slice(1, 5, 2), slice(2, 5)), arr(b, dev)),
+                 (slice(1, 5, 2), slice(2, 5)), b),
+                ("A[1:4, 2:4] = C[0:3, 1:3] (ewise_setitem from a non-compact view)",
+                 lambda A: A.__setitem__((slice(1, 4), slice(2, 4)),
+                                         arr(c, dev)[0:3, 1:3]),
+                 (slice(1, 4), slice(2, 4)), c[0:3, 1:3]),
+                ("A[::2, 1:3] = 7.5 (scalar_setitem)",
+                 lambda A: A.__setitem__((slice(None, None, 2), slice(1, 3)), 7.5),
+                 (slice(None, None, 2), slice(1, 3)), np.float32(7.5))]:
+            A = arr(a, dev)
+            ctx.note(f"on {dev}: {text} for A (5, 6)")
+            setter(A)
+            e = a.copy()
+            e[np_index] = value
+            check_close(f"on {dev}: {text}", A.numpy(), e,
+                        variants=setitem_variants(a, *np_view(a, a[np_index]),
+                                                  np.asarray(value, dtype=np.float64)))
 
 
 def hw3_ewise_ops(ctx):
@@ -173,9 +205,10 @@ def hw3_reductions(ctx):
             ctx.note(f"on {dev}: A.sum(axis={axis}) / A.max(axis={axis}), A (3, 4, 5)")
             check_close(f"on {dev}: A.sum(axis={axis}) for A of shape (3, 4, 5)",
                         _reduced(A.sum(axis=axis).numpy(), a.sum(axis)), a.sum(axis),
-                        rtol=1e-5, atol=1e-5)
+                        rtol=1e-5, atol=1e-5, variants=reduction_variants(a, axis, "sum"))
             check_close(f"on {dev}: A.max(axis={axis}) for A of shape (3, 4, 5)",
-                        _reduced(A.max(axis=axis).numpy(), a.max(axis)), a.max(axis))
+                        _reduced(A.max(axis=axis).numpy(), a.max(axis)), a.max(axis),
+                        variants=reduction_variants(a, axis, "max"))
         check_close(f"on {dev}: A.sum() (all axes)", _reduced(A.sum().numpy(),
                                                             np.asarray(a.sum())),
                     np.asarray(a.sum()), rtol=1e-5, atol=1e-4)
@@ -183,10 +216,14 @@ def hw3_reductions(ctx):
 
 def hw3_matmul(ctx):
     for dev in devices():
-        for m, n, p in [(5, 7, 3), (1, 1, 1), (16, 24, 8), (33, 17, 9)]:
+        tiles = (getattr(dev, "__tile_size__", None) or getattr(
+            getattr(dev, "mod", None), "__tile_size__", None) or 8, 4, 8)
+        for m, n, p in [(5, 7, 3), (1, 1, 1), (16, 24, 8), (16, 16, 16), (33, 17, 9),
+                        (72, 73, 74)]:
             a, b = randn(m, n, seed=81), randn(n, p, seed=82)
             ctx.note(f"on {dev}: A @ B with A ({m}, {n}), B ({n}, {p})")
             check_close(f"on {dev}: A @ B with A ({m}, {n}), B ({n}, {p})"
                         + (" (every size a multiple of the tile: matmul_tiled)"
                            if m % 8 == n % 8 == p % 8 == 0 else ""),
-                        (arr(a, dev) @ arr(b, dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+                        (arr(a, dev) @ arr(b, dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4,
+                        variants=tile_variants(a.astype(np.float64) @ b, tiles))

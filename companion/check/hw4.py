@@ -9,8 +9,10 @@ import pickle
 import numpy as np
 
 from .common import OpCase, check_backward, check_forward, randn
-from .diagnose import CheckFailure, check_close, require, to_numpy
+from .diagnose import (CheckFailure, check_adjoints, check_close, numerical_vjp, require,
+                       to_numpy)
 from .hw3 import arr, devices
+from .mistakes import Variant
 
 
 def _ops():
@@ -78,16 +80,43 @@ def _dilate_ref(x, axes, d):
     return out
 
 
+def _dilate_variants(axes, d):
+    def variants(arrays):
+        found = []
+        for wrong in (d + 1, d - 1):
+            if wrong >= 0:
+                found.append(Variant(_dilate_ref(arrays[0], axes, wrong),
+                                     f"your dilate inserts {wrong} zero(s) between elements "
+                                     f"instead of {d}: dilation d inserts d zeros, so each "
+                                     f"dilated axis grows by a factor d + 1 = {d + 1}"))
+        return found
+    return variants
+
+
+def _undilate_variants(axes, d):
+    def variants(arrays):
+        x = arrays[0]
+        return [Variant(x[tuple(slice(None, None, step) if i in axes else slice(None)
+                                for i in range(x.ndim))],
+                        f"your undilate keeps every {step}th element instead of every "
+                        f"{d + 1}th (dilation {d} means a step of d + 1)")
+                for step in (d, d + 2) if step >= 1]
+    return variants
+
+
 def hw4_dilate(ctx):
     _op_question([OpCase("dilate(a, axes=(0, 1), dilation=1)",
                          lambda x: _ops().dilate(x, (0, 1), 1),
-                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)}),
+                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)},
+                         forward_variants=_dilate_variants((0, 1), 1)),
                   OpCase("dilate(a, axes=(1,), dilation=2)",
                          lambda x: _ops().dilate(x, (1,), 2),
-                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)}),
+                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)},
+                         forward_variants=_dilate_variants((1,), 2)),
                   OpCase("undilate(a, axes=(0, 1), dilation=1)",
                          lambda x: _ops().undilate(x, (0, 1), 1),
-                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)})])
+                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)},
+                         forward_variants=_undilate_variants((0, 1), 1))])
 
 
 def conv_ref(x, w, stride=1, padding=0):
@@ -104,12 +133,69 @@ def conv_ref(x, w, stride=1, padding=0):
     return out
 
 
+def _conv_forward_variants(s, p):
+    def variants(arrays):
+        x, w = arrays
+        found = [Variant(conv_ref(x, w, s, p + 1), f"your conv pads by {p + 1} instead of the "
+                                                   f"padding {p}: one too many")]
+        if p:
+            found.append(Variant(conv_ref(x, w, s, p - 1), f"your conv pads by {p - 1} instead "
+                                                           f"of the padding {p}: one too few"))
+        if s > 1:
+            found.append(Variant(conv_ref(x, w, 1, p), f"your conv ignores the stride {s}"))
+        found.append(Variant(conv_ref(x, w[::-1, ::-1], s, p),
+                             "your conv flips the kernel: the course's conv (as PyTorch's) is "
+                             "a cross-correlation, out[i, j] = sum x[i + ki, j + kj] w[ki, kj]"))
+        return found
+    return variants
+
+
+def _conv_adjoints(x, w, g, s, p, dilation, pad_x, pad_w, flip=True):
+    """The course's conv adjoints, with the dilation of out_grad and the paddings as given:
+    x̄ = conv(dilate(ḡ, dilation), flip(w) with in/out swapped, pad_x),
+    w̄ = conv(xᵀ (C, H, W, N), dilate(ḡ)ᵀ (H, W, N, C_out), pad_w)ᵀ."""
+    gd = _dilate_ref(g, (1, 2), dilation) if dilation else g
+    wf = (w[::-1, ::-1] if flip else w).transpose(0, 1, 3, 2)
+    gx = conv_ref(gd, wf, 1, pad_x)
+    gw = conv_ref(x.transpose(3, 1, 2, 0), gd.transpose(1, 2, 0, 3), 1, pad_w)
+    return gx, gw.transpose(1, 2, 0, 3)
+
+
+def _conv_backward_variants(s, p):
+    def variants(arrays, g, correct):
+        x, w = arrays
+        k = w.shape[0]
+        found = [[], []]
+        wrong = [(s - 1 + dd, k - 1 - p + dp, p + dp, True,
+                  f"dilation {s - 1 + dd} of out_grad (the stride is {s}: dilate by stride - 1 "
+                  f"= {s - 1})" if dd else f"padding off by {dp:+d} (x̄ needs padding "
+                  f"K - 1 - p = {k - 1 - p}, w̄ padding p = {p})")
+                 for dd, dp in ((1, 0), (-1, 0), (0, 1), (0, -1))
+                 if s - 1 + dd >= 0 and p + dp >= 0 and k - 1 - p + dp >= 0]
+        wrong.append((s - 1, k - 1 - p, p, False, "the kernel not flipped (x̄ is a conv of "
+                      "out_grad with w flipped in both spatial axes, in/out channels swapped)"))
+        for dilation, pad_x, pad_w, flip, text in wrong:
+            try:
+                gx, gw = _conv_adjoints(x, w, g, s, p, dilation, pad_x, pad_w, flip)
+            except ValueError:
+                continue
+            for i, (name, value) in enumerate((("x", gx), ("w", gw))):
+                if value.shape != correct[i].shape or not np.allclose(value, correct[i]):
+                    found[i].append(Variant(value, f"your adjoint of {name} matches the "
+                                                   f"course's formula with {text}"))
+        return found
+    return variants
+
+
 def _conv_cases():
     return [OpCase(f"conv(x, w, stride={s}, padding={p})",
                    lambda x, w, s=s, p=p: _ops().conv(x, w, stride=s, padding=p),
                    lambda x, w, s=s, p=p: conv_ref(x, w, s, p),
-                   {"x": randn(2, 5, 5, 2, seed=101 + s), "w": randn(3, 3, 2, 3, seed=103 + p)})
-            for s, p in [(1, 0), (1, 1), (2, 1)]]
+                   {"x": randn(2, size, size, 2, seed=101 + s),
+                    "w": randn(3, 3, 2, 3, seed=103 + p)},
+                   variants=_conv_backward_variants(s, p),
+                   forward_variants=_conv_forward_variants(s, p))
+            for s, p, size in [(1, 0, 5), (1, 1, 5), (2, 1, 6), (2, 0, 8)]]
 
 
 def hw4_conv_forward(ctx):
@@ -138,6 +224,24 @@ def hw4_nn_conv(ctx):
     expected = conv_ref(x.transpose(0, 2, 3, 1), to_numpy(layer.weight), 1, 1) + b.reshape(-1)
     check_close("nn.Conv(2, 3, 3)(x) on NCHW x (same padding k // 2)", layer(_t(x)),
                 expected.transpose(0, 3, 1, 2), inputs={"x": x}, rtol=1e-4, atol=1e-4)
+    # backward: x, weight and bias adjoints against finite differences of the reference
+    w0 = to_numpy(layer.weight).astype(np.float64)
+
+    def ref(xx, ww, bb):
+        return (conv_ref(xx.transpose(0, 2, 3, 1), ww, 1, 1)
+                + bb.reshape(-1)).transpose(0, 3, 1, 2)
+
+    g = np.random.default_rng(119).standard_normal(expected.transpose(0, 3, 1, 2).shape)
+    xt = ndl.Tensor(x, requires_grad=True)
+    (layer(xt) * ndl.Tensor(g.astype(np.float32), requires_grad=False)).sum().backward()
+    grads = [xt.grad, layer.weight.grad, layer.bias.grad]
+    for name, grad in zip(("x", "weight", "bias"), grads):
+        require(grad is not None, f"after nn.Conv(2, 3, 3)(x).backward(), {name}.grad is None")
+    numeric = numerical_vjp(ref, [x.astype(np.float64), w0, b.astype(np.float64)], g)
+    check_adjoints("nn.Conv(2, 3, 3)(x) backward", [to_numpy(v).reshape(n.shape)
+                                                    if to_numpy(v).size == n.size else v
+                                                    for v, n in zip(grads, numeric)],
+                   numeric, ["x", "weight", "bias"], inputs={"x": x}, out_grad=g)
 
 
 def hw4_cifar10_dataset(ctx):
@@ -248,6 +352,11 @@ def hw4_rnn_cell(ctx):
                     atol=1e-5, hint="h' = act(x W_ih + bias_ih + h W_hh + bias_hh)")
     check_close("RNNCell(3, 4, nonlinearity='relu')(x) with h=None (zeros)", cell(_t(x)),
                 _rnn_step(cell, x, np.zeros((2, 4)), relu=True), rtol=1e-4, atol=1e-5)
+    np.random.seed(9)
+    cell = ndl.nn.RNNCell(3, 4, bias=True, nonlinearity="tanh")
+    b = _cell_params(cell)[2]
+    _check_cell_gradients("RNNCell(3, 4)(x, h)", cell, lambda xt, ht: cell(xt, ht),
+                          lambda xx, hh, wi, wh: np.tanh(xx @ wi + hh @ wh + b), x, h)
 
 
 def hw4_rnn(ctx):
@@ -269,6 +378,23 @@ def hw4_rnn(ctx):
                 rtol=1e-4, atol=1e-5)
 
 
+def _check_cell_gradients(what, cell, run, ref, x, h):
+    """backward() of Σ run(x, h)·g: the adjoints of x, h, W_ih and W_hh against finite
+    differences of ``ref(x, h, W_ih, W_hh)`` (the biases held at the cell's values)."""
+    import needle as ndl
+    w_ih, w_hh, _ = _cell_params(cell)
+    g = np.random.default_rng(120).standard_normal((x.shape[0], w_hh.shape[0]))
+    xt, ht = (ndl.Tensor(v, requires_grad=True) for v in (x, h))
+    (run(xt, ht) * ndl.Tensor(g.astype(np.float32), requires_grad=False)).sum().backward()
+    grads = [xt.grad, ht.grad, cell.W_ih.grad, cell.W_hh.grad]
+    names = ["x", "h", "W_ih", "W_hh"]
+    for name, grad in zip(names, grads):
+        require(grad is not None, f"after {what}.backward(), {name}.grad is None")
+    numeric = numerical_vjp(ref, [x.astype(np.float64), h.astype(np.float64), w_ih, w_hh], g)
+    check_adjoints(f"{what} backward", [to_numpy(v) for v in grads], numeric, names,
+                   inputs={"x": x, "h": h}, out_grad=g)
+
+
 def hw4_lstm_cell(ctx):
     import needle as ndl
     np.random.seed(11)
@@ -280,6 +406,14 @@ def hw4_lstm_cell(ctx):
                 rtol=1e-4, atol=1e-5, hint="gates i, f, g, o are the four column blocks of "
                 "x W_ih + h W_hh + biases; c' = f c + i g; h' = o tanh(c')")
     check_close("LSTMCell(3, 4)(x, (h, c)) c'", got[1], ec, rtol=1e-4, atol=1e-5)
+    b = _cell_params(cell)[2]
+
+    def h_next(xx, hh, wi, wh):
+        i, f, gg, o = np.split(xx @ wi + hh @ wh + b, 4, axis=1)
+        return _sig(o) * np.tanh(_sig(f) * c + _sig(i) * np.tanh(gg))
+
+    _check_cell_gradients("LSTMCell(3, 4)(x, (h, c))[0]", cell,
+                          lambda xt, ht: cell(xt, (ht, _t(c)))[0], h_next, x, h)
 
 
 def hw4_lstm(ctx):
@@ -328,11 +462,11 @@ def hw4_ptb_corpus(ctx):
         for word in line.split() + ["<eos>"]:
             vocab.setdefault(word, len(vocab))
             ids.append(vocab[word])
-    require(list(corpus.train) == ids, f"Corpus.train is {list(corpus.train)}, expected {ids} "
-            "(ids in order of first appearance, '<eos>' after every line)")
-    require(dict(corpus.dictionary.word2idx) == vocab,
+    check_close("Corpus.train (ids in order of first appearance, '<eos>' after every line)",
+                np.asarray([int(i) for i in corpus.train], dtype=np.float64), np.asarray(ids))
+    require({str(k): int(v) for k, v in corpus.dictionary.word2idx.items()} == vocab,
             f"Corpus.dictionary.word2idx is {corpus.dictionary.word2idx}, expected {vocab}")
-    require(list(corpus.dictionary.idx2word) == list(vocab),
+    require([str(w) for w in corpus.dictionary.idx2word] == list(vocab),
             "Corpus.dictionary.idx2word must list the words in id order")
     short = ndl.data.Corpus(folder, max_lines=2)
     require(len(short.train) == 8, f"Corpus(max_lines=2).train has {len(short.train)} ids, "

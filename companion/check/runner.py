@@ -3,9 +3,12 @@
 The folder has the course's skeleton layout: ``hw0/src/simple_ml.py`` (+ ``simple_ml_ext.cpp``)
 for hw0, ``hwN/python/needle/...``, ``hwN/apps/...`` and ``hwN/src/*.cc|*.cu`` (with the course's
 ``CMakeLists.txt``) for the others. Compiled sources are built the way the course's Makefile
-does; then a worker process (``worker.py``) runs the questions in order. A worker that dies
-(segfault, abort) or overruns the time limit costs only the question it was running: a fresh
-worker continues with the rest.
+does (with a time limit); then a worker process (``worker.py``, in its own process session so
+that it is stopped with everything it started) imports the student's package once -- a hang,
+an exit or an error there is one diagnosis for every question -- and runs the questions in
+order. A worker that dies (segfault, abort, exit) or overruns the time limit costs only the
+question it was running: a fresh worker continues with the rest. Every comparison a question
+made is checked again here, in the runner's process, from the values the worker copied out.
 """
 from __future__ import annotations
 
@@ -21,9 +24,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .diagnose import recheck
 from .questions import HOMEWORKS, Question, questions_for
 
 WORKER = "companion.check.worker"
+IMPORT_PROBE = "__import__"  # the worker's first step (worker.IMPORT_PROBE)
+BUILD_TIMEOUT = 600.0
+EXIT_GRACE = 5.0  # seconds a worker may take to exit after its last answer
 
 
 @dataclass
@@ -66,10 +73,17 @@ class Report:
             counts[r.status] = counts.get(r.status, 0) + 1
         order = ("pass", "fail", "not implemented", "crashed", "timeout", "error")
         lines.append(", ".join(f"{counts[s]} {s}" for s in order if s in counts))
+        first_with: dict[str, str] = {}
         for r in self.results:
             if r.status != "pass" and r.detail:
-                lines += ["", f"== {r.question.id} ({r.status}): {r.question.title}",
-                          "  " + r.detail.replace("\n", "\n  ")]
+                lines += ["", f"== {r.question.id} ({r.status}): {r.question.title}"]
+                if r.detail in first_with:  # one cause (an import error): printed once
+                    lines.append(f"  the same problem as {first_with[r.detail]}, above")
+                    continue
+                first_with[r.detail] = r.question.id
+                lines.append("  " + r.detail.replace("\n", "\n  "))
+                if r.question.help:
+                    lines.append("  about this check: " + r.question.help)
         return "\n".join(lines)
 
 
@@ -78,7 +92,8 @@ def detect_homework(root: Path) -> str:
     match = re.search(r"(hw4_extra|hw[0-4])", root.resolve().name)
     if not match:
         raise ValueError(f"cannot tell which homework {root} is from its name; pass --hw "
-                         f"({', '.join(HOMEWORKS)})")
+                         f"({', '.join(HOMEWORKS)}), e.g. python -m companion.check {root} "
+                         f"--hw hw2, or with make: make check HW={root} HWNUM=hw2")
     return match.group(1)
 
 
@@ -89,9 +104,30 @@ def search_paths(root: Path, hw: str) -> list[str]:
     return [str(root / "python"), str(root / "apps")]
 
 
-def _run(cmd: list[str], cwd: Path, env: dict) -> tuple[bool, str]:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    return proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the process session ``proc`` leads (it and everything it started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[bool, str]:
+    """Run a build step; (ok, the end of its output). Killed, with all it started, after
+    ``timeout`` seconds."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        return False, (f"{' '.join(cmd[:2])} did not finish within {timeout:g} s (stopped); "
+                       f"its last output:\n{(out or '')[-2000:]}")
+    finally:
+        _kill_group(proc)
+    return proc.returncode == 0, out[-3000:]
 
 
 def _build_env() -> dict:
@@ -100,8 +136,9 @@ def _build_env() -> dict:
     return env
 
 
-def build(root: Path, hw: str) -> list[str]:
-    """Compile the student's C++/CUDA as the course's Makefile does; a line per step."""
+def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
+    """Compile the student's C++/CUDA as the course's Makefile does, each step stopped after
+    ``timeout`` seconds; a line per step."""
     env = _build_env()
     if hw == "hw0":
         src = root / "src" / "simple_ml_ext.cpp"
@@ -117,7 +154,8 @@ def build(root: Path, hw: str) -> list[str]:
         includes = ["-I" + pybind11.get_include(),
                     "-I" + __import__("sysconfig").get_paths()["include"]]
         ok, log = _run([compiler, "-O3", "-Wall", "-shared", "-std=c++11", "-fPIC", *includes,
-                        "src/simple_ml_ext.cpp", "-o", "src/simple_ml_ext.so"], root, env)
+                        "src/simple_ml_ext.cpp", "-o", "src/simple_ml_ext.so"], root, env,
+                       timeout)
         return ["built src/simple_ml_ext.so" if ok else "FAILED to build src/simple_ml_ext.cpp:\n"
                 + log]
     if not (root / "CMakeLists.txt").exists():
@@ -126,12 +164,15 @@ def build(root: Path, hw: str) -> list[str]:
         return ["cmake not found: C++/CUDA sources not built"]
     import pybind11
     cmake = shutil.which("cmake", path=env["PATH"])
+    if (root / "build").exists() and not (root / "build").is_dir():
+        return [f"FAILED: {root / 'build'} is a file, but CMake builds in a folder of that "
+                "name: rename or remove the file"]
     (root / "build").mkdir(exist_ok=True)
     ok, log = _run([cmake, "..", f"-DPython_EXECUTABLE={sys.executable}",
                     f"-DPYTHON_EXECUTABLE={sys.executable}",
-                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"], root / "build", env)
+                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"], root / "build", env, timeout)
     if ok:
-        ok, log = _run([cmake, "--build", ".", "-j", "2"], root / "build", env)
+        ok, log = _run([cmake, "--build", ".", "-j", "2"], root / "build", env, timeout)
     return ["built with CMake (build/)" if ok else "FAILED to build with CMake:\n" + log]
 
 
@@ -156,12 +197,30 @@ def _signal_name(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _tail(log_file: Path, lines: int = 15) -> str:
+    return "\n".join(line for line in log_file.read_text(errors="replace").splitlines()[-lines:]
+                     if not line.startswith("Extension modules:"))
+
+
+def _died(code: int, call: str, tail: str) -> str:
+    """What a worker that ended in the middle of a step did."""
+    if code < 0:
+        return (f"the process {_signal_name(code)}{call} (a crash in compiled code: look for "
+                f"an index or pointer out of bounds); its last output:\n{tail}")
+    return (f"the process exited with status {code}{call} without raising an exception: "
+            "os._exit() or exit() in your code or in compiled code ends the whole program; "
+            f"raise an exception instead. Its last output:\n{tail}")
+
+
 def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: float = 120.0,
                   isolate: bool = False) -> tuple[list[Result], str | None]:
     """Run ``questions`` in worker processes; returns the results and the needle file imported.
 
-    ``isolate`` starts one worker per question (slower; the default restarts a worker only
-    after a crash or a timeout).
+    Each worker first imports the student's package (the import probe, with the same time
+    limit as a question): if that hangs, exits or raises, every question gets that one
+    diagnosis and nothing more runs. ``isolate`` starts one worker per question (slower; the
+    default restarts a worker only after a crash or a timeout). A question the worker passed
+    fails if one of its comparisons, recomputed here, does not hold.
     """
     by_id = {q.id: q for q in questions}
     results: dict[str, Result] = {}
@@ -181,73 +240,115 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
             scratch.mkdir()
             config.write_text(json.dumps({"paths": paths, "root": str(root), "hw": hw,
                                           "questions": batch, "results": str(result_file),
-                                          "scratch": str(scratch)}))
+                                          "scratch": str(scratch), "probe": True}))
             result_file.touch()
+            import_problem = None  # (status, detail) for every question
             with open(log_file, "w") as log:
                 proc = subprocess.Popen([sys.executable, "-m", WORKER, str(config)], cwd=root,
-                                        env=_worker_env(root, hw), stdout=log,
-                                        stderr=subprocess.STDOUT)
-                current, started, seen, note = None, 0.0, 0, ""
-                while True:
-                    finished = proc.poll() is not None
-                    # Every event ends with a newline: the last fragment may be half written.
-                    complete = result_file.read_text().split("\n")[:-1]
-                    for line in complete[seen:]:
-                        event = json.loads(line)
-                        if "start" in event:
-                            current, started = event["start"], time.monotonic()
-                            note = ""
-                        elif "note" in event:
-                            note = event["note"]
-                        else:
-                            results[event["id"]] = Result(by_id[event["id"]], event["status"],
-                                                          event["detail"])
-                            # hw0 has no needle of its own: whichever one it imports is fine
-                            where = event.get("needle") if hw != "hw0" else None
-                            if where:
-                                needle_file = needle_file or where
-                                if not any(os.path.abspath(where).startswith(a) for a in allowed):
-                                    r = results[event["id"]]
-                                    r.status, r.detail = "error", (
-                                        f"imported needle from {where}, not from "
-                                        f"{' or '.join(paths)}: fix the layout")
+                                        env=_worker_env(root, hw), stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+                current, started, seen, note, done_at = None, 0.0, 0, "", 0.0
+                try:
+                    while True:
+                        finished = proc.poll() is not None
+                        # Every event ends with a newline: the last fragment may be half written.
+                        complete = result_file.read_text().split("\n")[:-1]
+                        for line in complete[seen:]:
+                            event = json.loads(line)
+                            if "start" in event:
+                                current, started = event["start"], time.monotonic()
+                                note = ""
+                            elif "note" in event:
+                                note = event["note"]
+                            elif "imported" in event:
+                                current = None
+                            elif "import_error" in event:
+                                import_problem = ("error", event["import_error"])
+                                current = None
+                            else:
+                                results[event["id"]] = _result(by_id[event["id"]], event, hw,
+                                                               paths, allowed)
+                                if hw != "hw0" and event.get("needle"):
+                                    needle_file = needle_file or event["needle"]
+                                current = None
+                        seen = len(complete)
+                        if finished:
+                            break
+                        if current is None and (import_problem or all(q in results
+                                                                      for q in batch)):
+                            # every answer is in: the worker ends now (it leaves with
+                            # os._exit); give it a moment, then stop it
+                            if not done_at:
+                                done_at = time.monotonic()
+                            elif time.monotonic() - done_at > EXIT_GRACE:
+                                break
+                        if current and time.monotonic() - started > timeout:
+                            _kill_group(proc)
+                            proc.wait()
+                            if current == IMPORT_PROBE:
+                                import_problem = ("timeout", (
+                                    f"importing your package did not finish within "
+                                    f"{timeout:g} s (an endless loop or a long computation at "
+                                    "import time?), so no question could run; its last "
+                                    f"output:\n{_tail(log_file)}"))
+                            else:
+                                results[current] = Result(by_id[current], "timeout",
+                                                          f"still running after {timeout:g} s")
                             current = None
-                    seen = len(complete)
-                    if finished:
-                        break
-                    if current and time.monotonic() - started > timeout:
-                        proc.kill()
-                        proc.wait()
-                        results[current] = Result(by_id[current], "timeout",
-                                                  f"still running after {timeout:.0f} s")
-                        current = None
-                        break
-                    time.sleep(0.02)
-            if current is not None and current not in results:
-                tail = "\n".join(line for line in log_file.read_text(
-                    errors="replace").splitlines()[-15:]
-                    if not line.startswith("Extension modules:"))
-                call = f" during the call {note}" if note else ""
+                            break
+                        time.sleep(0.02)
+                finally:
+                    _kill_group(proc)  # whatever the student's code started goes with it
+                    proc.wait()
+            if current == IMPORT_PROBE:
+                import_problem = ("crashed", "while importing your package, "
+                                  + _died(proc.returncode, "", _tail(log_file)))
+            elif current is not None and current not in results:
+                call = f" during the call {note}" if note else f" during {current}"
                 results[current] = Result(by_id[current], "crashed",
-                                          f"the process {_signal_name(proc.returncode)}{call} "
-                                          "(a crash in compiled code: look for an index or "
-                                          f"pointer out of bounds); its last output:\n{tail}")
+                                          _died(proc.returncode, call, _tail(log_file)))
             left = [q for q in remaining if q not in results]
-            if left and left[0] == remaining[0] and current is None and proc.returncode:
-                # The worker died before starting anything (for example a broken import).
-                tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])
+            if import_problem is not None:
+                status, detail = import_problem
                 for qid in left:
-                    results[qid] = Result(by_id[qid], "error", f"the checker could not start:\n"
-                                          f"{tail}")
+                    results[qid] = Result(by_id[qid], status, detail)
+                left = []
+            elif left and left[0] == remaining[0] and current is None and proc.returncode:
+                # The worker died before starting anything (the checker itself is broken).
+                for qid in left:
+                    results[qid] = Result(by_id[qid], "error", "the checker could not start:\n"
+                                          + _tail(log_file))
                 left = []
             remaining = left
     return [results[q.id] for q in questions], needle_file
 
 
+def _result(question: Question, event: dict, hw: str, paths: list[str],
+            allowed: list[str]) -> Result:
+    """A worker's verdict, checked: the needle came from the homework folder, and every
+    comparison holds when recomputed here."""
+    result = Result(question, event["status"], event["detail"])
+    where = event.get("needle") if hw != "hw0" else None  # hw0 has no needle of its own
+    if where and not any(os.path.abspath(where).startswith(a) for a in allowed):
+        result.status, result.detail = "error", (f"imported needle from {where}, not from "
+                                                 f"{' or '.join(paths)}: fix the layout")
+    elif result.status == "pass":
+        problem = recheck(event.get("comparisons") or [])
+        if problem is not None:
+            result.status, result.detail = "fail", problem
+    return result
+
+
 def check(root: str | Path, hw: str | None = None, *, only: list[str] | None = None,
-          timeout: float = 120.0, isolate: bool = False, do_build: bool = True) -> Report:
+          timeout: float = 120.0, isolate: bool = False, do_build: bool = True,
+          build_timeout: float = BUILD_TIMEOUT) -> Report:
     """Build and check the homework folder ``root``; ``only`` keeps questions whose id contains
-    one of its strings."""
+    one of its strings; ``timeout`` (seconds, > 0) limits each question and the import,
+    ``build_timeout`` each build step."""
+    if not timeout > 0 or not build_timeout > 0:
+        raise ValueError(f"timeouts must be positive numbers of seconds, got timeout={timeout}, "
+                         f"build_timeout={build_timeout}")
     root = Path(root).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder")
@@ -263,7 +364,7 @@ def check(root: str | Path, hw: str | None = None, *, only: list[str] | None = N
                                 f"{hw} layout")
     report = Report(hw, root)
     if do_build:
-        report.build = build(root, hw)
+        report.build = build(root, hw, build_timeout)
     report.results, report.needle = run_questions(root, hw, questions, timeout=timeout,
                                                   isolate=isolate)
     return report

@@ -1,13 +1,20 @@
 """The checker's worker: runs questions one after another against the student's package.
 
 Started by ``runner.py`` as ``python -m companion.check.worker CONFIG.json`` in a clean
-environment whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): the
-student's ``needle`` is imported through :mod:`companion.impl`, the same mechanism a notebook
-uses, and the checks (``companion.check.hwN``) import it like any user code. The homework's
-folders go first on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...). It
-appends one JSON line per event to the result file: ``{"start": id}`` before a question and
-``{"id": ..., "status": ..., "detail": ..., "needle": path}`` after it. A crash (segfault) leaves a
-start without an end, which the runner reports for that question alone.
+environment (its own process session, so the runner can stop it with everything it started)
+whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): the student's
+``needle`` is imported through :mod:`companion.impl`, the same mechanism a notebook uses, and the
+checks (``companion.check.hwN``) import it like any user code. The homework's folders go first
+on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...).
+
+It appends one JSON line per event to the result file: ``{"start": "__import__"}`` and then
+``{"imported": path}`` or ``{"import_error": text}`` for the import probe (the student's package
+imported once, before any question, so a hang, an exit or a syntax error at import is reported
+once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "needle",
+"comparisons"}`` after it. ``comparisons`` carries every value a check compared (see
+``diagnose.Recorder``), so the runner recomputes each verdict in its own process, out of the
+student's code's reach. A crash (segfault) or an exit leaves a start without an end, which the
+runner reports for that question alone.
 """
 import faulthandler
 import importlib
@@ -17,6 +24,8 @@ import sys
 import traceback
 
 from companion import impl
+
+IMPORT_PROBE = "__import__"
 
 
 def _isolate(paths):
@@ -45,6 +54,18 @@ def _where(exc: BaseException, roots) -> str:
     return "?"
 
 
+def _base_exception(exc: BaseException, roots) -> str:
+    """What a SystemExit / KeyboardInterrupt / other BaseException from student code means."""
+    where = _where(exc, roots)
+    if isinstance(exc, SystemExit):
+        return (f"your code called sys.exit({exc.code!r}) (SystemExit) at {where}: a library "
+                "function must not end the program; raise an exception instead")
+    if isinstance(exc, KeyboardInterrupt):
+        return (f"KeyboardInterrupt raised at {where} (your code raised it, or the run was "
+                "interrupted)")
+    return f"raised {type(exc).__name__}: {exc} at {where}"
+
+
 def _run_one(qid, hw_module, ctx, roots):
     import numpy as np
     from companion.check.diagnose import CheckFailure
@@ -63,6 +84,8 @@ def _run_one(qid, hw_module, ctx, roots):
         lines = traceback.format_exception_only(type(exc), exc)
         return "fail", (f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
                         + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip())
+    except BaseException as exc:  # sys.exit, KeyboardInterrupt: named, not a crash
+        return "fail", _base_exception(exc, roots)
 
 
 class Context:
@@ -79,6 +102,23 @@ class Context:
         self._out.flush()
 
 
+def _probe(hw: str, roots) -> str | None:
+    """Import the student's package once; None when it imports, else what went wrong."""
+    module = "simple_ml" if hw == "hw0" else "needle"
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        where = _where(exc, roots)
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f"{os.path.relpath(exc.filename, os.getcwd())}:{exc.lineno}"
+        return (f"importing your {module} raised {type(exc).__name__}: {exc}\n  at {where}\n"
+                + "\n".join(text.rstrip().splitlines()[-8:]))
+    except BaseException as exc:
+        return f"importing your {module}: " + _base_exception(exc, roots)
+    return None
+
+
 def main(config_path: str) -> None:
     with open(config_path) as f:
         config = json.load(f)
@@ -87,18 +127,40 @@ def main(config_path: str) -> None:
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
+    from companion.check.diagnose import NumpyGuard, Recorder
+    guard = NumpyGuard()  # before any student code runs
     with open(config["results"], "a", buffering=1) as out:
+        if config.get("probe"):
+            out.write(json.dumps({"start": IMPORT_PROBE}) + "\n")
+            out.flush()
+            problem = _probe(config["hw"], roots) or guard.tampered()
+            if problem:
+                out.write(json.dumps({"import_error": problem}) + "\n")
+                out.flush()
+                return
+            needle = sys.modules.get("needle")
+            out.write(json.dumps({"imported": getattr(needle, "__file__", None)}) + "\n")
+            out.flush()
         ctx = Context(config["root"], config["scratch"], out)
         for qid in config["questions"]:
             out.write(json.dumps({"start": qid}) + "\n")
             out.flush()
-            status, detail = _run_one(qid, hw_module, ctx, roots)
+            with Recorder() as recorded:
+                status, detail = _run_one(qid, hw_module, ctx, roots)
+            tampered = guard.tampered()
+            if tampered:
+                status, detail = "fail", tampered
             needle = sys.modules.get("needle")
             where = getattr(needle, "__file__", None) if needle is not None else None
             out.write(json.dumps({"id": qid, "status": status, "detail": detail,
-                                  "needle": where}) + "\n")
+                                  "needle": where, "comparisons": recorded}) + "\n")
             out.flush()
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # End now: an atexit handler or a thread that student code left running must not keep
+    # the worker (and so the checker) alive after the last answer is written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -10,13 +10,19 @@ the NDArray layer or the compiled device modules; the first attribute asked of t
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what _load() puts into the namespace, for the type checker
+    from . import ndarray_backend_numpy as ndarray_backend_numpy
+    from .fused import *  # noqa: F403
+    from .ndarray import *  # noqa: F403
 
 # The modules that import only numpy and the standard library.
 _PURE_MODULES = ("protocol", "fused_spec", "numpy_kernels")
 _loading = False
 
 
-def _load() -> dict:
+def _load() -> dict[str, Any]:
     """Import the NDArray layer and put its public names into this package's namespace."""
     global _loading
     _loading = True  # meanwhile a missing name is a submodule that `from . import` will load
@@ -34,7 +40,7 @@ def _load() -> dict:
     return names
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name.startswith("__") or _loading:
         raise AttributeError(name)
     if name in _PURE_MODULES:
@@ -45,5 +51,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_load()))

@@ -13,21 +13,45 @@ Two defaults (docs/array_layer.md, "Default devices"):
 """
 from __future__ import annotations
 
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import ndarray_backend_numpy, protocol
+
+if TYPE_CHECKING:
+    from .ndarray import NDArray
 
 _REBUILD = "rebuild it with `make build` (or `pip install -e .`)"
 
 try:
-    from . import ndarray_backend_cpu
+    from . import ndarray_backend_cpu as ndarray_backend_cpu
     _CPU_IMPORT_ERROR = None
 except ImportError as exc:  # not compiled, or compiled for another Python / machine
     ndarray_backend_cpu = None
     _CPU_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
+
+def _warn_if_build_lost_its_module() -> None:
+    """One stderr line when this checkout has a build (``build/`` beside ``needle/``) but the
+    compiled CPU module is missing or broken: everything would otherwise run on the numpy
+    device without a word (e.g. after a rebuild that was interrupted)."""
+    import sys
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "CMakeLists.txt").is_file() and (checkout / "build").is_dir():
+        print(f"needle: the compiled CPU module is missing or broken ({_CPU_IMPORT_ERROR}); "
+              f"cpu() is disabled and Tensors go to cpu_numpy(): {_REBUILD}", file=sys.stderr)
+
+
+if ndarray_backend_cpu is None:
+    _warn_if_build_lost_its_module()
+
 try:
-    from . import ndarray_backend_cuda
+    from . import ndarray_backend_cuda as ndarray_backend_cuda
     _CUDA_IMPORT_ERROR = None
 except ImportError as exc:  # built without nvcc
     ndarray_backend_cuda = None
@@ -41,12 +65,12 @@ class BackendDevice:
     the device), so ``device.ewise_binary`` is the module's kernel.
     """
 
-    def __init__(self, name: str, mod, import_error: str | None = None):
+    def __init__(self, name: str, mod: Optional[ModuleType], import_error: str | None = None):
         self.name = name
         self.mod = mod
         self._import_error = import_error
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, BackendDevice) and self.name == other.name)
 
     def __hash__(self) -> int:
@@ -55,7 +79,7 @@ class BackendDevice:
     def __repr__(self) -> str:
         return self.name + "()"
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name in ("mod", "_import_error", "_enabled"):  # before __init__ (copy, pickle)
             raise AttributeError(name)
         mod = self.__dict__.get("mod")
@@ -90,10 +114,13 @@ class BackendDevice:
         if not self.enabled():
             raise RuntimeError(self._why_disabled())
 
-    def cache_info(self) -> dict | None:
+    def cache_info(self) -> dict[str, Any] | None:
         """The module's buffer-cache report (cap, bytes held, hits...) or None if it keeps none."""
         info = getattr(self.mod, "cache_info", None)
-        return None if info is None else info()
+        if info is None:
+            return None
+        report: dict[str, Any] = info()
+        return report
 
     def cache_clear(self) -> None:
         """Release every buffer the module's cache holds (no-op for a module without one)."""
@@ -101,28 +128,28 @@ class BackendDevice:
         if clear is not None:
             clear()
 
-    def randn(self, *shape, dtype: str = "float32") -> "NDArray":
+    def randn(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Standard normal samples from numpy's global RNG, moved to this device."""
         from .ndarray import NDArray
         return NDArray(np.random.randn(*shape).astype(dtype), device=self)
 
-    def rand(self, *shape, dtype: str = "float32") -> "NDArray":
+    def rand(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Uniform [0, 1) samples from numpy's global RNG, moved to this device."""
         from .ndarray import NDArray
         return NDArray(np.random.rand(*shape).astype(dtype), device=self)
 
-    def one_hot(self, n: int, i, dtype: str = "float32") -> "NDArray":
+    def one_hot(self, n: int, i: Any, dtype: str = "float32") -> "NDArray":
         """Rows of the n×n identity selected by the integer indices ``i``: shape i.shape + (n,)."""
         from .ndarray import NDArray
         return NDArray(np.eye(n, dtype=dtype)[np.asarray(i, dtype=np.int64)], device=self)
 
-    def empty(self, shape, dtype: str = "float32") -> "NDArray":
+    def empty(self, shape: Iterable[int], dtype: str = "float32") -> "NDArray":
         """An uninitialised float32 array of ``shape`` on this device."""
         from .ndarray import NDArray
         _check_dtype(dtype)
         return NDArray.make(tuple(shape), device=self)
 
-    def full(self, shape, fill_value: float, dtype: str = "float32") -> "NDArray":
+    def full(self, shape: Iterable[int], fill_value: float, dtype: str = "float32") -> "NDArray":
         """A float32 array of ``shape`` filled with ``fill_value`` on this device."""
         arr = self.empty(shape, dtype)
         arr.fill(fill_value)
@@ -166,6 +193,6 @@ def all_devices() -> list[BackendDevice]:
     return [cpu(), cuda(), cpu_numpy()]
 
 
-def _check_dtype(dtype) -> None:
+def _check_dtype(dtype: DTypeLike) -> None:
     if dtype is not None and np.dtype(dtype) != np.float32:
         raise TypeError(f"NDArray supports only float32, got dtype {dtype!r}")

@@ -9,23 +9,26 @@ for numpy arrays.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from . import fused_spec as spec
+from .device import BackendDevice
 from .ndarray import NDArray
+from .protocol import Array
 from .ndarray import _new as _alloc
 
 __all__ = list(spec.KERNELS)  # softmax_xent, ..., adam_update_: one function per kernel
 
 
-def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], **scalars):
+def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...],
+           **scalars: float) -> Tuple[BackendDevice, spec.Dims]:
     """(device, sizes) after checking that each of ``arrays`` (the kernel's inputs, in order)
     is an NDArray (TypeError), that all share one device (ValueError) and that their shapes
     fit ``kernel`` (ValueError, see ``fused_spec.FusedKernel.check``)."""
     fn = kernel.api_name
-    device = None
+    device: Optional[BackendDevice] = None
     for op, a in zip(kernel.inputs, arrays):
         if not isinstance(a, NDArray):
             raise TypeError(f"{fn}: {op.name} must be an NDArray, got {type(a).__name__}")
@@ -33,21 +36,23 @@ def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], **scalars):
             device, first = a.device, op.name
         elif a.device != device:
             raise ValueError(f"{fn}: {op.name} is on {a.device} but {first} is on {device}")
+    assert device is not None, f"{fn} has inputs"
     return device, kernel.check([a.shape for a in arrays], scalars)
 
 
-def _new(device, kernel: spec.FusedKernel, dims) -> tuple:
+def _new(device: BackendDevice, kernel: spec.FusedKernel, dims: spec.Dims
+         ) -> Tuple[NDArray, ...]:
     """The kernel's outputs, fresh compact arrays on ``device``."""
     device._check()
     return tuple(_alloc(shape, device) for shape in kernel.output_shapes(dims))
 
 
-def _h(*arrays: NDArray):
+def _h(*arrays: NDArray) -> Tuple[Array, ...]:
     """The buffers of ``arrays``, compacted first where they are views."""
     return tuple(a.compact()._handle for a in arrays)
 
 
-def _out(*arrays: NDArray):
+def _out(*arrays: NDArray) -> Tuple[Array, ...]:
     """The buffers of freshly allocated (compact) outputs."""
     return tuple(a._handle for a in arrays)
 
@@ -66,7 +71,8 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
     return loss, probs
 
 
-_IOTA: dict = {}  # (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
+# (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
+_IOTA: Dict[Tuple[int, BackendDevice], NDArray] = {}
 
 
 def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0
@@ -97,7 +103,8 @@ def layernorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
     return y, xhat, rstd
 
 
-def _norm_bwd(kernel: spec.FusedKernel, device_kernel, device, dims, dy: NDArray,
+def _norm_bwd(kernel: spec.FusedKernel, device_kernel: Callable[..., None],
+              device: BackendDevice, dims: spec.Dims, dy: NDArray,
               xhat: NDArray, rstd: NDArray, w: NDArray) -> Tuple[NDArray, NDArray, NDArray]:
     """dx, dw, db of layer or batch norm (``kernel``, already checked: ``device``, ``dims``)."""
     rows, cols = dims
@@ -123,10 +130,11 @@ def batchnorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
     """Batch norm of each column of ``x`` (N, C) over the N ≥ 1 rows:
     ``(y, xhat, rstd, mean, var)``, the last three of shape (C,) (biased batch variance)."""
     device, (rows, cols) = _check(spec.BATCHNORM_FWD, (x, w, b), eps=eps)
-    out = _new(device, spec.BATCHNORM_FWD, (rows, cols))
+    y, xhat, rstd, mean, var = _new(device, spec.BATCHNORM_FWD, (rows, cols))
     if cols:
-        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_out(*out))
-    return out
+        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps),
+                             *_out(y, xhat, rstd, mean, var))
+    return y, xhat, rstd, mean, var
 
 
 def batchnorm_bwd(dy: NDArray, xhat: NDArray, rstd: NDArray, w: NDArray
@@ -143,10 +151,10 @@ def lstm_cell_fwd(gates: NDArray, c_prev: NDArray
     cell state ``c_prev`` (B, H): ``(h, c, act, tanh_c)`` with act = (σi, σf, tanh g, σo)
     (B, 4H), c = σf·c_prev + σi·tanh g, tanh_c = tanh(c), h = σo·tanh_c (each (B, H))."""
     device, (batch, hidden) = _check(spec.LSTM_CELL_FWD, (gates, c_prev))
-    out = _new(device, spec.LSTM_CELL_FWD, (batch, hidden))
+    h, c, act, tanh_c = _new(device, spec.LSTM_CELL_FWD, (batch, hidden))
     if batch and hidden:
-        device.lstm_cell_fwd(*_h(gates, c_prev), batch, hidden, *_out(*out))
-    return out
+        device.lstm_cell_fwd(*_h(gates, c_prev), batch, hidden, *_out(h, c, act, tanh_c))
+    return h, c, act, tanh_c
 
 
 def lstm_cell_bwd(dh: NDArray, dc: NDArray, act: NDArray, c_prev: NDArray, tanh_c: NDArray
@@ -161,7 +169,7 @@ def lstm_cell_bwd(dh: NDArray, dc: NDArray, act: NDArray, c_prev: NDArray, tanh_
     return dgates, dc_prev
 
 
-def _update_in_place(fn: str, param: NDArray, kernel) -> None:
+def _update_in_place(fn: str, param: NDArray, kernel: Callable[[Array], None]) -> None:
     """Run ``kernel(param_handle)`` so that it updates ``param``'s own elements.
 
     A compact param is updated in its buffer; a strided view (a slice of a bigger buffer) is

@@ -20,9 +20,16 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
 Dims = Tuple[int, ...]
+
+
+class Sized(Protocol):
+    """A buffer as :meth:`FusedKernel.check_buffers` sees it: its number of elements."""
+
+    @property
+    def size(self) -> int: ...
 
 # Every fused kernel, by array-level name (filled by _kernel below).
 KERNELS: Dict[str, "FusedKernel"] = {}
@@ -75,13 +82,13 @@ class FusedKernel:
         """The shapes of the outputs for the sizes ``dims``."""
         return _output_shapes(self, dims)
 
-    def check_buffers(self, buffers: Mapping[str, object], dims: Dims,
+    def check_buffers(self, buffers: Mapping[str, Sized], dims: Dims,
                       scalars: Mapping[str, float] = {}) -> Dims:
         """The device-level check: every buffer (name -> an object with ``.size``), inputs and
         outputs, holds exactly the elements its shape needs for the sizes ``dims`` (ValueError
         naming ``name``, the buffer and both sizes). With no ``dims`` (the in-place updates)
         the source buffer's size is the size. Returns the sizes."""
-        fn = self.name
+        fn = self.name or self.api_name  # only kernels with a device function get here
         if not self.dims:
             dims = (buffers[self.source].size,)
         elif any(d < 0 for d in dims):
@@ -125,7 +132,7 @@ def _output_shapes(kernel: FusedKernel, dims: Dims) -> Tuple[Dims, ...]:
     return tuple(op.shape(*dims) for op in kernel.outputs)
 
 
-def _kernel(*args, **kwargs) -> FusedKernel:
+def _kernel(*args: Any, **kwargs: Any) -> FusedKernel:
     """A new :class:`FusedKernel`, entered in :data:`KERNELS`."""
     kernel = FusedKernel(*args, **kwargs)
     KERNELS[kernel.api_name] = kernel

@@ -19,7 +19,8 @@ from __future__ import annotations
 import builtins
 import functools
 import math
-from typing import Iterable, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
@@ -32,12 +33,17 @@ from .device import (
     cuda,
     default_device,
     default_tensor_device,
-    ndarray_backend_cpu,
-    ndarray_backend_cuda,
-    ndarray_backend_numpy,
 )
-from .protocol import (BINARY_OPS, MAX_ELEMENTS, OP_METHODS, REDUCE_OPS, UNARY_OPS,
+from .protocol import (BINARY_OPS, MAX_ELEMENTS, OP_METHODS, REDUCE_OPS, UNARY_OPS, Array,
                        module_functions)
+
+Shape = Tuple[int, ...]
+# A scalar operand of the element-wise ops (see _scalar).
+Scalar = Union[int, float, np.integer[Any], np.floating[Any], np.bool_]
+# An axis argument: None (all axes), one axis, or several.
+Axes = Union[None, int, Sequence[int]]
+# One subscript of __getitem__ / __setitem__.
+Index = Union[int, np.integer[Any], slice]
 
 __all__ = ["BackendDevice", "NDArray", "all_devices", "array", "broadcast_to", "cpu", "cpu_numpy",
            "cuda", "default_device", "default_tensor_device", "empty", "flip", "full", "matmul",
@@ -53,9 +59,9 @@ def prod(x: Iterable[int]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _compact_strides(shape: tuple) -> tuple:
+def _compact_strides(shape: Shape) -> Shape:
     stride = 1
-    res = []
+    res: list[int] = []
     for n in reversed(shape):
         res.append(stride)
         stride *= n
@@ -66,7 +72,7 @@ def _compact_strides(shape: tuple) -> tuple:
 FLOAT32_EXACT_INT = 2 ** 24
 
 
-def _as_float32_numpy(other) -> np.ndarray:
+def _as_float32_numpy(other: object) -> np.ndarray:
     try:
         arr = np.asarray(other)
     except Exception as exc:  # ragged nested lists and the like
@@ -86,7 +92,7 @@ def _as_float32_numpy(other) -> np.ndarray:
     return np.asarray(arr, dtype=np.float32, order="C")
 
 
-def _new(shape: tuple, device: BackendDevice) -> "NDArray":
+def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     """A fresh compact array (internal: ``shape`` is a tuple of non-negative ints and
     ``device`` is enabled, since an array already lives there)."""
     size = math.prod(shape)
@@ -102,7 +108,7 @@ def _new(shape: tuple, device: BackendDevice) -> "NDArray":
     return array
 
 
-def _view(base: "NDArray", shape: tuple, strides: tuple, offset: int) -> "NDArray":
+def _view(base: "NDArray", shape: Shape, strides: Shape, offset: int) -> "NDArray":
     """A view of ``base``'s buffer (internal: the caller guarantees it stays inside)."""
     array = object.__new__(NDArray)
     array._shape = shape
@@ -129,8 +135,13 @@ class NDArray:
     """
 
     __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "__weakref__")
+    _shape: Shape
+    _strides: Shape
+    _offset: int
+    _device: BackendDevice
+    _handle: Array
 
-    def __init__(self, other, device: BackendDevice | None = None):
+    def __init__(self, other: object, device: BackendDevice | None = None):
         if isinstance(other, NDArray):
             src = other.to(device) if device is not None else other
             self._init(src._copy() if src is other else src)
@@ -156,10 +167,13 @@ class NDArray:
     compact_strides.__doc__ = "Row-major strides (in elements) of the tuple ``shape`` (cached)."
 
     @staticmethod
-    def make(shape, strides=None, device=None, handle=None, offset: int = 0) -> "NDArray":
+    def make(shape: Iterable[int], strides: Optional[Iterable[int]] = None,
+             device: Optional[BackendDevice] = None, handle: Optional[Array] = None,
+             offset: int = 0) -> "NDArray":
         """An NDArray over ``handle`` (a fresh buffer of prod(shape) elements when None)."""
         shape = tuple(map(int, shape))
         device = device if device is not None else default_device()
+        array: NDArray
         if handle is None:
             if shape and min(shape) < 0:
                 raise ValueError(f"negative dimension in shape {shape}")
@@ -225,7 +239,9 @@ class NDArray:
         """A numpy copy with this array's shape."""
         if 0 in self._shape:
             return np.zeros(self._shape, dtype=np.float32)
-        return self._device.to_numpy(self._handle, self._shape, self._strides, self._offset)
+        out: np.ndarray = self._device.to_numpy(self._handle, self._shape, self._strides,
+                                                self._offset)
+        return out
 
     def is_compact(self) -> bool:
         """Row-major strides and the buffer holds exactly these elements."""
@@ -243,29 +259,29 @@ class NDArray:
         """Self if compact, else a row-major copy."""
         return self if self.is_compact() else self._copy()
 
-    def as_strided(self, shape, strides) -> "NDArray":
+    def as_strided(self, shape: Iterable[int], strides: Iterable[int]) -> "NDArray":
         """A view with the given shape and strides over the same buffer (and offset).
 
         Raises ValueError when an element of the view would fall outside the buffer.
         """
-        shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
-        if len(shape) != len(strides):
-            raise ValueError(f"as_strided: shape {shape} and strides {strides} differ in length")
-        if any(n < 0 for n in shape):
-            raise ValueError(f"as_strided: negative dimension in shape {shape}")
-        if any(s < 0 for s in strides):
-            raise ValueError(f"as_strided: negative strides {strides} are not supported")
-        if prod(shape) > 0:
-            last = self._offset + builtins.sum((n - 1) * s for n, s in zip(shape, strides))
+        dims, steps = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+        if len(dims) != len(steps):
+            raise ValueError(f"as_strided: shape {dims} and strides {steps} differ in length")
+        if any(n < 0 for n in dims):
+            raise ValueError(f"as_strided: negative dimension in shape {dims}")
+        if any(s < 0 for s in steps):
+            raise ValueError(f"as_strided: negative strides {steps} are not supported")
+        if prod(dims) > 0:
+            last = self._offset + builtins.sum((n - 1) * s for n, s in zip(dims, steps))
             if last >= self._handle.size:
                 raise ValueError(
-                    f"as_strided: shape {shape} with strides {strides} and offset {self._offset} "
+                    f"as_strided: shape {dims} with strides {steps} and offset {self._offset} "
                     f"reaches element {last}, beyond the buffer of {self._handle.size}"
                 )
-        return _view(self, shape, strides, self._offset)
+        return _view(self, dims, steps, self._offset)
 
     # ---- views -----------------------------------------------------------------------------
-    def reshape(self, new_shape) -> "NDArray":
+    def reshape(self, new_shape: Union[int, Iterable[int]]) -> "NDArray":
         """A view with ``new_shape`` (one -1 is inferred). The array must be compact."""
         new_shape = _normalize_shape(new_shape, self.size)
         if prod(new_shape) != self.size:
@@ -278,7 +294,7 @@ class NDArray:
             )
         return _view(self, new_shape, _compact_strides(new_shape), 0)
 
-    def permute(self, new_axes) -> "NDArray":
+    def permute(self, new_axes: Iterable[int]) -> "NDArray":
         """A view with the axes reordered: dimension i of the result is ``new_axes[i]`` of self."""
         axes = _permutation(tuple(new_axes), len(self._shape))
         if axes is None:
@@ -288,7 +304,7 @@ class NDArray:
         return _view(self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes),
                      self._offset)
 
-    def broadcast_to(self, new_shape) -> "NDArray":
+    def broadcast_to(self, new_shape: Iterable[int]) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
         new_shape = tuple(int(s) for s in new_shape)
         if new_shape == self._shape:
@@ -315,7 +331,7 @@ class NDArray:
         stop = n if stop is None else _slice_bound(stop, n, dim, "stop")
         return slice(start, stop if stop > start else start, step)
 
-    def __getitem__(self, idxs) -> "NDArray":
+    def __getitem__(self, idxs: Union[Index, Tuple[Index, ...]]) -> "NDArray":
         """A view of the selected elements; every dimension is kept (an int selects size 1)."""
         if not isinstance(idxs, tuple):
             idxs = (idxs,)
@@ -344,7 +360,8 @@ class NDArray:
             offset = self._offset
         return _view(self, tuple(shape), tuple(strides), offset)
 
-    def __setitem__(self, idxs, other) -> None:
+    def __setitem__(self, idxs: Union[Index, Tuple[Index, ...]],
+                    other: Union["NDArray", Scalar]) -> None:
         """Assign a scalar, or an NDArray of the view's shape (or broadcastable to it)."""
         view = self.__getitem__(idxs)
         if isinstance(other, NDArray):
@@ -371,7 +388,7 @@ class NDArray:
         if other._device != self._device:
             raise ValueError(f"arrays are on different devices: {self.device} and {other.device}")
 
-    def _binary(self, other, op: int, reverse: bool = False) -> "NDArray":
+    def _binary(self, other: Union["NDArray", Scalar], op: int, reverse: bool = False) -> "NDArray":
         """BINARY_OPS[op](self, other) for an NDArray (broadcast with numpy's rules) or a
         scalar ``other``; (other, self) when ``reverse``."""
         dev = self._device
@@ -408,6 +425,41 @@ class NDArray:
 
     # The element-wise methods (__add__, __radd__, ..., maximum, exp, relu, ...) are generated
     # below the class from protocol.OP_METHODS: one _binary / _unary call each.
+    if TYPE_CHECKING:  # their signatures, for the type checker
+        Operand = Union["NDArray", Scalar]
+
+        def __add__(self, other: Operand) -> NDArray: ...
+        def __radd__(self, other: Operand) -> NDArray: ...
+        def __sub__(self, other: Operand) -> NDArray: ...
+        def __rsub__(self, other: Operand) -> NDArray: ...
+        def __mul__(self, other: Operand) -> NDArray: ...
+        def __rmul__(self, other: Operand) -> NDArray: ...
+        def __truediv__(self, other: Operand) -> NDArray: ...
+        def __rtruediv__(self, other: Operand) -> NDArray: ...
+        def __pow__(self, other: Operand) -> NDArray: ...
+        def __rpow__(self, other: Operand) -> NDArray: ...
+        def maximum(self, other: Operand) -> NDArray: ...
+        def minimum(self, other: Operand) -> NDArray: ...
+        # element-wise comparisons return arrays of 0/1, as numpy's return boolean arrays
+        def __eq__(self, other: Operand) -> NDArray: ...  # type: ignore[override]
+        def __ne__(self, other: Operand) -> NDArray: ...  # type: ignore[override]
+        def __lt__(self, other: Operand) -> NDArray: ...
+        def __le__(self, other: Operand) -> NDArray: ...
+        def __gt__(self, other: Operand) -> NDArray: ...
+        def __ge__(self, other: Operand) -> NDArray: ...
+        def __neg__(self) -> NDArray: ...
+        def neg(self) -> NDArray: ...
+        def __abs__(self) -> NDArray: ...
+        def abs(self) -> NDArray: ...
+        def sqrt(self) -> NDArray: ...
+        def exp(self) -> NDArray: ...
+        def log(self) -> NDArray: ...
+        def tanh(self) -> NDArray: ...
+        def sigmoid(self) -> NDArray: ...
+        def relu(self) -> NDArray: ...
+    # Unhashable, like a numpy array (``==`` is element-wise); object's __hash__ is a method,
+    # so declaring it None is an assignment mypy flags.
+    __hash__: ClassVar[None]  # type: ignore[assignment]
     __hash__ = None
 
     # ---- matrix multiplication ---------------------------------------------------------------
@@ -431,7 +483,8 @@ class NDArray:
         if other._shape[-2] != n:
             raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
         if len(self._shape) == 2 and len(other._shape) == 2:
-            batch_shape, batch = (), 1
+            batch_shape: Shape = ()
+            batch = 1
             a_strides, b_strides = (0,) + self._strides, (0,) + other._strides
             a, b = self, other
         else:
@@ -477,7 +530,7 @@ class NDArray:
         return out.permute((0, 2, 1, 3))._copy().reshape((m, p))
 
     # ---- reductions --------------------------------------------------------------------------
-    def _reduce(self, op: int, axis, keepdims: bool) -> "NDArray":
+    def _reduce(self, op: int, axis: Axes, keepdims: bool) -> "NDArray":
         if isinstance(axis, list):
             axis = tuple(axis)
         view_shape, view_strides, keep, out_shape, empty = _reduce_plan(
@@ -491,26 +544,26 @@ class NDArray:
                                 out._handle)
         return out
 
-    def sum(self, axis=None, keepdims: bool = False) -> "NDArray":
+    def sum(self, axis: Axes = None, keepdims: bool = False) -> "NDArray":
         """Sum over ``axis`` (None: all elements, shape (1,) or all-ones with keepdims; an int
         or a tuple of ints, negative counting from the end)."""
         return self._reduce(_SUM, axis, keepdims)
 
-    def max(self, axis=None, keepdims: bool = False) -> "NDArray":
+    def max(self, axis: Axes = None, keepdims: bool = False) -> "NDArray":
         """Maximum over ``axis`` (as :meth:`sum`); NaN propagates; an empty axis is a
         ValueError."""
         return self._reduce(_MAX, axis, keepdims)
 
     # ---- flip and pad ------------------------------------------------------------------------
-    def flip(self, axes) -> "NDArray":
+    def flip(self, axes: Axes) -> "NDArray":
         """A compact copy with the order of elements reversed along ``axes`` (int or tuple)."""
         if axes is None:
             axes = tuple(range(self.ndim))
         axes = axes if isinstance(axes, (tuple, list)) else (axes,)
-        axes = {_norm_axis(a, self.ndim) for a in axes}
+        flipped = {_norm_axis(a, self.ndim) for a in axes}
         offset = self._offset
         strides = list(self.strides)
-        for a in axes:
+        for a in flipped:
             if self.shape[a] > 0:
                 offset += (self.shape[a] - 1) * strides[a]
             strides[a] = -strides[a]
@@ -518,7 +571,7 @@ class NDArray:
         # strides; it never escapes this method.
         return _view(self, self._shape, tuple(strides), offset)._copy()
 
-    def pad(self, axes) -> "NDArray":
+    def pad(self, axes: Sequence[Sequence[int]]) -> "NDArray":
         """Zero padding: ``axes`` is one (before, after) pair per dimension."""
         axes = tuple(tuple(int(v) for v in a) for a in axes)
         if len(axes) != self.ndim or any(len(a) != 2 or min(a) < 0 for a in axes):
@@ -530,8 +583,8 @@ class NDArray:
         return out
 
 
-def _binary_method(name: str, code: int, reverse: bool):
-    def method(self: NDArray, other) -> NDArray:
+def _binary_method(name: str, code: int, reverse: bool) -> Callable[[NDArray, Any], NDArray]:
+    def method(self: NDArray, other: Union[NDArray, Scalar]) -> NDArray:
         return self._binary(other, code, reverse)
     method.__name__ = method.__qualname__ = name
     method.__doc__ = (f"Element-wise ``{BINARY_OPS[code]}`` with an NDArray (broadcast with "
@@ -539,7 +592,7 @@ def _binary_method(name: str, code: int, reverse: bool):
     return method
 
 
-def _unary_method(name: str, code: int):
+def _unary_method(name: str, code: int) -> Callable[[NDArray], NDArray]:
     def method(self: NDArray) -> NDArray:
         return self._unary(code)
     method.__name__ = method.__qualname__ = name
@@ -557,7 +610,7 @@ for _op, _methods in OP_METHODS.items():
     # the reductions (sum, max) are written in the class: they take axes
 
 
-def _scalar(value) -> float:
+def _scalar(value: object) -> float:
     if type(value) is float or type(value) is int:
         return float(value)
     if isinstance(value, (bool, np.bool_, int, float, np.integer, np.floating)):
@@ -565,7 +618,7 @@ def _scalar(value) -> float:
     raise TypeError(f"expected a number or an NDArray, got {type(value).__name__}")
 
 
-def _norm_axis(axis, ndim: int) -> int:
+def _norm_axis(axis: object, ndim: int) -> int:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, got {axis!r}")
     if not -ndim <= axis < ndim:
@@ -574,14 +627,14 @@ def _norm_axis(axis, ndim: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _permutation(axes: tuple, ndim: int):
+def _permutation(axes: Tuple[int, ...], ndim: int) -> Optional[Shape]:
     """``axes`` with negative axes normalised, or None when it is not a permutation of
     range(ndim) (cached: the same permutations recur every step)."""
     norm = tuple(_norm_axis(a, ndim) for a in axes)
     return norm if sorted(norm) == list(range(ndim)) else None
 
 
-def _norm_axes(axis, ndim: int, shape) -> set:
+def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[int]:
     """The set of non-negative axes named by an int or a tuple/list of ints (no duplicates)."""
     if isinstance(axis, (tuple, list)):
         axes = [_norm_axis(a, ndim) for a in axis]
@@ -592,7 +645,8 @@ def _norm_axes(axis, ndim: int, shape) -> set:
 
 
 @functools.lru_cache(maxsize=4096)
-def _reduce_plan(shape: tuple, strides: tuple, axis, keepdims: bool):
+def _reduce_plan(shape: Shape, strides: Shape, axis: Axes,
+                 keepdims: bool) -> Tuple[Shape, Shape, int, Shape, bool]:
     """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
     last) as (shape, strides), the number of kept axes, the output shape, and whether a
     non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
@@ -613,7 +667,7 @@ def _reduce_plan(shape: tuple, strides: tuple, axis, keepdims: bool):
     return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
 
 
-def _broadcast_shapes(a: tuple, b: tuple, what: str) -> tuple:
+def _broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:
     """numpy's broadcast of two shapes; ValueError naming both when they do not broadcast."""
     if len(a) < len(b):
         a = (1,) * (len(b) - len(a)) + a
@@ -630,7 +684,7 @@ def _broadcast_shapes(a: tuple, b: tuple, what: str) -> tuple:
     return tuple(out)
 
 
-def _broadcast_strides(x: NDArray, shape: tuple) -> tuple:
+def _broadcast_strides(x: NDArray, shape: Shape) -> Shape:
     """Strides of ``x`` viewed with the (broadcast) ``shape``: 0 along new and stretched axes."""
     lead = len(shape) - len(x._shape)
     strides = [0] * lead
@@ -645,7 +699,7 @@ def _broadcast_strides(x: NDArray, shape: tuple) -> tuple:
     return tuple(strides)
 
 
-def _batch_stride(shape: tuple, strides: tuple):
+def _batch_stride(shape: Shape, strides: Shape) -> Optional[int]:
     """The one stride that walks the batch dimensions ``shape`` in row-major order, or None
     when no single stride does (dimensions of size 1 are free)."""
     stride = expected = None
@@ -660,7 +714,7 @@ def _batch_stride(shape: tuple, strides: tuple):
     return 0 if stride is None else stride
 
 
-def _batched(x: NDArray, batch_shape: tuple):
+def _batched(x: NDArray, batch_shape: Shape) -> Tuple[NDArray, Shape]:
     """``x`` broadcast to ``batch_shape`` + its last two dimensions, as (array, (batch stride,
     row stride, column stride)); compact first only when no single batch stride exists."""
     full = batch_shape + x._shape[-2:]
@@ -670,10 +724,11 @@ def _batched(x: NDArray, batch_shape: tuple):
         x = _view(x, full, strides, x._offset)._copy()
         strides = x._strides
         stride = _batch_stride(batch_shape, strides[:-2])
+        assert stride is not None, "a compact batch has one batch stride"
     return x, (stride,) + strides[-2:]
 
 
-def _normalize_shape(shape, size: int) -> tuple[int, ...]:
+def _normalize_shape(shape: Union[int, Iterable[int]], size: int) -> Shape:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     shape = tuple(int(s) for s in shape)
@@ -690,36 +745,37 @@ def _normalize_shape(shape, size: int) -> tuple[int, ...]:
 
 
 # ---- module functions (the course's array_api, plus the methods added above) -------------------
-def array(a, dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
+def array(a: object, dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
     """A float32 NDArray copy of ``a`` on ``device``."""
     _check_dtype(dtype)
     return NDArray(a, device=device)
 
 
-def empty(shape, dtype: str = "float32", device: BackendDevice | None = None) -> NDArray:
+def empty(shape: Iterable[int], dtype: str = "float32",
+          device: BackendDevice | None = None) -> NDArray:
     """An uninitialised float32 array of ``shape``."""
     device = device if device is not None else default_device()
     return device.empty(shape, dtype)
 
 
-def full(shape, fill_value: float, dtype: str = "float32",
+def full(shape: Iterable[int], fill_value: float, dtype: str = "float32",
          device: BackendDevice | None = None) -> NDArray:
     """A float32 array of ``shape`` filled with ``fill_value``."""
     device = device if device is not None else default_device()
     return device.full(shape, fill_value, dtype)
 
 
-def broadcast_to(array: NDArray, new_shape) -> NDArray:
+def broadcast_to(array: NDArray, new_shape: Iterable[int]) -> NDArray:
     """``array`` viewed with ``new_shape`` (numpy's broadcasting rules; stride 0, no copy)."""
     return array.broadcast_to(new_shape)
 
 
-def reshape(array: NDArray, new_shape) -> NDArray:
+def reshape(array: NDArray, new_shape: Union[int, Iterable[int]]) -> NDArray:
     """A view of the compact ``array`` with ``new_shape``."""
     return array.reshape(new_shape)
 
 
-def permute(array: NDArray, new_axes) -> NDArray:
+def permute(array: NDArray, new_axes: Iterable[int]) -> NDArray:
     """A view of ``array`` with its axes reordered."""
     return array.permute(new_axes)
 
@@ -740,11 +796,11 @@ def matmul_tiled(a: NDArray, b: NDArray) -> NDArray:
     return a.matmul_tiled(b)
 
 
-def flip(a: NDArray, axes) -> NDArray:
+def flip(a: NDArray, axes: Axes) -> NDArray:
     """A copy of ``a`` reversed along ``axes``."""
     return a.flip(axes)
 
 
-def pad(a: NDArray, axes) -> NDArray:
+def pad(a: NDArray, axes: Sequence[Sequence[int]]) -> NDArray:
     """``a`` zero-padded by one (before, after) pair per dimension."""
     return a.pad(axes)

@@ -14,6 +14,7 @@ the views and the checks.
 from __future__ import annotations
 
 import operator
+from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from .protocol import MAX_ELEMENTS
 __device_name__ = "cpu_numpy"
 _datatype = np.float32
 _datetype_size = np.dtype(_datatype).itemsize
+# Shapes, strides (in elements) as the protocol passes them: tuples or lists of ints, checked.
+Shape = Sequence[int]
 
 
 # The op tables come from the numpy kernels, in op-code order (protocol.BINARY_OPS ...); each
@@ -38,7 +41,7 @@ _REDUCE_FUNCS = tuple(_REDUCE.values())
 
 
 # Bytes held by live Arrays and their peak since reset_peak() (memory_stats()).
-_memory = {"live_bytes": 0, "peak_bytes": 0}
+_memory: dict[str, int] = {"live_bytes": 0, "peak_bytes": 0}
 
 
 class Array:
@@ -56,7 +59,7 @@ class Array:
         if live > _memory["peak_bytes"]:
             _memory["peak_bytes"] = live
 
-    def __del__(self):
+    def __del__(self) -> None:
         array = self.__dict__.get("array")  # absent when __init__ raised
         if array is not None:
             _memory["live_bytes"] -= array.nbytes
@@ -67,10 +70,11 @@ class Array:
 
     def ptr(self) -> int:
         """Address of the first element (views of one buffer share it)."""
-        return self.array.ctypes.data
+        address: int = self.array.ctypes.data
+        return address
 
 
-def memory_stats() -> dict:
+def memory_stats() -> dict[str, int]:
     """Bytes held by live Arrays (``live_bytes``) and their peak since :func:`reset_peak`."""
     return dict(_memory)
 
@@ -81,7 +85,8 @@ def reset_peak() -> None:
 
 
 # ---- argument checks (the numpy twin of src/ndarray_checks.h) ---------------------------------
-def _int(fn: str, what: str, v) -> int:
+# The checks take any value (that is what they check); Any where numpy or operator then use it.
+def _int(fn: str, what: str, v: Any) -> int:
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{fn}: {what} must be an int, got bool")
     try:
@@ -90,7 +95,7 @@ def _int(fn: str, what: str, v) -> int:
         raise TypeError(f"{fn}: {what} must be an int, got {type(v).__name__}") from None
 
 
-def _ints(fn: str, what: str, seq) -> tuple:
+def _ints(fn: str, what: str, seq: object) -> Tuple[int, ...]:
     if type(seq) is tuple and all(type(v) is int for v in seq):
         return seq  # the common case, checked cheaply
     if not isinstance(seq, (tuple, list)):
@@ -98,26 +103,26 @@ def _ints(fn: str, what: str, seq) -> tuple:
     return tuple(_int(fn, what, v) for v in seq)
 
 
-def _float(fn: str, what: str, v) -> float:
+def _float(fn: str, what: str, v: Any) -> float:
     if isinstance(v, (str, bytes, complex, np.complexfloating)) or not hasattr(v, "__float__"):
         raise TypeError(f"{fn}: {what} must be a float, got {type(v).__name__}")
     return float(v)
 
 
-def _buf(fn: str, what: str, a) -> "Array":
+def _buf(fn: str, what: str, a: object) -> "Array":
     if not isinstance(a, Array):
         raise TypeError(f"{fn}: {what} must be an Array of this module, got {type(a).__name__}")
     return a
 
 
-def _op(fn: str, op, table) -> int:
+def _op(fn: str, op: object, table: Sequence[object]) -> int:
     op = _int(fn, "op", op)
     if not 0 <= op < len(table):
         raise ValueError(f"{fn}: unknown op code {op} (valid: 0..{len(table) - 1})")
     return op
 
 
-def _shape_size(fn: str, shape: tuple) -> int:
+def _shape_size(fn: str, shape: Tuple[int, ...]) -> int:
     size = 1
     for n in shape:
         if n < 0:
@@ -128,7 +133,7 @@ def _shape_size(fn: str, shape: tuple) -> int:
     return size
 
 
-def _check_view(fn: str, buf: Array, shape, strides, offset) -> int:
+def _check_view(fn: str, buf: Array, shape: Shape, strides: Shape, offset: int) -> int:
     """The number of elements of the view; ValueError if it reaches outside ``buf``."""
     shape, strides = _ints(fn, "shape", shape), _ints(fn, "strides", strides)
     if type(offset) is not int:
@@ -164,19 +169,21 @@ def _check_sizes(fn: str, out: Array, *inputs: Array) -> None:
                          f"out has {out.size}")
 
 
-def _view(a: Array, shape, strides, offset) -> np.ndarray:
+def _view(a: Array, shape: Shape, strides: Shape, offset: int) -> np.ndarray:
     """The numpy view of a non-empty, checked view (negative strides reach below ``offset``)."""
-    return np.ndarray(tuple(shape), np.float32, a.array, offset * _datetype_size,
-                      tuple(s * _datetype_size for s in strides))
+    view: np.ndarray = np.ndarray(tuple(shape), np.float32, a.array, offset * _datetype_size,
+                                  tuple(s * _datetype_size for s in strides))
+    return view
 
 
 # ---- memory (course) --------------------------------------------------------------------------
-def to_numpy(a: Array, shape, strides, offset) -> np.ndarray:
+def to_numpy(a: Array, shape: Shape, strides: Shape, offset: int) -> np.ndarray:
     """A copy of the strided view (shape, strides in elements, offset) of ``a``."""
     _buf("to_numpy", "a", a)
     if not _check_view("to_numpy", a, shape, strides, offset):
         return np.zeros(tuple(shape), dtype=np.float32)
-    return _view(a, shape, strides, offset).copy()
+    copy: np.ndarray = _view(a, shape, strides, offset).copy()
+    return copy
 
 
 def from_numpy(a: np.ndarray, out: Array) -> None:
@@ -194,7 +201,7 @@ def fill(out: Array, val: float) -> None:
     _buf("fill", "out", out).array.fill(_float("fill", "val", val))
 
 
-def compact(a: Array, out: Array, shape, strides, offset) -> None:
+def compact(a: Array, out: Array, shape: Shape, strides: Shape, offset: int) -> None:
     """Write the strided view of ``a`` into ``out`` in row-major order."""
     _buf("compact", "a", a), _buf("compact", "out", out)
     size = _check_view("compact", a, shape, strides, offset)
@@ -203,7 +210,7 @@ def compact(a: Array, out: Array, shape, strides, offset) -> None:
         out.array[:] = _view(a, shape, strides, offset).ravel()
 
 
-def ewise_setitem(a: Array, out: Array, shape, strides, offset) -> None:
+def ewise_setitem(a: Array, out: Array, shape: Shape, strides: Shape, offset: int) -> None:
     """Write compact ``a`` into the strided view of ``out``."""
     _buf("ewise_setitem", "a", a), _buf("ewise_setitem", "out", out)
     size = _check_view("ewise_setitem", out, shape, strides, offset)
@@ -214,7 +221,8 @@ def ewise_setitem(a: Array, out: Array, shape, strides, offset) -> None:
         _view(out, shape, strides, offset)[...] = a.array.reshape(tuple(shape))
 
 
-def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset) -> None:
+def scalar_setitem(size: int, val: float, out: Array, shape: Shape, strides: Shape,
+                   offset: int) -> None:
     """Set every element of the strided view of ``out`` (``size`` elements) to ``val``."""
     size = _int("scalar_setitem", "size", size)
     val = _float("scalar_setitem", "val", val)
@@ -228,8 +236,8 @@ def scalar_setitem(size: int, val: float, out: Array, shape, strides, offset) ->
 
 
 # ---- element-wise on strided operands ---------------------------------------------------------
-def ewise_binary(op: int, a: Array, a_strides, a_offset: int, b: Array, b_strides, b_offset: int,
-                 out: Array, shape) -> None:
+def ewise_binary(op: int, a: Array, a_strides: Shape, a_offset: int, b: Array, b_strides: Shape,
+                 b_offset: int, out: Array, shape: Shape) -> None:
     """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b)."""
     fn = "ewise_binary"
     op = _op(fn, op, _BINARY_FUNCS)
@@ -244,12 +252,12 @@ def ewise_binary(op: int, a: Array, a_strides, a_offset: int, b: Array, b_stride
                               out=out.array.reshape(tuple(shape)))
 
 
-def ewise_scalar(op: int, a: Array, a_strides, a_offset: int, val: float, out: Array, shape,
-                 reverse: bool) -> None:
+def ewise_scalar(op: int, a: Array, a_strides: Shape, a_offset: int, val: float, out: Array,
+                 shape: Shape, reverse: bool) -> None:
     """``out`` = BINARY_OPS[op](view of a, val), or (val, view of a) when ``reverse``."""
     fn = "ewise_scalar"
     op = _op(fn, op, _BINARY_FUNCS)
-    val = np.float32(_float(fn, "val", val))
+    value = np.float32(_float(fn, "val", val))
     _buf(fn, "a", a), _buf(fn, "out", out)
     size = _check_view(fn, a, shape, a_strides, a_offset)
     _check_out(fn, out, size)
@@ -258,12 +266,13 @@ def ewise_scalar(op: int, a: Array, a_strides, a_offset: int, val: float, out: A
         o = out.array.reshape(tuple(shape))
         with np.errstate(all="ignore"):
             if reverse:
-                _BINARY_FUNCS[op](val, x, out=o)
+                _BINARY_FUNCS[op](value, x, out=o)
             else:
-                _BINARY_FUNCS[op](x, val, out=o)
+                _BINARY_FUNCS[op](x, value, out=o)
 
 
-def ewise_unary(op: int, a: Array, a_strides, a_offset: int, out: Array, shape) -> None:
+def ewise_unary(op: int, a: Array, a_strides: Shape, a_offset: int, out: Array,
+                shape: Shape) -> None:
     """``out`` = UNARY_OPS[op](view of a)."""
     fn = "ewise_unary"
     op = _op(fn, op, _UNARY_FUNCS)
@@ -277,7 +286,8 @@ def ewise_unary(op: int, a: Array, a_strides, a_offset: int, out: Array, shape) 
 
 
 # ---- reductions -------------------------------------------------------------------------------
-def reduce(op: int, a: Array, shape, strides, offset: int, keep: int, out: Array) -> None:
+def reduce(op: int, a: Array, shape: Shape, strides: Shape, offset: int, keep: int,
+           out: Array) -> None:
     """``out`` (prod(shape[:keep])) = REDUCE_OPS[op] over the axes ``shape[keep:]`` of the view."""
     fn = "reduce"
     op = _op(fn, op, _REDUCE_FUNCS)
@@ -304,7 +314,8 @@ def reduce(op: int, a: Array, shape, strides, offset: int, keep: int, out: Array
 
 
 # ---- matrix products --------------------------------------------------------------------------
-def matmul_strided(a: Array, a_strides, a_offset: int, b: Array, b_strides, b_offset: int,
+def matmul_strided(a: Array, a_strides: Shape, a_offset: int, b: Array, b_strides: Shape,
+                   b_offset: int,
                    out: Array, batch: int, m: int, n: int, p: int) -> None:
     """``out`` (compact, (batch, m, p)) = A[k] @ B[k] over strided (batch, m, n), (batch, n, p)."""
     fn = "matmul_strided"
@@ -330,92 +341,92 @@ def matmul_strided(a: Array, a_strides, a_offset: int, b: Array, b_strides, b_of
 
 
 # ---- element-wise on compact operands (course) ------------------------------------------------
-def ewise_add(a, b, out):
+def ewise_add(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_add", out, a, b)
     out.array[:] = a.array + b.array
 
 
-def scalar_add(a, val, out):
+def scalar_add(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_add", out, a)
     out.array[:] = a.array + np.float32(_float("scalar_add", "val", val))
 
 
-def ewise_mul(a, b, out):
+def ewise_mul(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_mul", out, a, b)
     out.array[:] = a.array * b.array
 
 
-def scalar_mul(a, val, out):
+def scalar_mul(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_mul", out, a)
     out.array[:] = a.array * np.float32(_float("scalar_mul", "val", val))
 
 
-def ewise_div(a, b, out):
+def ewise_div(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_div", out, a, b)
     with np.errstate(all="ignore"):
         out.array[:] = a.array / b.array
 
 
-def scalar_div(a, val, out):
+def scalar_div(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_div", out, a)
     with np.errstate(all="ignore"):
         out.array[:] = a.array / np.float32(_float("scalar_div", "val", val))
 
 
-def scalar_power(a, val, out):
+def scalar_power(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_power", out, a)
     with np.errstate(all="ignore"):
         out.array[:] = a.array ** np.float32(_float("scalar_power", "val", val))
 
 
-def ewise_maximum(a, b, out):
+def ewise_maximum(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_maximum", out, a, b)
     out.array[:] = np.maximum(a.array, b.array)
 
 
-def scalar_maximum(a, val, out):
+def scalar_maximum(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_maximum", out, a)
     out.array[:] = np.maximum(a.array, np.float32(_float("scalar_maximum", "val", val)))
 
 
-def ewise_eq(a, b, out):
+def ewise_eq(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_eq", out, a, b)
     out.array[:] = a.array == b.array
 
 
-def scalar_eq(a, val, out):
+def scalar_eq(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_eq", out, a)
     out.array[:] = a.array == np.float32(_float("scalar_eq", "val", val))
 
 
-def ewise_ge(a, b, out):
+def ewise_ge(a: Array, b: Array, out: Array) -> None:
     _check_sizes("ewise_ge", out, a, b)
     out.array[:] = a.array >= b.array
 
 
-def scalar_ge(a, val, out):
+def scalar_ge(a: Array, val: float, out: Array) -> None:
     _check_sizes("scalar_ge", out, a)
     out.array[:] = a.array >= np.float32(_float("scalar_ge", "val", val))
 
 
-def ewise_log(a, out):
+def ewise_log(a: Array, out: Array) -> None:
     _check_sizes("ewise_log", out, a)
     with np.errstate(all="ignore"):
         out.array[:] = np.log(a.array)
 
 
-def ewise_exp(a, out):
+def ewise_exp(a: Array, out: Array) -> None:
     _check_sizes("ewise_exp", out, a)
     with np.errstate(all="ignore"):
         out.array[:] = np.exp(a.array)
 
 
-def ewise_tanh(a, out):
+def ewise_tanh(a: Array, out: Array) -> None:
     _check_sizes("ewise_tanh", out, a)
     out.array[:] = np.tanh(a.array)
 
 
-def matmul(a, b, out, m, n, p):
+def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int) -> None:
     """out (m, p) = a (m, n) @ b (n, p), all compact."""
     m, n, p = (_int("matmul", w, v) for w, v in zip("mnp", (m, n, p)))
     if min(m, n, p) < 0:
@@ -440,30 +451,30 @@ def _check_reduce(fn: str, a: Array, out: Array, reduce_size: int) -> int:
     return reduce_size
 
 
-def reduce_max(a, out, reduce_size):
+def reduce_max(a: Array, out: Array, reduce_size: int) -> None:
     """Max over consecutive blocks of ``reduce_size`` elements of compact ``a``."""
     reduce_size = _check_reduce("reduce_max", a, out, reduce_size)
     out.array[:] = a.array[: out.array.size * reduce_size].reshape(-1, reduce_size).max(axis=1)
 
 
-def reduce_sum(a, out, reduce_size):
+def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
     """Sum over consecutive blocks of ``reduce_size`` elements of compact ``a``."""
     reduce_size = _check_reduce("reduce_sum", a, out, reduce_size)
     out.array[:] = a.array[: out.array.size * reduce_size].reshape(-1, reduce_size).sum(axis=1)
 
 
 # ---- fused kernels (protocol.py's last section) -----------------------------------------------
-def _fused(spec: fused_spec.FusedKernel, kernel):
+def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable[..., None]:
     """The device function of the fused kernel ``spec``: arguments (inputs..., sizes...,
     scalars..., outputs...) as in ``protocol.py``; checks kinds, then every buffer's size
     against ``spec`` (``fused_spec.FusedKernel.check_buffers``), runs the numpy ``kernel`` on
     views of the inputs and writes its results into the outputs (an in-place update, with no
     outputs, updates its input buffers)."""
-    fn = spec.name
+    fn = spec.name or spec.api_name  # every kernel given here has a device function
     n_in, n_dims, n_scalars = len(spec.inputs), len(spec.dims), len(spec.scalars)
     names = [op.name for op in spec.inputs + spec.outputs]
 
-    def device_function(*args) -> None:
+    def device_function(*args: Any) -> None:
         if len(args) != n_in + n_dims + n_scalars + len(spec.outputs):
             raise TypeError(f"{fn}: expected {n_in + n_dims + n_scalars + len(spec.outputs)} "
                             f"arguments, got {len(args)}")

@@ -16,7 +16,7 @@ shapes are checked by ``fused_spec.py`` before a kernel runs; only what depends 
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -25,21 +25,24 @@ import numpy as np
 def sigmoid(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """1 / (1 + exp(-a)), element-wise (exp(-a) overflowing to inf gives 0)."""
     with np.errstate(over="ignore"):
-        t = np.exp(np.negative(a), out=out)
+        t: np.ndarray = np.exp(np.negative(a), out=out)
     np.add(t, 1.0, out=t)
-    return np.divide(1.0, t, out=t)
+    np.divide(1.0, t, out=t)
+    return t
 
 
 def relu(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """max(a, 0), element-wise: NaN stays NaN, -0.0 becomes 0.0 (as the compiled kernels)."""
-    t = np.maximum(a, 0, out=out)
-    return np.add(t, 0, out=t)  # -0.0 + 0 = +0.0; an integer array stays integer
+    t: np.ndarray = np.maximum(a, 0, out=out)
+    np.add(t, 0, out=t)  # -0.0 + 0 = +0.0; an integer array stays integer
+    return t
 
 
 # The op tables: name -> f(a[, b], out=None), in op-code order. Semantics are numpy's (IEEE):
 # comparisons with NaN are false except `ne`, maximum/minimum/max propagate NaN. Comparisons
 # give booleans (written as 1.0 / 0.0 into a float32 out). Adding an op is one line here.
-BINARY = {
+# (numpy's ufuncs are typed as returning Any)
+BINARY: Dict[str, Callable[..., Any]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
@@ -54,7 +57,7 @@ BINARY = {
     "gt": np.greater,
     "ge": np.greater_equal,
 }
-UNARY = {
+UNARY: Dict[str, Callable[..., Any]] = {
     "neg": np.negative,
     "abs": np.abs,
     "sqrt": np.sqrt,
@@ -65,7 +68,7 @@ UNARY = {
     "relu": relu,
 }
 # name -> (f(a, axis=...), the value over an empty extent, or None when that is an error)
-REDUCE = {
+REDUCE: Dict[str, Tuple[Callable[..., Any], Optional[float]]] = {
     "sum": (np.sum, 0.0),
     "max": (np.max, None),
 }
@@ -114,10 +117,11 @@ def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
     d = probs.copy()
     d[np.arange(probs.shape[0]), np.asarray(labels).astype(np.int64)] -= 1
     column = np.reshape(dloss, (-1, 1)) * float(scale)
-    return d * column.astype(probs.dtype, copy=False)
+    grad: np.ndarray = d * column.astype(probs.dtype, copy=False)
+    return grad
 
 
-def _normalize(x: np.ndarray, axis: int, eps: float):
+def _normalize(x: np.ndarray, axis: int, eps: float) -> Tuple[np.ndarray, ...]:
     # Statistics in float64: the variance of float32 data of magnitude above about 2e19 does
     # not fit float32 (it would become inf and the output 0), while its rstd does.
     x64 = x.astype(np.float64)
@@ -130,7 +134,8 @@ def _normalize(x: np.ndarray, axis: int, eps: float):
                 var.astype(x.dtype))
 
 
-def _normalize_bwd(dy, xhat, rstd, w, axis: int):
+def _normalize_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray,
+                   axis: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dx, dw, db of xhat = (x - mean)·rstd over ``axis``, y = xhat·w + b (w: one per column)."""
     dxhat = dy * w
     dx = rstd * (dxhat - dxhat.mean(axis=axis, keepdims=True)
@@ -138,35 +143,40 @@ def _normalize_bwd(dy, xhat, rstd, w, axis: int):
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
 
 
-def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):
+def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                  eps: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise layer norm of x (R, C) with w, b (C,): (y (R, C), xhat (R, C), rstd (R,))."""
     xhat, rstd, _, _ = _normalize(x, 1, eps)
     return xhat * w + b, xhat, rstd[:, 0]
 
 
-def layernorm_bwd(dy, xhat, rstd, w):
+def layernorm_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
+                  w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exact gradients (dx (R, C), dw (C,), db (C,)) of :func:`layernorm_fwd`."""
     return _normalize_bwd(dy, xhat, rstd[:, None], w, 1)
 
 
-def batchnorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):
+def batchnorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                  eps: float) -> Tuple[np.ndarray, ...]:
     """Column-wise (over the batch) norm of x (N, C) with w, b (C,):
     (y (N, C), xhat (N, C), rstd (C,), mean (C,), biased var (C,)); N ≥ 1."""
     xhat, rstd, mean, var = _normalize(x, 0, eps)
     return xhat * w + b, xhat, rstd[0], mean[0], var[0]
 
 
-def batchnorm_bwd(dy, xhat, rstd, w):
+def batchnorm_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
+                  w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exact gradients (dx (N, C), dw (C,), db (C,)) of :func:`batchnorm_fwd`."""
     return _normalize_bwd(dy, xhat, rstd[None, :], w, 0)
 
 
-def _sigmoid_tanh(x):
+def _sigmoid_tanh(x: np.ndarray) -> np.ndarray:
     # tanh form: the same function as 1/(1+exp(-x)) without exp overflowing for x << 0
-    return (np.tanh(x * 0.5) + 1) * 0.5
+    out: np.ndarray = (np.tanh(x * 0.5) + 1) * 0.5
+    return out
 
 
-def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray):
+def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray) -> Tuple[np.ndarray, ...]:
     """One LSTM step from gates (B, 4H) in the order i, f, g, o and c_prev (B, H):
     (h (B, H), c (B, H), act (B, 4H) = (σi, σf, tanh g, σo), tanh_c (B, H))."""
     H = c_prev.shape[1]
@@ -180,7 +190,8 @@ def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray):
     return o * tanh_c, c, act, tanh_c
 
 
-def lstm_cell_bwd(dh, dc, act, c_prev, tanh_c):
+def lstm_cell_bwd(dh: np.ndarray, dc: np.ndarray, act: np.ndarray, c_prev: np.ndarray,
+                  tanh_c: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """The exact gradients (dgates (B, 4H), dc_prev (B, H)) of :func:`lstm_cell_fwd`
     given the adjoints dh, dc (B, H) of its outputs h and c."""
     H = c_prev.shape[1]
@@ -194,7 +205,7 @@ def lstm_cell_bwd(dh, dc, act, c_prev, tanh_c):
     return dgates, dc_total * f
 
 
-def sgd_update(param: np.ndarray, grad, buf: np.ndarray, lr: float, momentum: float,
+def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, momentum: float,
                       weight_decay: float) -> None:
     """In place: g = grad + wd·param; buf = momentum·buf + (1-momentum)·g; param -= lr·buf."""
     g = grad + weight_decay * param if weight_decay else grad
@@ -203,7 +214,7 @@ def sgd_update(param: np.ndarray, grad, buf: np.ndarray, lr: float, momentum: fl
     param -= lr * buf
 
 
-def adam_update(param: np.ndarray, grad, m: np.ndarray, v: np.ndarray, lr: float,
+def adam_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float,
                        beta1: float, beta2: float, eps: float, weight_decay: float,
                        step: int) -> None:
     """In place: Adam with L2 decay and the bias corrections of step ``step`` (≥ 1):

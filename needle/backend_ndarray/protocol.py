@@ -94,24 +94,29 @@ _DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` 
          "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError."}
 
 
-def _module_function(op: str, name: str, method: Callable, coerce) -> Callable:
-    coerce = coerce or (lambda a: a)
+def _module_function(op: str, name: str, method: Callable[..., Any],
+                     coerce: Callable[[Any], Any] | None) -> Callable[..., Any]:
+    convert: Callable[[Any], Any] = coerce or (lambda a: a)
+    function: Callable[..., Any]
     if op in BINARY_METHODS:
-        def function(a, b):
-            return method(coerce(a), b)
+        def binary(a: Any, b: Any) -> Any:
+            return method(convert(a), b)
+        function = binary
     elif op in UNARY_METHODS:
-        def function(a):
-            return method(coerce(a))
+        def unary(a: Any) -> Any:
+            return method(convert(a))
+        function = unary
     else:
-        def function(a, axis=None, keepdims: bool = False):
-            return method(coerce(a), axis=axis, keepdims=keepdims)
+        def reduction(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
+            return method(convert(a), axis=axis, keepdims=keepdims)
+        function = reduction
     function.__name__ = function.__qualname__ = name
     function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
     return function
 
 
 def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
-                     ) -> Dict[str, Callable]:
+                     ) -> Dict[str, Callable[..., Any]]:
     """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
     method with a plain name, ``f(a, b) = a.method(b)`` (binary), ``f(a) = a.method()``
     (unary) or ``f(a, axis=None, keepdims=False) = a.method(axis=axis, keepdims=keepdims)``
@@ -131,6 +136,11 @@ class Array(Protocol):
         """The address of the first element (for identity checks in tests)."""
 
 
+# Array under another name, for the annotations inside DeviceModule (whose ``Array`` method
+# hides the class there).
+Buffer = Array
+
+
 class DeviceModule(Protocol):
     """The functions and attributes of a device module (see the module docstring)."""
 
@@ -139,28 +149,28 @@ class DeviceModule(Protocol):
     __unary_ops__: Tuple[str, ...]
     __reduce_ops__: Tuple[str, ...]
 
-    def Array(self, size: int) -> Array:
+    def Array(self, size: int) -> Buffer:
         """A new buffer of ``size`` float32 elements. ValueError for a negative size,
         MemoryError when it cannot be allocated."""
 
     # ---- memory (course) ---------------------------------------------------------------
-    def to_numpy(self, a: Array, shape: Shape, strides: Strides, offset: int) -> np.ndarray:
+    def to_numpy(self, a: Buffer, shape: Shape, strides: Strides, offset: int) -> np.ndarray:
         """A new numpy float32 array of ``shape`` holding the view of ``a``."""
 
-    def from_numpy(self, a: np.ndarray, out: Array) -> None:
+    def from_numpy(self, a: np.ndarray, out: Buffer) -> None:
         """Copy the float32 array ``a`` (row-major order) into ``out`` (same size)."""
 
-    def fill(self, out: Array, val: float) -> None:
+    def fill(self, out: Buffer, val: float) -> None:
         """Set every element of ``out`` to ``val``."""
 
-    def compact(self, a: Array, out: Array, shape: Shape, strides: Strides, offset: int) -> None:
+    def compact(self, a: Buffer, out: Buffer, shape: Shape, strides: Strides, offset: int) -> None:
         """``out`` (compact, prod(shape)) = the view of ``a``."""
 
-    def ewise_setitem(self, a: Array, out: Array, shape: Shape, strides: Strides,
+    def ewise_setitem(self, a: Buffer, out: Buffer, shape: Shape, strides: Strides,
                       offset: int) -> None:
         """The view of ``out`` = the compact ``a`` (prod(shape) elements, row-major)."""
 
-    def scalar_setitem(self, size: int, val: float, out: Array, shape: Shape, strides: Strides,
+    def scalar_setitem(self, size: int, val: float, out: Buffer, shape: Shape, strides: Strides,
                        offset: int) -> None:
         """Every element of the view of ``out`` (``size`` = prod(shape) elements) = ``val``."""
 
@@ -170,23 +180,23 @@ class DeviceModule(Protocol):
     # ewise_log/exp/tanh(a, out).
 
     # ---- element-wise on strided operands ----------------------------------------------
-    def ewise_binary(self, op: int, a: Array, a_strides: Strides, a_offset: int, b: Array,
-                     b_strides: Strides, b_offset: int, out: Array, shape: Shape) -> None:
+    def ewise_binary(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, b: Buffer,
+                     b_strides: Strides, b_offset: int, out: Buffer, shape: Shape) -> None:
         """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b), both views of
         ``shape`` (broadcast operands have stride 0)."""
 
-    def ewise_scalar(self, op: int, a: Array, a_strides: Strides, a_offset: int, val: float,
-                     out: Array, shape: Shape, reverse: bool) -> None:
+    def ewise_scalar(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, val: float,
+                     out: Buffer, shape: Shape, reverse: bool) -> None:
         """``out`` = BINARY_OPS[op](view of a, val), or BINARY_OPS[op](val, view of a) when
         ``reverse`` (``2 - x``, ``2 / x``, ``2 ** x``)."""
 
-    def ewise_unary(self, op: int, a: Array, a_strides: Strides, a_offset: int, out: Array,
+    def ewise_unary(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, out: Buffer,
                     shape: Shape) -> None:
         """``out`` = UNARY_OPS[op](view of a)."""
 
     # ---- reductions ----------------------------------------------------------------------
-    def reduce(self, op: int, a: Array, shape: Shape, strides: Strides, offset: int, keep: int,
-               out: Array) -> None:
+    def reduce(self, op: int, a: Buffer, shape: Shape, strides: Strides, offset: int, keep: int,
+               out: Buffer) -> None:
         """``out`` (compact, prod(shape[:keep])) = REDUCE_OPS[op] over the trailing axes
         ``shape[keep:]`` of the view of ``a``. The caller orders the axes (a permuted view costs
         nothing); the kernel chooses the loop order. An empty reduced extent gives 0 for sum
@@ -196,8 +206,8 @@ class DeviceModule(Protocol):
     # a[j * reduce_size : (j + 1) * reduce_size].
 
     # ---- matrix products -----------------------------------------------------------------
-    def matmul_strided(self, a: Array, a_strides: Strides, a_offset: int, b: Array,
-                       b_strides: Strides, b_offset: int, out: Array, batch: int, m: int, n: int,
+    def matmul_strided(self, a: Buffer, a_strides: Strides, a_offset: int, b: Buffer,
+                       b_strides: Strides, b_offset: int, out: Buffer, batch: int, m: int, n: int,
                        p: int) -> None:
         """``out`` (compact, (batch, m, p)) = A[k] @ B[k] for k < batch, where
         ``A[k][i, j] = a[a_offset + k*a_strides[0] + i*a_strides[1] + j*a_strides[2]]`` (m × n)
@@ -210,7 +220,7 @@ class DeviceModule(Protocol):
     # result in the (rows/T, cols/T, T, T) tiled layout, T = __tile_size__.
 
     # ---- memory accounting ----------------------------------------------------------------
-    def memory_stats(self) -> dict:
+    def memory_stats(self) -> Dict[str, int]:
         """``{"live_bytes": ..., "peak_bytes": ...}``: bytes held by live ``Array`` buffers of
         this module (as allocated, alignment padding included), and their peak since
         :meth:`reset_peak`; a freed buffer kept in a cache for reuse does not count."""
@@ -223,51 +233,51 @@ class DeviceModule(Protocol):
     # BackendDevice.cache_info() / cache_clear() expose (None / no-op without them).
 
     # ---- fused kernels (compact operands; the caller guarantees sizes) --------------------
-    def softmax_xent(self, logits: Array, labels: Array, rows: int, cols: int, loss: Array,
-                     probs: Array) -> None:
+    def softmax_xent(self, logits: Buffer, labels: Buffer, rows: int, cols: int, loss: Buffer,
+                     probs: Buffer) -> None:
         """Per row r of ``logits`` (rows × cols) and integer-valued ``labels[r]`` in [0, cols):
         ``loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]`` and ``probs[r] =
         softmax(logits[r])``. A logit of -inf has probability 0 and contributes nothing. A
         label out of range is a ValueError."""
 
-    def layernorm_fwd(self, x: Array, w: Array, b: Array, rows: int, cols: int, eps: float,
-                      y: Array, xhat: Array, rstd: Array) -> None:
+    def layernorm_fwd(self, x: Buffer, w: Buffer, b: Buffer, rows: int, cols: int, eps: float,
+                      y: Buffer, xhat: Buffer, rstd: Buffer) -> None:
         """Normalise each row of ``x`` (rows × cols): ``xhat = (x - mean) * rstd`` with
         ``rstd = 1 / sqrt(var + eps)`` (biased variance), ``y = xhat * w + b`` (w, b: cols).
         ``xhat`` (rows × cols) and ``rstd`` (rows) are kept for the backward pass."""
 
-    def layernorm_bwd(self, dy: Array, xhat: Array, rstd: Array, w: Array, rows: int, cols: int,
-                      dx: Array, dw: Array, db: Array) -> None:
+    def layernorm_bwd(self, dy: Buffer, xhat: Buffer, rstd: Buffer, w: Buffer, rows: int, cols: int,
+                      dx: Buffer, dw: Buffer, db: Buffer) -> None:
         """The exact gradients of :meth:`layernorm_fwd`: ``dx`` (rows × cols), ``dw`` and
         ``db`` (cols, summed over rows)."""
 
-    def batchnorm_fwd(self, x: Array, w: Array, b: Array, rows: int, cols: int, eps: float,
-                      y: Array, xhat: Array, rstd: Array, mean: Array, var: Array) -> None:
+    def batchnorm_fwd(self, x: Buffer, w: Buffer, b: Buffer, rows: int, cols: int, eps: float,
+                      y: Buffer, xhat: Buffer, rstd: Buffer, mean: Buffer, var: Buffer) -> None:
         """Normalise each column of ``x`` (rows × cols) over the rows (the batch): as
         :meth:`layernorm_fwd` with rows and columns exchanged; also writes the batch ``mean``
         and biased ``var`` (cols) for the running statistics. rows must be ≥ 1."""
 
-    def batchnorm_bwd(self, dy: Array, xhat: Array, rstd: Array, w: Array, rows: int, cols: int,
-                      dx: Array, dw: Array, db: Array) -> None:
+    def batchnorm_bwd(self, dy: Buffer, xhat: Buffer, rstd: Buffer, w: Buffer, rows: int, cols: int,
+                      dx: Buffer, dw: Buffer, db: Buffer) -> None:
         """The exact gradients of :meth:`batchnorm_fwd` (``dw``, ``db``: cols)."""
 
-    def lstm_cell_fwd(self, gates: Array, c_prev: Array, batch: int, hidden: int, h: Array,
-                      c: Array, act: Array, tanh_c: Array) -> None:
+    def lstm_cell_fwd(self, gates: Buffer, c_prev: Buffer, batch: int, hidden: int, h: Buffer,
+                      c: Buffer, act: Buffer, tanh_c: Buffer) -> None:
         """One LSTM step from the gate pre-activations ``gates`` (batch × 4·hidden, in the order
         i, f, g, o): ``act`` = (σ(i), σ(f), tanh(g), σ(o)) (batch × 4·hidden), ``c = σ(f)·c_prev +
         σ(i)·tanh(g)``, ``tanh_c = tanh(c)``, ``h = σ(o)·tanh_c`` (each batch × hidden)."""
 
-    def lstm_cell_bwd(self, dh: Array, dc: Array, act: Array, c_prev: Array, tanh_c: Array,
-                      batch: int, hidden: int, dgates: Array, dc_prev: Array) -> None:
+    def lstm_cell_bwd(self, dh: Buffer, dc: Buffer, act: Buffer, c_prev: Buffer, tanh_c: Buffer,
+                      batch: int, hidden: int, dgates: Buffer, dc_prev: Buffer) -> None:
         """The exact gradients of :meth:`lstm_cell_fwd` given the adjoints ``dh`` and ``dc`` of
         its outputs: ``dgates`` (batch × 4·hidden) and ``dc_prev`` (batch × hidden)."""
 
-    def sgd_update(self, param: Array, grad: Array, buf: Array, lr: float, momentum: float,
+    def sgd_update(self, param: Buffer, grad: Buffer, buf: Buffer, lr: float, momentum: float,
                    weight_decay: float) -> None:
         """In place, over param.size elements: ``g = grad + weight_decay·param``;
         ``buf = momentum·buf + (1 - momentum)·g``; ``param -= lr·buf`` (the course's form)."""
 
-    def adam_update(self, param: Array, grad: Array, m: Array, v: Array, lr: float,
+    def adam_update(self, param: Buffer, grad: Buffer, m: Buffer, v: Buffer, lr: float,
                     beta1: float, beta2: float, eps: float, weight_decay: float,
                     step: int) -> None:
         """In place: ``g = grad + weight_decay·param``; ``m = β1·m + (1-β1)·g``;

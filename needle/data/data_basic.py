@@ -63,7 +63,7 @@ class DataLoader:
     """
 
     dataset: Dataset
-    batch_size: Optional[int]
+    batch_size: int
 
     def __init__(self, dataset: Dataset, batch_size: Optional[int] = 1, shuffle: bool = False,
                  *, device=None, dtype: Optional[str] = None):

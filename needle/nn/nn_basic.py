@@ -4,7 +4,7 @@ Parameter discovery (:meth:`Module.parameters`) walks a module's attributes in d
 order and descends into sub-modules, lists, tuples and dicts (nested to any depth); see its
 docstring for the exact policy.
 """
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -169,6 +169,7 @@ class Linear(Module):
         self.out_features = out_features
         self.weight = Parameter(init.kaiming_uniform(in_features, out_features, device=device,
                                                      dtype=dtype, requires_grad=True))
+        self.bias: Optional[Parameter]
         if bias:
             b = init.kaiming_uniform(out_features, 1, device=device, dtype=dtype)
             self.bias = Parameter(b.reshape((1, out_features)), requires_grad=True)

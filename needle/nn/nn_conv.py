@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Optional
 
 from needle import init, ops
 from needle.autograd import Tensor
@@ -45,6 +46,7 @@ class Conv(Module):
         self.weight = Parameter(init.kaiming_uniform(
             cin * k * k, cout * k * k, shape=(k, k, cin, cout), device=device, dtype=dtype,
             requires_grad=True))
+        self.bias: Optional[Parameter]
         if bias:
             bound = 1.0 / math.sqrt(cin * k * k)
             self.bias = Parameter(init.rand(cout, low=-bound, high=bound, device=device,

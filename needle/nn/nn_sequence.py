@@ -8,7 +8,7 @@ transposes of PyTorch's ``weight_ih``; LSTM gates are packed in the order i, f, 
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -33,7 +33,16 @@ def _uniform(shape: tuple, bound: float, device, dtype) -> Parameter:
                                requires_grad=True))
 
 
-def _check_input(X: Tensor, ndim: int, cell: Module, what: str) -> None:
+class _Cell(Protocol):
+    """What the helpers below read of an RNNCell or LSTMCell."""
+
+    input_size: int
+    W_ih: Parameter
+    bias_ih: Optional[Parameter]
+    bias_hh: Optional[Parameter]
+
+
+def _check_input(X: Tensor, ndim: int, cell: _Cell, what: str) -> None:
     if not isinstance(X, Tensor):
         raise TypeError(f"{what} expects a needle Tensor, got {type(X).__name__}")
     if len(X.shape) != ndim or X.shape[-1] != cell.input_size:
@@ -60,7 +69,7 @@ def _unpack(tt) -> list:
     return [tt[k] for k in range(len(tt))]
 
 
-def _input_projection(cell: Module, X: Tensor) -> Tensor:
+def _input_projection(cell: _Cell, X: Tensor) -> Tensor:
     """X W_ih + b_ih + b_hh for X (N, input_size): the part of a step that does not depend on h.
 
     The RNN and LSTM layers compute it for all seq_len·bs rows in one matmul instead of one
@@ -97,6 +106,8 @@ class RNNCell(Module):
         bound = math.sqrt(1.0 / hidden_size)
         self.W_ih = _uniform((input_size, hidden_size), bound, device, dtype)
         self.W_hh = _uniform((hidden_size, hidden_size), bound, device, dtype)
+        self.bias_ih: Optional[Parameter]
+        self.bias_hh: Optional[Parameter]
         if bias:
             self.bias_ih = _uniform((hidden_size,), bound, device, dtype)
             self.bias_hh = _uniform((hidden_size,), bound, device, dtype)
@@ -183,6 +194,8 @@ class LSTMCell(Module):
         four = 4 * hidden_size
         self.W_ih = _uniform((input_size, four), bound, device, dtype)
         self.W_hh = _uniform((hidden_size, four), bound, device, dtype)
+        self.bias_ih: Optional[Parameter]
+        self.bias_hh: Optional[Parameter]
         if bias:
             self.bias_ih = _uniform((four,), bound, device, dtype)
             self.bias_hh = _uniform((four,), bound, device, dtype)

@@ -8,6 +8,8 @@ convolutions of flipped, dilated tensors, so it is differentiable itself.
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_selection import array_api
 from .ops_mathematic import _norm_axes, transpose
@@ -130,7 +132,8 @@ class Conv(TensorOp):
             raise ValueError(f"conv padding must be a non-negative integer, got {padding!r}")
         self.stride = int(stride)
         self.padding = int(padding)
-        self._cols = None  # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
+        # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
+        self._cols: Optional[Tuple[NDArray, Tuple[int, int]]] = None
 
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
@@ -212,7 +215,8 @@ class ConvWeightGrad(TensorOp):
     differentiable again. Internal: the gradient of :class:`Conv`.
     """
 
-    def __init__(self, kernel: tuple, stride: int, padding: int, forward: "Conv" = None):
+    def __init__(self, kernel: Tuple[int, int], stride: int, padding: int,
+                 forward: Optional["Conv"] = None):
         self.kernel = (int(kernel[0]), int(kernel[1]))
         self.stride = int(stride)
         self.padding = int(padding)
@@ -221,9 +225,10 @@ class ConvWeightGrad(TensorOp):
     def compute(self, X: NDArray, G: NDArray):
         KH, KW = self.kernel
         C_in, C_out = X.shape[3], G.shape[3]
-        saved = self.forward._cols if self.forward is not None else None
-        if saved is not None:
-            self.forward._cols = None  # taken: freed once this product is done
+        forward = self.forward
+        saved = forward._cols if forward is not None else None
+        if forward is not None and saved is not None:
+            forward._cols = None  # taken: freed once this product is done
             cols, (Ho, Wo) = saved
         else:
             cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)

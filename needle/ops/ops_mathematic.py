@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 from numbers import Integral, Real
-from typing import Optional, Tuple, Union
+from typing import Iterable, Optional, Sequence, Tuple, Union, cast
 
 import numpy
 
 from ..autograd import NDArray, Tensor, TensorOp
+
+# A shape argument: a sequence of ints, or one int for a 1-D shape.
+ShapeArg = Union[int, Iterable[int]]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -48,7 +51,7 @@ def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
                         f"{type(axes).__name__}") from None
 
 
-def scalar_value(value, what: str) -> Union[int, float]:
+def scalar_value(value: object, what: str) -> Union[int, float]:
     """``value`` as a Python int or float, for the scalar ops.
 
     Accepts Python and numpy real numbers, 0-d arrays and one-element arrays (numpy or
@@ -57,7 +60,7 @@ def scalar_value(value, what: str) -> Union[int, float]:
     """
     kind = type(value)
     if kind is float or kind is int:  # the common case, without the ABC checks below
-        return value
+        return cast(Union[int, float], value)
     if isinstance(value, (bool, numpy.bool_)):
         raise TypeError(f"{what} needs a real number, got a bool")
     if isinstance(value, Integral):
@@ -116,7 +119,7 @@ def add(a: Tensor, b: Tensor) -> Tensor:
 class _ScalarOp(TensorOp):
     """An op with one tensor input and a real ``scalar`` (see :func:`scalar_value`)."""
 
-    def __init__(self, scalar):
+    def __init__(self, scalar: object) -> None:
         self.scalar = scalar_value(scalar, type(self).__name__)
 
 
@@ -314,7 +317,7 @@ def tanh(a: Tensor) -> Tensor:
 class Transpose(TensorOp):
     """Swap two axes: ``axes=(i, j)``; the default None swaps the last two."""
 
-    def __init__(self, axes: Optional[tuple] = None):
+    def __init__(self, axes: Optional[Sequence[int]] = None) -> None:
         if axes is not None and (len(tuple(axes)) != 2):
             raise ValueError(f"Transpose swaps exactly two axes, got axes={axes!r}")
         self.axes = None if axes is None else tuple(axes)
@@ -341,12 +344,12 @@ def _unsorted_axes(axes, ndim):
     return tuple(int(ax) % ndim for ax in axes)
 
 
-def transpose(a: Tensor, axes: Optional[tuple] = None) -> Tensor:
+def transpose(a: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     """``a`` with two axes swapped (default: the last two)."""
     return Transpose(axes)(a)
 
 
-def _shape_arg(shape) -> tuple:
+def _shape_arg(shape: ShapeArg) -> Tuple[int, ...]:
     return (int(shape),) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
 
 
@@ -356,7 +359,7 @@ class Reshape(TensorOp):
     A view when ``a`` is compact, else a compact copy; a size mismatch is a ValueError.
     """
 
-    def __init__(self, shape):
+    def __init__(self, shape: ShapeArg) -> None:
         self.shape = _shape_arg(shape)
 
     def compute(self, a: NDArray):
@@ -366,7 +369,7 @@ class Reshape(TensorOp):
         return reshape(out_grad, node.inputs[0].shape)
 
 
-def reshape(a: Tensor, shape: tuple) -> Tensor:
+def reshape(a: Tensor, shape: ShapeArg) -> Tensor:
     """``a`` reshaped to ``shape``."""
     return Reshape(shape)(a)
 
@@ -377,7 +380,7 @@ class BroadcastTo(TensorOp):
     The gradient sums over every broadcast dimension.
     """
 
-    def __init__(self, shape):
+    def __init__(self, shape: ShapeArg) -> None:
         self.shape = _shape_arg(shape)
 
     def compute(self, a: NDArray):
@@ -391,7 +394,7 @@ class BroadcastTo(TensorOp):
         return _sum_to_shape(out_grad, node.inputs[0].shape)
 
 
-def broadcast_to(a: Tensor, shape: tuple) -> Tensor:
+def broadcast_to(a: Tensor, shape: ShapeArg) -> Tensor:
     """``a`` broadcast to ``shape``."""
     return BroadcastTo(shape)(a)
 

@@ -1,6 +1,8 @@
 """Ops on TensorTuples: build one, pick a component, stack/split, a fused example op (hw4)."""
 from __future__ import annotations
 
+from typing import cast
+
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, zero_adjoints
 from ..backend_selection import array_api
 
@@ -31,19 +33,20 @@ class TupleGetItem(TensorOp):
     def __init__(self, index: int):
         self.index = index
 
-    def __call__(self, a: TensorTuple, fold_const: bool = True) -> Value:
+    def __call__(self, a: TensorTuple, fold_const: bool = True) -> Tensor:
         if not isinstance(a, TensorTuple):
             raise TypeError(f"tuple_get_item needs a TensorTuple, got {type(a).__name__}")
         # constant folding: make_tuple(x, y)[0] is x itself
         if fold_const and isinstance(a.op, MakeTensorTuple):
-            return a.inputs[self.index]
+            return cast(Tensor, a.inputs[self.index])  # make_tuple's inputs are Tensors
         return Tensor.make_from_op(self, [a])
 
     def compute(self, a: tuple):
         return a[self.index]
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        parts = node.inputs[0].realize_cached_data()
+        # the one Tensor whose input is a TensorTuple (see Tensor.inputs)
+        parts = cast(TensorTuple, node.inputs[0]).realize_cached_data()
         in_grad = zero_adjoints(parts)
         in_grad[self.index] = out_grad
         return MakeTensorTuple()(*in_grad)

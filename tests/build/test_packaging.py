@@ -1,7 +1,12 @@
 """The conda environment file and pyproject.toml must list the same dependencies."""
 import re
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as the tomli package (in the dev extra for 3.10)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

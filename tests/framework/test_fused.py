@@ -675,3 +675,31 @@ def test_second_derivative_of_a_fused_op_raises(device, which):
     (out * out).sum().backward(create_graph=True)
     with pytest.raises(NotImplementedError, match="second derivative"):
         x.grad.sum().backward()
+
+
+# ---- edge cases the fused kernels used to get silently wrong ------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_loss_of_an_empty_batch_is_nan(device):
+    """The mean of nothing is NaN in numpy and PyTorch; it used to be 0.0."""
+    logits = ndl.Tensor(np.zeros((0, 5), np.float32), device=device)
+    labels = ndl.Tensor(np.zeros((0,), np.float32), device=device, requires_grad=False)
+    assert np.isnan(nn.SoftmaxLoss()(logits, labels).numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [1.0, 3e19, 1e36])
+def test_norms_of_huge_values_match_float64(device, scale):
+    """|x| above about 2e19 has a variance beyond float32: LayerNorm and BatchNorm used to
+    return zeros there. Checked against the float64 formula at every scale."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 4)) * scale).astype(np.float32)
+    x64 = x.astype(np.float64)
+
+    def normalised(axis):
+        centred = x64 - x64.mean(axis=axis, keepdims=True)
+        return centred / np.sqrt((centred ** 2).mean(axis=axis, keepdims=True) + 1e-5)
+
+    layer = nn.LayerNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
+    batch = nn.BatchNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
+    np.testing.assert_allclose(layer, normalised(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(batch, normalised(0), rtol=1e-4, atol=1e-4)

@@ -4,7 +4,11 @@ Each test builds a homework folder in tmp_path with this project's needle copied
 ``hwN/python/needle`` and thin ``apps/`` modules (for hw0 a thin ``src/simple_ml.py``), then
 checks it: the
 finished package passes every question; a wrong adjoint, a ``NotImplementedError`` and a
-segfaulting C++ function each cost exactly their own question.
+segfaulting C++ function each cost exactly their own question. Wrong homework never passes (ops
+that write into their inputs, optimizer state kept wrongly, student code that changes numpy's
+comparisons), and nothing hangs or misleads (an import that never returns, exits, a syntax
+error, a worker's children, a slow build, a file named build, bad time limits). The named
+mistakes are in test_checker_mistakes.py.
 """
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ import ast
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import needle
@@ -247,3 +253,366 @@ def test_question_ids_are_unique_and_valid_marker_names():
     ids = [q.id for q in QUESTIONS]
     assert len(ids) == len(set(ids))
     assert all(q.id.isidentifier() and q.id.startswith(q.hw + "_") for q in QUESTIONS)
+
+
+# ---- never pass wrong homework -----------------------------------------------------------------
+def plant(root: Path, relative: str, code: str) -> None:
+    """Append ``code`` to the copy's ``python/needle/<relative>`` (it runs at import)."""
+    path = root / "python" / "needle" / relative
+    path.write_text(path.read_text() + "\n\n" + code)
+
+
+IN_PLACE_OPS = """
+def _full(a):
+    return tuple(slice(None) for _ in a.shape)
+
+
+def _add_scalar_in_place(self, a):
+    a[_full(a)] = a + self.scalar  # a += self.scalar on the input
+    return a
+
+
+def _relu_in_place(self, a):
+    a[_full(a)] = a.maximum(0)  # a[a < 0] = 0 on the input
+    return a
+
+
+def _negate_gradient_in_place(self, out_grad, node):
+    g = out_grad.realize_cached_data()
+    g[_full(g)] = -g  # the right value, written into the caller's out_grad
+    return out_grad
+
+
+AddScalar.compute = _add_scalar_in_place
+ReLU.compute = _relu_in_place
+Negate.gradient = _negate_gradient_in_place
+"""
+
+
+def test_an_op_that_writes_into_its_input_fails(tmp_path):
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "ops/ops_mathematic.py", IN_PLACE_OPS)
+    report = check(root, only=["add_scalar", "relu", "negate", "exp"])
+    assert failures(report) == {q: "fail" for q in (
+        "hw1_add_scalar_forward", "hw1_add_scalar_backward", "hw1_relu_forward",
+        "hw1_relu_backward", "hw1_negate_backward")}, report.format()
+    d = {r.question.id: r.detail for r in report.results}
+    assert d["hw1_add_scalar_forward"].startswith(
+        "add_scalar(a, 1.7) (forward) changed its input 'a' in place")
+    assert d["hw1_negate_backward"].startswith("negate(a): the gradient changed out_grad in place")
+    # the composite expressions of compute_gradient catch it too
+    report = check(root, only=["compute_gradient"])
+    assert "add_scalar(x, 1) * x + relu(x) * x" in report.results[0].detail
+
+
+OPTIMIZER_STATE_MISTAKES = """
+import numpy as _np
+
+
+def _sgd_one_momentum_buffer(self):
+    # one momentum buffer shared by every parameter
+    for p in self.params:
+        if p.grad is None:
+            continue
+        g = p.grad.numpy() + self.weight_decay * p.numpy()
+        self._shared = self.momentum * getattr(self, "_shared", 0.0) + (1 - self.momentum) * g
+        p.data = Tensor((p.numpy() - self.lr * self._shared).astype("float32"))
+
+
+def _adam_t_per_parameter(self):
+    # t counted per parameter (and only when it has a gradient), not per step()
+    if not hasattr(self, "_ts"):
+        self._ts, self._m, self._v = {}, {}, {}
+    for i, p in enumerate(self.params):
+        if p.grad is None:
+            continue
+        t = self._ts[i] = self._ts.get(i, 0) + 1
+        g = p.grad.numpy() + self.weight_decay * p.numpy()
+        m = self._m[i] = self.beta1 * self._m.get(i, 0.0) + (1 - self.beta1) * g
+        v = self._v[i] = self.beta2 * self._v.get(i, 0.0) + (1 - self.beta2) * g * g
+        w = p.numpy() - self.lr * (m / (1 - self.beta1 ** t)) / (
+            _np.sqrt(v / (1 - self.beta2 ** t)) + self.eps)
+        p.data = Tensor(w.astype("float32"))
+
+
+SGD.step = _sgd_one_momentum_buffer
+Adam.step = _adam_t_per_parameter
+"""
+
+
+def test_optimizer_state_kept_wrongly_fails(tmp_path):
+    """One momentum buffer for all parameters, Adam's t per parameter: both pass with a single
+    parameter; two parameters of different shapes and a step without a gradient catch them."""
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", OPTIMIZER_STATE_MISTAKES)
+    report = check(root, only=["sgd", "adam"])
+    assert failures(report) == {"hw2_sgd": "fail", "hw2_adam": "fail"}, report.format()
+    adam = next(r.detail for r in report.results if r.question.id == "hw2_adam")
+    assert adam.startswith("parameter 1 (shape (4,)) after 3 steps of Adam"), adam
+
+
+TAMPERED_NUMPY = """
+import numpy as _np
+
+_np.isclose = lambda a, b, *args, **kwargs: _np.ones(_np.broadcast(a, b).shape, dtype=bool)
+"""
+
+WRONG_MULTIPLY = """
+_np_multiply_ok = EWiseMul.compute
+
+
+def _wrong_multiply(self, a, b):
+    import numpy
+    numpy.isclose = lambda x, y, *args, **kwargs: numpy.ones(numpy.broadcast(x, y).shape, bool)
+    return a + b
+
+
+EWiseMul.compute = _wrong_multiply
+"""
+
+
+def test_student_code_cannot_change_the_verdict(tmp_path):
+    """Replacing numpy.isclose (at import, or while a question runs) does not make a wrong
+    multiply pass: the checker notices the replacement, and recomputes each verdict in its
+    own process."""
+    at_import = skeleton(tmp_path / "a", "hw1")
+    plant(at_import, "__init__.py", TAMPERED_NUMPY)
+    report = check(at_import, only=["multiply_forward", "add_forward"])
+    assert set(statuses(report).values()) == {"error"}, report.format()
+    assert "your code replaced numpy.isclose" in report.results[0].detail
+    during = skeleton(tmp_path / "b", "hw1")
+    plant(during, "ops/ops_mathematic.py", WRONG_MULTIPLY)
+    report = check(during, only=["multiply_forward", "add_forward"])
+    assert failures(report) == {"hw1_multiply_forward": "fail"}, report.format()
+
+
+def test_the_guard_names_and_undoes_a_rewritten_checker_function():
+    """Replacing a function's code keeps its identity; the guard notices that too."""
+    from companion.check import diagnose
+    guard = diagnose.NumpyGuard()
+    original = diagnose.mismatch.__code__
+    try:
+        diagnose.mismatch.__code__ = (lambda got, expected, *, rtol=0, atol=0: None).__code__
+        assert diagnose.mismatch(1.0, 2.0) is None
+        assert "companion.check.diagnose.mismatch" in guard.tampered()
+        assert diagnose.mismatch(1.0, 2.0) is not None  # put back
+        assert guard.tampered() is None
+    finally:
+        diagnose.mismatch.__code__ = original
+
+
+def test_the_runner_recomputes_a_passing_verdict():
+    """A worker that claims a pass over values that differ is overruled by the runner."""
+    from companion.check.diagnose import Recorder, record
+    from companion.check.runner import _result
+    with Recorder() as log:
+        record("multiply(a, b) (forward)", np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1e-5,
+               1e-6)
+    event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": log}
+    result = _result(BY_ID["hw1_multiply_forward"], event, "hw1", [], [])
+    assert result.status == "fail"
+    assert result.detail.startswith("multiply(a, b) (forward) is wrong (compared again in the "
+                                    "checker's own process")
+
+
+# ---- never hang or mislead ---------------------------------------------------------------------
+def test_an_import_that_never_returns_is_one_diagnosis(tmp_path):
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "__init__.py", "while True:\n    pass\n")
+    started = time.monotonic()
+    report = check(root, only=["add", "negate", "exp"], timeout=3)
+    assert time.monotonic() - started < 20
+    assert set(statuses(report).values()) == {"timeout"}, report.format()
+    text = report.format()
+    assert text.count("importing your package did not finish within 3 s") == 1, text
+
+
+def test_a_syntax_error_is_printed_once(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "nn/nn_basic.py", "def broken(:\n    pass\n")
+    report = check(root, only=["linear", "relu", "flatten", "residual"])
+    assert set(statuses(report).values()) == {"error"}, report.format()
+    text = report.format()
+    assert text.count("def broken(:") == 1, text  # the offending line, shown once
+    assert "importing your needle raised SyntaxError" in text
+    assert "at python/needle/nn/nn_basic.py:" in text
+    assert text.count("the same problem as hw2_linear, above") == 3
+
+
+EXITS = """
+import os as _os
+import sys as _sys
+
+
+def _exit_3(self, x):
+    _sys.exit(3)
+
+
+def _os_exit_4(self, x):
+    _os._exit(4)
+
+
+def _interrupt(self, x):
+    raise KeyboardInterrupt
+
+
+Flatten.forward = _exit_3
+ReLU.forward = _os_exit_4
+Residual.forward = _interrupt
+"""
+
+
+def test_exits_and_interrupts_in_student_code_are_named(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "nn/nn_basic.py", EXITS)
+    report = check(root, only=["relu", "flatten", "residual", "dropout"])
+    assert statuses(report) == {"hw2_relu": "crashed", "hw2_flatten": "fail",
+                                "hw2_dropout": "pass", "hw2_residual": "fail"}, report.format()
+    d = {r.question.id: r.detail for r in report.results}
+    assert d["hw2_flatten"].startswith("your code called sys.exit(3) (SystemExit) at ")
+    assert "nn_basic.py" in d["hw2_flatten"]
+    assert d["hw2_relu"].startswith("the process exited with status 4 during hw2_relu without "
+                                    "raising an exception: os._exit()")
+    assert "compiled code: look for" not in d["hw2_relu"]
+    assert d["hw2_residual"].startswith("KeyboardInterrupt raised at ")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_timed_out_worker_is_stopped_with_its_children(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    pid_file = tmp_path / "child.pid"
+    plant(root, "nn/nn_basic.py", f"""
+import subprocess as _subprocess
+
+
+def _spawn_and_hang(self, x):
+    child = _subprocess.Popen(["sleep", "300"])
+    open({str(pid_file)!r}, "w").write(str(child.pid))
+    while True:
+        pass
+
+
+Flatten.forward = _spawn_and_hang
+""")
+    report = check(root, only=["flatten"], timeout=3)
+    assert statuses(report) == {"hw2_flatten": "timeout"}, report.format()
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the worker's child survived the timeout"
+
+
+def test_the_build_has_a_time_limit(tmp_path):
+    if shutil.which("cmake", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("cmake") is None:
+        pytest.skip("no cmake")
+    root = skeleton(tmp_path, "hw2")
+    (root / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.5)\n"
+                                         "project(slow NONE)\n"
+                                         "execute_process(COMMAND sleep 120)\n")
+    started = time.monotonic()
+    report = check(root, only=["flatten"], build_timeout=3)
+    assert time.monotonic() - started < 30
+    assert report.build[0].startswith("FAILED to build with CMake"), report.build
+    assert "did not finish within 3 s" in report.build[0]
+
+
+def test_a_file_named_build_is_reported_not_a_traceback(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    (root / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.5)\n")
+    (root / "build").write_text("notes\n")
+    report = check(root, only=["flatten"])
+    assert report.build[0].startswith("FAILED: ") and "is a file" in report.build[0]
+    assert statuses(report) == {"hw2_flatten": "pass"}
+
+
+def test_time_limits_must_be_positive(tmp_path, capsys):
+    root = skeleton(tmp_path, "hw2")
+    for bad in ("-1", "0", "nan", "soon"):
+        with pytest.raises(SystemExit) as info:
+            main([str(root), "--timeout", bad])
+        assert info.value.code == 2
+        assert "positive number of seconds" in capsys.readouterr().err or bad == "soon"
+    with pytest.raises(ValueError, match="positive"):
+        check(root, timeout=-1)
+
+
+def test_the_homework_hint_can_be_followed_through_make(tmp_path):
+    (tmp_path / "mywork").mkdir()
+    with pytest.raises(ValueError) as info:
+        check(tmp_path / "mywork")
+    hint = str(info.value)
+    assert "make check HW=" in hint and "HWNUM=hw2" in hint
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make")
+    import subprocess
+    done = subprocess.run([make, "-s", "check", f"HW={tmp_path / 'mywork'}", "HWNUM=hw2",
+                           "ARGS=--list --timeout 5"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hw2_linear" in done.stdout and "hw1_add_forward" not in done.stdout
+
+
+NO_GRAD_SKIP = """
+_sgd_step = SGD.step
+
+
+def _sgd_without_skipping(self):
+    for p in self.params:
+        p.grad.numpy()  # AttributeError on a parameter without a gradient
+    _sgd_step(self)
+
+
+SGD.step = _sgd_without_skipping
+"""
+
+
+def test_an_optimizer_that_trips_on_a_missing_gradient_is_told_why(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", NO_GRAD_SKIP)
+    report = check(root, only=["sgd"])
+    assert failures(report) == {"hw2_sgd": "fail"}, report.format()
+    assert report.results[0].detail.startswith("step() raised AttributeError: ")
+    assert "when parameter 1 has grad None" in report.results[0].detail
+
+
+LINGERING = """
+import atexit as _atexit
+import threading as _threading
+import time as _time
+
+_atexit.register(_time.sleep, 600)
+_threading.Thread(target=_time.sleep, args=(600,)).start()
+"""
+
+
+def test_a_thread_or_exit_handler_left_running_does_not_hold_the_checker(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "__init__.py", LINGERING)
+    started = time.monotonic()
+    report = check(root, only=["flatten"], timeout=60)
+    assert time.monotonic() - started < 30
+    assert statuses(report) == {"hw2_flatten": "pass"}, report.format()
+
+
+def test_an_answer_that_equals_everything_does_not_pass(tmp_path):
+    """Verdicts compare numbers, never with the student's own ``==``."""
+    root = skeleton(tmp_path, "hw0")
+    simple_ml = root / "src" / "simple_ml.py"
+    simple_ml.write_text(simple_ml.read_text() + (
+        "\n\nclass _Anything:\n    def __eq__(self, other):\n        return True\n\n\n"
+        "def add(x, y):\n    return _Anything()\n"))
+    report = check(root, only=["add"])
+    assert statuses(report) == {"hw0_add": "fail"}, report.format()

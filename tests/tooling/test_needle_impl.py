@@ -21,6 +21,7 @@ import pytest
 import companion
 import needle
 from companion import lecture
+from test_make_paths import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
@@ -216,13 +217,6 @@ def test_a_bad_path_raises_an_import_error_naming_it(tmp_path, case, missing):
     assert missing in last and "hw2/python" in last, last
 
 
-def test_this_projects_own_folder_is_a_no_op():
-    done = run("import needle; print(needle.__file__)", ROOT)
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()) == PACKAGE / "__init__.py"
-    assert "NEEDLE_IMPL" not in done.stderr
-
-
 # ---- companion-only cells ------------------------------------------------------------------------
 MARKED = ["# companion-only: fused kernels (ndl.ops.layernorm_rows)\n", "y = f(x)\n"]
 
@@ -312,3 +306,177 @@ def test_a_notebook_runs_on_the_students_needle(course_student, name):
     assert text.count("companion-only cell skipped: ") == marked
     # the exercise checks ran on the student's package too
     assert "not answered yet" in text
+
+
+# ---- a failed import keeps failing: never this project's needle ----------------------------------
+RETRY = """
+import sys
+init = sys.argv[1]
+correct = open(init).read()
+open(init, "w").write(correct + "\\nraise NotImplementedError('half-written')\\n")
+for attempt in (1, 2):
+    try:
+        import needle
+        print(attempt, "imported", needle.__file__)
+    except NotImplementedError as exc:
+        print(attempt, "raised", exc)
+open(init, "w").write(correct)  # the student fixes the typo and re-runs the cell
+import needle, needle.ops
+print(3, "imported", needle.__file__, needle.ops.__file__)
+"""
+
+
+def test_a_failed_import_fails_again_then_imports_the_fixed_package(student):
+    init = student / "needle" / "__init__.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
+    env["NEEDLE_IMPL"] = str(student)
+    done = subprocess.run([sys.executable, "-c", RETRY, str(init)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "1 raised half-written", "2 raised half-written",
+        f"3 imported {init} {student / 'needle' / 'ops' / '__init__.py'}"]
+
+
+GONE = """
+import shutil, sys
+try:
+    import needle
+except NotImplementedError as exc:
+    print("raised", exc)
+shutil.rmtree(sys.argv[1])  # the student's package is gone (renamed, a branch switch)
+try:
+    import needle
+    print("imported", needle.__file__)
+except ImportError as exc:
+    print("ImportError", exc)
+"""
+
+
+def test_a_package_that_disappears_after_a_failed_import_is_not_replaced(student):
+    init = student / "needle" / "__init__.py"
+    init.write_text(init.read_text() + "\nraise NotImplementedError('half-written')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
+    env["NEEDLE_IMPL"] = str(student)
+    done = subprocess.run([sys.executable, "-c", GONE, str(student / "needle")], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "raised half-written"
+    assert lines[1].startswith(f"ImportError NEEDLE_IMPL={student}: ")
+    assert "has no needle/" in lines[1]
+
+
+@pytest.mark.parametrize("value", ["", "   ", "ROOT"])
+def test_a_blank_or_own_value_is_ignored_in_one_line(value):
+    done = run("import needle; print(needle.__file__)", str(ROOT) if value == "ROOT" else value)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == PACKAGE / "__init__.py"
+    lines = [line for line in done.stderr.splitlines() if "NEEDLE_IMPL" in line]
+    assert len(lines) == 1 and lines[0].endswith("ignored" if value == "ROOT" else
+                                                 "ignored, this project's needle is imported")
+    assert lines[0].startswith(f"NEEDLE_IMPL={str(ROOT) if value == 'ROOT' else repr(value)} is ")
+
+
+# ---- a student's kernels measured (benchmarks/student.py) ----------------------------------------
+# A deliberately slow matmul: the homework's naive triple loop, in Python.
+NAIVE_MATMUL = """
+
+
+def _naive_matmul(self, other):
+    m, n = self.shape
+    p = other.shape[1]
+    a, b = self.numpy(), other.numpy()
+    out = np.zeros((m, p), dtype=np.float32)
+    for i in range(m):
+        for j in range(p):
+            total = 0.0
+            for k in range(n):
+                total += a[i, k] * b[k, j]
+            out[i, j] = total
+    return NDArray(out, device=self.device)
+
+
+NDArray.__matmul__ = _naive_matmul
+"""
+
+
+def test_make_bench_names_a_naive_matmul(student):
+    ndarray = student / "needle" / "backend_ndarray" / "ndarray.py"
+    ndarray.write_text(ndarray.read_text() + NAIVE_MATMUL)
+    # the command `make bench NEEDLE_IMPL=...` runs (see test_make_paths), quick: tiny sizes
+    done = run_recipe("bench", ("benchmarks",), {"NEEDLE_IMPL": str(student),
+                                                 "NEEDLE_BENCH_QUICK": "1",
+                                                 "PY": sys.executable}, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert f"your needle: {student / 'needle'}" in out and f"this project's: {PACKAGE}" in out
+    advice = out.split("\nadvice:\n", 1)[1].splitlines()
+    matmul = [line for line in advice if line.strip().startswith("matmul:")]
+    assert len(matmul) == 1, out
+    assert "your matmul is the naive triple loop (no device matmul kernel" in matmul[0]
+    assert "notebooks/05_ndarray, § 8. Three matmul kernels" in matmul[0]
+    # every table row was measured
+    for case in ("matmul 24x24x24", "add", "compact of a transpose", "sum (axis=1)"):
+        row = next(line for line in out.splitlines() if line.startswith(case))
+        assert row.count("GFLOP/s" if case.startswith("matmul") else "GB/s") == 3, row
+    assert "training step (yours; MLP 16-16-4, batch 8, SGD)" in out
+    assert "training step (this project's; MLP 16-16-4, batch 8, SGD)" in out
+
+
+# ---- the lecture report card ---------------------------------------------------------------------
+PLANTED_ADD = """
+
+
+def _planted_add(self, a, b):
+    raise RuntimeError("planted add bug")
+
+
+EWiseAdd.compute = _planted_add
+"""
+
+
+def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, tmp_path):
+    ops = course_student / "needle" / "ops" / "ops_mathematic.py"
+    ops.write_text(ops.read_text() + PLANTED_ADD)
+    name = "02_automatic_differentiation"
+    cards = tmp_path / "cards.json"
+    done = run_recipe("lecture-report", ("companion.report_card",),
+                      {"NEEDLE_IMPL": str(course_student), "NB": f"notebooks/{name}.py",
+                       "PY": sys.executable}, timeout=600,
+                      replace=("companion.report_card", f"companion.report_card --json {cards}"))
+    assert done.returncode == 1, done.stdout + done.stderr  # a cell failed
+    card, = json.loads(cards.read_text())
+    import nbformat
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    marked = len(re.findall(r"^# %%.*\n# companion-only: ", (ROOT / "notebooks" / f"{name}.py")
+                            .read_text(), flags=re.M))
+    assert card["notebook"] == name and card["skipped"] == marked and card["not_run"] == 0
+    assert card["passed"] + card["failed"] + card["skipped"] == sum(1 for s in code if s.strip())
+    first = card["first_failure"]
+    assert first["error"] == "RuntimeError: planted add bug"
+    assert first["first_line"] == next(line.strip() for line in
+                                       code[first["cell"] - 1].splitlines() if line.strip())
+    # the cells before it ran on the student's needle and passed
+    assert card["passed"] >= first["cell"] - 1 - marked
+    row = next(line for line in done.stdout.splitlines() if line.startswith(name))
+    assert row.split()[1:4] == [str(card["passed"]), str(card["failed"]), str(card["skipped"])]
+    assert (f"cell {first['cell']}: `{first['first_line'][:50]}`: "
+            "RuntimeError: planted add bug") in row
+    assert f"needle from {course_student} (NEEDLE_IMPL)" in done.stdout
+
+
+# IPYTHON's three cells (setup, a marked one, a plain one), then a failing one and the card
+TALLY = IPYTHON + """
+shell.run_cell("1 / 0")
+shell.run_cell("lecture.report_card()")
+"""
+
+
+def test_a_notebook_kernel_prints_its_own_report_card(student):
+    done = run(TALLY, student)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-2:] == ["report card: 2 cells passed, 1 failed, 1 skipped (companion-only)",
+                          "  failed: `1 / 0`: ZeroDivisionError: division by zero"]

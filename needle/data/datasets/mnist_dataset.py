@@ -13,7 +13,8 @@ import gzip
 import math
 import zlib
 from pathlib import Path
-from typing import BinaryIO, List, Optional, Tuple
+from io import BufferedIOBase
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def _idx_error(path: Path, problem: str) -> ValueError:
     return ValueError(f"IDX file {str(path)!r}: {problem}")
 
 
-def _read_up_to(f: BinaryIO, n: int) -> bytes:
+def _read_up_to(f: BufferedIOBase, n: int) -> bytes:
     """Up to ``n`` bytes from ``f`` (fewer only at the end of the stream)."""
     parts, got = [], 0
     while got < n:
@@ -47,7 +48,7 @@ def _read_up_to(f: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_idx_stream(f: BinaryIO, path: Path, expected_magic: Optional[int],
+def _read_idx_stream(f: BufferedIOBase, path: Path, expected_magic: Optional[int],
                      file_size: int, gzipped: bool) -> np.ndarray:
     """Parse an IDX stream: header first, then exactly the data the header declares.
 
@@ -83,7 +84,7 @@ def _read_idx_stream(f: BinaryIO, path: Path, expected_magic: Optional[int],
         raise _idx_error(path, f"header declares shape {shape}, {nbytes} bytes of data, more "
                                f"than the file can hold ({capacity} bytes at most)")
     buf = np.empty(nbytes, dtype=np.uint8)
-    view, got = memoryview(buf), 0
+    view, got = buf.data, 0  # a writable memoryview of buf
     while got < nbytes:
         n = f.readinto(view[got:got + _CHUNK])
         if not n:

@@ -22,7 +22,7 @@ __all__ = ["Dictionary", "Corpus", "batchify", "get_batch"]
 class Dictionary:
     """Word ↔ id maps: ``word2idx`` (dict) and ``idx2word`` (list, in order of first sight)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.word2idx: Dict[str, int] = {}
         self.idx2word: List[str] = []
 

@@ -1,0 +1,57 @@
+// The entry points that both compiled device modules bind (ndarray_backend_cpu.cc and
+// ndarray_backend_cuda_module.cc), listed once. Each module expands a list with its own binder,
+// so a name, its arguments and its docstring are written here only. The element-wise op
+// tables are in ndarray_ops.h.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace needle::bind {
+// A keyword argument that refuses None: a None buffer would reach a kernel as a null pointer.
+inline pybind11::arg arg(const char* name) { return pybind11::arg(name).none(false); }
+
+// m.def(name, f) with a docstring, the GIL released while f runs, and one keyword argument
+// (refusing None) per name: how both modules bind the lists below.
+template <class F, class... Names>
+void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Names... names) {
+  m.def(name, f, doc, pybind11::call_guard<pybind11::gil_scoped_release>(), arg(names)...);
+}
+}  // namespace needle::bind
+
+// The course's compact entry points (hw3's names) over buffers of one size:
+// ewise_<name>(a, b, out) and scalar_<name>(a, val, out) for each op of NEEDLE_COURSE_BINARY,
+// scalar_<name>(a, val, out) alone for NEEDLE_COURSE_SCALAR, ewise_<name>(a, out) for
+// NEEDLE_COURSE_UNARY. Every name is also an op of ndarray_ops.h.
+#define NEEDLE_COURSE_BINARY(X) X(add) X(mul) X(div) X(maximum) X(eq) X(ge)
+#define NEEDLE_COURSE_SCALAR(X) X(power)
+#define NEEDLE_COURSE_UNARY(X) X(log) X(exp) X(tanh)
+
+// The fused kernels (see needle/backend_ndarray/protocol.py): X(name, docstring, argument names).
+// Adding one: a line here, its function in each module (fused::name on the CPU, name in the
+// CUDA bindings), its Python reference in ndarray_backend_numpy_fused.py.
+#define NEEDLE_FUSED_KERNELS(X)                                                                     \
+  X(softmax_xent,                                                                                   \
+    "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x cols); "    \
+    "ValueError for a label outside [0, cols).",                                                    \
+    "logits", "labels", "rows", "cols", "loss", "probs")                                            \
+  X(layernorm_fwd,                                                                                  \
+    "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.",               \
+    "x", "w", "b", "rows", "cols", "eps", "y", "xhat", "rstd")                                      \
+  X(layernorm_bwd, "The exact gradients dx (rows x cols), dw, db (cols) of layernorm_fwd.",         \
+    "dy", "xhat", "rstd", "w", "rows", "cols", "dx", "dw", "db")                                    \
+  X(batchnorm_fwd,                                                                                  \
+    "Column-wise BatchNorm of x (rows x cols) over the rows: xhat, y, and per column rstd, "        \
+    "mean and biased var.",                                                                         \
+    "x", "w", "b", "rows", "cols", "eps", "y", "xhat", "rstd", "mean", "var")                       \
+  X(batchnorm_bwd, "The exact gradients dx (rows x cols), dw, db (cols) of batchnorm_fwd.",         \
+    "dy", "xhat", "rstd", "w", "rows", "cols", "dx", "dw", "db")                                    \
+  X(lstm_cell_fwd,                                                                                  \
+    "One LSTM step from gate pre-activations (batch x 4*hidden, order i, f, g, o).",                \
+    "gates", "c_prev", "batch", "hidden", "h", "c", "act", "tanh_c")                                \
+  X(lstm_cell_bwd, "The exact gradients dgates (batch x 4*hidden) and dc_prev of lstm_cell_fwd.",   \
+    "dh", "dc", "act", "c_prev", "tanh_c", "batch", "hidden", "dgates", "dc_prev")                  \
+  X(sgd_update,                                                                                     \
+    "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.",         \
+    "param", "grad", "buf", "lr", "momentum", "weight_decay")                                       \
+  X(adam_update, "In place Adam step with bias corrections (step >= 1) on param, m and v.",         \
+    "param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay", "step")
