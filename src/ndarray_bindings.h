@@ -28,7 +28,7 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
 
 // The fused kernels (see needle/backend_ndarray/protocol.py): X(name, docstring, argument names).
 // Adding one: a line here, its function in each module (fused::name on the CPU, name in the
-// CUDA bindings), its Python reference in ndarray_backend_numpy_fused.py.
+// CUDA bindings), its Python reference in numpy_kernels.py.
 #define NEEDLE_FUSED_KERNELS(X)                                                                     \
   X(softmax_xent,                                                                                   \
     "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x cols); "    \

@@ -143,7 +143,7 @@ def _sizes(kernel: FusedKernel, shapes: Tuple[Tuple[int, ...], ...], given: Dims
     names = [op.name for op in kernel.inputs]
     source = shapes[names.index(kernel.source)]
     if kernel.dims:
-        read: list = []
+        read: list[int] = []
         for name in kernel.sources:
             ndim, shape = _ndim(kernel, name), shapes[names.index(name)]
             if len(shape) != ndim:
