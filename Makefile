@@ -34,6 +34,7 @@ help:
 	@echo "make progress HW=path/to/hwN   passed/total per homework, changes, the next question"
 	@echo "make lecture-report NEEDLE_IMPL=path/to/hwN/python   every notebook on your needle: a report card"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
+	@echo "make lint       ruff (lint and format check) and mypy: the gates CI runs before the tests"
 	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
@@ -201,8 +202,15 @@ data: $(INSTALLED)
 
 # Static types (mypy, configured in pyproject.toml): needle/, with the autograd core and the
 # NDArray layer in strict mode.
-.PHONY: typecheck
+.PHONY: typecheck lint
 typecheck: $(INSTALLED)
+	$(PY) -m mypy
+
+# The gates that need no build: ruff's lint and format check (pyproject.toml) and mypy.
+# `$(BIN)/ruff format .` rewrites what the check refuses.
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(PY) -m mypy
 
 clean:

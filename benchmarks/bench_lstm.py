@@ -51,7 +51,7 @@ def needle_step(device):
         opt.reset_grad()
         out, _ = model(x)
         loss = loss_fn(out, y)
-        loss.backward()
+        loss.backward(create_graph=False)  # as PyTorch: no gradient graph
         opt.step()
         return float(loss.numpy())  # a host copy: waits for the device
 

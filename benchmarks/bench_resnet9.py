@@ -173,7 +173,7 @@ def needle_step(device):
 
     def step():
         loss = loss_fn(model(x), y)
-        loss.backward()
+        loss.backward(create_graph=False)  # as PyTorch: no gradient graph
         return float(np.asarray(loss.numpy()).reshape(-1)[0])
 
     return step, model

@@ -123,7 +123,7 @@ def numerical_vjp(f: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
     """
     arrays = [np.array(a, dtype=np.float64) for a in arrays]
     grads = []
-    for k, a in enumerate(arrays):
+    for a in arrays:
         g = np.zeros_like(a)
         for idx in np.ndindex(*a.shape):
             old = a[idx]
@@ -175,7 +175,7 @@ def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
         for i, extra in enumerate(variants(arrays, np.asarray(out_grad, dtype=np.float64),
                                            [np.asarray(n, dtype=np.float64) for n in numeric])):
             found[i] = list(extra) + found[i]
-    for name, got, fd, problem in wrong:
+    for name, got, _fd, _problem in wrong:
         i = list(names).index(name)
         named = name_mistake(got, found[i], rtol=rtol, atol=tolerances[i])
         if named:

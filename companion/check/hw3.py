@@ -90,7 +90,7 @@ def hw3_getitem(ctx):
                       (slice(1, 5), slice(2, 4), slice(None, None, 2)),
                       (slice(1, 5), slice(2, 4), slice(None, None, 2)),
                       "A.permute((2, 1, 0))[1:5, 2:4, ::2] (a slice of a non-compact view)"))
-        for base, np_base, base_text, idx, np_idx, text in views:
+        for base, np_base, _base_text, idx, np_idx, text in views:
             B = base[idx]
             ranges = [s.indices(n) for s, n in zip(np_idx, np_base.shape)]
             check_close(f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "

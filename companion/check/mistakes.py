@@ -86,7 +86,7 @@ def adjoint_variants(names: Sequence[str], arrays: Sequence[np.ndarray], out_gra
     the broadcast axes, a sum over the wrong axes, out_grad broadcast back without restoring
     the summed axes."""
     out = []
-    for i, (name, x, c) in enumerate(zip(names, arrays, correct)):
+    for name, _x, c in zip(names, arrays, correct):
         d = f"∂{op}/∂{name}" if op else f"the derivative with respect to {name}"
         found: list[Variant] = []
         if c.size and np.abs(c).max() > 0:

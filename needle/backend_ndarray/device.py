@@ -33,6 +33,23 @@ except ImportError as exc:  # not compiled, or compiled for another Python / mac
     ndarray_backend_cpu = None
     _CPU_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
+
+def _warn_if_build_lost_its_module() -> None:
+    """One stderr line when this checkout has a build (``build/`` beside ``needle/``) but the
+    compiled CPU module is missing or broken: everything would otherwise run on the numpy
+    device without a word (e.g. after a rebuild that was interrupted)."""
+    import sys
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "CMakeLists.txt").is_file() and (checkout / "build").is_dir():
+        print(f"needle: the compiled CPU module is missing or broken ({_CPU_IMPORT_ERROR}); "
+              f"cpu() is disabled and Tensors go to cpu_numpy(): {_REBUILD}", file=sys.stderr)
+
+
+if ndarray_backend_cpu is None:
+    _warn_if_build_lost_its_module()
+
 try:
     from . import ndarray_backend_cuda as ndarray_backend_cuda
     _CUDA_IMPORT_ERROR = None

@@ -78,7 +78,7 @@ def test_matmul_strided_layouts(mod, size):
     batch, m, n, p = size
     rng = np.random.default_rng(sum(size))
     la, lb = layouts(batch, m, n), layouts(batch, n, p)
-    for (na, (sa, oa, za)), (nb, (sb, ob, zb)) in zip(la.items(), list(lb.items())[::-1]):
+    for (_, (sa, oa, za)), (_, (sb, ob, zb)) in zip(la.items(), list(lb.items())[::-1]):
         a = rng.standard_normal(za).astype(np.float32)
         b = rng.standard_normal(zb).astype(np.float32)
         got, expected = strided_product(mod, a, sa, oa, b, sb, ob, batch, m, n, p)

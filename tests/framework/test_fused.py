@@ -289,10 +289,10 @@ def test_kernel_optimizer_updates(dev, size):
     ptr = pb.ptr()
     g = rng.standard_normal(size).astype(F32)
     gb = _buf(mod, g)
-    for step in range(1, 4):  # the state carries over between calls
+    p64, u64 = p.astype(np.float64), u
+    for _ in range(3):  # the state carries over between calls
         sgd(pb, gb, ub, 0.1, 0.9, 0.01)
-        p64, u64 = sgd64(p.astype(np.float64) if step == 1 else p64, g, u if step == 1 else u64,
-                         0.1, 0.9, 0.01)
+        p64, u64 = sgd64(p64, g, u64, 0.1, 0.9, 0.01)
     assert pb.ptr() == ptr
     np.testing.assert_allclose(_read(mod, pb, (size,)), p64, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_read(mod, ub, (size,)), u64, rtol=1e-5, atol=1e-6)

@@ -152,7 +152,7 @@ class CIFAR10Dataset(Dataset):
         parts = [_load_batch(os.path.join(base_folder, n)) for n in names]
         data = np.concatenate([d for d, _ in parts])
         self.X = (data.astype(np.float32) / 255.0).reshape((-1,) + _IMAGE_SHAPE)
-        self.y = np.concatenate([l for _, l in parts])
+        self.y = np.concatenate([labels for _, labels in parts])
         self.p = p
 
     def __getitem__(self, index) -> object:
