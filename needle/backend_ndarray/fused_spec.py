@@ -78,8 +78,8 @@ class FusedKernel:
         """The inputs whose shapes give the sizes, in order."""
         return (self.source,) + self.more_sources
 
-    def check(self, shapes: Sequence[Tuple[int, ...]], scalars: Optional[Mapping[str, float]] = None,
-              given: Sequence[int] = ()) -> Dims:
+    def check(self, shapes: Sequence[Tuple[int, ...]],
+              scalars: Optional[Mapping[str, float]] = None, given: Sequence[int] = ()) -> Dims:
         """The kernel's sizes, after checking the inputs' ``shapes`` (tuples, in the order of
         ``inputs``) against this specification (ValueError naming ``api_name``, the operand and
         both shapes), the ``given`` sizes (non-negative ints: TypeError, ValueError) and

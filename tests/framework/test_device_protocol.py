@@ -531,7 +531,8 @@ def test_embedding_scatter_add_accumulates_duplicates(mod, rows, cols, vocab):
 def test_embedding_kernels_name_a_bad_id(mod, bad, shown):
     vocab, cols = 5, 3
     ids = np.array([0, 4, bad, 2], np.float32)
-    table, rows = buffer(mod, np.ones(vocab * cols, np.float32)), buffer(mod, np.ones(12, np.float32))
+    table = buffer(mod, np.ones(vocab * cols, np.float32))
+    rows = buffer(mod, np.ones(12, np.float32))
     message = rf"ids must be whole numbers \(integers\) in \[0, 5\), got {shown} at position 2"
     with pytest.raises(IndexError, match="embedding_gather: " + message):
         mod.embedding_gather(table, buffer(mod, ids), vocab, cols, 4, mod.Array(12))
