@@ -29,7 +29,7 @@
 # **Run time:** about 10 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use `retain_grad()` and `backward(create_graph=False)`, which the
-# course's `Tensor` does not have.
+# course's `Tensor` does not have, or the node-by-node structure of this project's gradients.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
 # Writing those derivatives by hand does not scale; numerical differences are slow (one
@@ -337,6 +337,41 @@ x = ndl.Tensor([3.0], dtype="float32")
 print(f"create_graph=False: y'(3) = {x.grad.numpy()[0]:.4f}, a constant: op={x.grad.op}, "
       f"requires_grad={x.grad.requires_grad}")
 assert abs(x.grad.numpy()[0] - 27.0) < 1e-4 and x.grad.op is None and not x.grad.requires_grad
+
+# %% [markdown]
+# ### The adjoint graph, drawn
+#
+# `companion.viz.draw_graph` draws a needle graph: one box per node with its op and shape,
+# inputs on the left, and after `backward()` the nodes the backward pass added (red), each
+# leaf's `.grad` outlined. For the lecture's example the red boxes are the lecture's adjoint
+# graph: from the constant seed $\bar v_4 = 1$, `EWiseMul`'s gradient makes $\bar v_4 v_3$ (the
+# path from $v_2$ straight to $v_4$) and $\bar v_3 = \bar v_4 v_2$; `AddScalar` passes
+# $\bar v_3$ on unchanged, so it adds no node; the two paths meet in
+# $\bar v_2 = \bar v_4 v_3 + \bar v_3$; and `exp`'s gradient multiplies by its own output,
+# $\bar v_1 = \bar v_2 v_2$. The red nodes take forward nodes ($v_2$, $v_3$) as inputs, which
+# is what made differentiating a gradient possible above.
+
+# %%
+# companion-only: this project's gradient formulas, node by node (exp's gradient reuses its output)
+from companion import viz
+
+w1 = ndl.Tensor([np.log(2.0)], dtype="float32")
+w2 = ndl.exp(w1)
+w3 = w2 + 1
+w4 = w2 * w3
+w4.backward()
+adj1 = w1.grad                    # v̄1 = v̄2 · v2
+adj2, also_v2 = adj1.inputs       # v̄2 = v̄4 v3 + v̄3
+via_v4, adj3 = adj2.inputs        # v̄3 = v̄4 · v2
+adj4 = adj3.inputs[0]             # the seed
+assert also_v2 is w2 and via_v4.inputs[1] is w3 and adj3.inputs[1] is w2
+assert adj4 is via_v4.inputs[0] and adj4.op is None
+values = ", ".join(f"{n.numpy()[0]:g}" for n in (adj4, adj3, via_v4, adj2, adj1))
+print(f"adjoints v̄4, v̄3, v̄4·v3, v̄2, v̄1: {values}")
+viz.draw_graph(w4, names={"$v_1$": w1, "$v_2$": w2, "$v_3$": w3, "$v_4$": w4,
+                          r"$\bar v_4$": adj4, r"$\bar v_3$": adj3, r"$\bar v_4 v_3$": via_v4,
+                          r"$\bar v_2$": adj2, r"$\bar v_1$": adj1},
+               title="the lecture's example after backward(): forward graph and adjoint graph")
 
 # %% [markdown]
 # ## Lazy mode

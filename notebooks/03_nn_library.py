@@ -650,6 +650,29 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
        [p.grad.numpy()[0] for p in flat.parameters()]
 
 # %% [markdown]
+# Drawn, the graph of $h = (x s_0 + b_0) + (x s_1 + b_1)$ shows the two branches as two chains
+# of ops that meet only at the last addition; no box says "module". `draw_graph` (from
+# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. After
+# `backward()` it also draws the nodes that the backward pass added (red) and outlines each
+# leaf's `.grad`: $x$ is used by both branches, so its gradient is the sum (`EWiseAdd`) of two
+# products, one per branch; $b_0$ and $b_1$ pass the all-ones seed through unchanged, so both
+# keep that one constant node as their `.grad`.
+
+# %%
+from companion.viz import draw_graph
+
+x_draw = ndl.Tensor([2.0], dtype="float32")
+branches = MultiPathScaleAdd()
+h_draw = branches(x_draw)
+h_draw.backward()
+p0, p1 = branches.path0, branches.path1
+assert type(x_draw.grad.op).__name__ == "EWiseAdd"
+assert [type(i.op).__name__ for i in x_draw.grad.inputs] == ["EWiseMul", "EWiseMul"]
+assert p0.b.grad is p1.b.grad and p0.b.grad.op is None  # one constant node: the seed
+draw_graph(h_draw, names={"x": x_draw, "s0": p0.s, "b0": p0.b, "s1": p1.s, "b1": p1.b,
+                          "h": h_draw}, title="ScaleAdd's two branches, and what backward() added")
+
+# %% [markdown]
 # ## 3. The update boundary
 #
 # The update $\theta \leftarrow \theta - \eta\nabla_\theta L$ is *not* part of the model.
@@ -1110,6 +1133,30 @@ except TypeError as err:
     print("TypeError:", err)
 assert isinstance(out.op, ndl.ops.FusedAddScalars) and len(out.inputs) == 1
 assert not isinstance(plain, ndl.autograd.Value)
+
+# %% [markdown]
+# The routing in a picture. With $L = \sum u^2$ for $u$ the first output, the backward pass
+# adds nodes for $\bar u = 2u$ (reading the forward node $u$); the routing pairs that adjoint
+# with a zero for $v$ (`make_tuple`), and `FusedAddScalars`' gradient adds the pair's two
+# components. So $x$'s `.grad` is an `EWiseAdd` whose inputs are $\bar u$ and a constant zero,
+# the adjoint routed to the output nobody used. The pair itself does not appear: indexing a
+# `make_tuple` node returns the component itself (constant folding), so nothing in the
+# gradient's graph refers to it.
+
+# %%
+x_tuple = ndl.Tensor([1.0], dtype="float32")
+pair = ndl.fused_add_scalars(x_tuple, 1.0, 2.0)
+u_first = pair[0]
+L_tuple = (u_first * u_first).sum()
+L_tuple.backward()
+u_bar, zero = x_tuple.grad.inputs
+print(f"dL/dx = {x_tuple.grad.numpy()[0]:.1f} = {u_bar.numpy()[0]:.1f} (from u) "
+      f"+ {zero.numpy()[0]:.1f} (the zero routed to v)")
+assert x_tuple.grad.numpy()[0] == 4 and u_bar.numpy()[0] == 4 and zero.numpy()[0] == 0
+assert type(u_bar.op).__name__ == "EWiseAdd" and zero.op is None
+draw_graph(L_tuple, names={"x": x_tuple, "(u, v)": pair, "u": u_first, "L": L_tuple,
+                           r"$\bar u$": u_bar, "zero for v": zero},
+           title="a TensorTuple: the adjoint of u, and a zero for v")
 
 # %% [markdown]
 # ## Summary
