@@ -281,23 +281,25 @@ def prod(x) -> int:
 
 
 # ---- fused kernels: checked against fused_spec, computed by numpy_kernels -------------------------
-def _check(kernel: spec.FusedKernel, arrays: tuple, **scalars) -> tuple:
+def _check(kernel: spec.FusedKernel, arrays: tuple, given: tuple = (), **scalars) -> tuple:
     """The kernel's sizes, after checking that each of ``arrays`` (its inputs, in order) is a
-    numpy array (TypeError) and that their shapes fit ``kernel`` (ValueError)."""
+    numpy array (TypeError) and that their shapes and the ``given`` sizes fit ``kernel``
+    (ValueError)."""
     for op, a in zip(kernel.inputs, arrays):
         if not isinstance(a, numpy.ndarray):
             raise TypeError(f"{kernel.api_name}: {op.name} must be a numpy array, got "
                             f"{type(a).__name__}")
-    return kernel.check([a.shape for a in arrays], scalars)
+    return kernel.check([a.shape for a in arrays], scalars, given)
 
 
-def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars):
+def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars, given: tuple = ()):
     """``compute`` (a numpy kernel) on ``arrays`` reshaped to the shapes ``kernel`` gives them
-    (a (1, C) bias becomes (C,)), its results viewed as the first array's class."""
-    dims = _check(kernel, arrays, **dict(zip(kernel.scalars, scalars)))
+    (a (1, C) bias becomes (C,)) and the ``given`` sizes, its results viewed as the first
+    array's class."""
+    dims = _check(kernel, arrays, given, **dict(zip(kernel.scalars, scalars)))
     inputs = [a if op.match in ("source", "shape or ()") else a.reshape(op.shape(*dims))
               for op, a in zip(kernel.inputs, arrays)]
-    out = compute(*inputs, *scalars)
+    out = compute(*inputs, *dims[len(dims) - len(given):], *scalars)
     cls = type(arrays[0])
     if isinstance(out, tuple):
         return tuple(numpy.asarray(o).view(cls) for o in out)
@@ -373,3 +375,16 @@ def adam_update_(param: numpy.ndarray, grad: numpy.ndarray, m: numpy.ndarray, v:
     _writable("adam_update_", param)
     kernels.adam_update(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
                         float(weight_decay), int(step))
+
+
+def embedding_gather(weight: numpy.ndarray, ids: numpy.ndarray) -> numpy.ndarray:
+    """The rows of ``weight`` (V, D) picked by the whole numbers ``ids`` (N,): (N, D);
+    IndexError for an id outside [0, V)."""
+    return _run(spec.EMBEDDING_GATHER, kernels.embedding_gather, (weight, ids))
+
+
+def embedding_scatter_add(grad: numpy.ndarray, ids: numpy.ndarray, vocab: int) -> numpy.ndarray:
+    """Zeros (vocab, D) with each row of ``grad`` (N, D) added to row ``ids[r]`` (repeats
+    accumulate): the adjoint of :func:`embedding_gather`."""
+    return _run(spec.EMBEDDING_SCATTER_ADD, kernels.embedding_scatter_add, (grad, ids),
+                given=(vocab,))

@@ -20,10 +20,11 @@ naming the problem:
   input;
 - an exported graph whose onnxruntime output on that second input differs from needle's.
 
-``nn.Embedding`` (computed by needle as ``one_hot(ids) @ weight``, where the one-hot matrix is
-built in Python) exports as ``Cast`` + ``Gather``: while tracing, ``Embedding.forward`` is
-wrapped (in the class, restored afterwards; another thread's Embedding sees the wrapper too) to
-mark its output with an export-only op. The input is then the float ids, as needle takes them.
+``nn.Embedding`` (computed by needle as a gather whose ids are data held by the op, not a graph
+input) exports as ``Cast`` + ``Gather``: while tracing, ``Embedding.forward`` is wrapped (in
+the class, restored afterwards; another thread's Embedding sees the wrapper too) to mark its
+output with an export-only op when the ids depend on the input, which is then the float ids,
+as needle takes them; ids that do not (a positional embedding) export as a constant.
 ``stack``/``split`` export as ``Unsqueeze`` + ``Concat`` / ``Split`` + ``Squeeze``, so
 ``nn.RNN`` exports; an op with no ONNX translation (e.g. the fused LSTM layer or LayerNorm)
 raises NotImplementedError "not supported: <op>".
@@ -41,7 +42,7 @@ from needle import autograd, ops
 from needle.autograd import Tensor, TensorOp
 from needle.nn import Module
 from needle.nn.nn_sequence import Embedding
-from needle.ops import ops_conv
+from needle.ops import ops_conv, ops_fused
 
 try:
     import onnx
@@ -92,8 +93,8 @@ class _EmbeddingLookup(TensorOp):
 @contextlib.contextmanager
 def _embeddings_as_lookups() -> Iterator[None]:
     """While tracing, every ``nn.Embedding`` whose ids depend on the traced input returns an
-    ``_EmbeddingLookup`` node instead of the one-hot product (whose one-hot matrix is a
-    constant read from the ids in Python)."""
+    ``_EmbeddingLookup`` node, whose ids are that input, instead of needle's lookup (whose ids
+    are data held by the op, read from the input's values)."""
     original = Embedding.forward
 
     def forward(self: Embedding, x: Tensor) -> Tensor:
@@ -184,6 +185,9 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
         y = b.node("Conv", [x, w], strides=[op.stride, op.stride], pads=[p, p, p, p],
                    kernel_shape=[kh, kw])
         return b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    if kind is ops_fused.EmbeddingLookup:  # ids that do not depend on the input: a constant
+        ids = b.const(op.ids.numpy().astype(np.int64).reshape(op.shape), "ids")
+        return b.node("Gather", [args[0], ids], axis=0)
     if kind is _EmbeddingLookup:
         ids = b.node("Cast", [args[0]], to=TensorProto.INT64)
         return b.node("Gather", [args[1], ids], axis=0)

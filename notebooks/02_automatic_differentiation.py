@@ -31,7 +31,7 @@
 # **Run time:** about 10 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use `retain_grad()` and `backward(create_graph=False)`, which the
-# course's `Tensor` does not have.
+# course's `Tensor` does not have, or the node-by-node structure of this project's gradients.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
 # Writing those derivatives by hand does not scale; numerical differences are slow (one
@@ -388,6 +388,7 @@ assert abs(x.grad.numpy()[0] - 27.0) < 1e-4 and x.grad.op is None and not x.grad
 # is what made differentiating a gradient possible above.
 
 # %%
+# companion-only: this project's gradient formulas, node by node (exp's gradient reuses its output)
 from companion import viz
 
 w1 = ndl.Tensor([np.log(2.0)], dtype="float32")

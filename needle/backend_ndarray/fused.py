@@ -1,5 +1,6 @@
-"""Fused kernels at the NDArray level: softmax cross-entropy, layer/batch norm, the LSTM cell
-and the in-place SGD/Adam updates (the fused section of ``protocol.py``).
+"""Fused kernels at the NDArray level: softmax cross-entropy, layer/batch norm, the LSTM cell,
+the in-place SGD/Adam updates and the embedding gather / scatter-add (the fused section of
+``protocol.py``).
 
 Each function checks its NDArrays (kind and device here; shapes against ``fused_spec.py``, the
 one specification shared with the numpy backend), compacts the inputs, allocates the outputs
@@ -22,11 +23,11 @@ from .ndarray import _new as _alloc
 __all__ = list(spec.KERNELS)  # softmax_xent, ..., adam_update_: one function per kernel
 
 
-def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...],
+def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], given: Tuple[int, ...] = (),
            **scalars: float) -> Tuple[BackendDevice, spec.Dims]:
     """(device, sizes) after checking that each of ``arrays`` (the kernel's inputs, in order)
     is an NDArray (TypeError), that all share one device (ValueError) and that their shapes
-    fit ``kernel`` (ValueError, see ``fused_spec.FusedKernel.check``)."""
+    and the ``given`` sizes fit ``kernel`` (ValueError, see ``fused_spec.FusedKernel.check``)."""
     fn = kernel.api_name
     device: Optional[BackendDevice] = None
     for op, a in zip(kernel.inputs, arrays):
@@ -37,7 +38,7 @@ def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...],
         elif a.device != device:
             raise ValueError(f"{fn}: {op.name} is on {a.device} but {first} is on {device}")
     assert device is not None, f"{fn} has inputs"
-    return device, kernel.check([a.shape for a in arrays], scalars)
+    return device, kernel.check([a.shape for a in arrays], scalars, given)
 
 
 def _new(device: BackendDevice, kernel: spec.FusedKernel, dims: spec.Dims
@@ -218,3 +219,22 @@ def adam_update_(param: NDArray, grad: NDArray, m: NDArray, v: NDArray, lr: floa
     _update_in_place("adam_update_", param, lambda p: device.adam_update(
         p, g, mh, vh, float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
         int(step)))
+
+
+def embedding_gather(weight: NDArray, ids: NDArray) -> NDArray:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (N,), float32 holding whole numbers in
+    [0, V): shape (N, D). An id outside that range is an IndexError naming it (raised by the
+    device kernel)."""
+    device, dims = _check(spec.EMBEDDING_GATHER, (weight, ids))
+    (out,) = _new(device, spec.EMBEDDING_GATHER, dims)
+    device.embedding_gather(*_h(weight, ids), *dims, *_out(out))
+    return out
+
+
+def embedding_scatter_add(grad: NDArray, ids: NDArray, vocab: int) -> NDArray:
+    """The adjoint of :func:`embedding_gather`: zeros (vocab, D) with each row of ``grad``
+    (N, D) added to the row its id in ``ids`` (N,) names (a repeated id accumulates)."""
+    device, dims = _check(spec.EMBEDDING_SCATTER_ADD, (grad, ids), (vocab,))
+    (out,) = _new(device, spec.EMBEDDING_SCATTER_ADD, dims)
+    device.embedding_scatter_add(*_h(grad, ids), *dims, *_out(out))
+    return out

@@ -54,9 +54,13 @@ class Operand:
 class FusedKernel:
     """A fused kernel: ``name`` is the device function (None when no device kernel exists),
     ``api_name`` the array-level function; ``dims`` names the sizes read off the input
-    ``source`` (a 2-D matrix), or is empty for the element-wise in-place updates, whose source
+    ``source`` (a 2-D matrix), then off the inputs ``more_sources`` (each axis in turn: the
+    embedding gather reads (vocab, cols) off its weight and rows off its ids), then the
+    ``given`` sizes, which the caller passes (the vocabulary of the embedding scatter-add,
+    read off no input); ``dims`` is empty for the element-wise in-place updates, whose source
     may have any shape. The device call takes the inputs, the sizes, the ``scalars`` and the
-    outputs, in that order. ``check_sizes(fn, dims, scalars)`` holds any further check."""
+    outputs, in that order; the numpy kernel takes the inputs, the given sizes and the
+    scalars. ``check_sizes(fn, dims, scalars)`` holds any further check."""
 
     name: Optional[str]
     api_name: str
@@ -66,14 +70,22 @@ class FusedKernel:
     scalars: Tuple[str, ...] = ()
     outputs: Tuple[Operand, ...] = ()
     check_sizes: Optional[Callable[[str, Dims, Mapping[str, float]], None]] = None
+    more_sources: Tuple[str, ...] = ()
+    given: Tuple[str, ...] = ()
 
-    def check(self, shapes: Sequence[Tuple[int, ...]], scalars: Optional[Mapping[str, float]] = None
-              ) -> Dims:
+    @property
+    def sources(self) -> Tuple[str, ...]:
+        """The inputs whose shapes give the sizes, in order."""
+        return (self.source,) + self.more_sources
+
+    def check(self, shapes: Sequence[Tuple[int, ...]],
+              scalars: Optional[Mapping[str, float]] = None, given: Sequence[int] = ()) -> Dims:
         """The kernel's sizes, after checking the inputs' ``shapes`` (tuples, in the order of
         ``inputs``) against this specification (ValueError naming ``api_name``, the operand and
-        both shapes) and ``scalars`` (name -> value) with ``check_sizes``. The shape check is
-        cached: a training step repeats the same shapes."""
-        dims = _sizes(self, tuple(shapes))
+        both shapes), the ``given`` sizes (non-negative ints: TypeError, ValueError) and
+        ``scalars`` (name -> value) with ``check_sizes``. The shape check is cached: a training
+        step repeats the same shapes."""
+        dims = _sizes(self, tuple(shapes), _given(self, given))
         if self.check_sizes is not None:
             self.check_sizes(self.api_name, dims, scalars or {})
         return dims
@@ -103,16 +115,43 @@ class FusedKernel:
         return dims
 
 
-@functools.lru_cache(maxsize=1024)
-def _sizes(kernel: FusedKernel, shapes: Tuple[Tuple[int, ...], ...]) -> Dims:
-    """The sizes ``kernel`` reads off its source, after checking every input's shape."""
+def _given(kernel: FusedKernel, given: Sequence[int]) -> Dims:
+    """The caller's ``given`` sizes of ``kernel``, checked: as many as it names, each an int
+    (TypeError) that is not negative (ValueError)."""
     fn = kernel.api_name
-    source = shapes[[op.name for op in kernel.inputs].index(kernel.source)]
+    if len(given) != len(kernel.given):
+        raise TypeError(f"{fn}: expected the sizes ({', '.join(kernel.given)}), got {tuple(given)}")
+    for name, value in zip(kernel.given, given):
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"{fn}: {name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{fn}: {name} must be >= 0, got {value}")
+    return tuple(int(v) for v in given)
+
+
+def _ndim(kernel: FusedKernel, name: str) -> int:
+    """The number of axes of ``kernel``'s input ``name`` (it has one per size it gives)."""
+    op = next(op for op in kernel.inputs if op.name == name)
+    return len(op.shape(*(0,) * len(kernel.dims)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sizes(kernel: FusedKernel, shapes: Tuple[Tuple[int, ...], ...], given: Dims = ()) -> Dims:
+    """The sizes ``kernel`` reads off its sources (then ``given``), after checking every
+    input's shape."""
+    fn = kernel.api_name
+    names = [op.name for op in kernel.inputs]
+    source = shapes[names.index(kernel.source)]
     if kernel.dims:
-        if len(source) != len(kernel.dims):
-            raise ValueError(f"{fn}: {kernel.source} must be {len(kernel.dims)}-D "
-                             f"({', '.join(kernel.dims)}), got shape {source}")
-        dims = source
+        read: list[int] = []
+        for name in kernel.sources:
+            ndim, shape = _ndim(kernel, name), shapes[names.index(name)]
+            if len(shape) != ndim:
+                axes = kernel.dims[len(read):len(read) + ndim]
+                raise ValueError(f"{fn}: {name} must be {ndim}-D ({', '.join(axes)}), got "
+                                 f"shape {shape}")
+            read.extend(shape)
+        dims = tuple(read) + given
     else:
         dims = (math.prod(source),)
     for op, got in zip(kernel.inputs, shapes):
@@ -133,8 +172,16 @@ def _output_shapes(kernel: FusedKernel, dims: Dims) -> Tuple[Dims, ...]:
 
 
 def _kernel(*args: Any, **kwargs: Any) -> FusedKernel:
-    """A new :class:`FusedKernel`, entered in :data:`KERNELS`."""
+    """A new :class:`FusedKernel`, entered in :data:`KERNELS`, after checking that its sources
+    and given sizes name each of its sizes once, in order."""
     kernel = FusedKernel(*args, **kwargs)
+    if kernel.dims:
+        probe = tuple(range(2, 2 + len(kernel.dims)))
+        names = {op.name: op for op in kernel.inputs}
+        read = sum((names[s].shape(*probe) for s in kernel.sources), ())
+        if read + probe[len(read):] != probe or len(read) + len(kernel.given) != len(probe):
+            raise AssertionError(f"{kernel.api_name}: the sources {kernel.sources} and given "
+                                 f"{kernel.given} do not give the sizes {kernel.dims} in order")
     KERNELS[kernel.api_name] = kernel
     return kernel
 
@@ -167,6 +214,32 @@ def _gates(batch: int, hidden: int) -> Dims:
 
 def _elements(size: int) -> Dims:
     return (size,)
+
+
+# the embedding kernels' sizes: (vocab, cols, rows) for the gather (weight, then ids) and
+# (rows, cols, vocab) for the scatter-add (grad, then the given vocabulary)
+def _table(vocab: int, cols: int, rows: int) -> Dims:
+    return (vocab, cols)
+
+
+def _looked_up(vocab: int, cols: int, rows: int) -> Dims:
+    return (rows, cols)
+
+
+def _ids_of_gather(vocab: int, cols: int, rows: int) -> Dims:
+    return (rows,)
+
+
+def _grad_rows(rows: int, cols: int, vocab: int) -> Dims:
+    return (rows, cols)
+
+
+def _ids_of_scatter(rows: int, cols: int, vocab: int) -> Dims:
+    return (rows,)
+
+
+def _scattered(rows: int, cols: int, vocab: int) -> Dims:
+    return (vocab, cols)
 
 
 _RC = ("rows", "cols")
@@ -235,6 +308,20 @@ ADAM_UPDATE = _kernel(
     scalars=("lr", "beta1", "beta2", "eps", "weight_decay", "step"),
     check_sizes=_step_from_one)
 
+# ids: float32 holding whole numbers in [0, vocab); the kernels check the values (IndexError)
+EMBEDDING_GATHER = _kernel(
+    "embedding_gather", "embedding_gather", "weight", ("vocab", "cols", "rows"),
+    inputs=(Operand("weight", _table), Operand("ids", _ids_of_gather)),
+    outputs=(Operand("out", _looked_up),),
+    more_sources=("ids",))
+
+EMBEDDING_SCATTER_ADD = _kernel(
+    "embedding_scatter_add", "embedding_scatter_add", "grad", ("rows", "cols", "vocab"),
+    inputs=(Operand("grad", _grad_rows), Operand("ids", _ids_of_scatter)),
+    outputs=(Operand("out", _scattered),),
+    given=("vocab",))
+
 __all__ = ["Operand", "FusedKernel", "KERNELS"] + [
     "SOFTMAX_XENT", "SOFTMAX_XENT_BWD", "LAYERNORM_FWD", "LAYERNORM_BWD", "BATCHNORM_FWD",
-    "BATCHNORM_BWD", "LSTM_CELL_FWD", "LSTM_CELL_BWD", "SGD_UPDATE", "ADAM_UPDATE"]
+    "BATCHNORM_BWD", "LSTM_CELL_FWD", "LSTM_CELL_BWD", "SGD_UPDATE", "ADAM_UPDATE",
+    "EMBEDDING_GATHER", "EMBEDDING_SCATTER_ADD"]

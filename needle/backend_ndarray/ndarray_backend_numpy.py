@@ -486,8 +486,9 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
                    zip(spec.scalars, args[n_in + n_dims:n_in + n_dims + n_scalars])]
         dims = spec.check_buffers(dict(zip(names, buffers)), dims, dict(zip(spec.scalars, scalars)))
         inputs = [buf.array.reshape(op.shape(*dims)) for op, buf in zip(spec.inputs, buffers)]
-        results = kernel(*inputs, *scalars)
+        results = kernel(*inputs, *dims[len(dims) - len(spec.given):], *scalars)
         if spec.outputs:
+            results = results if isinstance(results, tuple) else (results,)
             for buf, value in zip(buffers[n_in:], results):
                 buf.array[:] = np.ravel(value)
 
@@ -505,3 +506,5 @@ lstm_cell_fwd = _fused(fused_spec.LSTM_CELL_FWD, kernels.lstm_cell_fwd)
 lstm_cell_bwd = _fused(fused_spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd)
 sgd_update = _fused(fused_spec.SGD_UPDATE, kernels.sgd_update)
 adam_update = _fused(fused_spec.ADAM_UPDATE, kernels.adam_update)
+embedding_gather = _fused(fused_spec.EMBEDDING_GATHER, kernels.embedding_gather)
+embedding_scatter_add = _fused(fused_spec.EMBEDDING_SCATTER_ADD, kernels.embedding_scatter_add)

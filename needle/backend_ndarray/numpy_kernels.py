@@ -88,6 +88,40 @@ def check_labels(fn: str, labels: np.ndarray, cols: int) -> np.ndarray:
     return labels.astype(np.int64)
 
 
+def check_ids(fn: str, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """``ids`` as int64 after checking that each is a whole number in [0, vocab): IndexError
+    naming the first that is not and its position."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~((ids >= 0) & (ids < vocab) & (ids == np.floor(ids)))
+    else:
+        bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IndexError(f"{fn}: ids must be whole numbers (integers) in [0, {vocab}), got "
+                         f"{float(ids[k]):g} at position {k}")
+    return ids.astype(np.int64)
+
+
+def embedding_gather(weight: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (N,), whole numbers in [0, V): (N, D).
+    IndexError (before anything is computed) for an id outside that range."""
+    rows = check_ids("embedding_gather", ids, weight.shape[0])
+    out: np.ndarray = weight[rows]
+    return out
+
+
+def embedding_scatter_add(grad: np.ndarray, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """(vocab, D) zeros with each row ``grad[r]`` of ``grad`` (N, D) added to row ``ids[r]``,
+    in the order r = 0, 1, ... (a repeated id accumulates): the adjoint of
+    :func:`embedding_gather`. IndexError for an id that is not a whole number in [0, vocab)."""
+    rows = check_ids("embedding_scatter_add", ids, vocab)
+    out = np.zeros((vocab, grad.shape[1]), grad.dtype)
+    np.add.at(out, rows, grad)
+    return out
+
+
 def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Per row of ``logits`` (N, C) and integer-valued ``labels`` (N,): (loss (N,), probs (N, C));
     ValueError (before anything is computed) for a label that is not a whole number in [0, C).

@@ -284,6 +284,19 @@ class DeviceModule(Protocol):
         ``v = β2·v + (1-β2)·g²``; ``param -= lr · m̂ / (sqrt(v̂) + eps)`` with the bias
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
+    def embedding_gather(self, weight: Buffer, ids: Buffer, vocab: int, cols: int, rows: int,
+                         out: Buffer) -> None:
+        """``out[r] = weight[ids[r]]`` for r < rows: rows of ``weight`` (vocab × cols) picked by
+        ``ids`` (rows), float32 holding whole numbers in [0, vocab); ``out`` is rows × cols.
+        An id that is not such a number is an IndexError naming it and its position."""
+
+    def embedding_scatter_add(self, grad: Buffer, ids: Buffer, rows: int, cols: int, vocab: int,
+                              out: Buffer) -> None:
+        """The adjoint of :meth:`embedding_gather`: ``out`` (vocab × cols) = zeros, then
+        ``out[ids[r]] += grad[r]`` for each row r of ``grad`` (rows × cols), so a repeated id
+        accumulates (in the order r = 0, 1, ... on the CPU; in any order on CUDA). IndexError
+        for an id as in :meth:`embedding_gather`, before anything is written."""
+
 
 __all__ = ["Array", "DeviceModule", "BINARY_METHODS", "UNARY_METHODS", "REDUCE_METHODS",
            "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS", "MAX_ELEMENTS",

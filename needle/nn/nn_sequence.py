@@ -275,8 +275,10 @@ class LSTM(Module):
 class Embedding(Module):
     """A lookup table: integer ids (seq_len, bs) → vectors (seq_len, bs, embedding_dim).
 
-    ``weight`` (num_embeddings, embedding_dim) is drawn from N(0, 1). The lookup is computed as
-    one_hot(ids) @ weight, so the gradient reaches exactly the rows that were used.
+    ``weight`` (num_embeddings, embedding_dim) is drawn from N(0, 1). The lookup is the
+    course's one_hot(ids) @ weight, computed as one gather of the rows used
+    (:func:`needle.ops.ops_fused.embedding`); its gradient scatter-adds the adjoint's rows, so
+    it reaches exactly the rows that were used (a row used twice gets both contributions).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None,
@@ -289,17 +291,10 @@ class Embedding(Module):
                                            device=device, dtype=dtype, requires_grad=True))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim)."""
+        """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim); an id
+        that is not a whole number in that range is an IndexError naming it."""
         if not isinstance(x, Tensor):
             raise TypeError(f"Embedding expects a needle Tensor of ids, got {type(x).__name__}")
         if len(x.shape) != 2:
             raise ValueError(f"Embedding expects ids of shape (seq_len, bs), got {tuple(x.shape)}")
-        seq_len, bs = x.shape
-        try:  # one_hot validates the labels
-            one_hot = init.one_hot(self.num_embeddings, x, device=self.weight.device,
-                                   dtype=self.weight.dtype)
-        except ValueError as exc:
-            raise IndexError(f"Embedding ids must be integers in [0, {self.num_embeddings}): "
-                             f"{exc}") from exc
-        out = one_hot.reshape((seq_len * bs, self.num_embeddings)) @ self.weight
-        return out.reshape((seq_len, bs, self.embedding_dim))
+        return ops_fused.embedding(x, self.weight)

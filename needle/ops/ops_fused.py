@@ -1,12 +1,15 @@
 """Fused ops: softmax cross-entropy, layer norm, batch norm (training statistics) and the LSTM
-cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.), and a
-whole LSTM layer over a sequence (one graph node; its backward makes one W_hh product).
+cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.), a
+whole LSTM layer over a sequence (one graph node; its backward makes one W_hh product), and the
+embedding lookup (a gather forward, a scatter-add backward).
 
 They compute exactly what the course's compositions of small ops compute (the tests compare
 both, values and gradients) with far fewer graph nodes and array passes per training step.
 Each op's gradient is another op wrapping its backward kernel, so ``backward()`` works as for
 any op; the backward ops themselves have no gradient: differentiating a fused op twice raises
 NotImplementedError (compose the course's ops instead when second derivatives are needed).
+The embedding lookup and softmax over the last axis are the exceptions: they differentiate
+any number of times.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from ..backend_selection import array_api
 
 __all__ = ["SoftmaxCrossEntropy", "softmax_cross_entropy", "LayerNormRows", "layernorm_rows",
            "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step",
-           "LSTMLayer", "lstm_layer", "SoftmaxLastAxis", "softmax_last_axis"]
+           "LSTMLayer", "lstm_layer", "SoftmaxLastAxis", "softmax_last_axis", "EmbeddingLookup",
+           "EmbeddingScatterAdd", "embedding"]
 
 
 class _BackwardOp:
@@ -307,3 +311,58 @@ class SoftmaxLastAxis(TensorOp):
 def softmax_last_axis(x: Tensor) -> Tensor:
     """softmax of ``x`` over its last axis (same shape as ``x``)."""
     return SoftmaxLastAxis()(x)
+
+
+# ---- embedding lookup ---------------------------------------------------------------------------
+def _flat(ids):
+    """The raw ids array as one compact row (N,)."""
+    n = 1
+    for d in ids.shape:
+        n *= d
+    return ids.compact().reshape((n,))
+
+
+class EmbeddingLookup(TensorOp):
+    """``weight[ids]``: the rows of weight (V, D) picked by fixed integer ids, shape
+    ``ids.shape + (D,)`` — the course's ``one_hot(ids) @ weight`` as one gather. ``ids`` is a
+    raw array on the weight's device holding whole numbers in [0, V) (an IndexError names one
+    that is not); it is data, not an input, and gets no gradient. The gradient is the adjoint's
+    rows scatter-added into a (V, D) zero matrix (:class:`EmbeddingScatterAdd`), so a row used
+    twice gets both contributions."""
+
+    def __init__(self, ids):
+        self.shape = tuple(ids.shape)
+        self.ids = _flat(ids)
+
+    def compute(self, weight):
+        out = array_api.embedding_gather(weight, self.ids)
+        return out.reshape(self.shape + (weight.shape[1],))
+
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
+        return EmbeddingScatterAdd(self.ids, node.inputs[0].shape[0])(out_grad)
+
+
+class EmbeddingScatterAdd(TensorOp):
+    """The adjoint of :class:`EmbeddingLookup`: (vocab, D) zeros with each row of its input
+    (``ids.shape + (D,)``, read as (N, D)) added to the row its id names. Linear in its input,
+    its own gradient is the lookup of the adjoint's rows, so it differentiates again."""
+
+    def __init__(self, ids, vocab: int):
+        self.ids, self.vocab = _flat(ids), int(vocab)
+
+    def compute(self, grad):
+        rows = self.ids.shape[0]
+        flat = grad.compact().reshape((rows, grad.shape[-1]))
+        return array_api.embedding_scatter_add(flat, self.ids, self.vocab)
+
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
+        return EmbeddingLookup(self.ids)(out_grad).reshape(node.inputs[0].shape)
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (a Tensor of whole numbers in [0, V), any
+    shape, on any device; it gets no gradient): shape ``ids.shape + (D,)``."""
+    raw = ids.realize_cached_data()
+    if ids.device != weight.device:
+        raw = Tensor(ids.numpy(), device=weight.device, dtype=weight.dtype).realize_cached_data()
+    return EmbeddingLookup(raw)(weight)

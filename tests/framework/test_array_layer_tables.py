@@ -156,13 +156,18 @@ SCALARS = {"eps": 1e-5, "scale": 1.0, "lr": 0.1, "momentum": 0.9, "weight_decay"
            "beta1": 0.9, "beta2": 0.999, "step": 1}
 
 
+def _dims(kernel):
+    """Sizes for ``kernel``: (3, 2) for the matrix kernels, (3, 2, 4) for the embeddings'."""
+    return (3, 2, 4)[:max(2, len(kernel.dims))]
+
+
 def _inputs(kernel, dims):
     """Valid numpy inputs for ``kernel`` with sizes ``dims`` (an in-place update: shape (2, 3))."""
     arrays = []
     for op in kernel.inputs:
         shape = (2, 3) if op.match == "source" else op.shape(*dims)
         value = np.full(shape, 0.5, F32)
-        if op.name == "labels":
+        if op.name in ("labels", "ids"):
             value = np.zeros(shape, F32)
         arrays.append(value)
     return arrays
@@ -184,26 +189,32 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
     kernel = fused_spec.KERNELS[name]
     function = getattr(module, kernel.api_name)
     scalars = [SCALARS[s] for s in kernel.scalars]
-    dims = (3, 2)
+    dims = _dims(kernel)
+    given = dims[len(dims) - len(kernel.given):] if kernel.given else ()
     arrays = _inputs(kernel, dims)
-    result = function(*(make(a) for a in arrays), *scalars)
+    result = function(*(make(a) for a in arrays), *given, *scalars)
     if kernel.outputs:
         results = result if isinstance(result, tuple) else (result,)
         assert [tuple(r.shape) for r in results] == list(kernel.output_shapes(dims))
     for i, op in enumerate(kernel.inputs):
-        if op.name == kernel.source:
+        if op.name in kernel.sources:
             continue
         bad = list(arrays)
         bad[i] = np.zeros(np.asarray(arrays[i]).size + 1, F32)
         with pytest.raises(ValueError, match=f"{kernel.api_name}: {op.name} must"):
-            function(*(make(a) for a in bad), *scalars)
+            function(*(make(a) for a in bad), *given, *scalars)
+    if kernel.given:
+        with pytest.raises(ValueError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
+            function(*(make(a) for a in arrays), *(-1 for _ in given), *scalars)
+        with pytest.raises(TypeError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
+            function(*(make(a) for a in arrays), *(2.0 for _ in given), *scalars)
 
 
 @pytest.mark.parametrize("mod", _enabled_device_modules())
 @pytest.mark.parametrize("name", [n for n, k in fused_spec.KERNELS.items() if k.name])
 def test_every_device_module_checks_each_fused_buffer(mod, name):
     kernel = fused_spec.KERNELS[name]
-    dims = (3, 2)
+    dims = _dims(kernel)
     device_dims = dims if kernel.dims else ()
     size_dims = dims if kernel.dims else (6,)
 
@@ -212,7 +223,7 @@ def test_every_device_module_checks_each_fused_buffer(mod, name):
         for op in kernel.inputs + kernel.outputs:
             n = int(np.prod(op.shape(*size_dims))) + (op.name == wrong)
             buf = mod.Array(n)
-            mod.from_numpy(np.full(n, 0.0 if op.name == "labels" else 0.5, F32), buf)
+            mod.from_numpy(np.full(n, 0.0 if op.name in ("labels", "ids") else 0.5, F32), buf)
             out.append(buf)
         return out
 

@@ -478,3 +478,83 @@ def test_huge_allocations(mod):
     for size in (2 ** 50 + 1, 2 ** 62):
         with pytest.raises((ValueError, MemoryError)):
             mod.Array(size)
+
+
+# ---- the embedding kernels ---------------------------------------------------------------------
+def _ids(rng, rows: int, vocab: int) -> np.ndarray:
+    """``rows`` ids in [0, vocab) with repeats, the first and the last row of the table."""
+    ids = rng.integers(0, vocab, rows).astype(np.float32)
+    ids[:min(rows, 3)] = [0, vocab - 1, 0][:min(rows, 3)]
+    return ids
+
+
+def _scatter_in_order(grad: np.ndarray, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The scatter-add oracle: float32 zeros, then each row added in row order."""
+    out = np.zeros((vocab, grad.shape[1]), np.float32)
+    for r, i in enumerate(ids.astype(int)):
+        out[i] += grad[r]
+    return out
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize("vocab, cols, rows", [(1, 1, 1), (7, 5, 11), (7, 0, 4), (7, 5, 0),
+                                               (300, 64, 5000)])  # last: threaded rows
+def test_embedding_gather(mod, vocab, cols, rows):
+    rng = np.random.default_rng(vocab + cols + rows)
+    weight = rng.standard_normal((vocab, cols)).astype(np.float32)
+    ids = _ids(rng, rows, vocab)
+    out = mod.Array(rows * cols)
+    mod.embedding_gather(buffer(mod, weight.ravel()), buffer(mod, ids), vocab, cols, rows, out)
+    np.testing.assert_array_equal(read(mod, out, (rows, cols)), weight[ids.astype(int)])
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize("rows, cols, vocab", [(1, 1, 1), (11, 5, 7), (4, 0, 7), (0, 5, 7),
+                                               (5000, 64, 300)])
+def test_embedding_scatter_add_accumulates_duplicates(mod, rows, cols, vocab):
+    rng = np.random.default_rng(rows + cols + vocab)
+    grad = rng.standard_normal((rows, cols)).astype(np.float32)
+    ids = _ids(rng, rows, vocab)
+    out = buffer(mod, np.full(vocab * cols, np.nan, np.float32))  # every element is written
+    mod.embedding_scatter_add(buffer(mod, grad.ravel()), buffer(mod, ids), rows, cols, vocab, out)
+    got = read(mod, out, (vocab, cols))
+    exact = np.zeros((vocab, cols))
+    np.add.at(exact, ids.astype(int), grad.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * max(1, rows / vocab))
+    if mod is not nd.ndarray_backend_cuda:  # the CPU modules add in row order: deterministic
+        np.testing.assert_array_equal(got, _scatter_in_order(grad, ids, vocab))
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize("bad, shown", [(5.0, "5"), (-1.0, "-1"), (1.5, "1.5"),
+                                        (np.nan, "nan"), (np.inf, "inf")])
+def test_embedding_kernels_name_a_bad_id(mod, bad, shown):
+    vocab, cols = 5, 3
+    ids = np.array([0, 4, bad, 2], np.float32)
+    table = buffer(mod, np.ones(vocab * cols, np.float32))
+    rows = buffer(mod, np.ones(12, np.float32))
+    message = rf"ids must be whole numbers \(integers\) in \[0, 5\), got {shown} at position 2"
+    with pytest.raises(IndexError, match="embedding_gather: " + message):
+        mod.embedding_gather(table, buffer(mod, ids), vocab, cols, 4, mod.Array(12))
+    with pytest.raises(IndexError, match="embedding_scatter_add: " + message):
+        mod.embedding_scatter_add(rows, buffer(mod, ids), 4, cols, vocab, mod.Array(vocab * cols))
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_embedding_kernels_check_their_sizes(mod):
+    ids = buffer(mod, np.array([0.0, 1.0], np.float32))
+    w, g, out = mod.Array(6), mod.Array(4), mod.Array(4)
+    calls = {  # (vocab, cols, rows) = (3, 2, 2) for the gather, (2, 2, 3) for the scatter-add
+        "gather weight": lambda: mod.embedding_gather(mod.Array(5), ids, 3, 2, 2, out),
+        "gather ids": lambda: mod.embedding_gather(w, ids, 3, 2, 3, mod.Array(6)),
+        "gather out": lambda: mod.embedding_gather(w, ids, 3, 2, 2, mod.Array(5)),
+        "gather negative": lambda: mod.embedding_gather(w, ids, -3, -2, 2, out),
+        "scatter grad": lambda: mod.embedding_scatter_add(mod.Array(5), ids, 2, 2, 3, w),
+        "scatter ids": lambda: mod.embedding_scatter_add(mod.Array(6), ids, 3, 2, 3, w),
+        "scatter out": lambda: mod.embedding_scatter_add(g, ids, 2, 2, 3, mod.Array(5)),
+        "scatter negative": lambda: mod.embedding_scatter_add(g, ids, 2, -2, -3, w),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match="embedding_"):
+            call()
+            pytest.fail(f"{what} did not raise")

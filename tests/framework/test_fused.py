@@ -703,3 +703,97 @@ def test_norms_of_huge_values_match_float64(device, scale):
     batch = nn.BatchNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
     np.testing.assert_allclose(layer, normalised(1), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(batch, normalised(0), rtol=1e-4, atol=1e-4)
+
+
+# ---- the embedding lookup: a gather forward, a scatter-add backward ------------------------------
+def unfused_embedding(ids_np, w, device):
+    """The course's formula: one_hot(ids) @ weight, the one-hot matrix a constant."""
+    vocab = w.shape[0]
+    one_hot = ndl.Tensor(np.eye(vocab)[ids_np.reshape(-1)], device=device, dtype=w.dtype,
+                         requires_grad=False)
+    return (one_hot @ w).reshape(ids_np.shape + (w.shape[1],))
+
+
+IDS = np.array([[0, 6, 2, 2], [1, 2, 6, 5], [2, 2, 0, 3]]).T  # (4, 3): rows 2 and 6 repeat
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_matches_the_one_hot_formula(device):
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((7, 5))
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    _compare(lambda t: ops_fused.embedding(ids, t), lambda t: unfused_embedding(IDS, t, device),
+             [w], device, rtol=1e-6, atol=1e-6)
+    emb = nn.Embedding(7, 5, device=device)
+    out = emb(ids)
+    assert out.shape == (4, 3, 5) and out.dtype == emb.weight.dtype and out.device == device
+    np.testing.assert_array_equal(out.numpy(), emb.weight.numpy()[IDS])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_gradient_matches_finite_differences(device):
+    rng = np.random.default_rng(6)
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    (grad,) = check_gradients(lambda t: ops_fused.embedding(ids, t), rng.standard_normal((7, 5)),
+                              device=device)
+    assert not grad[4].any()  # row 4 is never used: exactly zero
+    # the scatter-add is linear too: its gradient (a gather) against differences
+    add = ops_fused.EmbeddingScatterAdd(ids.realize_cached_data(), 7)
+    check_gradients(lambda g: add(g), rng.standard_normal((4, 3, 5)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_differentiates_twice(device):
+    """d/dW Σ R·dW where dW = scatter-add of the adjoint G: zero; d/dG = R[ids] (a gather)."""
+    rng = np.random.default_rng(7)
+    w = float32_tensor(rng.standard_normal((7, 5)), device)
+    g = float32_tensor(rng.standard_normal((4, 3, 5)), device)
+    r = rng.standard_normal((7, 5)).astype(F32)
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    (ops_fused.embedding(ids, w) * g).sum().backward(create_graph=True)
+    dw = w.grad
+    w.grad = g.grad = None
+    (dw * ndl.Tensor(r, device=device, requires_grad=False)).sum().backward()
+    np.testing.assert_allclose(g.grad.numpy(), r[IDS], rtol=1e-6)
+    assert w.grad is None or not w.grad.numpy().any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_ids_on_another_device_get_no_gradient_and_are_checked(device):
+    emb = nn.Embedding(5, 2, device=device)
+    ids = ndl.Tensor(np.array([[4.0, 0.0]]), requires_grad=True)  # default device
+    out = emb(ids)
+    out.sum().backward()
+    assert ids.grad is None
+    np.testing.assert_array_equal(emb.weight.grad.numpy()[[0, 4]], np.ones((2, 2)))
+    for bad, shown in ((5.0, "got 5 at position 1"), (0.5, "got 0.5 at position 1"),
+                       (-1.0, "got -1 at position 1")):
+        with pytest.raises(IndexError, match=r"whole numbers \(integers\) in \[0, 5\), " + shown):
+            emb(ndl.Tensor(np.array([[1.0, bad]]), device=device))
+    empty = emb(ndl.Tensor(np.zeros((0, 3)), device=device))
+    assert empty.shape == (0, 3, 2)
+
+
+def test_embedding_array_functions_agree_on_every_path():
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((6, 4)).astype(F32)
+    g = rng.standard_normal((9, 4)).astype(F32)
+    ids = rng.integers(0, 6, 9).astype(F32)
+    paths = [(npf, lambda a: a)] + [(nd, lambda a, d=d: nd.array(a, device=d)) for d in
+                                    (nd.cpu_numpy(), nd.cpu(), nd.cuda()) if d.enabled()]
+    for module, make in paths:
+        np.testing.assert_array_equal(np.asarray(_host(module.embedding_gather(make(w),
+                                                                               make(ids)))),
+                                      w[ids.astype(int)])
+        want = np.zeros((6, 4), F32)
+        np.add.at(want, ids.astype(int), g)
+        np.testing.assert_allclose(np.asarray(_host(module.embedding_scatter_add(
+            make(g), make(ids), 6))), want, rtol=1e-6, atol=1e-6)
+        with pytest.raises(ValueError, match="embedding_scatter_add: vocab must be >= 0"):
+            module.embedding_scatter_add(make(g), make(ids), -1)
+        with pytest.raises(ValueError, match="embedding_gather: weight must be 2-D"):
+            module.embedding_gather(make(ids), make(ids))
+
+
+def _host(a):
+    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else a
