@@ -11,6 +11,7 @@ hand-kept list: a new notebook, a new title or a moved repository changes both t
     python -m book.toc --write    # rewrite it in README.md
     python -m book.toc --check    # exit 1 when README.md's block is stale
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,7 @@ def header_fields(markdown: str) -> tuple[str, str, dict[str, str]]:
         raise ValueError(f"the header's first line is not '# NN · Title': {body[:1]!r}")
     fields: dict[str, str] = {}
     current = None
-    for line in lines[lines.index(body[0]) + 1:]:
+    for line in lines[lines.index(body[0]) + 1 :]:
         field = _FIELD.match(line)
         if field:
             current = field.group(1)
@@ -94,8 +95,9 @@ def read_lecture(path: Path) -> Lecture:
         raise ValueError(f"{path.name}: no markdown cell, so no header")
     source = markdown["source"]
     try:
-        number, title, fields = header_fields("".join(source) if isinstance(source, list)
-                                              else source)
+        number, title, fields = header_fields(
+            "".join(source) if isinstance(source, list) else source
+        )
     except ValueError as err:
         raise ValueError(f"{path.name}: {err}") from None
     missing = [name for name in ("Lecture", "Homework", "Run time") if not fields.get(name)]
@@ -144,12 +146,16 @@ def _cell(text: str) -> str:
 def table(items: list[Lecture], repo: str, *, page_link, colab) -> list[str]:
     """The markdown table of the lectures; ``page_link(lecture)`` is the title's link target and
     ``colab(url)`` the markdown of the Colab launch link."""
-    rows = ["| # | lecture | run it | run time | course lectures | homework |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| # | lecture | run it | run time | course lectures | homework |",
+        "|---|---|---|---|---|---|",
+    ]
     for lec in items:
-        rows.append(f"| {lec.number} | [{_cell(lec.title)}]({page_link(lec)}) "
-                    f"| {colab(colab_url(repo, lec))} | {_cell(lec.run_time)} "
-                    f"| {lec.course_lectures} | {_cell(lec.fields['Homework'])} |")
+        rows.append(
+            f"| {lec.number} | [{_cell(lec.title)}]({page_link(lec)}) "
+            f"| {colab(colab_url(repo, lec))} | {_cell(lec.run_time)} "
+            f"| {lec.course_lectures} | {_cell(lec.fields['Homework'])} |"
+        )
     return rows
 
 
@@ -157,18 +163,23 @@ def readme_block(root: Path = ROOT) -> str:
     """The README's lectures block, START and END lines included."""
     repo = repository(root)
     site = site_url(repo)
-    rows = table(lectures(root), repo,
-                 page_link=lambda lec: f"{site}notebooks/{lec.stem}.html",
-                 colab=lambda url: f"[![Open in Colab]({COLAB_BADGE})]({url})")
-    return "\n".join([
-        START,
-        f"Read them online at <{site}> (`make book` builds the same site into `build/book/`).",
-        "Run times are the figures each notebook's header gives, on the machine it names.",
-        "",
-        *rows,
-        "",
-        END,
-    ])
+    rows = table(
+        lectures(root),
+        repo,
+        page_link=lambda lec: f"{site}notebooks/{lec.stem}.html",
+        colab=lambda url: f"[![Open in Colab]({COLAB_BADGE})]({url})",
+    )
+    return "\n".join(
+        [
+            START,
+            f"Read them online at <{site}> (`make book` builds the same site into `build/book/`).",
+            "Run times are the figures each notebook's header gives, on the machine it names.",
+            "",
+            *rows,
+            "",
+            END,
+        ]
+    )
 
 
 def replace_block(readme: str, block: str) -> str:
@@ -176,7 +187,7 @@ def replace_block(readme: str, block: str) -> str:
     start, end = readme.find(START), readme.find(END)
     if start < 0 or end < start:
         raise ValueError(f"README.md has no lectures block: add the two lines\n{START}\n{END}")
-    return readme[:start] + block + readme[end + len(END):]
+    return readme[:start] + block + readme[end + len(END) :]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     updated = replace_block(readme, block)
     if args.check:
         if updated != readme:
-            print("README.md's lectures table is stale: run python -m book.toc --write",
-                  file=sys.stderr)
+            print(
+                "README.md's lectures table is stale: run python -m book.toc --write",
+                file=sys.stderr,
+            )
             return 1
         return 0
     readme_path.write_text(updated, encoding="utf-8")

@@ -14,6 +14,7 @@ for whole notebooks, from outside).
 
 (A comment rather than a cell magic: Jupytext keeps comments intact in the paired .py files.)
 """
+
 from __future__ import annotations
 
 import re
@@ -40,8 +41,10 @@ def companion_only_reason(lines: List[str]) -> Optional[str]:
 
 def skip_line(reason: str, folder: str) -> str:
     """The one line a skipped cell prints."""
-    return (f"{SKIP_PREFIX}it uses {reason}, which the course's needle "
-            f"(from {folder}, NEEDLE_IMPL) does not have")
+    return (
+        f"{SKIP_PREFIX}it uses {reason}, which the course's needle "
+        f"(from {folder}, NEEDLE_IMPL) does not have"
+    )
 
 
 def skip_companion_only(lines: List[str], folder: str = "NEEDLE_IMPL") -> List[str]:
@@ -56,6 +59,7 @@ def skip_companion_only(lines: List[str], folder: str = "NEEDLE_IMPL") -> List[s
 def _transformer(folder: str):
     def transform(lines: List[str]) -> List[str]:
         return skip_companion_only(lines, folder)
+
     transform.needle_companion_only = True  # lets setup() find its own transformer
     return transform
 
@@ -64,6 +68,7 @@ def setup() -> bool:
     """Register the companion-only transformer when a student's needle is in use (NEEDLE_IMPL)
     and this runs in IPython; returns whether it is registered. Calling it again is harmless."""
     from companion.impl import active_folder
+
     folder = active_folder()
     if folder is None:
         return False
@@ -101,10 +106,15 @@ def report_card() -> None:
     """Print the cells this kernel ran under NEEDLE_IMPL since :func:`setup`: counts of passed,
     failed and skipped, then each failure (its first line and error)."""
     counts = {k: sum(1 for c in CELLS if c[0] == k) for k in ("passed", "failed", "skipped")}
-    lines = [f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
-             f"{counts['skipped']} skipped (companion-only)"]
-    lines += [f"  failed: `{first[:60]}`: {error[:150]}" for status, first, error in CELLS
-              if status == "failed"]
+    lines = [
+        f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
+        f"{counts['skipped']} skipped (companion-only)"
+    ]
+    lines += [
+        f"  failed: `{first[:60]}`: {error[:150]}"
+        for status, first, error in CELLS
+        if status == "failed"
+    ]
     print("\n".join(lines))
 
 
@@ -113,6 +123,7 @@ def best_device() -> Any:
     and a GPU is visible (Colab's GPU runtime), else the compiled ``cpu()``, else ``cpu_numpy()``
     (a needle without a compiled CPU module). Works on a student's needle (NEEDLE_IMPL) too."""
     import needle as ndl
+
     for name in ("cuda", "cpu"):
         make = getattr(ndl, name, None)
         if make is None:

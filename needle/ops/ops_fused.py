@@ -11,6 +11,7 @@ NotImplementedError (compose the course's ops instead when second derivatives ar
 The embedding lookup and softmax over the last axis are the exceptions: they differentiate
 any number of times.
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -18,10 +19,23 @@ from typing import Tuple
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
 from ..backend_selection import array_api
 
-__all__ = ["SoftmaxCrossEntropy", "softmax_cross_entropy", "LayerNormRows", "layernorm_rows",
-           "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step",
-           "LSTMLayer", "lstm_layer", "SoftmaxLastAxis", "softmax_last_axis", "EmbeddingLookup",
-           "EmbeddingScatterAdd", "embedding"]
+__all__ = [
+    "SoftmaxCrossEntropy",
+    "softmax_cross_entropy",
+    "LayerNormRows",
+    "layernorm_rows",
+    "BatchNormColumns",
+    "batchnorm_columns",
+    "LSTMCellStep",
+    "lstm_cell_step",
+    "LSTMLayer",
+    "lstm_layer",
+    "SoftmaxLastAxis",
+    "softmax_last_axis",
+    "EmbeddingLookup",
+    "EmbeddingScatterAdd",
+    "embedding",
+]
 
 
 class _BackwardOp:
@@ -33,7 +47,8 @@ class _BackwardOp:
         raise NotImplementedError(
             f"the second derivative of {self.forward_name} is not implemented: its backward "
             "pass is one fused kernel; build the forward pass from the course's ops (e.g. "
-            "logsumexp, summation, broadcast_to) to differentiate it twice")
+            "logsumexp, summation, broadcast_to) to differentiate it twice"
+        )
 
 
 # ---- softmax cross-entropy ----------------------------------------------------------------------
@@ -62,7 +77,8 @@ class SoftmaxCrossEntropy(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
         return SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale())(
-            out_grad, node.inputs[0])
+            out_grad, node.inputs[0]
+        )
 
 
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
@@ -105,7 +121,8 @@ class LayerNormRows(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", self.xhat, self.rstd)(
-            out_grad, *node.inputs)
+            out_grad, *node.inputs
+        )
         return tuple(grads[k] for k in range(3))
 
 
@@ -125,8 +142,9 @@ class BatchNormColumns(TensorTupleOp):
         return y, mean, var
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = NormBackward(array_api.batchnorm_bwd, "batchnorm_columns", self.xhat,
-                             self.rstd, with_statistics=True)(out_grad, *node.inputs)
+        grads = NormBackward(
+            array_api.batchnorm_bwd, "batchnorm_columns", self.xhat, self.rstd, with_statistics=True
+        )(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(3))
 
 
@@ -154,8 +172,9 @@ class NormBackward(_BackwardOp, TensorTupleOp):
             # x - mean = xhat / rstd; d mean / dx = 1/N, d var / dx = 2(x - mean)/N
             scale = (dvar.compact().reshape(row) / self.rstd.compact().reshape(row)) * (2 / rows)
             shift = dmean.compact().reshape(row) * (1 / rows)
-            dx = dx + self.xhat * scale.broadcast_to((rows, cols)) \
-                + shift.broadcast_to((rows, cols))
+            dx = (
+                dx + self.xhat * scale.broadcast_to((rows, cols)) + shift.broadcast_to((rows, cols))
+            )
         return dx, dw, db
 
 
@@ -213,12 +232,12 @@ def _plus_step(x, a, t: int):
     """x + a[t] for a (T, ...) and x of shape a.shape[1:]: the element-wise kernel reads the
     slice in place (no copy of it first)."""
     shape = tuple(x.shape)
-    return (x.compact().reshape((1,) + shape) + a[t:t + 1]).reshape(shape)
+    return (x.compact().reshape((1,) + shape) + a[t : t + 1]).reshape(shape)
 
 
 def _put(out, t: int, value) -> None:
     """out[t] = value, for out (T, ...) and value of shape out.shape[1:]."""
-    out[t:t + 1] = value.compact().reshape((1,) + tuple(value.shape))
+    out[t : t + 1] = value.compact().reshape((1,) + tuple(value.shape))
 
 
 class LSTMLayer(TensorTupleOp):
@@ -269,16 +288,16 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
         w_hh_t = w_hh.permute((1, 0)).compact()
         for t in reversed(range(steps)):
             act, c_prev, tanh_c = saved[t]
-            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev,
-                                                 tanh_c)
+            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev, tanh_c)
             _put(dxw, t, dgates)
             dh = dgates @ w_hh_t
         h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
         _put(h_prev, 0, h0)
         if steps > 1:
-            h_prev[1:] = out[:steps - 1]
-        d_w = (h_prev.reshape((steps * batch, hidden)).permute((1, 0))
-               @ dxw.reshape((steps * batch, 4 * hidden)))
+            h_prev[1:] = out[: steps - 1]
+        d_w = h_prev.reshape((steps * batch, hidden)).permute((1, 0)) @ dxw.reshape(
+            (steps * batch, 4 * hidden)
+        )
         return dxw, dh, dc, d_w
 
 
