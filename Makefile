@@ -39,6 +39,7 @@ help:
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
 	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
+	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.12 venv, two notebooks run"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
@@ -235,3 +236,10 @@ book: $(BOOK_DEPS)
 
 # tests/book/ builds the site and opens it in Chromium: `make test` installs the extra first.
 test-unit: $(BOOK_DEPS)
+
+# ---- Colab, simulated (tests/build/colab_simulation.py) --------------------------------------
+# A fresh Python 3.12 venv with Colab's preinstalled packages and no `make`; each notebook's set-up
+# cell installs needle from a git clone of HEAD (commit first), then notebooks 01 and 02 run.
+.PHONY: test-colab
+test-colab: $(INSTALLED)
+	$(PY) tests/build/colab_simulation.py $(if $(COLAB_PYTHON),--python "$(COLAB_PYTHON)",)

@@ -5,6 +5,7 @@ the ratios are printed together at the end. ``python -m benchmarks ndarray`` run
 ``bench_ndarray``. If OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set, the process first
 re-executes itself without them (and says so), so numpy runs in its normal configuration.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,11 @@ from benchmarks.common import busy_note, machine_info  # noqa: E402
 
 def available() -> list[str]:
     """The benchmark names (``bench_X.py`` gives ``X``), sorted."""
-    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules(benchmarks.__path__)
-                  if m.name.startswith("bench_"))
+    return sorted(
+        m.name[len("bench_") :]
+        for m in pkgutil.iter_modules(benchmarks.__path__)
+        if m.name.startswith("bench_")
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -35,11 +39,13 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         print("available:", ", ".join(names))
         return 0
-    wanted = [a[len("bench_"):] if a.startswith("bench_") else a for a in argv] or names
+    wanted = [a[len("bench_") :] if a.startswith("bench_") else a for a in argv] or names
     unknown = [w for w in wanted if w not in names]
     if unknown:
-        print(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(names)}",
-              file=sys.stderr)
+        print(
+            f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(names)}",
+            file=sys.stderr,
+        )
         return 2
     for line in machine_info():
         print(line)

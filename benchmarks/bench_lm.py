@@ -7,6 +7,7 @@ after it. Each library is timed in blocks of steps (medians of repeats). The rat
 time over needle's: needle's speed relative to PyTorch (higher is better, 1.0 = parity).
 Run ``python -m benchmarks.bench_lm``; ``make bench`` runs it with the others.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import sys
 
 import needle as ndl
 from benchmarks.common import Table
-from companion.timing import measure
 from benchmarks.steps import TITLES, needle_step, torch_step
+from companion.timing import measure
 
 LM_CASES = ("lstm_lm", "transformer_lm")
 
@@ -29,8 +30,13 @@ def main(argv=None) -> dict:
     if not device.enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")
         return {}
-    table = Table("language-model training step (forward + backward + SGD), ms; ratio = "
-                  "PyTorch time / needle time", "ms", reference="PyTorch", higher_is_better=False)
+    table = Table(
+        "language-model training step (forward + backward + SGD), ms; ratio = "
+        "PyTorch time / needle time",
+        "ms",
+        reference="PyTorch",
+        higher_is_better=False,
+    )
     ratios = {}
     for case in LM_CASES:
         t_needle = 1e3 * measure(needle_step(case, device), repeats=args.repeats, warmup=1)

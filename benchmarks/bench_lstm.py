@@ -8,6 +8,7 @@ gradient are first checked against needle's on identical weights, so the timed w
 same arithmetic). Run ``python -m benchmarks.bench_lstm``; ``make bench`` runs it with the
 others.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table, enabled_devices
-from companion.timing import measure
 from companion.apps.language_model import LanguageModel
+from companion.timing import measure
 
 try:  # optional oracle; the benchmark never needs it
     import torch
@@ -38,8 +39,9 @@ def data(seed: int = 0):
 def needle_step(device):
     """(step closure, model) for one BPTT step of the LSTM LM on ``device``."""
     np.random.seed(0)
-    model = LanguageModel(EMBED, VOCAB, HIDDEN, num_layers=1, seq_model="lstm", seq_len=SEQ,
-                          device=device)
+    model = LanguageModel(
+        EMBED, VOCAB, HIDDEN, num_layers=1, seq_model="lstm", seq_len=SEQ, device=device
+    )
     model.train()
     opt = ndl.optim.SGD(model.parameters(), lr=LR)
     loss_fn = ndl.nn.SoftmaxLoss()
@@ -64,22 +66,25 @@ class NumpyLSTMLM:
     def __init__(self, model: LanguageModel):
         cell = model.seq_model.lstm_cells[0]
         self.p = {
-            "E": model.embedding.weight.numpy(), "W_ih": cell.W_ih.numpy(),
-            "W_hh": cell.W_hh.numpy(), "b": (cell.bias_ih.numpy() + cell.bias_hh.numpy()),
-            "W": model.linear.weight.numpy(), "c": model.linear.bias.numpy().reshape(-1),
+            "E": model.embedding.weight.numpy(),
+            "W_ih": cell.W_ih.numpy(),
+            "W_hh": cell.W_hh.numpy(),
+            "b": (cell.bias_ih.numpy() + cell.bias_hh.numpy()),
+            "W": model.linear.weight.numpy(),
+            "c": model.linear.bias.numpy().reshape(-1),
         }
 
     def loss_and_grads(self, ids, target):
         p, H = self.p, HIDDEN
         S, B = ids.shape
-        x = p["E"][ids]                                        # (S, B, E)
+        x = p["E"][ids]  # (S, B, E)
         h, c = np.zeros((B, H), np.float32), np.zeros((B, H), np.float32)
         cache, hs = [], []
         xw = (x.reshape(S * B, -1) @ p["W_ih"] + p["b"]).reshape(S, B, 4 * H)
         for t in range(S):
             z = xw[t] + h @ p["W_hh"]
-            i, f = 1 / (1 + np.exp(-z[:, :H])), 1 / (1 + np.exp(-z[:, H:2 * H]))
-            g, o = np.tanh(z[:, 2 * H:3 * H]), 1 / (1 + np.exp(-z[:, 3 * H:]))
+            i, f = 1 / (1 + np.exp(-z[:, :H])), 1 / (1 + np.exp(-z[:, H : 2 * H]))
+            g, o = np.tanh(z[:, 2 * H : 3 * H]), 1 / (1 + np.exp(-z[:, 3 * H :]))
             c_prev, h_prev = c, h
             c = f * c + i * g
             tc = np.tanh(c)
@@ -106,9 +111,9 @@ class NumpyLSTMLM:
             dc = dh * o * (1 - tc * tc) + dc_next
             dz = dz_all[t]
             dz[:, :H] = dc * g * i * (1 - i)
-            dz[:, H:2 * H] = dc * c_prev * f * (1 - f)
-            dz[:, 2 * H:3 * H] = dc * i * (1 - g * g)
-            dz[:, 3 * H:] = dh * tc * o * (1 - o)
+            dz[:, H : 2 * H] = dc * c_prev * f * (1 - f)
+            dz[:, 2 * H : 3 * H] = dc * i * (1 - g * g)
+            dz[:, 3 * H :] = dh * tc * o * (1 - o)
             dW_hh += h_prev.T @ dz
             dh_next, dc_next = dz @ p["W_hh"].T, dc * f
         dz2 = dz_all.reshape(S * B, 4 * H)
@@ -170,8 +175,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args([] if argv is None else argv)
-    print(f"LSTM language model, one truncated-BPTT step (forward + backward + SGD): seq {SEQ}, "
-          f"batch {BATCH}, embedding {EMBED}, hidden {HIDDEN}, vocabulary {VOCAB}, float32")
+    print(
+        f"LSTM language model, one truncated-BPTT step (forward + backward + SGD): seq {SEQ}, "
+        f"batch {BATCH}, embedding {EMBED}, hidden {HIDDEN}, vocabulary {VOCAB}, float32"
+    )
     ids, target = data()
     np_model = NumpyLSTMLM(needle_step(enabled_devices()[0])[1])
     t_np = measure(lambda: np_model.step(ids, target), repeats=args.repeat, warmup=1) * 1e3
@@ -184,10 +191,18 @@ def main(argv=None) -> None:
     # would steal the second core from whatever is timed next.
     ref = torch_step()
     t_torch = measure(ref, repeats=args.repeat, warmup=1) * 1e3 if ref else None
-    vs_numpy = Table("ms per step; ratio = numpy time / needle time (above 1: needle faster)",
-                     "ms", reference="numpy", higher_is_better=False)
-    vs_torch = Table("ms per step; ratio = PyTorch time / needle time", "ms",
-                     reference="PyTorch", higher_is_better=False)
+    vs_numpy = Table(
+        "ms per step; ratio = numpy time / needle time (above 1: needle faster)",
+        "ms",
+        reference="numpy",
+        higher_is_better=False,
+    )
+    vs_torch = Table(
+        "ms per step; ratio = PyTorch time / needle time",
+        "ms",
+        reference="PyTorch",
+        higher_is_better=False,
+    )
     for dev, t in needle_ms.items():
         vs_numpy.add(f"needle {dev}", t, t_np)
         if t_torch:

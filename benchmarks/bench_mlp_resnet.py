@@ -13,18 +13,19 @@ speed over the reference's (above 1: needle is faster).
 Run ``python -m benchmarks.bench_mlp_resnet [--samples N] [--repeats R]``; ``make bench`` runs
 it with the others.
 """
+
 from __future__ import annotations
 
 import argparse
 
 import numpy as np
 
-import needle as ndl
 import companion.data
+import needle as ndl
 from benchmarks.common import Table
-from companion.timing import measure
 from benchmarks.steps import torch_mlp_resnet
 from companion.apps import mlp_resnet
+from companion.timing import measure
 
 try:  # optional oracle; the benchmark never needs it
     import torch
@@ -44,17 +45,30 @@ def data(samples: int):
 
 # ---- the numpy reference ----------------------------------------------------------------------
 
+
 def weights_from_needle(model) -> dict:
     """The needle model's parameters as float32 numpy arrays, by layer name."""
     mods = model.modules
-    w = {"Wi": mods[0].weight.numpy(), "bi": mods[0].bias.numpy().ravel(),
-         "Wo": mods[-1].weight.numpy(), "bo": mods[-1].bias.numpy().ravel()}
-    for b, block in enumerate(mods[2:2 + BLOCKS]):
+    w = {
+        "Wi": mods[0].weight.numpy(),
+        "bi": mods[0].bias.numpy().ravel(),
+        "Wo": mods[-1].weight.numpy(),
+        "bo": mods[-1].bias.numpy().ravel(),
+    }
+    for b, block in enumerate(mods[2 : 2 + BLOCKS]):
         l1, n1, _, _, l2, n2 = block.modules[0].fn.modules
-        w.update({f"W1_{b}": l1.weight.numpy(), f"b1_{b}": l1.bias.numpy().ravel(),
-                  f"g1_{b}": n1.weight.numpy(), f"e1_{b}": n1.bias.numpy(),
-                  f"W2_{b}": l2.weight.numpy(), f"b2_{b}": l2.bias.numpy().ravel(),
-                  f"g2_{b}": n2.weight.numpy(), f"e2_{b}": n2.bias.numpy()})
+        w.update(
+            {
+                f"W1_{b}": l1.weight.numpy(),
+                f"b1_{b}": l1.bias.numpy().ravel(),
+                f"g1_{b}": n1.weight.numpy(),
+                f"e1_{b}": n1.bias.numpy(),
+                f"W2_{b}": l2.weight.numpy(),
+                f"b2_{b}": l2.bias.numpy().ravel(),
+                f"g2_{b}": n2.weight.numpy(),
+                f"e2_{b}": n2.bias.numpy(),
+            }
+        )
     return {k: np.array(v, dtype=np.float32) for k, v in w.items()}
 
 
@@ -81,9 +95,12 @@ class NumpyMLPResNet:
         self.w = weights
         self.m = {k: np.zeros_like(v) for k, v in weights.items()}
         self.v = {k: np.zeros_like(v) for k, v in weights.items()}
-        self.running = {f"{s}{i}_{b}": (np.zeros(d, np.float32) if s == "mean" else np.ones(d, np.float32))
-                        for b in range(BLOCKS) for i, d in ((1, HIDDEN // 2), (2, HIDDEN))
-                        for s in ("mean", "var")}
+        self.running = {
+            f"{s}{i}_{b}": (np.zeros(d, np.float32) if s == "mean" else np.ones(d, np.float32))
+            for b in range(BLOCKS)
+            for i, d in ((1, HIDDEN // 2), (2, HIDDEN))
+            for s in ("mean", "var")
+        }
         self.t = 0
 
     def loss_and_grads(self, X, y):
@@ -96,7 +113,9 @@ class NumpyMLPResNet:
             a1 = h @ w[f"W1_{b}"] + w[f"b1_{b}"]
             n1, c1, mu1, var1 = _bn_forward(a1, w[f"g1_{b}"], w[f"e1_{b}"])
             r1 = np.maximum(n1, 0)
-            mask = (np.random.rand(n, HIDDEN // 2) <= 1 - DROP).astype(np.float32) / np.float32(1 - DROP)
+            mask = (np.random.rand(n, HIDDEN // 2) <= 1 - DROP).astype(np.float32) / np.float32(
+                1 - DROP
+            )
             d1 = r1 * mask
             a2 = d1 @ w[f"W2_{b}"] + w[f"b2_{b}"]
             n2, c2, mu2, var2 = _bn_forward(a2, w[f"g2_{b}"], w[f"e2_{b}"])
@@ -136,8 +155,8 @@ class NumpyMLPResNet:
             gk = grads[k] + WD * p
             self.m[k] = b1 * self.m[k] + (1 - b1) * gk
             self.v[k] = b2 * self.v[k] + (1 - b2) * gk * gk
-            mhat = self.m[k] / (1 - b1 ** self.t)
-            vhat = self.v[k] / (1 - b2 ** self.t)
+            mhat = self.m[k] / (1 - b1**self.t)
+            vhat = self.v[k] / (1 - b2**self.t)
             p -= (LR * mhat / (np.sqrt(vhat) + eps)).astype(np.float32)
 
     def epoch(self, X, y):
@@ -170,10 +189,14 @@ def check_numpy_against_needle(device) -> float:
     assert abs(float(loss.numpy()) - loss_ref) < 1e-4, (float(loss.numpy()), loss_ref)
     mods = model.modules
     pairs = [(mods[0].weight, "Wi"), (mods[-1].weight, "Wo")]
-    for b, block in enumerate(mods[2:2 + BLOCKS]):
+    for b, block in enumerate(mods[2 : 2 + BLOCKS]):
         l1, n1, _, _, l2, n2 = block.modules[0].fn.modules
-        pairs += [(l1.weight, f"W1_{b}"), (n1.weight, f"g1_{b}"), (l2.weight, f"W2_{b}"),
-                  (n2.bias, f"e2_{b}")]
+        pairs += [
+            (l1.weight, f"W1_{b}"),
+            (n1.weight, f"g1_{b}"),
+            (l2.weight, f"W2_{b}"),
+            (n2.bias, f"e2_{b}"),
+        ]
     worst = 0.0
     for param, name in pairs:
         a, r = param.grad.numpy().reshape(g_ref[name].shape), g_ref[name]
@@ -183,6 +206,7 @@ def check_numpy_against_needle(device) -> float:
 
 
 # ---- PyTorch (optional) -----------------------------------------------------------------------
+
 
 def torch_epoch_fn(X, y):
     """A closure running one PyTorch epoch of the same model, or None without PyTorch."""
@@ -201,6 +225,7 @@ def torch_epoch_fn(X, y):
             opt.zero_grad()
             loss.backward()
             opt.step()
+
     return run
 
 
@@ -213,17 +238,25 @@ def main(argv=None) -> dict:
     X, y = data(args.samples)
     device = ndl.cpu()  # the course's MLPResNet takes no device: its layers live on cpu()
     gap = check_numpy_against_needle(device)
-    print(f"numpy reference checked against needle: loss equal, gradients within {gap:.1e} (relative)")
-    print(f"one epoch: {args.samples} samples, batch {BATCH}, MLPResNet({DIM}, {HIDDEN}, "
-          f"{BLOCKS} blocks), Adam; median of {args.repeats} epochs")
+    print(
+        f"numpy reference checked against needle: loss equal, gradients within {gap:.1e} (relative)"
+    )
+    print(
+        f"one epoch: {args.samples} samples, batch {BATCH}, MLPResNet({DIM}, {HIDDEN}, "
+        f"{BLOCKS} blocks), Adam; median of {args.repeats} epochs"
+    )
 
     np.random.seed(0)
     model = mlp_resnet.MLPResNet(DIM, HIDDEN, BLOCKS, CLASSES, drop_prob=DROP)
     ref = NumpyMLPResNet(weights_from_needle(model))
     opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
     loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), BATCH, shuffle=True, device=device)
-    t_needle = measure(lambda: mlp_resnet.epoch(loader, model, opt, progress=False),
-                       repeats=args.repeats, warmup=1, min_sample_s=0)
+    t_needle = measure(
+        lambda: mlp_resnet.epoch(loader, model, opt, progress=False),
+        repeats=args.repeats,
+        warmup=1,
+        min_sample_s=0,
+    )
     t_numpy = measure(lambda: ref.epoch(X, y), repeats=args.repeats, warmup=1, min_sample_s=0)
 
     table = Table("MLP-ResNet training epoch", "s", reference="numpy", higher_is_better=False)
@@ -234,7 +267,9 @@ def main(argv=None) -> dict:
         print("PyTorch is not installed: no PyTorch comparison")
         return {}
     t_torch = measure(run_torch, repeats=args.repeats, warmup=1, min_sample_s=0)
-    torch_table = Table("MLP-ResNet training epoch", "s", reference="pytorch", higher_is_better=False)
+    torch_table = Table(
+        "MLP-ResNet training epoch", "s", reference="pytorch", higher_is_better=False
+    )
     torch_table.add(str(device), t_needle, t_torch)
     torch_table.print()
     return {"MLP-ResNet epoch": torch_table.ratio(t_needle, t_torch)}

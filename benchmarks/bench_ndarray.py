@@ -12,6 +12,7 @@ the portable kernels are already in use, every table is printed again from a sub
 portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside numpy's OpenBLAS on
 its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,13 @@ import needle.backend_ndarray as nd
 from benchmarks.common import Table, cpu_flags
 from companion.timing import measure
 
-MATMUL_SIZES = [(1024, 1024, 1024), (1000, 1023, 997), (72, 73, 74), (256, 256, 256),
-                (2048, 2048, 2048)]
+MATMUL_SIZES = [
+    (1024, 1024, 1024),
+    (1000, 1023, 997),
+    (72, 73, 74),
+    (256, 256, 256),
+    (2048, 2048, 2048),
+]
 ELEMENTS = 1 << 22  # 4M float32: 16 MiB per array
 REPEATS = 7
 
@@ -68,8 +74,9 @@ def bench_matmul_kernel(device) -> Table:
         out = nd.NDArray.make((m, p), device=device)
         flops = 2.0 * m * n * p
         repeats = REPEATS if m * n * p < 2e9 else 5
-        t_nd = measure(lambda: device.matmul(A._handle, B._handle, out._handle, m, n, p),
-                       repeats=repeats)
+        t_nd = measure(
+            lambda: device.matmul(A._handle, B._handle, out._handle, m, n, p), repeats=repeats
+        )
         t_np = measure(lambda: a @ b, repeats=repeats)
         table.add(f"{m}x{n} @ {n}x{p}", flops / t_nd / 1e9, flops / t_np / 1e9)
     return table
@@ -91,8 +98,8 @@ def bench_elementwise(device) -> Table:
         ("maximum", lambda: X.maximum(Y), lambda: np.maximum(x, y)),
         ("scalar add", lambda: X + 1.5, lambda: x + np.float32(1.5)),
         ("scalar mul", lambda: X * 1.5, lambda: x * np.float32(1.5)),
-        ("scalar power 2", lambda: X ** 2, lambda: x ** 2),
-        ("scalar power 1.5", lambda: P ** 1.5, lambda: pos ** np.float32(1.5)),
+        ("scalar power 2", lambda: X**2, lambda: x**2),
+        ("scalar power 1.5", lambda: P**1.5, lambda: pos ** np.float32(1.5)),
         ("exp", lambda: X.exp(), lambda: np.exp(x)),
         ("log", lambda: P.log(), lambda: np.log(pos)),
         ("tanh", lambda: X.tanh(), lambda: np.tanh(x)),
@@ -106,9 +113,13 @@ def bench_elementwise(device) -> Table:
     table = Table(f"element-wise, compact, reductions ({side}x{side} float32)", "Gelem/s")
     for name, f_nd, f_np in cases:
         with np.errstate(all="ignore"):
-            np.testing.assert_allclose(np.asarray(f_nd().numpy()).reshape(-1),
-                                       np.asarray(f_np()).reshape(-1), rtol=1e-4, atol=1e-2,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                np.asarray(f_nd().numpy()).reshape(-1),
+                np.asarray(f_np()).reshape(-1),
+                rtol=1e-4,
+                atol=1e-2,
+                err_msg=name,
+            )
         t_nd = measure(f_nd, repeats=REPEATS)
         t_np = measure(f_np, repeats=REPEATS)
         table.add(name, ELEMENTS / t_nd / 1e9, ELEMENTS / t_np / 1e9)
@@ -148,13 +159,17 @@ def bench_transposed_add(device) -> Table:
 
 # Runs in a subprocess with another kernel set: name -> (environment, what the run plays).
 OTHER_ISA_RUNS = {
-    "avx2": ({"NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"},
-             "as on an AVX2 machine (NEEDLE_CPU_ISA=avx2, OPENBLAS_CORETYPE=Haswell)"),
+    "avx2": (
+        {"NEEDLE_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell"},
+        "as on an AVX2 machine (NEEDLE_CPU_ISA=avx2, OPENBLAS_CORETYPE=Haswell)",
+    ),
     # The portable kernels are what ARM (Apple silicon, ARM servers) runs; compiled here for
     # x86-64 with no instruction-set flags they use 128-bit SSE vectors, NEON's width, and
     # numpy's OpenBLAS is pinned to its SSE kernels (Nehalem) likewise.
-    "portable": ({"NEEDLE_CPU_ISA": "portable", "OPENBLAS_CORETYPE": "Nehalem"},
-                 "with the portable kernels (NEEDLE_CPU_ISA=portable, OPENBLAS_CORETYPE=Nehalem)"),
+    "portable": (
+        {"NEEDLE_CPU_ISA": "portable", "OPENBLAS_CORETYPE": "Nehalem"},
+        "with the portable kernels (NEEDLE_CPU_ISA=portable, OPENBLAS_CORETYPE=Nehalem)",
+    ),
 }
 
 
@@ -166,8 +181,9 @@ def bench_other_isa(isa: str, matmul_only: bool) -> None:
     root = Path(__file__).resolve().parents[1]
     print(f"{'matmul' if matmul_only else 'all tables'} {what}, in a subprocess:", flush=True)
     args = ["--matmul-only"] if matmul_only else []
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_ndarray", *args],
-                          env=env, cwd=root)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_ndarray", *args], env=env, cwd=root
+    )
     if done.returncode:
         print(f"(the {isa} run failed with exit status {done.returncode})")
 
@@ -184,12 +200,16 @@ def main(argv=None) -> None:
     mod = device.mod
     requested = os.environ.get("NEEDLE_CPU_ISA")
     if requested and kernel_isa(device) != requested:
-        print(f"note: NEEDLE_CPU_ISA={requested} but the module reports {kernel_isa(device)!r} "
-              "(this build does not honour the override, or the CPU lacks the instructions)")
-    print(f"needle cpu(): matmul kernels {kernel_isa(device)}, "
-          f"{getattr(mod, '__gemm__', None) or 'tile ' + str(getattr(mod, '__tile_size__', '?'))}"
-          f", {mod.num_threads() if hasattr(mod, 'num_threads') else '?'} threads; "
-          f"medians of {REPEATS} repeats\n")
+        print(
+            f"note: NEEDLE_CPU_ISA={requested} but the module reports {kernel_isa(device)!r} "
+            "(this build does not honour the override, or the CPU lacks the instructions)"
+        )
+    print(
+        f"needle cpu(): matmul kernels {kernel_isa(device)}, "
+        f"{getattr(mod, '__gemm__', None) or 'tile ' + str(getattr(mod, '__tile_size__', '?'))}"
+        f", {mod.num_threads() if hasattr(mod, 'num_threads') else '?'} threads; "
+        f"medians of {REPEATS} repeats\n"
+    )
     bench_matmul(device).print()
     print()
     if args.matmul_only:

@@ -8,6 +8,7 @@ in blocks of calls (median of repeats), needle's blocks before PyTorch's. The ra
 time over needle's (higher is better; the target is ≥ 0.5, i.e. at most 2× PyTorch's cost).
 Run ``python -m benchmarks.bench_overhead``; ``make bench`` runs it with the others.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,20 @@ def cases(device):
         "NDArray.max(axis=1) (8x8)": lambda: A8.max(axis=1),
     }
     expected = {
-        "Tensor + Tensor (8x8)": a8 + b8, "Tensor @ Tensor (8x8)": a8 @ b8,
-        "relu(Tensor) (8x8)": np.maximum(a8, 0), "Tensor * 2.0 (8x8)": a8 * 2,
-        "NDArray @ NDArray (8x8)": a8 @ b8, "NDArray @ NDArray (64x64)": a64 @ b64,
+        "Tensor + Tensor (8x8)": a8 + b8,
+        "Tensor @ Tensor (8x8)": a8 @ b8,
+        "relu(Tensor) (8x8)": np.maximum(a8, 0),
+        "Tensor * 2.0 (8x8)": a8 * 2,
+        "NDArray @ NDArray (8x8)": a8 @ b8,
+        "NDArray @ NDArray (64x64)": a64 @ b64,
         "NDArray.sum(axis=1) (8x8)": a8.sum(axis=1, keepdims=True),
         "NDArray.max(axis=1) (8x8)": a8.max(axis=1, keepdims=True),
     }
     for name, fn in needle_fns.items():
         got = fn().numpy()
-        np.testing.assert_allclose(got.reshape(-1), expected[name].reshape(-1), rtol=1e-4,
-                                   atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(
+            got.reshape(-1), expected[name].reshape(-1), rtol=1e-4, atol=1e-4, err_msg=name
+        )
     torch_fns = dict.fromkeys(needle_fns)
     if torch is not None:
         ta, tb = (torch.from_numpy(v.copy()).requires_grad_() for v in (a8, b8))
@@ -83,16 +88,23 @@ def main(argv=None) -> dict:
     rows = []
     for name, f_needle, f_torch in cases(device):
         t_n = 1e6 * measure(f_needle, repeats=args.repeats, min_sample_s=0.02, settle_s=0.05)
-        t_t = (1e6 * measure(f_torch, repeats=args.repeats, min_sample_s=0.02, settle_s=0.05)
-               if f_torch else None)
+        t_t = (
+            1e6 * measure(f_torch, repeats=args.repeats, min_sample_s=0.02, settle_s=0.05)
+            if f_torch
+            else None
+        )
         rows.append((name, t_n, t_t))
     if torch is None:
         print("per-op cost on cpu(), µs per call (PyTorch: not installed, no comparison)")
         for name, t_n, _ in rows:
             print(f"  {name:<28}{t_n:8.2f}")
         return {}
-    table = Table("per-op cost, µs per call; ratio = PyTorch time / needle time", "µs",
-                  reference="PyTorch", higher_is_better=False)
+    table = Table(
+        "per-op cost, µs per call; ratio = PyTorch time / needle time",
+        "µs",
+        reference="PyTorch",
+        higher_is_better=False,
+    )
     for name, t_n, t_t in rows:
         table.add(name, t_n, t_t)
     table.print()

@@ -12,6 +12,7 @@ the same process.
 Run ``python -m benchmarks.bench_resnet9`` (``--profile`` adds a cProfile summary of the needle
 step); ``make bench`` runs it with the others.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table, enabled_devices
-from companion.timing import measure
 from companion.apps.models import ConvBN, ResNet9
+from companion.timing import measure
 
 try:  # optional oracle; the benchmark never needs it
     import torch
@@ -35,8 +36,12 @@ except ImportError:
 BATCH = 32
 # (N, H, W, C_in, C_out, K, stride, padding): ResNet-9's first layer, two later layers, and a
 # larger 3x3 layer where the matmul dominates
-CONV_CASES = [(32, 32, 32, 3, 16, 7, 4, 3), (32, 8, 8, 16, 32, 3, 2, 1),
-              (32, 4, 4, 32, 32, 3, 1, 1), (32, 32, 32, 32, 32, 3, 1, 1)]
+CONV_CASES = [
+    (32, 32, 32, 3, 16, 7, 4, 3),
+    (32, 8, 8, 16, 32, 3, 2, 1),
+    (32, 4, 4, 32, 32, 3, 1, 1),
+    (32, 32, 32, 32, 32, 3, 1, 1),
+]
 
 
 # ---- numpy reference ---------------------------------------------------------------------------
@@ -47,7 +52,8 @@ def im2col(x: np.ndarray, k: int, stride: int, padding: int) -> np.ndarray:
     ho, wo = (h - k) // stride + 1, (w - k) // stride + 1
     sn, sh, sw, sc = x.strides
     return np.lib.stride_tricks.as_strided(
-        x, shape=(n, ho, wo, k, k, c), strides=(sn, sh * stride, sw * stride, sh, sw, sc))
+        x, shape=(n, ho, wo, k, k, c), strides=(sn, sh * stride, sw * stride, sh, sw, sc)
+    )
 
 
 def conv_im2col_numpy(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> np.ndarray:
@@ -79,9 +85,14 @@ class NumpyResNet9:
 
     @staticmethod
     def _convbn(m: ConvBN) -> dict:
-        return {"w": m.conv.weight.numpy(), "b": m.conv.bias.numpy().reshape(-1),
-                "g": m.bn.weight.numpy().reshape(-1), "beta": m.bn.bias.numpy().reshape(-1),
-                "stride": m.conv.stride, "pad": m.conv.padding}
+        return {
+            "w": m.conv.weight.numpy(),
+            "b": m.conv.bias.numpy().reshape(-1),
+            "g": m.bn.weight.numpy().reshape(-1),
+            "beta": m.bn.bias.numpy().reshape(-1),
+            "stride": m.conv.stride,
+            "pad": m.conv.padding,
+        }
 
     def _convbn_fwd(self, p: dict, x: np.ndarray):
         k, c_out = p["w"].shape[0], p["w"].shape[3]
@@ -108,11 +119,11 @@ class NumpyResNet9:
         dcols = (dz @ p["w"].reshape(-1, c_out).T).reshape(n, ho, wo, k, k, -1)
         _, h, w, c = x_shape
         dxp = np.zeros((n, h + 2 * pad, w + 2 * pad, c), dtype=dz.dtype)
-        for a in range(k):           # col2im: one strided add per kernel offset
+        for a in range(k):  # col2im: one strided add per kernel offset
             for b in range(k):
                 rows, cols_ = slice(a, a + s * (ho - 1) + 1, s), slice(b, b + s * (wo - 1) + 1, s)
                 dxp[:, rows, cols_, :] += dcols[:, :, :, a, b]
-        return dxp[:, pad:pad + h, pad:pad + w, :]
+        return dxp[:, pad : pad + h, pad : pad + w, :]
 
     def step(self, x_nchw: np.ndarray, y: np.ndarray):
         """(loss, grads): softmax loss of the batch and [(dW, db, dgamma, dbeta) per ConvBN,
@@ -209,11 +220,17 @@ def torch_step():
             return self.fn(x) + x
 
     model = tnn.Sequential(
-        convbn(3, 16, 7, 4), convbn(16, 32, 3, 2),
+        convbn(3, 16, 7, 4),
+        convbn(16, 32, 3, 2),
         Res(tnn.Sequential(convbn(32, 32, 3, 1), convbn(32, 32, 3, 1))),
-        convbn(32, 64, 3, 2), convbn(64, 128, 3, 2),
+        convbn(32, 64, 3, 2),
+        convbn(64, 128, 3, 2),
         Res(tnn.Sequential(convbn(128, 128, 3, 1), convbn(128, 128, 3, 1))),
-        tnn.Flatten(), tnn.Linear(128, 128), tnn.ReLU(), tnn.Linear(128, 10))
+        tnn.Flatten(),
+        tnn.Linear(128, 128),
+        tnn.ReLU(),
+        tnn.Linear(128, 10),
+    )
     xs, ys = batch()
     x, y = torch.from_numpy(xs), torch.from_numpy(ys)
 
@@ -232,8 +249,12 @@ def bench_resnet9(repeats: int) -> dict:
     ref = NumpyResNet9(needle_step(devices[0])[1])
     xs, ys = batch()
     t_np = measure(lambda: ref.step(xs, ys), repeats=repeats, warmup=1)
-    table = Table(f"ResNet-9 training step, batch {BATCH}, forward + backward", "ms",
-                  reference="numpy", higher_is_better=False)
+    table = Table(
+        f"ResNet-9 training step, batch {BATCH}, forward + backward",
+        "ms",
+        reference="numpy",
+        higher_is_better=False,
+    )
     t_needle = {}
     for dev in devices:
         t_needle[dev] = measure(needle_step(dev)[0], repeats=repeats, warmup=1)
@@ -244,8 +265,12 @@ def bench_resnet9(repeats: int) -> dict:
         print("PyTorch: not installed (no PyTorch column)")
         return {}
     t_torch = measure(step, repeats=repeats, warmup=1)
-    table = Table(f"ResNet-9 training step, batch {BATCH}, forward + backward", "ms",
-                  reference="torch", higher_is_better=False)
+    table = Table(
+        f"ResNet-9 training step, batch {BATCH}, forward + backward",
+        "ms",
+        reference="torch",
+        higher_is_better=False,
+    )
     for dev, t in t_needle.items():
         table.add(f"needle {dev}", 1e3 * t, 1e3 * t_torch)
     table.print()
@@ -269,8 +294,11 @@ def bench_conv(repeats: int) -> None:
             def fwd():
                 return ndl.ops.conv(xt, wtt, stride=s, padding=p).realize_cached_data()
 
-            table.add(f"{(n, h, w, c)} k{k} s{s} ->{co} {dev}", 1e3 * measure(fwd, repeats=repeats),
-                      1e3 * t_np)
+            table.add(
+                f"{(n, h, w, c)} k{k} s{s} ->{co} {dev}",
+                1e3 * measure(fwd, repeats=repeats),
+                1e3 * t_np,
+            )
     table.print()
 
 

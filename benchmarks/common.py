@@ -4,6 +4,7 @@
 describes the run; ``numpy_blas_summary`` says which BLAS numpy uses. This module imports
 neither numpy nor needle, so ``python -m benchmarks`` can re-execute itself first.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -36,8 +37,10 @@ def blas_override_note() -> str | None:
     """A line about BLAS environment overrides: removed by a re-exec, or still in force."""
     removed = os.environ.get(REEXEC_MARKER)
     if removed:
-        return (f"note: the environment set {removed}; the benchmark re-executed itself without "
-                "them so numpy runs in its normal configuration")
+        return (
+            f"note: the environment set {removed}; the benchmark re-executed itself without "
+            "them so numpy runs in its normal configuration"
+        )
     present = [f"{name}={os.environ[name]}" for name in OPENBLAS_OVERRIDES if name in os.environ]
     if present:
         return f"note: {', '.join(present)} is set: numpy's BLAS runs in that configuration"
@@ -67,14 +70,20 @@ class Table:
         return reference / needle if needle else float("nan")
 
     def render(self) -> str:
-        head = ("case", f"needle {self.unit}", f"{self.reference} {self.unit}",
-                f"needle/{self.reference}")
+        head = (
+            "case",
+            f"needle {self.unit}",
+            f"{self.reference} {self.unit}",
+            f"needle/{self.reference}",
+        )
         body = [(c, f"{n:.2f}", f"{r:.2f}", f"{self.ratio(n, r):.2f}") for c, n, r in self.rows]
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(4)]
 
         def line(cells):
-            return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                             for i, (cell, w) in enumerate(zip(cells, widths)))
+            return "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(cells, widths))
+            )
 
         rule = "-" * len(line(head))
         return "\n".join([self.title, rule, line(head), rule, *map(line, body), rule])
@@ -99,8 +108,9 @@ def cpu_flags() -> set[str]:
     """The CPU feature flags /proc/cpuinfo lists (empty where there is no such file)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line.split(":", 1)[1].split() for line in f
-                             if line.startswith("flags")), []))
+            return set(
+                next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            )
     except OSError:
         return set()
 
@@ -108,8 +118,12 @@ def cpu_flags() -> set[str]:
 def cpu_isa() -> str:
     """The widest x86 vector extension the CPU reports (AVX-512, AVX2, ...)."""
     flags = cpu_flags()
-    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
-                       ("sse4_2", "SSE4.2")):
+    for flag, name in (
+        ("avx512f", "AVX-512"),
+        ("avx2", "AVX2"),
+        ("avx", "AVX"),
+        ("sse4_2", "SSE4.2"),
+    ):
         if flag in flags:
             return f"ISA {name}" + (" (and AVX2)" if flag == "avx512f" and "avx2" in flags else "")
     return f"ISA {platform.machine()}"
@@ -128,7 +142,9 @@ def numpy_blas_summary() -> str:
         if infos:
             return "; ".join(
                 f"{i.get('internal_api')} {i.get('version')} ({i.get('num_threads')} threads, "
-                f"{i.get('architecture', '?')} kernels)" for i in infos)
+                f"{i.get('architecture', '?')} kernels)"
+                for i in infos
+            )
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"{blas.get('name')} {blas.get('version')}"
@@ -142,6 +158,7 @@ def machine_info() -> list[str]:
 
     try:
         import torch
+
         torch_line = f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
     except ImportError:
         torch_line = "PyTorch: not installed (no PyTorch columns)"
@@ -154,8 +171,10 @@ def machine_info() -> list[str]:
     ]
     try:
         load = os.getloadavg()
-        lines.append(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-                     "(other processes share the CPUs; ratios are the robust figures)")
+        lines.append(
+            f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+            "(other processes share the CPUs; ratios are the robust figures)"
+        )
     except OSError:
         pass
     note = blas_override_note()
@@ -177,8 +196,10 @@ def busy_note() -> str | None:
     cpus = os.cpu_count() or 1
     if load <= cpus:
         return None
-    return (f"warning: load average {load:.1f} on {cpus} CPUs: other processes competed for the "
-            "cores during this run, so these ratios are not reliable; rerun on a quiet machine")
+    return (
+        f"warning: load average {load:.1f} on {cpus} CPUs: other processes competed for the "
+        "cores during this run, so these ratios are not reliable; rerun on a quiet machine"
+    )
 
 
 def enabled_devices() -> list:

@@ -8,13 +8,15 @@ ops, autograd, ``NDArray`` and the optimizer, plus allocating buffers.
 
 ``profile_case`` runs a step of one of :mod:`benchmarks.steps`'s cases ``repeats`` times
 without timers (the step time, median) and, alternating with those, ``repeats`` times with
-them: per phase, kernel time and overhead = wall - kernel - the timers' own cost (medians). With PyTorch installed it also times PyTorch's
+them: per phase, kernel time and overhead = wall - kernel - the timers' own cost (medians). With
+PyTorch installed it also times PyTorch's
 step in blocks of steps, after needle's (its OpenMP workers spin after each call).
 
 Run ``python -m benchmarks.step_profile [CASE ...] [--repeats N] [--json PATH]``. The file
 ``benchmarks/step_profile_before.json`` holds the figures of the code before the array-layer
 rework (its commit, date and machine inside).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -133,8 +135,9 @@ def _wrapper_cost(samples: int = 20000) -> float:
     return max(0.0, (best[1] - best[0]) / samples)
 
 
-def profile_case(case: str, device, repeats: int = 7, warmup: int = 2,
-                 with_torch: bool = True) -> dict:
+def profile_case(
+    case: str, device, repeats: int = 7, warmup: int = 2, with_torch: bool = True
+) -> dict:
     """Kernel and overhead milliseconds per phase of one ``case`` step on ``device``.
 
     Returns {"step_ms" (wall time of a step without timers), "kernel_ms", "overhead_ms",
@@ -187,37 +190,51 @@ def profile_step(step, device, repeats: int = 7, warmup: int = 2) -> dict:
     def overhead(t, phase):
         return t["wall"][phase] - t["kernel"][phase] - cost * t["calls"][phase]
 
-    phases = {phase: {"kernel_ms": 1e3 * statistics.median(t["kernel"][phase] for t in timed),
-                      "overhead_ms": 1e3 * statistics.median(overhead(t, phase) for t in timed)}
-              for phase in PHASES}
+    phases = {
+        phase: {
+            "kernel_ms": 1e3 * statistics.median(t["kernel"][phase] for t in timed),
+            "overhead_ms": 1e3 * statistics.median(overhead(t, phase) for t in timed),
+        }
+        for phase in PHASES
+    }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:8]
     return {
         "step_ms": 1e3 * statistics.median(plain),
         "kernel_ms": 1e3 * statistics.median(sum(t["kernel"].values()) for t in timed),
-        "overhead_ms": 1e3 * statistics.median(sum(overhead(t, p) for p in PHASES)
-                                               for t in timed),
-        "kernel_calls": n_calls, "phases": phases,
+        "overhead_ms": 1e3 * statistics.median(sum(overhead(t, p) for p in PHASES) for t in timed),
+        "kernel_calls": n_calls,
+        "phases": phases,
         "top_kernels": [[name, c, 1e3 * s] for name, (c, s) in top],
-        "step_min_ms": 1e3 * min(plain), "torch_ms": None, "torch_min_ms": None, "ratio": None,
-        "ratio_min": None, "load_average": os.getloadavg()[0],
+        "step_min_ms": 1e3 * min(plain),
+        "torch_ms": None,
+        "torch_min_ms": None,
+        "ratio": None,
+        "ratio_min": None,
+        "load_average": os.getloadavg()[0],
     }
 
 
 def render(results: dict) -> str:
     """A text table of ``profile_case`` results keyed by case name."""
-    head = f"{'case':<16}{'step ms':>10}{'kernel ms':>11}{'overhead ms':>13}{'overhead':>10}" \
-           f"{'calls':>7}{'PyTorch ms':>12}{'needle/PyTorch':>16}{'(fastest)':>10}"
+    head = (
+        f"{'case':<16}{'step ms':>10}{'kernel ms':>11}{'overhead ms':>13}{'overhead':>10}"
+        f"{'calls':>7}{'PyTorch ms':>12}{'needle/PyTorch':>16}{'(fastest)':>10}"
+    )
     lines = [head, "-" * len(head)]
     for case, r in results.items():
         torch_ms = f"{r['torch_ms']:.2f}" if r["torch_ms"] else "n/a"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "n/a"
         fastest = f"{r['ratio_min']:.2f}" if r.get("ratio_min") else "n/a"
         share = r["overhead_ms"] / (r["kernel_ms"] + r["overhead_ms"])
-        lines.append(f"{case:<16}{r['step_ms']:>10.2f}{r['kernel_ms']:>11.2f}"
-                     f"{r['overhead_ms']:>13.2f}{share:>10.0%}"
-                     f"{r['kernel_calls']:>7}{torch_ms:>12}{ratio:>16}{fastest:>10}")
-    lines.append("needle/PyTorch = PyTorch time / needle time (higher is better, 1.0 = parity), "
-                 "from median steps and (fastest) from the fastest steps")
+        lines.append(
+            f"{case:<16}{r['step_ms']:>10.2f}{r['kernel_ms']:>11.2f}"
+            f"{r['overhead_ms']:>13.2f}{share:>10.0%}"
+            f"{r['kernel_calls']:>7}{torch_ms:>12}{ratio:>16}{fastest:>10}"
+        )
+    lines.append(
+        "needle/PyTorch = PyTorch time / needle time (higher is better, 1.0 = parity), "
+        "from median steps and (fastest) from the fastest steps"
+    )
     return "\n".join(lines)
 
 
@@ -227,10 +244,18 @@ def needle_commit() -> str:
 
     root = Path(needle.__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "."],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
@@ -257,19 +282,24 @@ def main(argv=None) -> dict:
     for case in args.cases or CASES:
         results[case] = profile_case(case, device, repeats=args.repeats)
         print(f"{case}: {results[case]['title']}: {results[case]['step_ms']:.1f} ms", flush=True)
-    print(f"\none step, split into time inside cpu() kernels and framework overhead; "
-          f"medians of {args.repeats} steps")
+    print(
+        f"\none step, split into time inside cpu() kernels and framework overhead; "
+        f"medians of {args.repeats} steps"
+    )
     print(render(results))
     if args.json:
         try:
             import torch
+
             torch_version = torch.__version__
         except ImportError:
             torch_version = None
         doc = {
             "commit": needle_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), "torch": torch_version, "repeats": args.repeats,
+            "machine": machine_info(),
+            "torch": torch_version,
+            "repeats": args.repeats,
             "note": "shared 2-core machine (other jobs running): medians of repeated steps",
             "cases": results,
         }

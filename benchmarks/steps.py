@@ -16,6 +16,7 @@ loss), ``backward(loss)`` and ``update``; calling it runs all three. The module 
 numpy, needle and (optionally) torch, so the step profiler can also run it against an older
 needle checkout.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,11 +68,15 @@ def _data(case: str):
     """(inputs, integer targets) as numpy arrays, fixed by the case name."""
     rng = np.random.RandomState(0)
     if case == "mlp_resnet":
-        return (rng.standard_normal((MLP_BATCH, MLP_DIM)).astype(np.float32),
-                rng.randint(0, MLP_CLASSES, MLP_BATCH))
+        return (
+            rng.standard_normal((MLP_BATCH, MLP_DIM)).astype(np.float32),
+            rng.randint(0, MLP_CLASSES, MLP_BATCH),
+        )
     if case == "resnet9":
-        return (rng.standard_normal((CIFAR_BATCH, 3, 32, 32)).astype(np.float32),
-                rng.randint(0, 10, CIFAR_BATCH))
+        return (
+            rng.standard_normal((CIFAR_BATCH, 3, 32, 32)).astype(np.float32),
+            rng.randint(0, 10, CIFAR_BATCH),
+        )
     if case in ("lstm_lm", "transformer_lm"):
         return rng.randint(0, VOCAB, (SEQ, BATCH_LM)), rng.randint(0, VOCAB, SEQ * BATCH_LM)
     raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
@@ -87,8 +92,9 @@ def needle_step(case: str, device) -> Step:
         from companion.apps import mlp_resnet
 
         # The course's MLPResNet takes no device: its layers live on the default device.
-        model = mlp_resnet.MLPResNet(MLP_DIM, MLP_HIDDEN, MLP_BLOCKS, MLP_CLASSES,
-                                     drop_prob=MLP_DROP)
+        model = mlp_resnet.MLPResNet(
+            MLP_DIM, MLP_HIDDEN, MLP_BLOCKS, MLP_CLASSES, drop_prob=MLP_DROP
+        )
         opt = ndl.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
     elif case == "resnet9":
         from companion.apps.models import ResNet9
@@ -98,9 +104,15 @@ def needle_step(case: str, device) -> Step:
     else:
         from companion.apps.models import LanguageModel
 
-        model = LanguageModel(EMBED, VOCAB, HIDDEN, num_layers=LAYERS,
-                              seq_model="lstm" if case == "lstm_lm" else "transformer",
-                              seq_len=SEQ, device=device)
+        model = LanguageModel(
+            EMBED,
+            VOCAB,
+            HIDDEN,
+            num_layers=LAYERS,
+            seq_model="lstm" if case == "lstm_lm" else "transformer",
+            seq_len=SEQ,
+            device=device,
+        )
         opt = ndl.optim.SGD(model.parameters(), lr=0.1)
     model.train()
     param_device = model.parameters()[0].device
@@ -131,6 +143,7 @@ def torch_step(case: str) -> Optional[Step]:
         model = torch_mlp_resnet()
         opt = torch.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
     elif case == "resnet9":
+
         def convbn(a, b, k, s):
             return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2), nn.BatchNorm2d(b), nn.ReLU())
 
@@ -143,13 +156,20 @@ def torch_step(case: str) -> Optional[Step]:
                 return self.fn(x) + x
 
         model = nn.Sequential(
-            convbn(3, 16, 7, 4), convbn(16, 32, 3, 2),
+            convbn(3, 16, 7, 4),
+            convbn(16, 32, 3, 2),
             Res(convbn(32, 32, 3, 1), convbn(32, 32, 3, 1)),
-            convbn(32, 64, 3, 2), convbn(64, 128, 3, 2),
+            convbn(32, 64, 3, 2),
+            convbn(64, 128, 3, 2),
             Res(convbn(128, 128, 3, 1), convbn(128, 128, 3, 1)),
-            nn.Flatten(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+            nn.Flatten(),
+            nn.Linear(128, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     elif case == "lstm_lm":
+
         class LSTMLM(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -185,9 +205,13 @@ def torch_mlp_resnet():
 
     def block():
         return nn.Sequential(
-            nn.Linear(MLP_HIDDEN, MLP_HIDDEN // 2), nn.BatchNorm1d(MLP_HIDDEN // 2),
-            nn.ReLU(), nn.Dropout(MLP_DROP), nn.Linear(MLP_HIDDEN // 2, MLP_HIDDEN),
-            nn.BatchNorm1d(MLP_HIDDEN))
+            nn.Linear(MLP_HIDDEN, MLP_HIDDEN // 2),
+            nn.BatchNorm1d(MLP_HIDDEN // 2),
+            nn.ReLU(),
+            nn.Dropout(MLP_DROP),
+            nn.Linear(MLP_HIDDEN // 2, MLP_HIDDEN),
+            nn.BatchNorm1d(MLP_HIDDEN),
+        )
 
     class MLPResNet(nn.Module):
         def __init__(self):
@@ -227,10 +251,11 @@ def _torch_transformer_lm():
 
         def forward(self, x):  # (B, T, E)
             b, t, _ = x.shape
-            q, k, v = (self.heads(x, n, p) for n, p in ((self.norm_q, self.q),
-                                                        (self.norm_k, self.k),
-                                                        (self.norm_v, self.v)))
-            logits = q @ k.transpose(-1, -2) / DIM_HEAD ** 0.5 + self.mask[:t, :t]
+            q, k, v = (
+                self.heads(x, n, p)
+                for n, p in ((self.norm_q, self.q), (self.norm_k, self.k), (self.norm_v, self.v))
+            )
+            logits = q @ k.transpose(-1, -2) / DIM_HEAD**0.5 + self.mask[:t, :t]
             att = (torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(b, t, inner)
             x = x + self.proj(att)
             return x + self.ff2(torch.relu(self.ff1(self.norm(x))))

@@ -13,6 +13,7 @@ JSON; this parent process imports numpy only. ``--quick`` (or ``NEEDLE_BENCH_QUI
 tiny sizes and one repeat: a smoke run whose figures mean little. ``--step-only`` (``make
 profile``) skips the kernel tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,24 @@ from companion.check.sections import section_ref
 CHECKOUT = Path(__file__).resolve().parents[1]
 QUICK_ENV = "NEEDLE_BENCH_QUICK"
 SIZES = {
-    "full": {"matmul": [(256, 256, 256), (512, 512, 512)], "side": 1024,
-             "mlp": (128, 784, 256, 10), "repeats": 5},
+    "full": {
+        "matmul": [(256, 256, 256), (512, 512, 512)],
+        "side": 1024,
+        "mlp": (128, 784, 256, 10),
+        "repeats": 5,
+    },
     "quick": {"matmul": [(24, 24, 24)], "side": 32, "mlp": (8, 16, 16, 4), "repeats": 1},
 }
 # (name, bytes moved per element, flops per element): reads + writes of float32
-EWISE = [("add", 12, 1), ("mul", 12, 1), ("scalar mul", 8, 1), ("exp", 8, 1),
-         ("compact of a transpose", 8, 0), ("sum (axis=1)", 4, 1), ("max (axis=1)", 4, 1)]
+EWISE = [
+    ("add", 12, 1),
+    ("mul", 12, 1),
+    ("scalar mul", 8, 1),
+    ("exp", 8, 1),
+    ("compact of a transpose", 8, 0),
+    ("sum (axis=1)", 4, 1),
+    ("max (axis=1)", 4, 1),
+]
 SLOW = 10.0  # a kernel this many times slower than this project's is a finding
 
 HINTS = {
@@ -55,15 +67,25 @@ HINTS = {
 def numpy_cases(np, x, y) -> dict:
     """numpy's version of each EWISE case on the float32 matrices ``x`` and ``y``: the oracle
     of the children's results and the parent's numpy column."""
-    return {"add": lambda: x + y, "mul": lambda: x * y, "scalar mul": lambda: x * np.float32(1.5),
-            "exp": lambda: np.exp(x), "compact of a transpose": lambda: np.ascontiguousarray(x.T),
-            "sum (axis=1)": lambda: x.sum(axis=1), "max (axis=1)": lambda: x.max(axis=1)}
+    return {
+        "add": lambda: x + y,
+        "mul": lambda: x * y,
+        "scalar mul": lambda: x * np.float32(1.5),
+        "exp": lambda: np.exp(x),
+        "compact of a transpose": lambda: np.ascontiguousarray(x.T),
+        "sum (axis=1)": lambda: x.sum(axis=1),
+        "max (axis=1)": lambda: x.max(axis=1),
+    }
 
 
 def _timing(mode: str) -> dict:
     """Keyword arguments of companion.timing.measure for ``mode``."""
-    return {"repeats": SIZES[mode]["repeats"], "warmup": 1, "min_sample_s": 2e-3,
-            "settle_s": 0 if mode == "quick" else 0.05}
+    return {
+        "repeats": SIZES[mode]["repeats"],
+        "warmup": 1,
+        "min_sample_s": 2e-3,
+        "settle_s": 0 if mode == "quick" else 0.05,
+    }
 
 
 # ---- the child: runs with whichever needle NEEDLE_IMPL selects -----------------------------------
@@ -98,13 +120,16 @@ def _mlp_step(ndl, device, batch: int, dim: int, hidden: int, classes: int):
 
     rng = np.random.RandomState(0)
     nn = ndl.nn
-    model = nn.Sequential(nn.Linear(dim, hidden, device=device), nn.ReLU(),
-                          nn.Linear(hidden, classes, device=device))
+    model = nn.Sequential(
+        nn.Linear(dim, hidden, device=device), nn.ReLU(), nn.Linear(hidden, classes, device=device)
+    )
     opt = ndl.optim.SGD(model.parameters(), lr=0.01)
-    x = ndl.Tensor(rng.standard_normal((batch, dim)).astype(np.float32), device=device,
-                   requires_grad=False)
-    y = ndl.Tensor(rng.randint(0, classes, batch).astype(np.float32), device=device,
-                   requires_grad=False)
+    x = ndl.Tensor(
+        rng.standard_normal((batch, dim)).astype(np.float32), device=device, requires_grad=False
+    )
+    y = ndl.Tensor(
+        rng.randint(0, classes, batch).astype(np.float32), device=device, requires_grad=False
+    )
     loss_fn = nn.SoftmaxLoss()
 
     def forward():
@@ -126,8 +151,13 @@ def child(mode: str, step_only: bool) -> dict:
     sizes = SIZES[mode]
     repeats = sizes["repeats"]
     device = _device(nd)
-    out = {"needle": str(Path(ndl.__file__).resolve().parent), "device": repr(device),
-           "matmul": [], "ewise": [], "step": None}
+    out = {
+        "needle": str(Path(ndl.__file__).resolve().parent),
+        "device": repr(device),
+        "matmul": [],
+        "ewise": [],
+        "step": None,
+    }
     rng = np.random.default_rng(0)
     timing = _timing(mode)
     if not step_only:
@@ -145,10 +175,15 @@ def child(mode: str, step_only: bool) -> dict:
         x = rng.standard_normal((side, side), dtype=np.float32)
         y = rng.standard_normal((side, side), dtype=np.float32)
         X, Y = nd.NDArray(x, device=device), nd.NDArray(y, device=device)
-        cases = {"add": lambda: X + Y, "mul": lambda: X * Y, "scalar mul": lambda: X * 1.5,
-                 "exp": lambda: X.exp(),
-                 "compact of a transpose": lambda: X.permute((1, 0)).compact(),
-                 "sum (axis=1)": lambda: X.sum(axis=1), "max (axis=1)": lambda: X.max(axis=1)}
+        cases = {
+            "add": lambda: X + Y,
+            "mul": lambda: X * Y,
+            "scalar mul": lambda: X * 1.5,
+            "exp": lambda: X.exp(),
+            "compact of a transpose": lambda: X.permute((1, 0)).compact(),
+            "sum (axis=1)": lambda: X.sum(axis=1),
+            "max (axis=1)": lambda: X.max(axis=1),
+        }
         oracle = numpy_cases(np, x, y)
         for name, _, _ in EWISE:
             f_nd, f_np = cases[name], oracle[name]
@@ -182,8 +217,13 @@ def run_child(impl: str | None, mode: str, step_only: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="needle-student-bench-") as tmp:
         result = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "benchmarks.student", "--child", str(result), "--mode", mode]
-        done = subprocess.run(cmd + (["--step-only"] if step_only else []), cwd=CHECKOUT,
-                              env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            cmd + (["--step-only"] if step_only else []),
+            cwd=CHECKOUT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode or not result.exists():
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-12:])
             return {"failed": f"exit status {done.returncode}:\n{tail}"}
@@ -229,23 +269,32 @@ def advise(student: dict, ours: dict, roof) -> list[str]:
         flops = 2.0 * m * n * p
         shape = f"{m}x{n} @ {n}x{p}"
         if "seconds" not in mine:
-            lines.append(f"matmul: your matmul is wrong at {shape} (max error {mine['error']:.3g})"
-                         f": run `make check` on your homework first")
+            lines.append(
+                f"matmul: your matmul is wrong at {shape} (max error {mine['error']:.3g})"
+                f": run `make check` on your homework first"
+            )
             continue
         rate, best = _rate(mine["seconds"], flops), _rate(theirs.get("seconds"), flops)
         if best and best / rate >= SLOW:
             kernels = [k for k in mine["kernels"] if "matmul" in k]
             if "matmul_tiled" in kernels:
-                lines.append(f"matmul: your tiled matmul runs at {rate:.3g} GFLOP/s at {shape}; "
-                             f"this project's blocked kernel is {best / rate:.0f}x faster: see "
-                             f"{section_ref(*HINTS['matmul blocked'])}")
+                lines.append(
+                    f"matmul: your tiled matmul runs at {rate:.3g} GFLOP/s at {shape}; "
+                    f"this project's blocked kernel is {best / rate:.0f}x faster: see "
+                    f"{section_ref(*HINTS['matmul blocked'])}"
+                )
             else:
-                via = (f"device.{kernels[0]}" if kernels
-                       else "no device matmul kernel: Python or numpy does the work")
-                lines.append(f"matmul: your matmul is the naive triple loop ({via}): {rate:.3g} "
-                             f"GFLOP/s at {shape}; this project's tiled and blocked kernel is "
-                             f"{best / rate:.0f}x faster: see {section_ref(*HINTS['matmul naive'])}"
-                             f" and {section_ref(*HINTS['matmul blocked'])}")
+                via = (
+                    f"device.{kernels[0]}"
+                    if kernels
+                    else "no device matmul kernel: Python or numpy does the work"
+                )
+                lines.append(
+                    f"matmul: your matmul is the naive triple loop ({via}): {rate:.3g} "
+                    f"GFLOP/s at {shape}; this project's tiled and blocked kernel is "
+                    f"{best / rate:.0f}x faster: see {section_ref(*HINTS['matmul naive'])}"
+                    f" and {section_ref(*HINTS['matmul blocked'])}"
+                )
     ours_ewise = {r["name"]: r for r in ours.get("ewise", [])}
     bytes_per = {name: b for name, b, _ in EWISE}
     for row in student.get("ewise", []):
@@ -257,23 +306,29 @@ def advise(student: dict, ours: dict, roof) -> list[str]:
         rate = _rate(row.get("seconds"), amount)
         best = _rate(ours_ewise.get(name, {}).get("seconds"), amount)
         if rate and best and best / rate >= SLOW:
-            lines.append(f"{name}: yours moves {rate:.3g} GB/s, this project's {best:.3g} GB/s "
-                         f"({best / rate:.0f}x faster; this CPU's bandwidth "
-                         f"{roof.bandwidth / 1e9:.3g} GB/s): see {section_ref(*HINTS[name])}")
+            lines.append(
+                f"{name}: yours moves {rate:.3g} GB/s, this project's {best:.3g} GB/s "
+                f"({best / rate:.0f}x faster; this CPU's bandwidth "
+                f"{roof.bandwidth / 1e9:.3g} GB/s): see {section_ref(*HINTS[name])}"
+            )
     step = student.get("step") or {}
     if "error" in step:
         lines.append(f"training step: it failed ({step['error']})")
     elif step:
         share = step["overhead_ms"] / max(step["kernel_ms"] + step["overhead_ms"], 1e-12)
         if share > 0.6:
-            lines.append(f"training step: {100 * share:.0f}% of your step's "
-                         f"{step['step_ms']:.3g} ms is framework overhead (Python in Tensor, "
-                         f"ops, autograd, NDArray), not kernels: see "
-                         f"{section_ref(*HINTS['overhead'])}")
+            lines.append(
+                f"training step: {100 * share:.0f}% of your step's "
+                f"{step['step_ms']:.3g} ms is framework overhead (Python in Tensor, "
+                f"ops, autograd, NDArray), not kernels: see "
+                f"{section_ref(*HINTS['overhead'])}"
+            )
         elif step.get("top_kernels"):
             name, calls, ms = step["top_kernels"][0]
-            lines.append(f"training step: kernels take {100 * (1 - share):.0f}% of your step, "
-                         f"most in {name} ({calls} calls, {ms:.3g} ms): speed that kernel first")
+            lines.append(
+                f"training step: kernels take {100 * (1 - share):.0f}% of your step, "
+                f"most in {name} ({calls} calls, {ms:.3g} ms): speed that kernel first"
+            )
     return lines
 
 
@@ -281,11 +336,15 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
     """The tables (yours, this project's, numpy's, and the roofline) and the advice."""
     from companion.roofline import matmul_intensity
 
-    lines = [f"your needle: {student.get('needle')} on {student.get('device')}",
-             f"this project's: {ours.get('needle')} on {ours.get('device')}"]
+    lines = [
+        f"your needle: {student.get('needle')} on {student.get('device')}",
+        f"this project's: {ours.get('needle')} on {ours.get('device')}",
+    ]
     if student.get("matmul"):
-        lines.append(f"roofline: {roof.source}: peak {roof.peak / 1e9:.3g} GFLOP/s, bandwidth "
-                     f"{roof.bandwidth / 1e9:.3g} GB/s, ridge {roof.ridge:.3g} flop/byte")
+        lines.append(
+            f"roofline: {roof.source}: peak {roof.peak / 1e9:.3g} GFLOP/s, bandwidth "
+            f"{roof.bandwidth / 1e9:.3g} GB/s, ridge {roof.ridge:.3g} flop/byte"
+        )
     if mode == "quick":
         lines.append("(quick run: tiny sizes, one repeat; the figures mean little)")
     head = f"{'case':<26}{'yours':>16}{'this project':>16}{'numpy':>16}  roofline (yours)"
@@ -298,9 +357,11 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
             rate = _rate(mine.get("seconds"), flops)
             ai = matmul_intensity(m, n, p)
             place = roof.place(ai, rate * 1e9) if rate else "wrong result: not timed"
-            lines.append(f"{f'matmul {m}x{n}x{p}':<26}{_fmt(rate, 'GFLOP/s'):>16}"
-                         f"{_fmt(_rate(theirs.get('seconds'), flops), 'GFLOP/s'):>16}"
-                         f"{_fmt(_rate(numpy['matmul'][i], flops), 'GFLOP/s'):>16}  {place}")
+            lines.append(
+                f"{f'matmul {m}x{n}x{p}':<26}{_fmt(rate, 'GFLOP/s'):>16}"
+                f"{_fmt(_rate(theirs.get('seconds'), flops), 'GFLOP/s'):>16}"
+                f"{_fmt(_rate(numpy['matmul'][i], flops), 'GFLOP/s'):>16}  {place}"
+            )
         ours_ewise = {r["name"]: r for r in ours.get("ewise", [])}
         for name, nbytes, nflops in EWISE:
             mine = next((r for r in student["ewise"] if r["name"] == name), {})
@@ -313,30 +374,38 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
             else:
                 place = mine.get("error") or "-"
             best = _rate(ours_ewise.get(name, {}).get("seconds"), amount)
-            lines.append(f"{name:<26}{_fmt(rate, 'GB/s'):>16}{_fmt(best, 'GB/s'):>16}"
-                         f"{_fmt(_rate(numpy['ewise'][name], amount), 'GB/s'):>16}  {place}")
+            lines.append(
+                f"{name:<26}{_fmt(rate, 'GB/s'):>16}{_fmt(best, 'GB/s'):>16}"
+                f"{_fmt(_rate(numpy['ewise'][name], amount), 'GB/s'):>16}  {place}"
+            )
     for who, data in (("yours", student), ("this project's", ours)):
         step = data.get("step") or {}
         if "step_ms" in step:
             b, d, h, c = step["shape"]
-            lines.append(f"training step ({who}; MLP {d}-{h}-{c}, batch {b}, SGD): "
-                         f"{step['step_ms']:.3g} ms = kernels {step['kernel_ms']:.3g} ms + "
-                         f"framework {step['overhead_ms']:.3g} ms ({step['kernel_calls']} kernel "
-                         "calls)")
+            lines.append(
+                f"training step ({who}; MLP {d}-{h}-{c}, batch {b}, SGD): "
+                f"{step['step_ms']:.3g} ms = kernels {step['kernel_ms']:.3g} ms + "
+                f"framework {step['overhead_ms']:.3g} ms ({step['kernel_calls']} kernel "
+                "calls)"
+            )
     advice = advise(student, ours, roof)
-    lines += ["", "advice:"] + [f"  {a}" for a in advice or ["no slow kernel found: your "
-                                                             "kernels are within "
-                                                             f"{SLOW:.0f}x of this project's"]]
+    lines += ["", "advice:"] + [
+        f"  {a}"
+        for a in advice
+        or [f"no slow kernel found: your kernels are within {SLOW:.0f}x of this project's"]
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Measure NEEDLE_IMPL's needle beside this project's and numpy's; print tables and advice."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.student",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.student", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--impl", help="the student's folder (default: $NEEDLE_IMPL)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"tiny sizes, one repeat (also {QUICK_ENV}=1)")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"tiny sizes, one repeat (also {QUICK_ENV}=1)"
+    )
     parser.add_argument("--step-only", action="store_true", help="only the training step")
     parser.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=SIZES, default=None, help=argparse.SUPPRESS)
@@ -346,18 +415,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.child).write_text(json.dumps(child(mode, args.step_only)))
         return 0
     # numpy in its normal configuration (the children inherit the cleaned environment)
-    reexec_without_blas_overrides(["-m", "benchmarks.student", *(sys.argv[1:] if argv is None
-                                                                 else argv)])
+    reexec_without_blas_overrides(
+        ["-m", "benchmarks.student", *(sys.argv[1:] if argv is None else argv)]
+    )
     impl = (args.impl or os.environ.get("NEEDLE_IMPL", "")).strip()
     if not impl:
-        print("benchmarks.student: set NEEDLE_IMPL=path/to/hwN/python (or --impl)",
-              file=sys.stderr)
+        print("benchmarks.student: set NEEDLE_IMPL=path/to/hwN/python (or --impl)", file=sys.stderr)
         return 2
     from companion.roofline import measured_cpu
 
     impl = str(Path(impl).expanduser().resolve())
-    print(f"measuring your needle ({impl}) and this project's, each in its own process ...",
-          flush=True)
+    print(
+        f"measuring your needle ({impl}) and this project's, each in its own process ...",
+        flush=True,
+    )
     student = run_child(impl, mode, args.step_only)
     if "failed" in student:
         print(f"your needle could not be measured ({student['failed']})")

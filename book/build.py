@@ -5,6 +5,7 @@ rendered as they are (myst-nb, execution off). Warnings fail the build, so a bro
 notebook missing from the navigation is an error, not a line scrolled past. The doctree cache
 and myst-nb's output folder go beside OUT, not into the published site.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,29 @@ ROOT = Path(__file__).resolve().parents[1]
 def sphinx_command(out: Path) -> list[str]:
     """The sphinx-build command line that writes the site into ``out``."""
     out = Path(out).resolve()
-    return [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going",
-            "-c", str(ROOT / "book"), "-d", str(out.parent / f"{out.name}-doctrees"),
-            str(ROOT), str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-b",
+        "html",
+        "-q",
+        "-W",
+        "--keep-going",
+        "-c",
+        str(ROOT / "book"),
+        "-d",
+        str(out.parent / f"{out.name}-doctrees"),
+        str(ROOT),
+        str(out),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the build; the exit status is sphinx-build's."""
-    parser = argparse.ArgumentParser(prog="python -m book.build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m book.build", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", nargs="?", type=Path, default=ROOT / "build" / "book")
     args = parser.parse_args(argv)
     return subprocess.run(sphinx_command(args.out), check=False).returncode

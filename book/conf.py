@@ -6,6 +6,7 @@ README.md), ``notebooks/NN_topic`` (each executed notebook, rendered with its co
 and never re-executed: nbval already runs them) and ``docs/array_layer``. MathJax comes from
 the django-static-mathjax package, copied into ``_static/mathjax``: the site needs no network.
 """
+
 from __future__ import annotations
 
 import sys
@@ -59,8 +60,10 @@ def mathjax_dir() -> Path:
     """MathJax 3's browser bundle (es5/) as the django-static-mathjax package ships it."""
     es5 = Path(str(files("mathjax"))) / "static" / "mathjax" / "es5"
     if not (es5 / "tex-mml-chtml.js").is_file():
-        raise RuntimeError(f"no MathJax bundle at {es5}: install the book extra "
-                           "(pip install django-static-mathjax)")
+        raise RuntimeError(
+            f"no MathJax bundle at {es5}: install the book extra "
+            "(pip install django-static-mathjax)"
+        )
     return es5
 
 
@@ -72,11 +75,13 @@ def copy_mathjax(app, exception) -> None:
 
 def badge_bar(lecture: toc.Lecture) -> str:
     """HTML of a lecture page's launch links: Colab and the Jupytext source on the repository."""
-    return (f'<p class="nb-badges">'
-            f'<a class="nb-badge nb-colab" href="{toc.colab_url(REPO, lecture)}">'
-            f'Open in Colab</a> '
-            f'<a class="nb-badge nb-source" href="{toc.source_url(REPO, lecture)}">'
-            f'view source (.py)</a></p>')
+    return (
+        f'<p class="nb-badges">'
+        f'<a class="nb-badge nb-colab" href="{toc.colab_url(REPO, lecture)}">'
+        f"Open in Colab</a> "
+        f'<a class="nb-badge nb-source" href="{toc.source_url(REPO, lecture)}">'
+        f"view source (.py)</a></p>"
+    )
 
 
 def add_badges(app, doctree) -> None:
@@ -87,8 +92,18 @@ def add_badges(app, doctree) -> None:
     title = next(iter(doctree.findall(nodes.title)), None)
     if title is None:
         raise ValueError(f"{app.env.docname}: the notebook has no title to put the badges under")
-    title.parent.insert(title.parent.index(title) + 1,
-                        nodes.raw("", badge_bar(lecture), format="html"))
+    title.parent.insert(
+        title.parent.index(title) + 1, nodes.raw("", badge_bar(lecture), format="html")
+    )
+    # The notebook's own badge (an image from Colab's site) gives way to the bar: the site loads
+    # nothing from other hosts.
+    for image in list(doctree.findall(nodes.image)):
+        if image["uri"] == toc.COLAB_BADGE:
+            badge = image.parent if isinstance(image.parent, nodes.reference) else image
+            holder = badge.parent
+            holder.remove(badge)
+            if isinstance(holder, nodes.paragraph) and not holder.astext().strip():
+                holder.parent.remove(holder)
 
 
 class LectureTable(SphinxDirective):
@@ -96,12 +111,14 @@ class LectureTable(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         rel = "../" * self.env.docname.count("/")
-        rows = toc.table(list(LECTURES.values()), REPO,
-                         page_link=lambda lec: f"{rel}notebooks/{lec.stem}.ipynb",
-                         colab=lambda url: f'<a class="nb-badge nb-colab" href="{url}">Colab</a>')
+        rows = toc.table(
+            list(LECTURES.values()),
+            REPO,
+            page_link=lambda lec: f"{rel}notebooks/{lec.stem}.ipynb",
+            colab=lambda url: f'<a class="nb-badge nb-colab" href="{url}">Colab</a>',
+        )
         container = nodes.container(classes=["lecture-table"])
-        self.state.nested_parse(StringList(rows, self.env.docname), self.content_offset,
-                                container)
+        self.state.nested_parse(StringList(rows, self.env.docname), self.content_offset, container)
         return [container]
 
 

@@ -34,6 +34,7 @@ student's package, but never this project's, for as long as the process runs. An
 The first import prints (stderr) which needle is in use. A relative path is made absolute in
 ``os.environ``, so subprocesses started from another folder import the same package.
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -55,7 +56,7 @@ def _note(text: str) -> None:
 
 
 def student_folder(raw: str) -> Path:
-    """The absolute folder named by ``NEEDLE_IMPL``; ImportError naming it if it holds no package."""
+    """The absolute folder ``NEEDLE_IMPL`` names; ImportError naming it if it holds no package."""
     folder = Path(raw).expanduser().resolve()
     if not folder.is_dir():
         raise ImportError(f"{ENV}={raw}: {folder} is not a folder ({_HINT})")
@@ -121,9 +122,11 @@ def install() -> bool:
         return False
     loaded = sys.modules.get("needle")
     if loaded is not None:
-        raise RuntimeError(f"{ENV}={raw}: needle is already imported (from "
-                           f"{getattr(loaded, '__file__', '?')}); set {ENV} before Python "
-                           "starts, or call companion.impl.install() before `import needle`")
+        raise RuntimeError(
+            f"{ENV}={raw}: needle is already imported (from "
+            f"{getattr(loaded, '__file__', '?')}); set {ENV} before Python "
+            "starts, or call companion.impl.install() before `import needle`"
+        )
     sys.meta_path.insert(0, StudentNeedle(raw))
     return True
 

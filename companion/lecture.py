@@ -2,9 +2,10 @@
 
 A notebook cell whose first line is ``# companion-only: <what it needs>`` uses something the
 course's needle does not have (a fused op, ``create_graph=True``, ``matmul_tiled``, ...), or the
-results of such a cell. The notebook's first code cell calls :func:`setup`; when ``NEEDLE_IMPL``
-has loaded a student's needle (:mod:`companion.impl`), that registers an IPython input
-transformer which replaces each such cell's source by one ``print`` saying what it skips and why.
+results of such a cell. The notebook's first code cell after the Colab set-up cell calls
+:func:`setup`; when ``NEEDLE_IMPL`` has loaded a student's needle (:mod:`companion.impl`), that
+registers an IPython input transformer which replaces each such cell's source by one ``print``
+saying what it skips and why.
 Without ``NEEDLE_IMPL`` :func:`setup` does nothing and every cell runs as written.
 
 In that mode :func:`setup` also tallies every cell the kernel runs; :func:`report_card` prints
@@ -13,11 +14,12 @@ for whole notebooks, from outside).
 
 (A comment rather than a cell magic: Jupytext keeps comments intact in the paired .py files.)
 """
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 #: This project's checkout (its ``src/`` and ``benchmarks/``), whichever needle is imported.
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -39,8 +41,10 @@ def companion_only_reason(lines: List[str]) -> Optional[str]:
 
 def skip_line(reason: str, folder: str) -> str:
     """The one line a skipped cell prints."""
-    return (f"{SKIP_PREFIX}it uses {reason}, which the course's needle "
-            f"(from {folder}, NEEDLE_IMPL) does not have")
+    return (
+        f"{SKIP_PREFIX}it uses {reason}, which the course's needle "
+        f"(from {folder}, NEEDLE_IMPL) does not have"
+    )
 
 
 def skip_companion_only(lines: List[str], folder: str = "NEEDLE_IMPL") -> List[str]:
@@ -55,6 +59,7 @@ def skip_companion_only(lines: List[str], folder: str = "NEEDLE_IMPL") -> List[s
 def _transformer(folder: str):
     def transform(lines: List[str]) -> List[str]:
         return skip_companion_only(lines, folder)
+
     transform.needle_companion_only = True  # lets setup() find its own transformer
     return transform
 
@@ -63,6 +68,7 @@ def setup() -> bool:
     """Register the companion-only transformer when a student's needle is in use (NEEDLE_IMPL)
     and this runs in IPython; returns whether it is registered. Calling it again is harmless."""
     from companion.impl import active_folder
+
     folder = active_folder()
     if folder is None:
         return False
@@ -100,8 +106,29 @@ def report_card() -> None:
     """Print the cells this kernel ran under NEEDLE_IMPL since :func:`setup`: counts of passed,
     failed and skipped, then each failure (its first line and error)."""
     counts = {k: sum(1 for c in CELLS if c[0] == k) for k in ("passed", "failed", "skipped")}
-    lines = [f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
-             f"{counts['skipped']} skipped (companion-only)"]
-    lines += [f"  failed: `{first[:60]}`: {error[:150]}" for status, first, error in CELLS
-              if status == "failed"]
+    lines = [
+        f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
+        f"{counts['skipped']} skipped (companion-only)"
+    ]
+    lines += [
+        f"  failed: `{first[:60]}`: {error[:150]}"
+        for status, first, error in CELLS
+        if status == "failed"
+    ]
     print("\n".join(lines))
+
+
+def best_device() -> Any:
+    """The device a lecture's models and arrays live on: ``cuda()`` where its module is built
+    and a GPU is visible (Colab's GPU runtime), else the compiled ``cpu()``, else ``cpu_numpy()``
+    (a needle without a compiled CPU module). Works on a student's needle (NEEDLE_IMPL) too."""
+    import needle as ndl
+
+    for name in ("cuda", "cpu"):
+        make = getattr(ndl, name, None)
+        if make is None:
+            continue
+        device = make()
+        if device.enabled():
+            return device
+    return ndl.cpu_numpy()

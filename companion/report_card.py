@@ -11,6 +11,7 @@ Nothing is written back to the notebooks. Exit status 1 when any cell failed.
 Inside one notebook, :func:`companion.lecture.report_card` prints the same tally for the cells
 run so far in that kernel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,12 +61,17 @@ def grade(nb, name: str) -> Card:
         error = next((o for o in outputs if o.get("output_type") == "error"), None)
         if error is not None:
             card.failed += 1
-            failure = {"cell": number, "first_line": _first_line(cell.source),
-                       "error": f"{error.get('ename', '?')}: {error.get('evalue', '')}".strip()}
+            failure = {
+                "cell": number,
+                "first_line": _first_line(cell.source),
+                "error": f"{error.get('ename', '?')}: {error.get('evalue', '')}".strip(),
+            }
             card.failures.append(failure)
             card.first_failure = card.first_failure or failure
-        elif any(o.get("output_type") == "stream" and o.get("text", "").startswith(SKIP_PREFIX)
-                 for o in outputs):
+        elif any(
+            o.get("output_type") == "stream" and o.get("text", "").startswith(SKIP_PREFIX)
+            for o in outputs
+        ):
             card.skipped += 1
         elif cell.get("execution_count") is None:
             card.not_run += 1
@@ -85,9 +91,14 @@ def run_notebook(path: Path, timeout: int = 1200) -> Card:
     for cell in nb.cells:  # grade this run's outputs only
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            record_timing=False,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=True,
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     note = ""
     try:
         client.execute()
@@ -101,8 +112,10 @@ def run_notebook(path: Path, timeout: int = 1200) -> Card:
 
 def format_cards(cards: list[Card], needle: str) -> str:
     """The table: notebook, passed, failed, skipped (and not run), the first failure."""
-    lines = [f"lecture report card: needle from {needle}",
-             f"{'notebook':<36}{'passed':>7}{'failed':>7}{'skipped':>8}  first failing cell"]
+    lines = [
+        f"lecture report card: needle from {needle}",
+        f"{'notebook':<36}{'passed':>7}{'failed':>7}{'skipped':>8}  first failing cell",
+    ]
     lines.append("-" * 100)
     for c in cards:
         first = ""
@@ -127,15 +140,21 @@ def _needle_in_use() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the notebooks, print the table; exit status 1 when a cell failed or did not run."""
-    parser = argparse.ArgumentParser(prog="python -m companion.report_card",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path,
-                        help="notebooks (.ipynb, or the paired .py); default: all of notebooks/")
+    parser = argparse.ArgumentParser(
+        prog="python -m companion.report_card", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "notebooks",
+        nargs="*",
+        type=Path,
+        help="notebooks (.ipynb, or the paired .py); default: all of notebooks/",
+    )
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
     parser.add_argument("--json", type=Path, help="also write the cards as JSON")
     args = parser.parse_args(argv)
     paths = [p.with_suffix(".ipynb") for p in args.notebooks] or sorted(
-        NOTEBOOKS.glob("[0-9]*.ipynb"))
+        NOTEBOOKS.glob("[0-9]*.ipynb")
+    )
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         print(f"companion report card: no such notebook: {', '.join(missing)}", file=sys.stderr)

@@ -6,6 +6,7 @@ figures notebook 06 (§ 8) uses for the GPU; :func:`measured_cpu` gives this mac
 figures as the best numpy reaches (a large float32 matmul for the peak, a large copy for the
 bandwidth), which is where a student's CPU kernels are placed (``benchmarks/student.py``).
 """
+
 from __future__ import annotations
 
 import time
@@ -66,9 +67,12 @@ def measured_cpu(size: int = 1024, elements: int = 1 << 24, repeats: int = 3) ->
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
-    peak = 2.0 * size ** 3 / _best(lambda: a @ b, repeats)
+    peak = 2.0 * size**3 / _best(lambda: a @ b, repeats)
     x = np.ones(elements, dtype=np.float32)
     y = np.empty_like(x)
     bandwidth = 2 * 4 * elements / _best(lambda: np.copyto(y, x), repeats)
-    return Roofline(f"this CPU as numpy reaches it ({size}³ matmul, {elements * 4 >> 20} MiB "
-                    "copy)", peak, bandwidth)
+    return Roofline(
+        f"this CPU as numpy reaches it ({size}³ matmul, {elements * 4 >> 20} MiB copy)",
+        peak,
+        bandwidth,
+    )

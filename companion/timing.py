@@ -3,6 +3,7 @@
 ``measure`` waits for other libraries' spinning threads to go idle, warms up, and returns the
 median seconds per call over repeated samples, each long enough to read the clock reliably.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -15,8 +16,13 @@ from typing import Callable
 SETTLE_S = 0.3
 
 
-def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
-            min_sample_s: float = 2e-3, settle_s: float = SETTLE_S) -> float:
+def measure(
+    fn: Callable[[], object],
+    repeats: int = 7,
+    warmup: int = 2,
+    min_sample_s: float = 2e-3,
+    settle_s: float = SETTLE_S,
+) -> float:
     """Median seconds per call of ``fn`` over ``repeats`` samples, after ``warmup`` calls.
 
     Waits ``settle_s`` first so that threads left spinning by earlier work go idle. Each

@@ -6,6 +6,7 @@
 - ``draw_graph``: a needle computational graph (forward, and the nodes ``backward()`` added),
   laid out in layers by depth and drawn with matplotlib (no Graphviz needed).
 """
+
 from __future__ import annotations
 
 import io
@@ -41,6 +42,7 @@ def save_figure(fig, name: str) -> Path | None:
 def figure_png(fig, dpi: int = 100) -> bytes:
     """``fig`` rendered as PNG bytes with no software/date metadata (the same bytes each time)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
     buffer = io.BytesIO()
@@ -65,6 +67,7 @@ def notebook_display(png: bytes):
 
 def _update_display(handle, png: bytes) -> None:
     from IPython.display import Image
+
     handle.update(Image(data=png, format="png"))
 
 
@@ -84,20 +87,28 @@ class LiveCurves:
     panels drawn on a log scale.
     """
 
-    def __init__(self, panels: Mapping[str, Sequence[str]] | None = None, *,
-                 xlabel: str = "epoch", title: str | None = None,
-                 logy: Sequence[str] = (), min_interval: float = 1.0,
-                 panel_size: tuple[float, float] = (4.2, 3.0)) -> None:
+    def __init__(
+        self,
+        panels: Mapping[str, Sequence[str]] | None = None,
+        *,
+        xlabel: str = "epoch",
+        title: str | None = None,
+        logy: Sequence[str] = (),
+        min_interval: float = 1.0,
+        panel_size: tuple[float, float] = (4.2, 3.0),
+    ) -> None:
         if min_interval < 0 or not math.isfinite(min_interval):
-            raise ValueError(f"LiveCurves: min_interval must be a finite number >= 0, got "
-                             f"{min_interval!r}")
+            raise ValueError(
+                f"LiveCurves: min_interval must be a finite number >= 0, got {min_interval!r}"
+            )
         self.panels: dict[str, list[str]] = {}
         self._panel_of: dict[str, str] = {}
         self._own_panels: set[str] = set()
         for panel, names in (panels or {}).items():
             if isinstance(names, str):
-                raise TypeError(f"LiveCurves: panel {panel!r} must list curve names, got the "
-                                f"string {names!r}")
+                raise TypeError(
+                    f"LiveCurves: panel {panel!r} must list curve names, got the string {names!r}"
+                )
             for name in names:
                 if name in self._panel_of:
                     raise ValueError(f"LiveCurves: curve {name!r} is in two panels")
@@ -114,8 +125,7 @@ class LiveCurves:
         self._closed = False
         self.redraws = 0  # how many times the figure was drawn into the notebook
 
-    def add(self, x: float, values: Mapping[str, float] | None = None, /,
-            **named: float) -> None:
+    def add(self, x: float, values: Mapping[str, float] | None = None, /, **named: float) -> None:
         """Append the point (x, value) to each named curve, then redraw if enough time passed."""
         if self._closed:
             raise RuntimeError("LiveCurves.add after close(): make a new LiveCurves")
@@ -126,8 +136,10 @@ class LiveCurves:
             try:
                 value = float(value)
             except (TypeError, ValueError):
-                raise TypeError(f"LiveCurves.add: the value of curve {name!r} must be a number, "
-                                f"got {type(value).__name__}") from None
+                raise TypeError(
+                    f"LiveCurves.add: the value of curve {name!r} must be a number, "
+                    f"got {type(value).__name__}"
+                ) from None
             if name not in self._panel_of:  # a curve of its own, labelled by its legend
                 self._panel_of[name] = name
                 self.panels[name] = [name]
@@ -141,6 +153,7 @@ class LiveCurves:
     def figure(self):
         """A matplotlib Figure of the curves so far (one axes per panel that has points)."""
         from matplotlib.figure import Figure
+
         panels = [(p, [n for n in names if n in self.data]) for p, names in self.panels.items()]
         panels = [(p, names) for p, names in panels if names] or [("", [])]
         width, height = self.panel_size
@@ -205,14 +218,14 @@ KEPT_GRAD_COLOUR = "#c00000"
 class DrawnNode:
     """One node of a drawn graph: its label parts, its kind and its place in the layout."""
 
-    index: int                  # position in GraphLayout.nodes
-    name: str                   # the name given to draw_graph, else v1, v2, ... in drawing order
-    op: str | None              # the op and its parameters, e.g. "MulScalar(2)"; None for a leaf
-    shape: str                  # "(3, 4)"; "not computed" for a lazy node without a value yet
-    kind: str                   # a key of NODE_KINDS
-    grad_of: tuple[str, ...]    # the names of the nodes whose .grad this node is (kept gradients)
-    depth: int                  # column: leaves one left of their first consumer, ops 1 + inputs
-    row: int                    # position inside its column, from the top
+    index: int  # position in GraphLayout.nodes
+    name: str  # the name given to draw_graph, else v1, v2, ... in drawing order
+    op: str | None  # the op and its parameters, e.g. "MulScalar(2)"; None for a leaf
+    shape: str  # "(3, 4)"; "not computed" for a lazy node without a value yet
+    kind: str  # a key of NODE_KINDS
+    grad_of: tuple[str, ...]  # the names of the nodes whose .grad this node is (kept gradients)
+    depth: int  # column: leaves one left of their first consumer, ops 1 + inputs
+    row: int  # position inside its column, from the top
 
 
 @dataclass(frozen=True)
@@ -231,8 +244,10 @@ class GraphLayout:
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{sum(n.kind == k for n in self.nodes)} {k}" for k in NODE_KINDS)
-        return (f"GraphLayout({len(self.nodes)} nodes: {kinds}; {len(self.edges)} edges; "
-                f"{len(self.grad_links)} kept gradients)")
+        return (
+            f"GraphLayout({len(self.nodes)} nodes: {kinds}; {len(self.edges)} edges; "
+            f"{len(self.grad_links)} kept gradients)"
+        )
 
     def _repr_png_(self) -> bytes:
         return figure_png(self.figure(), dpi=110)
@@ -241,8 +256,9 @@ class GraphLayout:
         """The graph as a matplotlib Figure: inputs on the left, arrows from input to consumer."""
         from matplotlib.figure import Figure
         from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
-        dx, dy, width, height, inch = 2.3, 1.05, 1.8, 0.78, 0.8
         from matplotlib.path import Path as CurvePath
+
+        dx, dy, width, height, inch = 2.3, 1.05, 1.8, 0.78, 0.8
         columns, rows = len(self.heights), max(self.heights)
 
         def place(depth: int, row: int) -> tuple[float, float]:
@@ -250,8 +266,10 @@ class GraphLayout:
 
         at = [place(n.depth, n.row) for n in self.nodes]
         x_lim = (-width / 2 - 0.15, (columns - 1) * dx + width / 2 + 0.15)
-        y_lim = (-(rows - 1) / 2 * dy - height / 2 - 0.9,
-                 (rows - 1) / 2 * dy + height / 2 + (0.6 if self.title else 0.15))
+        y_lim = (
+            -(rows - 1) / 2 * dy - height / 2 - 0.9,
+            (rows - 1) / 2 * dy + height / 2 + (0.6 if self.title else 0.15),
+        )
         fig = Figure(figsize=((x_lim[1] - x_lim[0]) * inch, (y_lim[1] - y_lim[0]) * inch))
         ax = fig.add_axes((0, 0, 1, 1))
         ax.set_xlim(*x_lim)
@@ -259,27 +277,57 @@ class GraphLayout:
         ax.axis("off")
         for node, (x, y) in zip(self.nodes, at):
             kept = bool(node.grad_of)
-            box = FancyBboxPatch((x - width / 2, y - height / 2), width, height,
-                                 boxstyle="round,pad=0,rounding_size=0.12",
-                                 facecolor=NODE_KINDS[node.kind][0], linewidth=2.2 if kept else 0.8,
-                                 edgecolor=KEPT_GRAD_COLOUR if kept else "#444444", gid="node")
+            box = FancyBboxPatch(
+                (x - width / 2, y - height / 2),
+                width,
+                height,
+                boxstyle="round,pad=0,rounding_size=0.12",
+                facecolor=NODE_KINDS[node.kind][0],
+                linewidth=2.2 if kept else 0.8,
+                edgecolor=KEPT_GRAD_COLOUR if kept else "#444444",
+                gid="node",
+            )
             ax.add_patch(box)
             name = " = ".join([node.name] + [f"{owner}.grad" for owner in node.grad_of])
-            what = node.op if node.op is not None else (
-                "requires_grad" if node.kind == "parameter" else "constant")
+            what = (
+                node.op
+                if node.op is not None
+                else ("requires_grad" if node.kind == "parameter" else "constant")
+            )
             text = f"{name}\n{what}\n{node.shape}"
             longest = max(len(line) for line in text.splitlines())
-            ax.text(x, y, text, ha="center", va="center", linespacing=1.25,
-                    fontsize=min(7.0, 7.0 * 24 / longest), family="DejaVu Sans")
+            ax.text(
+                x,
+                y,
+                text,
+                ha="center",
+                va="center",
+                linespacing=1.25,
+                fontsize=min(7.0, 7.0 * 24 / longest),
+                family="DejaVu Sans",
+            )
         seen: dict = {}
-        style = dict(arrowstyle="-|>", mutation_scale=9, linewidth=0.9, color="#333333",
-                     shrinkA=0, shrinkB=0, gid="edge")
+        style = dict(
+            arrowstyle="-|>",
+            mutation_scale=9,
+            linewidth=0.9,
+            color="#333333",
+            shrinkA=0,
+            shrinkB=0,
+            gid="edge",
+        )
         for (source, target), bends in zip(self.edges, self.bends):
             (x0, y0), (x1, y1) = at[source], at[target]
             if not bends:  # adjacent columns; a repeated edge (x * x) bends away from the first
                 k = seen[source, target] = seen.get((source, target), -1) + 1
-                ax.add_patch(FancyArrowPatch((x0 + width / 2, y0), (x1 - width / 2, y1),
-                                             connectionstyle=f"arc3,rad={0.25 * k}", **style))
+                ax.add_patch(
+                    FancyArrowPatch(
+                        (x0 + width / 2, y0),
+                        (x1 - width / 2, y1),
+                        connectionstyle=f"arc3,rad={0.25 * k}",
+                        **style,
+                    )
+                )
                 continue
             # through the free slots of the columns it crosses, as smooth S-curves between them
             points = [(x0 + width / 2, y0)]
@@ -296,17 +344,32 @@ class GraphLayout:
                     vertices.append(points[i + 2])
                     codes.append(CurvePath.LINETO)
             ax.add_patch(FancyArrowPatch(path=CurvePath(vertices, codes), **style))
-        handles = [Patch(facecolor=colour, edgecolor="#444444", label=label)
-                   for kind, (colour, label) in NODE_KINDS.items()
-                   if any(n.kind == kind for n in self.nodes)]
+        handles = [
+            Patch(facecolor=colour, edgecolor="#444444", label=label)
+            for kind, (colour, label) in NODE_KINDS.items()
+            if any(n.kind == kind for n in self.nodes)
+        ]
         if self.grad_links:
-            handles.append(Patch(facecolor="white", edgecolor=KEPT_GRAD_COLOUR, linewidth=2.2,
-                                 label="kept gradient (.grad)"))
-        ax.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7,
-                  frameon=False, bbox_to_anchor=(0.5, 0.0))
+            handles.append(
+                Patch(
+                    facecolor="white",
+                    edgecolor=KEPT_GRAD_COLOUR,
+                    linewidth=2.2,
+                    label="kept gradient (.grad)",
+                )
+            )
+        ax.legend(
+            handles=handles,
+            loc="lower center",
+            ncol=len(handles),
+            fontsize=7,
+            frameon=False,
+            bbox_to_anchor=(0.5, 0.0),
+        )
         if self.title:
-            ax.text(sum(x_lim) / 2, y_lim[1] - 0.25, self.title, ha="center", va="center",
-                    fontsize=9)
+            ax.text(
+                sum(x_lim) / 2, y_lim[1] - 0.25, self.title, ha="center", va="center", fontsize=9
+            )
         return fig
 
 
@@ -334,26 +397,32 @@ def _shape_label(value) -> str:
     return str(tuple(data.shape))
 
 
-def draw_graph(*outputs, names: Mapping[str, object] | None = None,
-               grads: bool | Mapping[object, object] = True,
-               title: str | None = None) -> GraphLayout:
+def draw_graph(
+    *outputs,
+    names: Mapping[str, object] | None = None,
+    grads: bool | Mapping[object, object] = True,
+    title: str | None = None,
+) -> GraphLayout:
     """Lay out the graph that produced ``outputs`` (needle Tensors or TensorTuples).
 
     The forward graph is every node reachable through ``inputs``. With ``grads`` (default), each
     of its nodes whose ``.grad`` is set adds that gradient and everything it reaches: after a
     default ``backward()`` this is the backward pass's extension of the graph, whose inputs lead
     back into the forward nodes. ``grads`` may instead map forward nodes to gradient nodes kept
-    elsewhere (``{W1: dW1}``); ``grads=False`` draws the forward graph alone. ``names`` maps a label to a node (``{"x1": x1}``); the other
-    nodes are called v1, v2, ... in order. Nothing is computed: a lazy node shows "not computed".
+    elsewhere (``{W1: dW1}``); ``grads=False`` draws the forward graph alone. ``names`` maps a
+    label to a node (``{"x1": x1}``, matplotlib's ``$...$`` math allowed); the other nodes are
+    called v1, v2, ... in order. Nothing is computed: a lazy node shows "not computed".
     Returns a GraphLayout (drawn inline in Jupyter; ``.figure()`` gives the matplotlib Figure).
     """
     from needle.autograd import Value, find_topo_sort
+
     if not outputs:
         raise ValueError("draw_graph needs at least one output node")
     for out in outputs:
         if not isinstance(out, Value):
-            raise TypeError(f"draw_graph draws needle Tensors/TensorTuples, got "
-                            f"{type(out).__name__}")
+            raise TypeError(
+                f"draw_graph draws needle Tensors/TensorTuples, got {type(out).__name__}"
+            )
     forward = find_topo_sort(list(outputs))
     in_forward = {id(v) for v in forward}
     order, seen = list(forward), set(in_forward)
@@ -361,8 +430,10 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
     if isinstance(grads, Mapping):
         for node, grad in grads.items():
             if not isinstance(node, Value) or not isinstance(grad, Value):
-                raise TypeError("draw_graph: grads maps needle nodes to needle nodes, got "
-                                f"{type(node).__name__} -> {type(grad).__name__}")
+                raise TypeError(
+                    "draw_graph: grads maps needle nodes to needle nodes, got "
+                    f"{type(node).__name__} -> {type(grad).__name__}"
+                )
             if id(node) not in in_forward:
                 raise ValueError("draw_graph: a key of grads is not a node of the forward graph")
             kept.append((node, grad))
@@ -377,8 +448,9 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
     given = {}
     for label, value in (names or {}).items():
         if not isinstance(value, Value):
-            raise TypeError(f"draw_graph: names[{label!r}] is a {type(value).__name__}, not a "
-                            "needle node")
+            raise TypeError(
+                f"draw_graph: names[{label!r}] is a {type(value).__name__}, not a needle node"
+            )
         if id(value) not in index:
             raise ValueError(f"draw_graph: names[{label!r}] is not a node of this graph")
         given[id(value)] = label
@@ -419,9 +491,18 @@ def draw_graph(*outputs, names: Mapping[str, object] | None = None,
             kind = "parameter" if v.requires_grad else "constant"
         else:
             kind = "forward" if id(v) in in_forward else "backward"
-        nodes.append(DrawnNode(i, labels[i], None if v.op is None else _op_label(v.op),
-                               _shape_label(v), kind, tuple(labels[o] for o in owners.get(i, ())),
-                               depth[i], rows[i]))
+        nodes.append(
+            DrawnNode(
+                i,
+                labels[i],
+                None if v.op is None else _op_label(v.op),
+                _shape_label(v),
+                kind,
+                tuple(labels[o] for o in owners.get(i, ())),
+                depth[i],
+                rows[i],
+            )
+        )
     links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
     return GraphLayout(tuple(nodes), edges, links, bends, heights, title)
 
@@ -445,6 +526,7 @@ def _rows(depth: list[int], edges) -> list[int]:
 
     for sweep in range(4):
         for d in sorted(columns, reverse=sweep % 2 == 1):
+
             def centre(i: int) -> float:
                 around = [offset(j) for j in neighbours[i] if depth[j] != d]
                 return sum(around) / len(around) if around else offset(i)

@@ -4,15 +4,20 @@
 every op (``ndl.relu``, ``ndl.ops.relu``), devices (``ndl.cpu()``, ``ndl.cuda()``), and the
 submodules ``init``, ``nn``, ``optim``, ``data`` and ``backend_ndarray``.
 """
-from . import ops
-from .ops import *
-from .autograd import Op, Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
-from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from . import autograd
-from . import init
-from .init import ones, zeros, zeros_like, ones_like
-from . import data
-from . import nn
-from . import optim
-from . import backend_ndarray
+
+from . import autograd, backend_ndarray, data, init, nn, ops, optim
+from .autograd import (
+    Op,
+    Tensor,
+    TensorOp,
+    TensorTuple,
+    TensorTupleOp,
+    Value,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from .backend_selection import *
+from .init import ones, ones_like, zeros, zeros_like
+from .ops import *

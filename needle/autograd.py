@@ -6,14 +6,27 @@ the array it holds (``cached_data``). A :class:`Tensor` holds one array, a
 vector-Jacobian product with needle ops (``gradient``), so a gradient is itself a differentiable
 graph and second derivatives work.
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
 from functools import reduce
 from operator import add
-from typing import (TYPE_CHECKING, Any, Dict, Generic, Iterable, Iterator, List, Optional,
-                    Sequence, Tuple, TypeVar, Union)
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Generic,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import numpy
 
@@ -148,6 +161,7 @@ class Value:
     _zero_adjoint = False
 
     if TYPE_CHECKING:  # every node type (Tensor, TensorTuple) has one
+
         def detach(self) -> "Value": ...
 
     def realize_cached_data(self) -> Any:
@@ -182,8 +196,15 @@ class Value:
         if "op" in self.__dict__:  # only initialised Values were counted
             TENSOR_COUNTER -= 1
 
-    def _init(self, op: Optional[Op[Any]], inputs: Sequence["Value"], *, num_outputs: int = 1,
-              cached_data: Any = None, requires_grad: Optional[bool] = None) -> None:
+    def _init(
+        self,
+        op: Optional[Op[Any]],
+        inputs: Sequence["Value"],
+        *,
+        num_outputs: int = 1,
+        cached_data: Any = None,
+        requires_grad: Optional[bool] = None,
+    ) -> None:
         global TENSOR_COUNTER
         if requires_grad is None:
             requires_grad = _grad_mode.enabled and any(x.requires_grad for x in inputs)
@@ -231,8 +252,10 @@ class Value:
         elif len(inputs) == 2:
             x, y = inputs
             data, other = x.cached_data, y.cached_data
-            value.cached_data = op.compute(x.realize_cached_data() if data is None else data,
-                                           y.realize_cached_data() if other is None else other)
+            value.cached_data = op.compute(
+                x.realize_cached_data() if data is None else data,
+                y.realize_cached_data() if other is None else other,
+            )
         else:
             value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
         TENSOR_COUNTER += 1
@@ -251,6 +274,7 @@ class TensorTuple(Value):
     cached_data: Optional[Tuple[NDArray, ...]]
 
     if TYPE_CHECKING:  # the inherited method, with this node type's array
+
         def realize_cached_data(self) -> Tuple[NDArray, ...]: ...
 
     def __len__(self) -> int:
@@ -278,7 +302,9 @@ class TensorTuple(Value):
     def __add__(self, other: "TensorTuple") -> "TensorTuple":
         """Component-wise sum of two tuples of the same length."""
         if not isinstance(other, TensorTuple):
-            raise TypeError(f"can only add a TensorTuple to a TensorTuple, got {type(other).__name__}")
+            raise TypeError(
+                f"can only add a TensorTuple to a TensorTuple, got {type(other).__name__}"
+            )
         if len(self) != len(other):
             raise ValueError(f"cannot add TensorTuples of lengths {len(self)} and {len(other)}")
         parts = []
@@ -314,7 +340,8 @@ class Tensor(Value):
 
     ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` copies ``array`` (a numpy
     array, nested list, NDArray or Tensor) to ``device`` (default: ``default_tensor_device()``,
-    the compiled ``cpu()`` when it is built; an NDArray or Tensor stays on its own device). On the numpy backend ``dtype=None`` keeps numpy's
+    the compiled ``cpu()`` when it is built; an NDArray or Tensor stays on its own device). On the
+    numpy backend ``dtype=None`` keeps numpy's
     dtype (as in the course); on the NDArray backend every array is float32. An unknown keyword
     argument is a TypeError naming it.
     """
@@ -328,10 +355,17 @@ class Tensor(Value):
     __array_ufunc__ = None
 
     if TYPE_CHECKING:  # the inherited method, with this node type's array
+
         def realize_cached_data(self) -> NDArray: ...
 
-    def __init__(self, array: Any, *, device: Optional[Device] = None, dtype: Any = None,
-                 requires_grad: bool = True):
+    def __init__(
+        self,
+        array: Any,
+        *,
+        device: Optional[Device] = None,
+        dtype: Any = None,
+        requires_grad: bool = True,
+    ):
         if isinstance(array, Tensor):
             if device is None:
                 device = array.device
@@ -369,16 +403,20 @@ class Tensor(Value):
         if not isinstance(value, Tensor):
             raise TypeError(f"Tensor.data must be set to a Tensor, got {type(value).__name__}")
         if value.dtype != self.dtype:
-            raise TypeError(f"cannot assign data of dtype {value.dtype} to a tensor of dtype "
-                            f"{self.dtype}")
+            raise TypeError(
+                f"cannot assign data of dtype {value.dtype} to a tensor of dtype {self.dtype}"
+            )
         if value.device != self.device:
-            raise ValueError(f"cannot assign data on device {value.device} to a tensor on device "
-                             f"{self.device}")
+            raise ValueError(
+                f"cannot assign data on device {value.device} to a tensor on device {self.device}"
+            )
         array = value.realize_cached_data()
         if tuple(value.shape) != tuple(self.shape):
             if _squeezed(value.shape) != _squeezed(self.shape):
-                raise ValueError(f"cannot assign data of shape {tuple(value.shape)} to a tensor of "
-                                 f"shape {tuple(self.shape)}")
+                raise ValueError(
+                    f"cannot assign data of shape {tuple(value.shape)} to a tensor of "
+                    f"shape {tuple(self.shape)}"
+                )
             array = array.compact().reshape(tuple(self.shape))
         self.replace_array(array)
 
@@ -419,11 +457,14 @@ class Tensor(Value):
         elif not isinstance(out_grad, Tensor):
             raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
         elif tuple(out_grad.shape) != tuple(self.shape):
-            raise ValueError(f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
-                             f"{tuple(self.shape)}")
+            raise ValueError(
+                f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
+                f"{tuple(self.shape)}"
+            )
         elif out_grad.device != self.device:
-            raise ValueError(f"backward's out_grad is on {out_grad.device}, the tensor on "
-                             f"{self.device}")
+            raise ValueError(
+                f"backward's out_grad is on {out_grad.device}, the tensor on {self.device}"
+            )
         compute_gradient_of_variables(self, out_grad, create_graph=create_graph)
 
     def __repr__(self) -> str:
@@ -456,7 +497,9 @@ class Tensor(Value):
     def __sub__(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return needle.ops.EWiseAdd()(self, needle.ops.Negate()(other))
-        return needle.ops.AddScalar(-needle.ops.ops_mathematic.scalar_value(other, "subtract"))(self)
+        return needle.ops.AddScalar(-needle.ops.ops_mathematic.scalar_value(other, "subtract"))(
+            self
+        )
 
     def __rsub__(self, other: Any) -> "Tensor":
         """``other - self`` for a scalar ``other`` (an extension: the course has no __rsub__)."""
@@ -498,8 +541,9 @@ class Tensor(Value):
     __rmul__ = __mul__
 
 
-def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
-                                  create_graph: bool = True) -> None:
+def compute_gradient_of_variables(
+    output_tensor: Value, out_grad: Value, *, create_graph: bool = True
+) -> None:
     """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for the leaves.
 
     Walks ``reversed(find_topo_sort([output_tensor]))``; a node's adjoint is the sum of the
@@ -530,8 +574,7 @@ def compute_gradient_of_variables(output_tensor: Value, out_grad: Value, *,
             if op.selects_component:
                 source = node.inputs[0]
                 if source.requires_grad:
-                    component_grads.setdefault(source, {}).setdefault(
-                        op.index, []).append(grad)
+                    component_grads.setdefault(source, {}).setdefault(op.index, []).append(grad)
                 continue
             for inp, inp_grad in zip(node.inputs, op.gradient_as_tuple(grad, node)):
                 if inp_grad is not None and inp.requires_grad:

@@ -20,6 +20,7 @@ compiled device modules (``needle.backend_ndarray`` loads those lazily).
 Unlike the NDArray backend, arrays keep numpy's dtype (``dtype=None`` keeps the input's, as in
 the course), and comparisons return numpy booleans.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -84,12 +85,21 @@ class NDArray(numpy.ndarray):
         if len(shape) != len(strides) or any(s < 0 for s in strides):
             raise ValueError(f"as_strided: bad shape {shape} / strides {strides}")
         base = self.compact()
-        if math.prod(shape) > 0 and builtins.sum((n - 1) * s for n, s in zip(shape, strides)) >= base.size:
-            raise ValueError(f"as_strided: shape {shape} with strides {strides} leaves the buffer "
-                             f"of {base.size} elements")
+        if (
+            math.prod(shape) > 0
+            and builtins.sum((n - 1) * s for n, s in zip(shape, strides)) >= base.size
+        ):
+            raise ValueError(
+                f"as_strided: shape {shape} with strides {strides} leaves the buffer "
+                f"of {base.size} elements"
+            )
         # subok=True keeps the subclass (numpy's stubs say ndarray; so in the casts around here)
-        return cast(NDArray, numpy.lib.stride_tricks.as_strided(
-            base, shape, tuple(s * base.itemsize for s in strides), subok=True, writeable=False))
+        return cast(
+            NDArray,
+            numpy.lib.stride_tricks.as_strided(
+                base, shape, tuple(s * base.itemsize for s in strides), subok=True, writeable=False
+            ),
+        )
 
     def flip(self, axes) -> "NDArray":
         """A compact copy reversed along ``axes`` (an int or a tuple; None: every axis)."""
@@ -99,19 +109,23 @@ class NDArray(numpy.ndarray):
         """Zero padding: ``axes`` holds one (before, after) pair per dimension."""
         axes = tuple(tuple(int(v) for v in a) for a in axes)
         if len(axes) != self.ndim or any(len(a) != 2 or min(a) < 0 for a in axes):
-            raise ValueError(f"pad needs one non-negative (before, after) pair per dimension of "
-                             f"shape {self.shape}, got {axes}")
+            raise ValueError(
+                f"pad needs one non-negative (before, after) pair per dimension of "
+                f"shape {self.shape}, got {axes}"
+            )
         return numpy.pad(self, axes).view(NDArray)
 
     # sum and max have NDArray's signature, not numpy's (an override mypy flags): always an array
     def sum(  # type: ignore[override]
-            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
+        self, axis=None, keepdims: bool = False, **kwargs
+    ) -> "NDArray":
         """Sum over ``axis`` (None, an int or a tuple); always an array (0-d for a full sum)."""
         out = numpy.ndarray.sum(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
 
     def max(  # type: ignore[override]
-            self, axis=None, keepdims: bool = False, **kwargs) -> "NDArray":
+        self, axis=None, keepdims: bool = False, **kwargs
+    ) -> "NDArray":
         """Maximum over ``axis`` (ValueError over an empty axis); always an array."""
         out = numpy.ndarray.max(self, axis=axis, keepdims=keepdims, **kwargs)
         return out if isinstance(out, NDArray) else numpy.asarray(out).view(NDArray)
@@ -120,6 +134,7 @@ class NDArray(numpy.ndarray):
 def _kernel_method(name: str, kernel):
     def method(self: NDArray, *args) -> NDArray:
         return kernel(self, *args)
+
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"``{name}``, element-wise (``numpy_kernels``), with numpy's broadcasting."
     return method
@@ -280,24 +295,29 @@ def prod(x) -> int:
     return math.prod(x)
 
 
-# ---- fused kernels: checked against fused_spec, computed by numpy_kernels -------------------------
-def _check(kernel: spec.FusedKernel, arrays: tuple, **scalars) -> tuple:
+# ---- fused kernels: checked against fused_spec, computed by numpy_kernels ------------------------
+def _check(kernel: spec.FusedKernel, arrays: tuple, given: tuple = (), **scalars) -> tuple:
     """The kernel's sizes, after checking that each of ``arrays`` (its inputs, in order) is a
-    numpy array (TypeError) and that their shapes fit ``kernel`` (ValueError)."""
+    numpy array (TypeError) and that their shapes and the ``given`` sizes fit ``kernel``
+    (ValueError)."""
     for op, a in zip(kernel.inputs, arrays):
         if not isinstance(a, numpy.ndarray):
-            raise TypeError(f"{kernel.api_name}: {op.name} must be a numpy array, got "
-                            f"{type(a).__name__}")
-    return kernel.check([a.shape for a in arrays], scalars)
+            raise TypeError(
+                f"{kernel.api_name}: {op.name} must be a numpy array, got {type(a).__name__}"
+            )
+    return kernel.check([a.shape for a in arrays], scalars, given)
 
 
-def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars):
+def _run(kernel: spec.FusedKernel, compute, arrays: tuple, *scalars, given: tuple = ()):
     """``compute`` (a numpy kernel) on ``arrays`` reshaped to the shapes ``kernel`` gives them
-    (a (1, C) bias becomes (C,)), its results viewed as the first array's class."""
-    dims = _check(kernel, arrays, **dict(zip(kernel.scalars, scalars)))
-    inputs = [a if op.match in ("source", "shape or ()") else a.reshape(op.shape(*dims))
-              for op, a in zip(kernel.inputs, arrays)]
-    out = compute(*inputs, *scalars)
+    (a (1, C) bias becomes (C,)) and the ``given`` sizes, its results viewed as the first
+    array's class."""
+    dims = _check(kernel, arrays, given, **dict(zip(kernel.scalars, scalars)))
+    inputs = [
+        a if op.match in ("source", "shape or ()") else a.reshape(op.shape(*dims))
+        for op, a in zip(kernel.inputs, arrays)
+    ]
+    out = compute(*inputs, *dims[len(dims) - len(given) :], *scalars)
     cls = type(arrays[0])
     if isinstance(out, tuple):
         return tuple(numpy.asarray(o).view(cls) for o in out)
@@ -310,8 +330,9 @@ def softmax_xent(logits: numpy.ndarray, labels: numpy.ndarray) -> tuple:
     return _run(spec.SOFTMAX_XENT, kernels.softmax_xent, (logits, labels))
 
 
-def softmax_xent_bwd(probs: numpy.ndarray, labels: numpy.ndarray, dloss: numpy.ndarray,
-                     scale: float = 1.0) -> numpy.ndarray:
+def softmax_xent_bwd(
+    probs: numpy.ndarray, labels: numpy.ndarray, dloss: numpy.ndarray, scale: float = 1.0
+) -> numpy.ndarray:
     """``(probs - one_hot(labels)) * dloss[:, None] * scale``: the logits' gradient, shape
     (N, C); ``dloss`` (N,) or () is the adjoint of the per-row losses."""
     return _run(spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd, (probs, labels, dloss), scale)
@@ -322,8 +343,9 @@ def layernorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: flo
     return _run(spec.LAYERNORM_FWD, kernels.layernorm_fwd, (x, w, b), eps)
 
 
-def layernorm_bwd(dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray,
-                  w: numpy.ndarray) -> tuple:
+def layernorm_bwd(
+    dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray, w: numpy.ndarray
+) -> tuple:
     """The exact gradients ``(dx (R, C), dw (C,), db (C,))`` of :func:`layernorm_fwd`."""
     return _run(spec.LAYERNORM_BWD, kernels.layernorm_bwd, (dy, xhat, rstd, w))
 
@@ -333,8 +355,9 @@ def batchnorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: flo
     return _run(spec.BATCHNORM_FWD, kernels.batchnorm_fwd, (x, w, b), eps)
 
 
-def batchnorm_bwd(dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray,
-                  w: numpy.ndarray) -> tuple:
+def batchnorm_bwd(
+    dy: numpy.ndarray, xhat: numpy.ndarray, rstd: numpy.ndarray, w: numpy.ndarray
+) -> tuple:
     """The exact gradients ``(dx (N, C), dw (C,), db (C,))`` of :func:`batchnorm_fwd`."""
     return _run(spec.BATCHNORM_BWD, kernels.batchnorm_bwd, (dy, xhat, rstd, w))
 
@@ -344,20 +367,32 @@ def lstm_cell_fwd(gates: numpy.ndarray, c_prev: numpy.ndarray) -> tuple:
     return _run(spec.LSTM_CELL_FWD, kernels.lstm_cell_fwd, (gates, c_prev))
 
 
-def lstm_cell_bwd(dh: numpy.ndarray, dc: numpy.ndarray, act: numpy.ndarray,
-                  c_prev: numpy.ndarray, tanh_c: numpy.ndarray) -> tuple:
+def lstm_cell_bwd(
+    dh: numpy.ndarray,
+    dc: numpy.ndarray,
+    act: numpy.ndarray,
+    c_prev: numpy.ndarray,
+    tanh_c: numpy.ndarray,
+) -> tuple:
     """The exact gradients ``(dgates (B, 4H), dc_prev (B, H))`` of :func:`lstm_cell_fwd`."""
     return _run(spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd, (dh, dc, act, c_prev, tanh_c))
 
 
 def _writable(fn: str, param: numpy.ndarray) -> None:
     if not param.flags.writeable:
-        raise ValueError(f"{fn}: param is a read-only array (a broadcast view?) and cannot be "
-                         "updated in place")
+        raise ValueError(
+            f"{fn}: param is a read-only array (a broadcast view?) and cannot be updated in place"
+        )
 
 
-def sgd_update_(param: numpy.ndarray, grad: numpy.ndarray, buf: numpy.ndarray, lr: float,
-                momentum: float, weight_decay: float) -> None:
+def sgd_update_(
+    param: numpy.ndarray,
+    grad: numpy.ndarray,
+    buf: numpy.ndarray,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+) -> None:
     """In place: g = grad + weight_decay·param; buf = momentum·buf + (1 - momentum)·g;
     param -= lr·buf. ``buf`` has param's shape (zeros before the first step)."""
     _check(spec.SGD_UPDATE, (param, grad, buf))
@@ -365,11 +400,44 @@ def sgd_update_(param: numpy.ndarray, grad: numpy.ndarray, buf: numpy.ndarray, l
     kernels.sgd_update(param, grad, buf, float(lr), float(momentum), float(weight_decay))
 
 
-def adam_update_(param: numpy.ndarray, grad: numpy.ndarray, m: numpy.ndarray, v: numpy.ndarray,
-                 lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                 step: int) -> None:
+def adam_update_(
+    param: numpy.ndarray,
+    grad: numpy.ndarray,
+    m: numpy.ndarray,
+    v: numpy.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     """In place: one Adam step with bias corrections for ``step`` ≥ 1 (see fused.py)."""
     _check(spec.ADAM_UPDATE, (param, grad, m, v), step=step)
     _writable("adam_update_", param)
-    kernels.adam_update(param, grad, m, v, float(lr), float(beta1), float(beta2), float(eps),
-                        float(weight_decay), int(step))
+    kernels.adam_update(
+        param,
+        grad,
+        m,
+        v,
+        float(lr),
+        float(beta1),
+        float(beta2),
+        float(eps),
+        float(weight_decay),
+        int(step),
+    )
+
+
+def embedding_gather(weight: numpy.ndarray, ids: numpy.ndarray) -> numpy.ndarray:
+    """The rows of ``weight`` (V, D) picked by the whole numbers ``ids`` (N,): (N, D);
+    IndexError for an id outside [0, V)."""
+    return _run(spec.EMBEDDING_GATHER, kernels.embedding_gather, (weight, ids))
+
+
+def embedding_scatter_add(grad: numpy.ndarray, ids: numpy.ndarray, vocab: int) -> numpy.ndarray:
+    """Zeros (vocab, D) with each row of ``grad`` (N, D) added to row ``ids[r]`` (repeats
+    accumulate): the adjoint of :func:`embedding_gather`."""
+    return _run(
+        spec.EMBEDDING_SCATTER_ADD, kernels.embedding_scatter_add, (grad, ids), given=(vocab,)
+    )

@@ -5,6 +5,7 @@ CPU and CUDA device modules; ``NEEDLE_BACKEND=np`` uses numpy arrays
 (``needle.backend_numpy.NDArray``, a ``numpy.ndarray`` subclass with NDArray's methods). Any
 other value raises ``RuntimeError`` at import.
 """
+
 import os
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,9 @@ elif BACKEND == "np":
 
     Device = array_api.Device
 else:
-    raise RuntimeError(f"Unknown needle array backend {BACKEND!r}: set NEEDLE_BACKEND to 'nd' or 'np'")
+    raise RuntimeError(
+        f"Unknown needle array backend {BACKEND!r}: set NEEDLE_BACKEND to 'nd' or 'np'"
+    )
 
 # Both array modules expose the same device functions.
 NDArray = array_api.NDArray
@@ -35,5 +38,15 @@ cuda = array_api.cuda
 default_device = array_api.default_device
 default_tensor_device = array_api.default_tensor_device
 
-__all__ = ["BACKEND", "array_api", "NDArray", "Device", "all_devices", "cpu", "cpu_numpy", "cuda",
-           "default_device", "default_tensor_device"]
+__all__ = [
+    "BACKEND",
+    "array_api",
+    "NDArray",
+    "Device",
+    "all_devices",
+    "cpu",
+    "cpu_numpy",
+    "cuda",
+    "default_device",
+    "default_tensor_device",
+]

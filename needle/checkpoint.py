@@ -12,10 +12,12 @@ of modules into segments of ``every`` modules, each checkpointed (every=1 keeps 
 segment boundaries; the sqrt(N) rule takes segments of about sqrt(N) modules).
 
 Limits: second derivatives through a checkpoint are not supported: the gradients it gives are
-exact, and differentiating one of them again raises NotImplementedError. numpy's global random state is saved at
+exact, and differentiating one of them again raises NotImplementedError. numpy's global random state
+is saved at
 forward and restored for the recomputation, so Dropout masks are the same both times; a module
 that updates state in forward (BatchNorm's running statistics) updates it twice.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +60,7 @@ class CheckpointOp(TensorOp):
                 out = self.fn(x)
             self._refuse_unlisted_leaves(out, x)
             if out.requires_grad:
-                autograd.compute_gradient_of_variables(out, out_grad.detach(),
-                                                       create_graph=False)
+                autograd.compute_gradient_of_variables(out, out_grad.detach(), create_graph=False)
             found = [x.grad] + [p.grad for p in self.params]
         finally:
             np.random.set_state(state_now)
@@ -74,20 +75,24 @@ class CheckpointOp(TensorOp):
         inputs = [out_grad, *node.inputs]
         return tuple(FirstOrderOnly(g.realize_cached_data())(*inputs) for g in grads)
 
-
     def _refuse_unlisted_leaves(self, out: Tensor, x: Tensor) -> None:
         """ValueError naming each tensor fn used that needs a gradient but is neither the input
         nor in ``params``: its gradient cannot be routed through the checkpoint, and it would
         otherwise end up with only part of it (the uses outside the block)."""
         listed = {id(x), *(id(p) for p in self.params)}
-        unlisted = [node for node in autograd.find_topo_sort([out])
-                    if node.op is None and node.requires_grad and id(node) not in listed]
+        unlisted = [
+            node
+            for node in autograd.find_topo_sort([out])
+            if node.op is None and node.requires_grad and id(node) not in listed
+        ]
         if unlisted:
             # leaves of fn's graph are Tensors
             shapes = ", ".join(f"shape {tuple(cast(Tensor, t).shape)}" for t in unlisted)
-            raise ValueError(f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
-                             f"gradient but are not in params ({shapes}); list every such "
-                             f"tensor in params (a module's parameters())")
+            raise ValueError(
+                f"checkpoint: fn uses {len(unlisted)} tensor(s) that require a "
+                f"gradient but are not in params ({shapes}); list every such "
+                f"tensor in params (a module's parameters())"
+            )
 
 
 class FirstOrderOnly(TensorOp):
@@ -101,8 +106,10 @@ class FirstOrderOnly(TensorOp):
         return self.value
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        raise NotImplementedError("second derivatives through a checkpoint are not supported: "
-                                  "its gradient is computed by a separate pass")
+        raise NotImplementedError(
+            "second derivatives through a checkpoint are not supported: "
+            "its gradient is computed by a separate pass"
+        )
 
 
 def _zeros_like(t: Tensor) -> Tensor:
@@ -110,13 +117,15 @@ def _zeros_like(t: Tensor) -> Tensor:
     return Tensor.make_const(t.realize_cached_data() * 0)
 
 
-def checkpoint(fn: Callable[[Tensor], Tensor], x: Tensor,
-               params: Optional[Sequence[Tensor]] = None) -> Tensor:
+def checkpoint(
+    fn: Callable[[Tensor], Tensor], x: Tensor, params: Optional[Sequence[Tensor]] = None
+) -> Tensor:
     """``fn(x)`` without keeping fn's activations; they are recomputed in backward.
 
     ``params`` lists every tensor ``fn`` uses that needs a gradient (a module's
     ``parameters()``); backward raises ValueError naming any such tensor left out (it would
-    otherwise get only the part of its gradient from outside the block). The result has fn's output shape, and
+    otherwise get only the part of its gradient from outside the block). The result has fn's output
+    shape, and
     its gradients equal those of calling ``fn(x)`` directly.
     """
     if not isinstance(x, Tensor):
@@ -152,8 +161,9 @@ def checkpoint_sequential(modules: Sequence[Module], every: int) -> Sequential:
         raise ValueError(f"checkpoint_sequential: every must be a positive int, got {every!r}")
     if not modules:
         raise ValueError("checkpoint_sequential: no modules given")
-    segments: List[Module] = [Checkpoint(Sequential(*modules[i:i + every]))
-                              for i in range(0, len(modules), every)]
+    segments: List[Module] = [
+        Checkpoint(Sequential(*modules[i : i + every])) for i in range(0, len(modules), every)
+    ]
     return Sequential(*segments)
 
 

@@ -18,6 +18,7 @@ the same order and (for gradients) that every rank has every gradient; otherwise
 raises the same ValueError naming the first difference, instead of summing unrelated numbers
 element-wise.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,10 @@ from needle.autograd import Tensor
 try:
     from mpi4py import MPI
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("needle.distributed needs mpi4py and an MPI library: "
-                      "pip install mpi4py mpich (or the needle[lectures] extra)") from error
+    raise ImportError(
+        "needle.distributed needs mpi4py and an MPI library: "
+        "pip install mpi4py mpich (or the needle[lectures] extra)"
+    ) from error
 
 # Seconds spent inside Allreduce/Bcast and bytes sent, since the last reset_comm_stats().
 _STATS: Dict[str, float] = {"seconds": 0.0, "bytes": 0, "calls": 0}
@@ -44,6 +47,7 @@ def _abort_on_uncaught_exception(previous_hook):
         previous_hook(kind, value, traceback)  # print the traceback first
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+
     return hook
 
 
@@ -93,16 +97,20 @@ def _param_list(params: Sequence[Tensor], what: str) -> List[Tensor]:
     return params
 
 
-def _agree(what: str, params: Sequence[Tensor],
-           grads: Optional[Sequence[Optional[Tensor]]] = None) -> None:
+def _agree(
+    what: str, params: Sequence[Tensor], grads: Optional[Sequence[Optional[Tensor]]] = None
+) -> None:
     """Raise the same ValueError on every rank unless all ranks pass parameters of the same
     shapes and dtypes in the same order and, given ``grads``, every rank has a gradient of its
     parameter's shape for every parameter. One small allgather (two when signatures differ)."""
     comm = MPI.COMM_WORLD
     signature = [(tuple(p.shape), str(p.dtype)) for p in params]
     digest = hashlib.sha256(repr(signature).encode()).hexdigest()
-    grads = [] if grads is None else [None if g is None else (tuple(g.shape), str(g.dtype))
-                                      for g in grads]
+    grads = (
+        []
+        if grads is None
+        else [None if g is None else (tuple(g.shape), str(g.dtype)) for g in grads]
+    )
     missing = [i for i, g in enumerate(grads) if g is None]
     misfit = [(i, g) for i, g in enumerate(grads) if g is not None and g != signature[i]]
     views = comm.allgather((digest, missing, misfit))
@@ -112,23 +120,31 @@ def _agree(what: str, params: Sequence[Tensor],
         for r, other in enumerate(signatures[1:], start=1):
             for i, (a, b) in enumerate(zip(first, other)):
                 if a != b:
-                    raise ValueError(f"{what}: parameter {i} is {_describe(a)} on rank 0 but "
-                                     f"{_describe(b)} on rank {r}: every rank must pass the same "
-                                     f"parameters in the same order")
+                    raise ValueError(
+                        f"{what}: parameter {i} is {_describe(a)} on rank 0 but "
+                        f"{_describe(b)} on rank {r}: every rank must pass the same "
+                        f"parameters in the same order"
+                    )
             if len(first) != len(other):
-                raise ValueError(f"{what}: rank 0 passes {len(first)} parameters, rank {r} "
-                                 f"passes {len(other)}: every rank must pass the same parameters "
-                                 f"in the same order")
+                raise ValueError(
+                    f"{what}: rank 0 passes {len(first)} parameters, rank {r} "
+                    f"passes {len(other)}: every rank must pass the same parameters "
+                    f"in the same order"
+                )
     for r, (_, rank_missing, rank_misfit) in enumerate(views):
         if rank_missing:
             i = rank_missing[0]
-            raise ValueError(f"{what}: parameter {i} ({_describe(signature[i])}) has no gradient "
-                             f"on rank {r} (it did not take part in that rank's loss?): every "
-                             f"rank must have every gradient")
+            raise ValueError(
+                f"{what}: parameter {i} ({_describe(signature[i])}) has no gradient "
+                f"on rank {r} (it did not take part in that rank's loss?): every "
+                f"rank must have every gradient"
+            )
         if rank_misfit:
             i, grad = rank_misfit[0]
-            raise ValueError(f"{what}: the gradient of parameter {i} is {_describe(grad)} on "
-                             f"rank {r}, the parameter {_describe(signature[i])}")
+            raise ValueError(
+                f"{what}: the gradient of parameter {i} is {_describe(grad)} on "
+                f"rank {r}, the parameter {_describe(signature[i])}"
+            )
 
 
 def _flat(tensors: Sequence[Tensor], what: str) -> np.ndarray:
@@ -152,8 +168,14 @@ def _unflat(flat: np.ndarray, like: Sequence[Tensor]) -> List[Tensor]:
     out, start = [], 0
     for t in like:
         n = int(np.prod(t.shape))
-        out.append(Tensor(flat[start:start + n].reshape(t.shape), device=t.device, dtype=t.dtype,
-                          requires_grad=False))
+        out.append(
+            Tensor(
+                flat[start : start + n].reshape(t.shape),
+                device=t.device,
+                dtype=t.dtype,
+                requires_grad=False,
+            )
+        )
         start += n
     return out
 
@@ -184,8 +206,9 @@ def broadcast_parameters(params: Sequence[Tensor], root: int = 0) -> None:
     params = _param_list(params, "broadcast_parameters")
     comm = MPI.COMM_WORLD
     if not 0 <= root < comm.Get_size():
-        raise ValueError(f"broadcast_parameters: root {root} is not a rank of a world of "
-                         f"{comm.Get_size()}")
+        raise ValueError(
+            f"broadcast_parameters: root {root} is not a rank of a world of {comm.Get_size()}"
+        )
     _agree("broadcast_parameters", params)
     flat = _flat(params, "broadcast_parameters")
     _collective(lambda: comm.Bcast(flat, root=root), flat)

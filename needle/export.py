@@ -20,16 +20,18 @@ naming the problem:
   input;
 - an exported graph whose onnxruntime output on that second input differs from needle's.
 
-``nn.Embedding`` (computed by needle as ``one_hot(ids) @ weight``, where the one-hot matrix is
-built in Python) exports as ``Cast`` + ``Gather``: while tracing, ``Embedding.forward`` is
-wrapped (in the class, restored afterwards; another thread's Embedding sees the wrapper too) to
-mark its output with an export-only op. The input is then the float ids, as needle takes them.
+``nn.Embedding`` (computed by needle as a gather whose ids are data held by the op, not a graph
+input) exports as ``Cast`` + ``Gather``: while tracing, ``Embedding.forward`` is wrapped (in
+the class, restored afterwards; another thread's Embedding sees the wrapper too) to mark its
+output with an export-only op when the ids depend on the input, which is then the float ids,
+as needle takes them; ids that do not (a positional embedding) export as a constant.
 ``stack``/``split`` export as ``Unsqueeze`` + ``Concat`` / ``Split`` + ``Squeeze``, so
 ``nn.RNN`` exports; an op with no ONNX translation (e.g. the fused LSTM layer or LayerNorm)
 raises NotImplementedError "not supported: <op>".
 
 Needs the ``onnx`` package (the ``lectures`` extra); the check needs ``onnxruntime``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,14 +43,15 @@ from needle import autograd, ops
 from needle.autograd import Tensor, TensorOp
 from needle.nn import Module
 from needle.nn.nn_sequence import Embedding
-from needle.ops import ops_conv
+from needle.ops import ops_conv, ops_fused
 
 try:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("needle.export needs the onnx package: pip install onnx (or the "
-                      "needle[lectures] extra)") from error
+    raise ImportError(
+        "needle.export needs the onnx package: pip install onnx (or the needle[lectures] extra)"
+    ) from error
 
 OPSET = 18  # reductions take their axes as an input (as ReduceSum does since 13)
 # The second-input check: |onnxruntime - needle| may reach this fraction of needle's largest
@@ -56,12 +59,14 @@ OPSET = 18  # reductions take their axes as an input (as ReduceSum does since 13
 CHECK_TOLERANCE = 1e-4
 
 _ELEMENTWISE = {
-    ops.EWiseAdd: "Add", ops.EWiseMul: "Mul", ops.EWiseDiv: "Div", ops.EWisePow: "Pow",
+    ops.EWiseAdd: "Add",
+    ops.EWiseMul: "Mul",
+    ops.EWiseDiv: "Div",
+    ops.EWisePow: "Pow",
     ops.MatMul: "MatMul",
 }
 _UNARY = {ops.Negate: "Neg", ops.Exp: "Exp", ops.Log: "Log", ops.ReLU: "Relu", ops.Tanh: "Tanh"}
-_SCALAR = {ops.AddScalar: "Add", ops.MulScalar: "Mul", ops.DivScalar: "Div",
-           ops.PowerScalar: "Pow"}
+_SCALAR = {ops.AddScalar: "Add", ops.MulScalar: "Mul", ops.DivScalar: "Div", ops.PowerScalar: "Pow"}
 _REDUCE = {ops.Summation: "ReduceSum", ops.LogSumExp: "ReduceLogSumExp"}
 
 Names = Union[str, List[str]]  # the ONNX name of a Tensor, or the names of a TensorTuple's parts
@@ -92,8 +97,8 @@ class _EmbeddingLookup(TensorOp):
 @contextlib.contextmanager
 def _embeddings_as_lookups() -> Iterator[None]:
     """While tracing, every ``nn.Embedding`` whose ids depend on the traced input returns an
-    ``_EmbeddingLookup`` node instead of the one-hot product (whose one-hot matrix is a
-    constant read from the ids in Python)."""
+    ``_EmbeddingLookup`` node, whose ids are that input, instead of needle's lookup (whose ids
+    are data held by the op, read from the input's values)."""
     original = Embedding.forward
 
     def forward(self: Embedding, x: Tensor) -> Tensor:
@@ -181,9 +186,13 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
         w = b.node("Transpose", [args[1]], perm=[3, 2, 0, 1])
         kh, kw = node.inputs[1].shape[:2]
         p = op.padding
-        y = b.node("Conv", [x, w], strides=[op.stride, op.stride], pads=[p, p, p, p],
-                   kernel_shape=[kh, kw])
+        y = b.node(
+            "Conv", [x, w], strides=[op.stride, op.stride], pads=[p, p, p, p], kernel_shape=[kh, kw]
+        )
         return b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    if kind is ops_fused.EmbeddingLookup:  # ids that do not depend on the input: a constant
+        ids = b.const(op.ids.numpy().astype(np.int64).reshape(op.shape), "ids")
+        return b.node("Gather", [args[0], ids], axis=0)
     if kind is _EmbeddingLookup:
         ids = b.node("Cast", [args[0]], to=TensorProto.INT64)
         return b.node("Gather", [args[1], ids], axis=0)
@@ -199,13 +208,17 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
     if kind is ops.Split:
         shape = node.inputs[0].shape
         axis = op.axis % len(shape)
-        pieces = b.nodes_out("Split", [args[0]], shape[axis], axis=axis,
-                             num_outputs=shape[axis])
+        pieces = b.nodes_out("Split", [args[0]], shape[axis], axis=axis, num_outputs=shape[axis])
         return [b.node("Squeeze", [piece, b.ints([axis])]) for piece in pieces]
-    what = "a TensorTuple" if isinstance(node, autograd.TensorTuple) else (
-        f"a tensor of shape {tuple(node.shape)}")
-    raise NotImplementedError(f"needle.export: not supported: {kind.__name__} (the op producing "
-                              f"{what} has no ONNX translation)")
+    what = (
+        "a TensorTuple"
+        if isinstance(node, autograd.TensorTuple)
+        else (f"a tensor of shape {tuple(node.shape)}")
+    )
+    raise NotImplementedError(
+        f"needle.export: not supported: {kind.__name__} (the op producing "
+        f"{what} has no ONNX translation)"
+    )
 
 
 def _refuse_training_mode(model: Callable) -> None:
@@ -214,10 +227,12 @@ def _refuse_training_mode(model: Callable) -> None:
     training = [m for m in [model, *model._children()] if m.training]
     if training:
         kinds = sorted({type(m).__name__ for m in training})
-        raise ValueError(f"to_onnx: the model is in training mode ({', '.join(kinds)}); call "
-                         f"model.eval() first: a training-mode forward pass draws Dropout masks "
-                         f"and normalises with batch statistics, which an exported inference "
-                         f"graph would bake in")
+        raise ValueError(
+            f"to_onnx: the model is in training mode ({', '.join(kinds)}); call "
+            f"model.eval() first: a training-mode forward pass draws Dropout masks "
+            f"and normalises with batch statistics, which an exported inference "
+            f"graph would bake in"
+        )
 
 
 def _perturbed(example: np.ndarray) -> np.ndarray:
@@ -246,10 +261,12 @@ def _trace(model: Callable, example: np.ndarray):
         raise ValueError("to_onnx: the model returned its input unchanged")
     order = autograd.find_topo_sort([out])
     if not any(node is x for node in order):
-        raise ValueError("to_onnx: the model's output does not depend on its input (the trace "
-                         "never reaches it): the model computes it from the input's values "
-                         "outside needle's ops (x.numpy(), x.detach()), so an exported graph "
-                         "would return this example's output for every input")
+        raise ValueError(
+            "to_onnx: the model's output does not depend on its input (the trace "
+            "never reaches it): the model computes it from the input's values "
+            "outside needle's ops (x.numpy(), x.detach()), so an exported graph "
+            "would return this example's output for every input"
+        )
     return x, out, order
 
 
@@ -278,60 +295,77 @@ def _consumer(order: List[Node], leaf: Node) -> str:
 def _compare_traces(order: List[Node], x: Tensor, order2: List[Node], x2: Tensor) -> None:
     """Raise ValueError where the trace on the second input differs from the first in anything
     but the input: its structure, an op attribute, or a constant's value."""
-    hint = ("the model computes it from the input's values outside needle's ops (x.numpy(), "
-            "x.detach(), a Python-side lookup) or draws it at random (Dropout in training "
-            "mode), so the exported graph would bake in this example's value")
+    hint = (
+        "the model computes it from the input's values outside needle's ops (x.numpy(), "
+        "x.detach(), a Python-side lookup) or draws it at random (Dropout in training "
+        "mode), so the exported graph would bake in this example's value"
+    )
     if len(order) != len(order2):
-        raise ValueError(f"to_onnx: the traced graph changes with the input ({len(order)} vs "
-                         f"{len(order2)} nodes): data-dependent control flow cannot be exported")
+        raise ValueError(
+            f"to_onnx: the traced graph changes with the input ({len(order)} vs "
+            f"{len(order2)} nodes): data-dependent control flow cannot be exported"
+        )
     for k, (a, b) in enumerate(zip(order, order2)):
         if (a is x) != (b is x2) or type(a.op) is not type(b.op):
             what = ["the input" if n is x or n is x2 else type(n.op).__name__ for n in (a, b)]
-            raise ValueError(f"to_onnx: the traced graph changes with the input (node {k} is "
-                             f"{what[0]} in one trace, {what[1]} in the other): data-dependent "
-                             f"control flow cannot be exported")
+            raise ValueError(
+                f"to_onnx: the traced graph changes with the input (node {k} is "
+                f"{what[0]} in one trace, {what[1]} in the other): data-dependent "
+                f"control flow cannot be exported"
+            )
         if a is x or a is b:
             continue
         if a.op is None:
             if not _same(a.numpy(), b.numpy()):
-                raise ValueError(f"to_onnx: a constant of shape {tuple(a.shape)} (an input of "
-                                 f"{_consumer(order, a)}) changes with the input: {hint}")
+                raise ValueError(
+                    f"to_onnx: a constant of shape {tuple(a.shape)} (an input of "
+                    f"{_consumer(order, a)}) changes with the input: {hint}"
+                )
             continue
         attrs, attrs2 = _public_attrs(a.op), _public_attrs(b.op)
         for key in attrs:
             if not _same(attrs[key], attrs2.get(key)):
-                raise ValueError(f"to_onnx: the attribute {key} of {type(a.op).__name__} "
-                                 f"changes with the input ({attrs[key]!r} vs "
-                                 f"{attrs2.get(key)!r}): {hint}")
+                raise ValueError(
+                    f"to_onnx: the attribute {key} of {type(a.op).__name__} "
+                    f"changes with the input ({attrs[key]!r} vs "
+                    f"{attrs2.get(key)!r}): {hint}"
+                )
 
 
-def _check_on_second_input(model_proto: "onnx.ModelProto", check_input: np.ndarray,
-                           want: np.ndarray) -> None:
+def _check_on_second_input(
+    model_proto: "onnx.ModelProto", check_input: np.ndarray, want: np.ndarray
+) -> None:
     """Run the exported model in onnxruntime on ``check_input``; raise ValueError where it
     differs from needle's output ``want`` on the same input."""
     try:
         import onnxruntime as ort
     except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("to_onnx checks the export with onnxruntime: pip install onnxruntime "
-                          "(or the needle[lectures] extra), or pass check=False") from error
-    session = ort.InferenceSession(model_proto.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+        raise ImportError(
+            "to_onnx checks the export with onnxruntime: pip install onnxruntime "
+            "(or the needle[lectures] extra), or pass check=False"
+        ) from error
+    session = ort.InferenceSession(
+        model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     got = session.run(None, {"input": check_input})[0]
     finite = np.abs(want[np.isfinite(want)])
     tol = CHECK_TOLERANCE * max(float(finite.max(initial=0.0)), 1.0)
     if got.shape != want.shape:
-        raise ValueError(f"to_onnx: on a second input the exported model's output has shape "
-                         f"{got.shape}, needle's {want.shape}")
+        raise ValueError(
+            f"to_onnx: on a second input the exported model's output has shape "
+            f"{got.shape}, needle's {want.shape}"
+        )
     bad = ~np.isclose(got, want, rtol=0.0, atol=tol, equal_nan=True)
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
-        raise ValueError(f"to_onnx: the exported model disagrees with needle on a second input: "
-                         f"{int(bad.sum())} of {bad.size} entries differ by more than {tol:.3g}, "
-                         f"first at index {i} (onnxruntime {got[i]!r}, needle {want[i]!r})")
+        raise ValueError(
+            f"to_onnx: the exported model disagrees with needle on a second input: "
+            f"{int(bad.sum())} of {bad.size} entries differ by more than {tol:.3g}, "
+            f"first at index {i} (onnxruntime {got[i]!r}, needle {want[i]!r})"
+        )
 
 
-def _build(order: List[Node], x: Tensor, out: Tensor, shape: tuple,
-           name: str) -> "onnx.ModelProto":
+def _build(order: List[Node], x: Tensor, out: Tensor, shape: tuple, name: str) -> "onnx.ModelProto":
     """The checked ONNX model of the traced graph ``order`` (input ``x``, output ``out``)."""
     b = _Builder()
     names: Dict[int, Names] = {id(x): "input"}
@@ -343,24 +377,30 @@ def _build(order: List[Node], x: Tensor, out: Tensor, shape: tuple,
             continue
         names[id(node)] = _emit(b, node.op, node, [names[id(i)] for i in node.inputs])
     # the output is a Tensor: one name, not a list
-    b.nodes.append(helper.make_node(
-        "Identity", [names[id(out)]], ["output"]))  # type: ignore[list-item]
+    b.nodes.append(helper.make_node("Identity", [names[id(out)]], ["output"]))  # type: ignore[list-item]
     graph = helper.make_graph(
-        b.nodes, name,
+        b.nodes,
+        name,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, list(out.shape))],
-        initializer=b.initializers)
-    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                    producer_name="needle")
+        initializer=b.initializers,
+    )
+    model_proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="needle"
+    )
     model_proto.ir_version = 8  # readable by onnxruntime releases from 1.14 on
     onnx.checker.check_model(model_proto, full_check=True)
     return model_proto
 
 
-def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor],
-            path: Optional[str] = None, name: str = "needle_model",
-            check_input: Optional[np.ndarray] = None,
-            check: bool = True) -> "onnx.ModelProto":
+def to_onnx(
+    model: Callable[[Tensor], Tensor],
+    example: Union[np.ndarray, Tensor],
+    path: Optional[str] = None,
+    name: str = "needle_model",
+    check_input: Optional[np.ndarray] = None,
+    check: bool = True,
+) -> "onnx.ModelProto":
     """Trace ``model(example)`` and return it as a checked ONNX model (saved to ``path`` if given).
 
     ``example``: one input batch (numpy array or Tensor, cast to float32), e.g. (N, features),
@@ -374,16 +414,19 @@ def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor
     if isinstance(example, Tensor):
         example = example.numpy()
     if not isinstance(example, np.ndarray):
-        raise TypeError(f"to_onnx: example must be a numpy array or a Tensor, got "
-                        f"{type(example).__name__}")
+        raise TypeError(
+            f"to_onnx: example must be a numpy array or a Tensor, got {type(example).__name__}"
+        )
     if autograd.LAZY_MODE:
         raise RuntimeError("to_onnx traces an eager forward pass: turn LAZY_MODE off")
     example = example.astype(np.float32)
     if check_input is None:
         check_input = _perturbed(example)
     elif not isinstance(check_input, np.ndarray) or check_input.shape != example.shape:
-        raise ValueError(f"to_onnx: check_input must be a numpy array of the example's shape "
-                         f"{example.shape}, got {getattr(check_input, 'shape', check_input)!r}")
+        raise ValueError(
+            f"to_onnx: check_input must be a numpy array of the example's shape "
+            f"{example.shape}, got {getattr(check_input, 'shape', check_input)!r}"
+        )
     check_input = check_input.astype(np.float32)
     _refuse_training_mode(model)
 
@@ -392,8 +435,10 @@ def to_onnx(model: Callable[[Tensor], Tensor], example: Union[np.ndarray, Tensor
     try:
         x2, out2, order2 = _trace(model, check_input)
     except (ValueError, IndexError, TypeError) as error:
-        raise ValueError(f"to_onnx: the model failed on the second (check) input: {error}; pass "
-                         f"check_input=, another valid input of shape {example.shape}") from error
+        raise ValueError(
+            f"to_onnx: the model failed on the second (check) input: {error}; pass "
+            f"check_input=, another valid input of shape {example.shape}"
+        ) from error
     _compare_traces(order, x, order2, x2)
     if check:
         _check_on_second_input(model_proto, check_input, out2.numpy().astype(np.float32))

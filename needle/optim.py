@@ -6,6 +6,7 @@ grows across steps and no Tensor is created; ``param.grad`` is read, never modif
 state array stays in the parameter's dtype (float32) and on its device. Optimizer state is
 kept per position in the parameter list.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,12 +34,16 @@ class Optimizer:
         seen: Dict[int, int] = {}
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
-                raise TypeError(f"{type(self).__name__}: parameter {i} is a "
-                                f"{type(p).__name__}, not a needle Tensor")
+                raise TypeError(
+                    f"{type(self).__name__}: parameter {i} is a "
+                    f"{type(p).__name__}, not a needle Tensor"
+                )
             if id(p) in seen:
-                raise ValueError(f"{type(self).__name__}: the parameter list contains the same "
-                                 f"tensor twice (positions {seen[id(p)]} and {i}, shape "
-                                 f"{p.shape}); it would be updated twice per step")
+                raise ValueError(
+                    f"{type(self).__name__}: the parameter list contains the same "
+                    f"tensor twice (positions {seen[id(p)]} and {i}, shape "
+                    f"{p.shape}); it would be updated twice per step"
+                )
             seen[id(p)] = i
         self.params: List[Tensor] = params
 
@@ -61,8 +66,9 @@ class Optimizer:
         if not max_norm > 0:
             raise ValueError(f"clip_grad_norm: max_norm must be positive, got {max_norm}")
         grads = [p.grad for p in self.params if p.grad is not None]
-        total = math.sqrt(sum(float(np.sum(np.square(g.numpy().astype(np.float64))))
-                              for g in grads))
+        total = math.sqrt(
+            sum(float(np.sum(np.square(g.numpy().astype(np.float64)))) for g in grads)
+        )
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
             for p in self.params:
@@ -77,11 +83,14 @@ class Optimizer:
         if g is None:
             return None
         if tuple(g.shape) != tuple(p.shape):
-            raise ValueError(f"{type(self).__name__}: parameter {i} has shape {p.shape} but its "
-                             f"grad has shape {g.shape}")
+            raise ValueError(
+                f"{type(self).__name__}: parameter {i} has shape {p.shape} but its "
+                f"grad has shape {g.shape}"
+            )
         if g.dtype != p.dtype or g.device != p.device:
-            g = Tensor(g.numpy().astype(p.dtype), device=p.device, dtype=p.dtype,
-                       requires_grad=False)
+            g = Tensor(
+                g.numpy().astype(p.dtype), device=p.device, dtype=p.dtype, requires_grad=False
+            )
         w = p.realize_cached_data()
         compact = w.compact()
         if compact is not w:  # a strided view: from now on p owns a compact buffer
@@ -94,15 +103,25 @@ class Optimizer:
         return array_api.full(tuple(w.shape), 0.0, dtype=w.dtype, device=w.device)
 
 
-def _hyper(owner: str, name: str, value, low: float, high: float = math.inf,
-           low_open: bool = False, high_open: bool = False) -> float:
+def _hyper(
+    owner: str,
+    name: str,
+    value,
+    low: float,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a float after checking it is a finite real number in the stated interval
     (TypeError for a non-number, ValueError naming the argument otherwise)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
     value = float(value)
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and \
-        (value < high if high_open else value <= high)
+    ok = (
+        math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and (value < high if high_open else value <= high)
+    )
     if not ok:
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise ValueError(f"{owner}: {name} must be a finite number in {interval}, got {value!r}")
@@ -121,8 +140,13 @@ class SGD(Optimizer):
     in [0, 1) (checked at construction and at every step, so a schedule cannot slip in a NaN).
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.01, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params)
         self.lr = lr
         self.momentum = momentum
@@ -131,9 +155,11 @@ class SGD(Optimizer):
         self._hypers()
 
     def _hypers(self):
-        return (_hyper("SGD", "lr", self.lr, 0.0),
-                _hyper("SGD", "momentum", self.momentum, 0.0, 1.0, high_open=True),
-                _hyper("SGD", "weight_decay", self.weight_decay, 0.0))
+        return (
+            _hyper("SGD", "lr", self.lr, 0.0),
+            _hyper("SGD", "momentum", self.momentum, 0.0, 1.0, high_open=True),
+            _hyper("SGD", "weight_decay", self.weight_decay, 0.0),
+        )
 
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
@@ -160,8 +186,15 @@ class Adam(Optimizer):
     ``eps`` finite and > 0 (checked at construction and at every step).
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.01, beta1: float = 0.9,
-                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.01,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params)
         self.lr = lr
         self.beta1 = beta1
@@ -174,11 +207,13 @@ class Adam(Optimizer):
         self._hypers()
 
     def _hypers(self):
-        return (_hyper("Adam", "lr", self.lr, 0.0),
-                _hyper("Adam", "beta1", self.beta1, 0.0, 1.0, high_open=True),
-                _hyper("Adam", "beta2", self.beta2, 0.0, 1.0, high_open=True),
-                _hyper("Adam", "eps", self.eps, 0.0, low_open=True),
-                _hyper("Adam", "weight_decay", self.weight_decay, 0.0))
+        return (
+            _hyper("Adam", "lr", self.lr, 0.0),
+            _hyper("Adam", "beta1", self.beta1, 0.0, 1.0, high_open=True),
+            _hyper("Adam", "beta2", self.beta2, 0.0, 1.0, high_open=True),
+            _hyper("Adam", "eps", self.eps, 0.0, low_open=True),
+            _hyper("Adam", "weight_decay", self.weight_decay, 0.0),
+        )
 
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""

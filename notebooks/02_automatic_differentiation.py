@@ -13,6 +13,8 @@
 # %% [markdown]
 # # 02 · Automatic differentiation
 #
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/02_automatic_differentiation.ipynb)
+#
 # **Lecture:** 4, "Automatic Differentiation", and 5, "Automatic Differentiation Implementation"
 #
 # **Homework:** hw1 Q1–Q2 (forward and backward of the ops), Q3 (topological sort), Q4 (reverse
@@ -29,7 +31,7 @@
 # **Run time:** about 10 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use `retain_grad()` and `backward(create_graph=False)`, which the
-# course's `Tensor` does not have.
+# course's `Tensor` does not have, or the node-by-node structure of this project's gradients.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
 # Writing those derivatives by hand does not scale; numerical differences are slow (one
@@ -45,6 +47,40 @@
 #   the adjoint contribution of each input;
 # * `backward()` visits the graph in **reverse topological order** and sums, for every node,
 #   the contributions of all the paths from the node to the output.
+
+# %% tags=["remove-cell"]
+# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
+# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
+# anywhere else it does nothing.
+import importlib.util, os, sys
+in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
+if in_colab and importlib.util.find_spec("needle"):
+    print("needle is installed (by this cell, earlier in this Colab session)")
+elif in_colab:
+    import importlib, shutil, subprocess
+    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    env = dict(os.environ)
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().split("\n")[0]
+    cap = cap if cap.replace(".", "").isdigit() else ""
+    if cap:  # the CUDA module for this GPU's architecture only
+        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
+    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
+        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
+    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                           f"needle @ git+{repo}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    importlib.invalidate_caches()
+    import needle
+    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
 import matplotlib.pyplot as plt
@@ -337,6 +373,41 @@ x = ndl.Tensor([3.0], dtype="float32")
 print(f"create_graph=False: y'(3) = {x.grad.numpy()[0]:.4f}, a constant: op={x.grad.op}, "
       f"requires_grad={x.grad.requires_grad}")
 assert abs(x.grad.numpy()[0] - 27.0) < 1e-4 and x.grad.op is None and not x.grad.requires_grad
+
+# %% [markdown]
+# ### The adjoint graph, drawn
+#
+# `companion.viz.draw_graph` draws a needle graph: one box per node with its op and shape,
+# inputs on the left, and after `backward()` the nodes the backward pass added (red), each
+# leaf's `.grad` outlined. For the lecture's example the red boxes are the lecture's adjoint
+# graph: from the constant seed $\bar v_4 = 1$, `EWiseMul`'s gradient makes $\bar v_4 v_3$ (the
+# path from $v_2$ straight to $v_4$) and $\bar v_3 = \bar v_4 v_2$; `AddScalar` passes
+# $\bar v_3$ on unchanged, so it adds no node; the two paths meet in
+# $\bar v_2 = \bar v_4 v_3 + \bar v_3$; and `exp`'s gradient multiplies by its own output,
+# $\bar v_1 = \bar v_2 v_2$. The red nodes take forward nodes ($v_2$, $v_3$) as inputs, which
+# is what made differentiating a gradient possible above.
+
+# %%
+# companion-only: this project's gradient formulas, node by node (exp's gradient reuses its output)
+from companion import viz
+
+w1 = ndl.Tensor([np.log(2.0)], dtype="float32")
+w2 = ndl.exp(w1)
+w3 = w2 + 1
+w4 = w2 * w3
+w4.backward()
+adj1 = w1.grad                    # v̄1 = v̄2 · v2
+adj2, also_v2 = adj1.inputs       # v̄2 = v̄4 v3 + v̄3
+via_v4, adj3 = adj2.inputs        # v̄3 = v̄4 · v2
+adj4 = adj3.inputs[0]             # the seed
+assert also_v2 is w2 and via_v4.inputs[1] is w3 and adj3.inputs[1] is w2
+assert adj4 is via_v4.inputs[0] and adj4.op is None
+values = ", ".join(f"{n.numpy()[0]:g}" for n in (adj4, adj3, via_v4, adj2, adj1))
+print(f"adjoints v̄4, v̄3, v̄4·v3, v̄2, v̄1: {values}")
+viz.draw_graph(w4, names={"$v_1$": w1, "$v_2$": w2, "$v_3$": w3, "$v_4$": w4,
+                          r"$\bar v_4$": adj4, r"$\bar v_3$": adj3, r"$\bar v_4 v_3$": via_v4,
+                          r"$\bar v_2$": adj2, r"$\bar v_1$": adj1},
+               title="the lecture's example after backward(): forward graph and adjoint graph")
 
 # %% [markdown]
 # ## Lazy mode

@@ -13,6 +13,8 @@
 # %% [markdown]
 # # 03 · NN Library Implementation
 #
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/03_nn_library.ipynb)
+#
 # **Lecture:** 8, "NN Library Implementation" (lecture 9 in the current schedule), with the
 # initialisation part of lecture 6, "Fully Connected Networks, Optimization, Initialization",
 # and the module and optimizer abstractions of lecture 7, "Neural Network Library Abstractions"
@@ -47,6 +49,40 @@
 # 6. ops with **multiple outputs** (`TensorTuple`).
 #
 # Every number stated in the text is asserted in the code cell that follows it.
+
+# %% tags=["remove-cell"]
+# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
+# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
+# anywhere else it does nothing.
+import importlib.util, os, sys
+in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
+if in_colab and importlib.util.find_spec("needle"):
+    print("needle is installed (by this cell, earlier in this Colab session)")
+elif in_colab:
+    import importlib, shutil, subprocess
+    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    env = dict(os.environ)
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().split("\n")[0]
+    cap = cap if cap.replace(".", "").isdigit() else ""
+    if cap:  # the CUDA module for this GPU's architecture only
+        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
+    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
+        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
+    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                           f"needle @ git+{repo}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    importlib.invalidate_caches()
+    import needle
+    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
 import gc
@@ -650,6 +686,29 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
        [p.grad.numpy()[0] for p in flat.parameters()]
 
 # %% [markdown]
+# Drawn, the graph of $h = (x s_0 + b_0) + (x s_1 + b_1)$ shows the two branches as two chains
+# of ops that meet only at the last addition; no box says "module". `draw_graph` (from
+# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. After
+# `backward()` it also draws the nodes that the backward pass added (red) and outlines each
+# leaf's `.grad`: $x$ is used by both branches, so its gradient is the sum (`EWiseAdd`) of two
+# products, one per branch; $b_0$ and $b_1$ pass the all-ones seed through unchanged, so both
+# keep that one constant node as their `.grad`.
+
+# %%
+from companion.viz import draw_graph
+
+x_draw = ndl.Tensor([2.0], dtype="float32")
+branches = MultiPathScaleAdd()
+h_draw = branches(x_draw)
+h_draw.backward()
+p0, p1 = branches.path0, branches.path1
+assert type(x_draw.grad.op).__name__ == "EWiseAdd"
+assert [type(i.op).__name__ for i in x_draw.grad.inputs] == ["EWiseMul", "EWiseMul"]
+assert p0.b.grad is p1.b.grad and p0.b.grad.op is None  # one constant node: the seed
+draw_graph(h_draw, names={"x": x_draw, "s0": p0.s, "b0": p0.b, "s1": p1.s, "b1": p1.b,
+                          "h": h_draw}, title="ScaleAdd's two branches, and what backward() added")
+
+# %% [markdown]
 # ## 3. The update boundary
 #
 # The update $\theta \leftarrow \theta - \eta\nabla_\theta L$ is *not* part of the model.
@@ -1110,6 +1169,30 @@ except TypeError as err:
     print("TypeError:", err)
 assert isinstance(out.op, ndl.ops.FusedAddScalars) and len(out.inputs) == 1
 assert not isinstance(plain, ndl.autograd.Value)
+
+# %% [markdown]
+# The routing in a picture. With $L = \sum u^2$ for $u$ the first output, the backward pass
+# adds nodes for $\bar u = 2u$ (reading the forward node $u$); the routing pairs that adjoint
+# with a zero for $v$ (`make_tuple`), and `FusedAddScalars`' gradient adds the pair's two
+# components. So $x$'s `.grad` is an `EWiseAdd` whose inputs are $\bar u$ and a constant zero,
+# the adjoint routed to the output nobody used. The pair itself does not appear: indexing a
+# `make_tuple` node returns the component itself (constant folding), so nothing in the
+# gradient's graph refers to it.
+
+# %%
+x_tuple = ndl.Tensor([1.0], dtype="float32")
+pair = ndl.fused_add_scalars(x_tuple, 1.0, 2.0)
+u_first = pair[0]
+L_tuple = (u_first * u_first).sum()
+L_tuple.backward()
+u_bar, zero = x_tuple.grad.inputs
+print(f"dL/dx = {x_tuple.grad.numpy()[0]:.1f} = {u_bar.numpy()[0]:.1f} (from u) "
+      f"+ {zero.numpy()[0]:.1f} (the zero routed to v)")
+assert x_tuple.grad.numpy()[0] == 4 and u_bar.numpy()[0] == 4 and zero.numpy()[0] == 0
+assert type(u_bar.op).__name__ == "EWiseAdd" and zero.op is None
+draw_graph(L_tuple, names={"x": x_tuple, "(u, v)": pair, "u": u_first, "L": L_tuple,
+                           r"$\bar u$": u_bar, "zero for v": zero},
+           title="a TensorTuple: the adjoint of u, and a zero for v")
 
 # %% [markdown]
 # ## Summary

@@ -13,6 +13,8 @@
 # %% [markdown]
 # # 07 · Convolutions
 #
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/07_convolutions.ipynb)
+#
 # **Lecture:** 10, "Convolutional Networks", and 14, "Implementing Convolutions"
 #
 # **Homework:** hw4 Q3 (`pad`, `flip`, `dilate`/`undilate`, `conv` forward and backward,
@@ -40,6 +42,40 @@
 # 5. compute **max and average pooling** and their gradients;
 # 6. train **ResNet-9** on an offline image set and look at what its first layer learned.
 
+# %% tags=["remove-cell"]
+# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
+# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
+# anywhere else it does nothing.
+import importlib.util, os, sys
+in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
+if in_colab and importlib.util.find_spec("needle"):
+    print("needle is installed (by this cell, earlier in this Colab session)")
+elif in_colab:
+    import importlib, shutil, subprocess
+    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    env = dict(os.environ)
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().split("\n")[0]
+    cap = cap if cap.replace(".", "").isdigit() else ""
+    if cap:  # the CUDA module for this GPU's architecture only
+        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
+    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
+        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
+    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                           f"needle @ git+{repo}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    importlib.invalidate_caches()
+    import needle
+    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
+
 # %%
 import numpy as np
 import matplotlib.pyplot as plt
@@ -54,8 +90,10 @@ from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar1
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
-# the compiled CPU backend when it is built, else needle's numpy device
-device = ndl.cpu() if ndl.cpu().enabled() else ndl.cpu_numpy()
+# cuda() where a GPU is visible (Colab's GPU runtime), else the compiled CPU backend when it is
+# built, else needle's numpy device
+from companion.lecture import best_device  # noqa: E402
+device = best_device()
 
 # %% [markdown]
 # ## 1. A convolution is many small matrix multiplications

@@ -13,6 +13,8 @@
 # %% [markdown]
 # # 09 · Transformers and attention
 #
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/09_transformers.ipynb)
+#
 # **Lecture:** 20, "Transformers and Attention", and 21, "Transformer Implementation"
 #
 # **Homework:** hw4_extra Part 1 (`MultiHeadAttention`), Part 2 (`AttentionLayer`), Part 3
@@ -46,6 +48,40 @@
 #
 # Every number stated in the text is asserted in the code cell that follows it.
 
+# %% tags=["remove-cell"]
+# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
+# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
+# anywhere else it does nothing.
+import importlib.util, os, sys
+in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
+if in_colab and importlib.util.find_spec("needle"):
+    print("needle is installed (by this cell, earlier in this Colab session)")
+elif in_colab:
+    import importlib, shutil, subprocess
+    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    env = dict(os.environ)
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().split("\n")[0]
+    cap = cap if cap.replace(".", "").isdigit() else ""
+    if cap:  # the CUDA module for this GPU's architecture only
+        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
+    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
+        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
+    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                           f"needle @ git+{repo}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    importlib.invalidate_caches()
+    import needle
+    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
+
 # %%
 import tempfile
 
@@ -61,8 +97,10 @@ from companion.data import default_grammar, write_grammar_corpus
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
-# the compiled CPU backend when it is built, else needle's numpy device
-device = ndl.cpu() if ndl.cpu().enabled() else ndl.cpu_numpy()
+# cuda() where a GPU is visible (Colab's GPU runtime), else the compiled CPU backend when it is
+# built, else needle's numpy device
+from companion.lecture import best_device  # noqa: E402
+device = best_device()
 print("backend:", ndl.BACKEND, "| device:", device)
 
 # %% [markdown]

@@ -13,6 +13,8 @@
 # %% [markdown]
 # # 13 · Deployment and machine-learning compilation: ONNX, onnxruntime, Apache TVM
 #
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/13_deployment_and_compilation.ipynb)
+#
 # **Lecture:** 23, "Model Deployment", and 24, "Machine Learning Compilation and Deployment
 # Implementation" (the course's TVM lecture: tensor programs, schedule transformations, build
 # and run)
@@ -25,9 +27,10 @@
 # **You will be able to:** export a trained needle model to ONNX and check it; run it in
 # onnxruntime and compare latency with needle at batch 1 and 64; read TVM's loop-level IR;
 # transform a schedule with split, reorder, vectorize and parallel and measure each step;
-# compile an ONNX model with TVM and check it against onnxruntime
+# compile an ONNX model with TVM, read its graph before and after operator fusion, fuse loops
+# with `reverse_compute_at`, and check and time it against onnxruntime
 #
-# **Run time:** about 30 s on a 2-core x86-64 machine (TVM compilations included)
+# **Run time:** about 100 s on a busy 2-core x86-64 machine (19 TVM compilations included)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: the ONNX export of section 2 and everything that runs the exported
 # models (onnxruntime latency, TVM in section 5) use `needle.export`, which the course's needle
@@ -38,7 +41,43 @@
 # runtime (onnxruntime) executes with its own kernels, or that a compiler (TVM) turns into machine
 # code specialised for the model's shapes and the target CPU.
 
+# %% tags=["remove-cell"]
+# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
+# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
+# anywhere else it does nothing.
+import importlib.util, os, sys
+in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
+if in_colab and importlib.util.find_spec("needle"):
+    print("needle is installed (by this cell, earlier in this Colab session)")
+elif in_colab:
+    import importlib, shutil, subprocess
+    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
+    env = dict(os.environ)
+    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
+    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().split("\n")[0]
+    cap = cap if cap.replace(".", "").isdigit() else ""
+    if cap:  # the CUDA module for this GPU's architecture only
+        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
+    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
+        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
+    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                           f"needle[lectures] @ git+{repo}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
+    importlib.invalidate_caches()
+    import needle
+    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
+
 # %%
+
+import re
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -47,6 +86,7 @@ import onnxruntime as ort
 import tvm
 from sklearn.datasets import load_digits
 from tvm import relax, te
+from tvm.relax.backend.cpu_generic.pipeline import dataflow_lower_passes, finalize_passes
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.target import codegen
 
@@ -117,9 +157,21 @@ assert all(accuracy(out) > 0.85 for out in needle_out.values())
 # `needle.export.to_onnx` runs the model once on an example batch, walks the recorded graph and
 # writes one ONNX operator per needle op (`MatMul`, `Add`, `Relu`, `Expand` for a broadcast,
 # `Conv` between two `Transpose`s because needle's convolution is NHWC and ONNX's is NCHW, ...).
-# Parameters, and BatchNorm's running statistics (folded to constants because they do not depend
-# on the input), become initializers. The result passes the ONNX checker. Shapes are static, so
-# each batch size gets its own file.
+# Parameters become initializers, and so does every sub-graph that does not depend on the input:
+# needle has already computed it, so the exporter writes its value. That is **constant
+# folding**: BatchNorm's $\sqrt{\text{running var} + \epsilon}$ becomes one stored vector. The
+# normalisation itself, $(x - \text{mean}) / \sqrt{\cdot} \cdot \gamma + \beta$, still runs as
+# nodes on every input (an `Add` of the folded $-$mean, `Div`, `Mul`, `Add`, with `Expand`s
+# broadcasting the per-channel vectors). **Folding BatchNorm into the layer before it**
+# (exercise 13.1: scale the convolution's or Linear's weights and shift its bias, so the nodes
+# disappear) is a different, algebraic rewrite that this exporter does not do. The result passes
+# the ONNX checker.
+#
+# **Shapes are static here because of needle's exporter, not ONNX.** ONNX allows symbolic
+# dimensions (a `dim_param` such as `"batch"` instead of a number; `torch.onnx.export` writes
+# them with `dynamic_axes`). `to_onnx` records the shapes of the one example batch it traced,
+# including the target shapes of `Reshape` and `Expand`, so it writes one file per batch size.
+# The cell prints where the batch size is baked in.
 
 # %%
 # companion-only: needle.export.to_onnx (ONNX export)
@@ -132,6 +184,15 @@ for (name, b), proto in exported.items():
     ops_used = sorted({node.op_type for node in proto.graph.node})
     print(f"{name}, batch {b}: {len(proto.graph.node)} nodes, "
           f"{len(proto.graph.initializer)} initializers; operators {ops_used}")
+proto = exported[("conv net", 64)]
+input_dims = [d.dim_value or d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+baked = [(node.op_type, inits[node.input[1]].tolist()) for node in proto.graph.node
+         if node.op_type in ("Reshape", "Expand") and inits[node.input[1]][0] == 64]
+print(f"conv net, batch 64: input dims {input_dims}; shape constants holding the batch: "
+      f"{baked[:3]} ...")
+print("conv net's operators in order:", " ".join(n.op_type for n in proto.graph.node))
+assert input_dims[0] == 64 and baked
 
 sessions = {key: ort.InferenceSession(proto.SerializeToString(),
                                       providers=["CPUExecutionProvider"])
@@ -155,22 +216,32 @@ for name, (m, inp) in models.items():
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the onnxruntime sessions of the exported models (needle.export)
-print(f"{'model':12s} {'batch':>5s} {'needle ms':>10s} {'onnxruntime ms':>15s}")
+print(f"{'model':12s} {'batch':>5s} {'needle ms':>10s} {'onnxruntime ms':>15s} "
+      f"{'needle/onnxruntime':>19s}")
 latency = {}
 for name, (m, inp) in models.items():
     for b in (1, 64):
         x = inp[test][:b]
         t_needle = measure(lambda: m(ndl.Tensor(x, device=device)).numpy(), repeats=30)
         t_ort = measure(lambda: sessions[(name, b)].run(None, {"input": x}), repeats=30)
-        latency[(name, b)] = (t_needle, t_ort)
-        print(f"{name:12s} {b:5d} {t_needle * 1e3:10.3f} {t_ort * 1e3:15.3f}")
+        latency[(name, b)] = {"needle": t_needle, "onnxruntime": t_ort}
+        print(f"{name:12s} {b:5d} {t_needle * 1e3:10.3f} {t_ort * 1e3:15.3f} "
+              f"{t_needle / t_ort:18.1f}x")
+for name in models:
+    r1, r64 = (latency[(name, b)]["onnxruntime"] / latency[(name, b)]["needle"] for b in (1, 64))
+    trend = ("narrows" if r64 > 1.25 * r1 else "widens" if r64 < 0.8 * r1
+             else "stays about the same (within 25 %)")
+    print(f"{name}: onnxruntime takes {r1:.2f}x needle's time at batch 1 and {r64:.2f}x at "
+          f"batch 64: the gap {trend} as the arithmetic grows"
+          + ("; at batch 64 needle is the faster one" if r64 > 1 else ""))
 
 # %% [markdown]
 # At batch 1 the work is a few thousand multiply-adds, so the time is per-operator overhead:
 # needle creates a Python `Tensor` and a graph node per op, while onnxruntime runs a
-# pre-planned graph from C++ — typically an order of magnitude faster here. At batch 64 the
-# arithmetic starts to count and the gap narrows. Deployment engines win first by removing the
-# framework, then by fusing operators and planning memory ahead.
+# pre-planned graph from C++. At batch 64 each operator does 64 times the arithmetic, so the
+# fixed overhead weighs less (the last lines above say what this run measured). Deployment
+# engines win first by removing the framework, then by fusing operators and planning memory
+# ahead.
 #
 # ## 3. Machine-learning compilation with TVM: a vector add
 #
@@ -214,15 +285,22 @@ for name, fn in vadd_fns.items():
 print("both vector adds equal numpy's a + b exactly")
 
 # %% tags=["nbval-ignore-output"]
-for name, fn in vadd_fns.items():
-    t = measure(lambda: fn(a, b, c), repeats=50)
-    print(f"{name:30s} {3 * 4 * n / t / 1e9:6.1f} GB/s")
-t = measure(lambda: np.add(a_np, b_np), repeats=50)
-print(f"{'numpy':30s} {3 * 4 * n / t / 1e9:6.1f} GB/s")
+vadd_gbs = {name: 3 * 4 * n / measure(lambda: fn(a, b, c), repeats=50) / 1e9
+            for name, fn in vadd_fns.items()}
+vadd_gbs["numpy"] = 3 * 4 * n / measure(lambda: np.add(a_np, b_np), repeats=50) / 1e9
+for name, gbs in vadd_gbs.items():
+    print(f"{name:30s} {gbs:6.1f} GB/s")
+ratio = vadd_gbs["split + parallel + vectorize"] / vadd_gbs["plain loop"]
+print(f"split + parallel + vectorize: {ratio:.2f}x the plain loop's bytes per second "
+      + ("(the second thread helped)" if ratio > 1.25 else "(no clear gain)"))
 
 # %% [markdown]
-# A vector add does one addition per 12 bytes moved, so every version is limited by memory
-# bandwidth and the schedule changes little. Matrix multiplication is where schedules matter.
+# A vector add does one addition per 12 bytes moved: its speed is the speed at which the memory
+# system delivers bytes, not arithmetic. Vectorizing cannot change that (LLVM auto-vectorizes
+# the plain loop on its own where the CPU has SIMD, and the loop waits for data either way); a
+# second thread can, when the second core is idle, because each core brings its own path to the
+# caches (the three arrays, 12 MiB together, may sit in a large L3). The last line says what
+# this run measured. Matrix multiplication is where schedules change the arithmetic itself.
 #
 # ## 4. A 1024³ matmul, scheduled step by step
 #
@@ -237,8 +315,9 @@ print(f"{'numpy':30s} {3 * 4 * n / t / 1e9:6.1f} GB/s")
 #    out of the reduction (`decompose_reduction`);
 # 5. **parallel** over the outer $i$ blocks (two cores).
 #
-# The naive version needs tens of seconds for the whole product, so it is timed on the first 64
-# rows of $C$ (the same loops, 1/16 of the work; GFLOP/s is per-flop speed, so it compares).
+# The naive version is slow enough that it is timed on the first 64 rows of $C$ only (the same
+# loops, 1/16 of the work; GFLOP/s is per-flop speed, so it compares; the timing cell prints
+# what the whole product would take).
 
 # %%
 N_MM = 1024
@@ -292,8 +371,35 @@ for step, name in enumerate(STEPS):
     compiled[name] = (fn, A_tvm, C_tvm, rows)
 
 # %% [markdown]
-# All five are the same product to float32 rounding. Their speed (median of three runs), with
-# needle's own engine and numpy (OpenBLAS) on the same 1024³ product:
+# All five are the same product to float32 rounding. What machine code did LLVM make of each?
+# Counting the fused multiply-add instructions in the generated assembly tells whether a loop
+# became SIMD code (`ps`, packed: 4, 8 or 16 floats per instruction in `xmm`, `ymm`, `zmm`
+# registers) or stayed scalar (`ss`); the count is of instructions in the code, not of their
+# executions. (The counts depend on the CPU that compiles: `zmm` registers exist only on CPUs
+# with AVX-512, so this output is not compared by the tests.)
+
+# %% tags=["nbval-ignore-output"]
+def fma_instructions(fn):
+    """{'packed (zmm)': n, ...}: fused multiply-add instructions in fn's assembly, by kind."""
+    asm = fn.mod.inspect_source("asm")
+    found = re.findall(r"\bvfmadd\d*(ps|ss)\s[^\n]*%(xmm|ymm|zmm)", asm)
+    return {f"{'packed' if kind == 'ps' else 'scalar'} ({reg})": found.count((kind, reg))
+            for kind, reg in sorted(set(found))}
+
+
+simd = {name: fma_instructions(fn) for name, (fn, *_) in compiled.items()}
+for name, counts in simd.items():
+    print(f"{name:20s} {counts}")
+scalar_naive = all(k.startswith("scalar") for k in simd[STEPS[0]])
+packed_reorder = any(k.startswith("packed") for k in simd[STEPS[1]])
+print(f"naive loop scalar only: {scalar_naive}; reordered loop already packed SIMD: "
+      f"{packed_reorder}")
+
+# %% [markdown]
+# Their speed (median of three runs), with needle's own engine and numpy (OpenBLAS) on the same
+# 1024³ product, and the figure drawn from the same numbers. The lines after the table say, for
+# each rung, whether it helped in this run: timings move with the machine's load, so the words
+# are computed from the figures, not written in advance.
 
 # %% tags=["nbval-ignore-output"]
 def gflops(fn, rows, repeats=3):
@@ -309,59 +415,273 @@ ladder["needle engine"] = gflops(lambda: (A_nd @ B_nd).realize_cached_data(), N_
 ladder["numpy"] = gflops(lambda: A_np @ B_np, N_MM)
 for name, g in ladder.items():
     print(f"{name:20s} {g:7.1f} GFLOP/s")
+print(f"the naive loops would take {2 * N_MM**3 / ladder[STEPS[0]] / 1e9:.1f} s for the whole "
+      f"product")
+for before, after in zip(STEPS, STEPS[1:]):
+    ratio = ladder[after] / ladder[before]
+    verdict = ("faster" if ratio > 1.1 else "slower" if ratio < 1 / 1.1
+               else "about the same (within 10 %)")
+    print(f"{after:20s} {verdict}: {ladder[after]:.1f} vs {ladder[before]:.1f} GFLOP/s "
+          f"({ratio:.2f}x)")
+best_rung = max(STEPS, key=ladder.get)
+print(f"fastest rung: {best_rung}, {ladder[best_rung] / ladder[STEPS[0]]:.0f}x the naive loops; "
+      f"needle's engine {ladder['needle engine'] / ladder[best_rung]:.1f}x and numpy "
+      f"{ladder['numpy'] / ladder[best_rung]:.1f}x the fastest rung")
 
-# %%
 fig, ax = plt.subplots(figsize=(8, 3.4))
 names = list(ladder)
 colors = ["tab:blue"] * len(STEPS) + ["tab:orange", "tab:green"]
-ax.barh(names[::-1], [ladder[k] for k in names[::-1]], color=colors[::-1])
+bars = ax.barh(names[::-1], [ladder[k] for k in names[::-1]], color=colors[::-1])
+ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
 ax.set_xscale("log")
 ax.set_xlabel("GFLOP/s (log scale), 1024³ float32 matmul, measured")
-ax.set_title("TVM schedule ladder beside needle's engine and numpy")
+ax.set_title("TVM schedule ladder beside needle's engine and numpy (one run)")
 save_figure(fig, "tvm_matmul_ladder")
 plt.show()
 
 # %% [markdown]
-# Each transformation is a few lines, and none changes the result; together they are worth
-# two to three orders of magnitude over the naive loops. (The parallel step needs two idle
-# cores: on a busy machine its two threads wait for each other and it can come out slower than
-# the vectorized single-thread version.) The remaining gap to needle's engine and to OpenBLAS is
-# register blocking and packing, the next rungs of notebook 06's ladder; hand-written, the same
-# steps are what notebook 06's C++ kernel does. TVM can also *search* over such schedules automatically
-# (MetaSchedule), which is how it produces fast kernels for shapes no library anticipated.
+# How to read the rungs (the lines above say which of these happened in this run):
+#
+# * **reorder** is the big step: the naive inner loop strides down a column of $B$ (a new
+#   cache line per multiply-add, scalar instructions), the reordered one walks a row of $B$
+#   and of $C$ with unit stride, which LLVM's auto-vectorizer turns into packed FMAs on its own
+#   (the assembly counts above). Several rungs are therefore already "vectorized" before the
+#   explicit `vectorize`.
+# * **tile** can come out *slower* than reorder. Its inner loop has 64 iterations instead of
+#   1024, so LLVM unrolls and pipelines it less and the loop overhead grows, while the reordered
+#   loop's working set (one 4 KiB row of $C$, rows of $B$ streamed from L2 and L3) already suits
+#   this CPU's caches. Tile sizes are a tuning knob: a 32 × 64 × 64 block of $A$, $B$ and $C$ is
+#   32 KiB, which fits a typical 32-48 KiB L1 data cache, but tiles pay their overhead for
+#   nothing when the data did not miss in the first place.
+# * **vectorize** changes little when LLVM had vectorized the loop already; it matters where
+#   the auto-vectorizer gives up (non-unit strides, unknown extents).
+# * **parallel** needs idle cores: on a shared 2-core machine the two threads wait for each
+#   other and the rung can come out no faster, or slower, than the single-thread one.
+#
+# What separates the best rung from needle's engine (the last line of the timing cell) is
+# register blocking and packing, the next rungs of notebook 06's ladder (its C++ kernel does
+# those steps by hand). numpy's OpenBLAS runs threads on both cores, so on a busy machine it
+# loses the most. Searching over tile
+# sizes and loop orders automatically is what TVM's MetaSchedule does; it is not run here
+# because it takes minutes per kernel.
 #
 # ## 5. The exported model compiled by TVM
 #
-# TVM's Relax front end reads the ONNX file into a graph of high-level operators;
-# `LegalizeOps` lowers each to a TensorIR loop nest like the ones above, and `tvm.compile`
-# generates machine code for this CPU. The compiled MLP-ResNet must agree with onnxruntime.
+# TVM's Relax front end reads the ONNX file into a graph of high-level operators (`R.matmul`,
+# `R.add`, `R.nn.relu`, ...). `LegalizeOps` lowers each to a TensorIR loop nest like the ones above,
+# one `call_tir` per operator. Then the compiler's graph-level work: `AnnotateTIROpPattern` labels
+# each loop nest (element-wise, broadcast, injective, reduction, "output element-wise fusable" for a
+# matmul, ...), `FoldConstant` evaluates what depends only on constants, `FuseOps` groups a
+# reduction with the element-wise operators that consume it, and `FuseTIR` merges each group into
+# one TensorIR function: one call instead of several, and the intermediate arrays become buffers
+# local to that function instead of tensors the graph allocates. These are the passes
+# `tvm.compile`'s default CPU pipeline runs; here they are applied one by one to print the graph
+# before and after fusion, and one fused kernel. The compiled models must agree with onnxruntime.
 
 # %%
 # companion-only: the exported ONNX models and onnxruntime sessions (needle.export)
-def compile_onnx(proto):
-    """A Relax virtual machine running ``proto`` compiled for this CPU."""
+FUSION = tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(),
+                                   relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                   relax.transform.FuseTIR()])
+
+
+def relax_module(proto, fuse):
+    """The Relax IRModule of ``proto`` after LegalizeOps, and operator fusion if ``fuse``."""
     mod = from_onnx(proto, keep_params_in_input=False)
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = relax.transform.LegalizeOps()(mod)
-    return relax.VirtualMachine(tvm.compile(mod, target=TARGET), dev)
+    return FUSION(mod) if fuse else mod
 
 
-for name, (m, inp) in models.items():
-    vm = compile_onnx(exported[(name, 64)])
-    x = inp[test][:64]
+def kernel_calls(mod):
+    """main's kernel calls as (result, kernel, arguments, output shape), in order."""
+    calls = re.findall(r"(\w+) = R\.call_tir\((?:cls\.)?(\w+), \((.*?),?\), "
+                       r"out_ty=R\.Tensor\(\((.*?)\)", mod["main"].script())
+    return [(out, kernel, re.sub(r'metadata\["[^"]*"\]\[(\d+)\]', r"const\1", args), shape)
+            for out, kernel, args, shape in calls]
+
+
+def show(calls):
+    for out, kernel, args, shape in calls:
+        print(f"  {out} = {kernel}({args}) -> ({shape})")
+
+
+before, after = (kernel_calls(relax_module(exported[("MLP-ResNet", 64)], fuse))
+                 for fuse in (False, True))
+print(f"MLP-ResNet, batch 64, before fusion: {len(before)} kernel calls")
+show(before)
+print(f"after FuseOps + FuseTIR: {len(after)} kernel calls")
+show(after)
+fused = [kernel for _, kernel, _, _ in after]
+print("fused kernels:", {k: fused.count(k) for k in dict.fromkeys(fused)})
+assert len(after) < len(before) and all(k.startswith("fused_matmul") for k in fused)
+fused_mod = relax_module(exported[("MLP-ResNet", 64)], True)
+print(f"\nthe kernel {fused[0]}:")
+print(fused_mod[fused[0]].script())
+
+# %% [markdown]
+# Each fused kernel is a matmul with its element-wise epilogue in one function: the bias `add`,
+# BatchNorm's `add`/`divide`/`multiply`/`add` with their folded constants, the residual `add`
+# and the `relu`. Inside it, as the printed kernel shows, the loop nests are still separate and
+# each writes a whole intermediate buffer (`matmul_intermediate`, `T_add_intermediate`): fusing
+# the *loops*, so that each element is consumed as soon as it is produced, is a schedule
+# transformation (`compute_inline`, `reverse_compute_at`), which a schedule search
+# (MetaSchedule) applies and which exercise 13.3 does by hand. The `broadcast_to` kernels that
+# only expanded constants are gone: `FoldConstant` evaluated them at compile time. BatchNorm is
+# still computed at run time, inside the kernel; only folding it into the weights (exercise
+# 13.1) would remove it.
+
+# %% [markdown]
+# Section 4's two ideas, applied to the fused kernels by hand: `schedule_kernels` reorders each
+# fused matmul's loops to $i, k, j$ (the "reorder" rung), inlines the element-wise blocks into
+# one (`compute_inline`) and computes that one inside the matmul's row loop
+# (`reverse_compute_at`), so each kernel keeps one row of the product instead of the whole
+# intermediate. It touches only the `fused_matmul` kernels; the conv net's convolutions keep
+# their default loops.
+
+# %%
+# companion-only: the exported ONNX models (needle.export)
+def schedule_kernels(mod):
+    """mod with every fused_matmul kernel reordered (i, k, j) and its epilogue fused per row."""
+    sch = tvm.s_tir.Schedule(mod)
+    for gv in mod.get_global_vars():
+        if not gv.name_hint.startswith("fused_matmul"):
+            continue
+        sch.work_on(gv.name_hint)
+        matmul, *epilogue = sch.get_child_blocks(sch.get_sblock("root"))
+        i, j, k = sch.get_loops(matmul)
+        sch.reorder(i, k, j)
+        for block in epilogue[:-1]:
+            sch.compute_inline(block)  # each element-wise step into the next one
+        sch.reverse_compute_at(epilogue[-1], i)  # the rest of the row, right after its sums
+        sch.decompose_reduction(matmul, k)
+    return sch.mod
+
+
+scheduled = schedule_kernels(fused_mod)
+print(f"the kernel {fused[2]} after schedule_kernels:")
+print(scheduled[fused[2]].script())
+
+# %% [markdown]
+# One loop over rows `i0`; inside it the row of the product is summed with unit stride, then
+# the whole epilogue (bias, BatchNorm, residual, ReLU) is one expression applied to it. The
+# script still declares `matmul_intermediate` as 64 × 64; `tvm.compile`'s buffer planning
+# shrinks it to the one row that an iteration of `i0` uses (exercise 13.3's check counts such
+# elements). The folded constants show what `FoldConstant` did with the `broadcast_to` kernels:
+# each bias and BatchNorm vector became a full 64 × 64 constant (`param_1` ... `param_5`), read
+# at every call: folding trades run-time work for constant memory. The compiled models in the
+# three forms (unfused, fused, fused and scheduled), checked against onnxruntime at both batch
+# sizes:
+
+# %%
+# companion-only: the exported ONNX models and onnxruntime sessions (needle.export)
+FORMS = ("unfused", "fused", "fused + scheduled")
+
+
+def compile_onnx(proto, form):
+    """A Relax virtual machine running ``proto`` compiled for this CPU in one of FORMS."""
+    mod = relax_module(proto, fuse=form != "unfused")
+    if form == "fused + scheduled":
+        mod = schedule_kernels(mod)
+    pipeline = "default" if form != "unfused" else tvm.transform.Sequential(
+        dataflow_lower_passes(TARGET) + finalize_passes(TARGET))
+    return relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline=pipeline), dev)
+
+
+vms = {(name, b, form): compile_onnx(exported[(name, b)], form)
+       for name in models for b in (1, 64) for form in FORMS}
+for (name, b, form), vm in vms.items():
+    x = models[name][1][test][:b]
     tvm_out = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
-    ort_out = sessions[(name, 64)].run(None, {"input": x})[0]
+    ort_out = sessions[(name, b)].run(None, {"input": x})[0]
     rel = float(np.abs(tvm_out - ort_out).max() / np.abs(ort_out).max())
-    print(f"{name}: TVM vs onnxruntime, largest relative difference below 1e-5: {rel <= 1e-5}")
+    print(f"{name}, batch {b:2d}, {form}: TVM vs onnxruntime, largest relative difference "
+          f"below 1e-5: {rel <= 1e-5}")
     assert rel <= 1e-5
+
+# %% [markdown]
+# Their latency beside section 2's engines (median of repeated runs; it moves with the machine's
+# load, so the sentences under the table are computed from it):
+
+# %% tags=["nbval-ignore-output"]
+# companion-only: the compiled exported models (needle.export)
+print(f"{'model':12s} {'batch':>5s} {'needle':>8s} {'onnxruntime':>12s} {'TVM unfused':>12s} "
+      f"{'TVM fused':>10s} {'+ scheduled':>12s}   (ms)")
+for name, (m, inp) in models.items():
+    for b in (1, 64):
+        x_tvm = tvm.runtime.tensor(inp[test][:b], dev)
+        for form in FORMS:
+            fn = vms[(name, b, form)]["main"]
+            latency[(name, b)]["TVM " + form] = measure(lambda: fn(x_tvm), repeats=30)
+        t = latency[(name, b)]
+        print(f"{name:12s} {b:5d} {t['needle'] * 1e3:8.3f} {t['onnxruntime'] * 1e3:12.3f} "
+              f"{t['TVM unfused'] * 1e3:12.3f} {t['TVM fused'] * 1e3:10.3f} "
+              f"{t['TVM fused + scheduled'] * 1e3:12.3f}")
+
+
+def compare(t, a, b):
+    """'a takes r x b's time (faster / slower / about the same)' for two entries of t."""
+    r = t[a] / t[b]
+    verdict = "faster" if r < 0.9 else "slower" if r > 1.1 else "about the same"
+    return f"{a} takes {r:.2f}x {b}'s time ({verdict})"
+
+
+for (name, b), t in latency.items():
+    print(f"{name}, batch {b}: fastest {min(t, key=t.get)}; "
+          f"{compare(t, 'TVM fused', 'TVM unfused')}; "
+          f"{compare(t, 'TVM fused + scheduled', 'onnxruntime')}")
+
+# %% [markdown]
+# Reading the table: "TVM unfused" and "TVM fused" run the default loop nests that
+# `LegalizeOps` writes (for a matmul the naive $i, j, k$ order of section 4, at best
+# auto-vectorized by LLVM) against onnxruntime's hand-tuned kernels; fusion alone saves calls
+# and allocations, not loop speed. "+ scheduled" adds two schedule transformations per kernel,
+# a few lines of code; the last lines of the cell say, for this run, how far that took TVM
+# against onnxruntime. A compiler beats a library when its kernels are scheduled for the exact
+# shapes: by hand as here, or by a schedule search (MetaSchedule, minutes per kernel, the
+# results kept in a database) — and the more arithmetic a kernel does, the more its schedule
+# matters.
+#
+# **TVM 0.27 and the course's notebook.** The course's MLC notebook was written for an older
+# TVM (TensorIR's first releases). The names this notebook uses, and the names in the course's
+# notebook, are:
+#
+# | course's notebook (older TVM)   | TVM 0.27 (this notebook)            |
+# |---------------------------------|-------------------------------------|
+# | `tvm.tir.Schedule(mod)`         | `tvm.s_tir.Schedule(mod)`           |
+# | `sch.get_block("C")`            | `sch.get_sblock("C")`               |
+# | `T.block("C")` in TVMScript     | `T.sblock("C")`                     |
+# | `tvm.build(mod, target="llvm")` | `tvm.compile(mod, target=TARGET)`   |
+# | `tvm.nd.array(a)`               | `tvm.runtime.tensor(a, dev)`        |
+# | `tvm.nd.empty(shape, dtype)`    | `tvm.runtime.empty(shape, dtype, dev)` |
+# | `tvm.tir.max`, `tvm.tir.const`  | `tvm.tirx.max`, `tvm.tirx.const`    |
+# | `rt_mod.time_evaluator("main", dev)` | `tvm.compile(...).mod.time_evaluator("main", dev)` |
+#
+# The next cell checks the right-hand column against the installed TVM and times section 4's
+# reordered matmul with `time_evaluator` (its number moves with the load, so it is not
+# compared).
+
+# %% tags=["nbval-ignore-output"]
+for name in ("s_tir.Schedule", "compile", "runtime.tensor", "runtime.empty", "tirx.max",
+             "tirx.const"):
+    obj = tvm
+    for part in name.split("."):
+        obj = getattr(obj, part)
+assert all(hasattr(tvm.s_tir.Schedule, a) for a in ("get_sblock", "get_loops", "split"))
+fn, A_t, C_t, _ = compiled[STEPS[1]]
+evaluator = fn.mod.time_evaluator("main", dev, number=3, repeat=1)
+print(f"every TVM 0.27 name of the table exists; time_evaluator on '{STEPS[1]}': "
+      f"{evaluator(A_t, B_tvm, C_t).mean * 1e3:.1f} ms per 1024³ product")
 
 # %% [markdown]
 # ## Summary
 #
 # * ONNX is a framework-neutral graph of standard operators; exporting is a graph walk, and the
 #   exported models here reproduce needle's outputs to 1e-5 in onnxruntime and in TVM.
-# * Runtimes win on small inputs by removing per-op framework overhead; compilers win on large
-#   ones by generating loops specialised to the shapes and the CPU.
+# * Runtimes win on small inputs by removing per-op framework overhead. A compiler fuses
+#   operators (printed above: fewer kernels, no whole intermediate tensors) and generates loops
+#   for the exact shapes and CPU; whether its kernels beat a tuned library depends on their
+#   schedules, which is what section 4's ladder and a schedule search are about.
 # * A schedule separates *what* is computed from *how* the loops run; split, reorder, vectorize
 #   and parallel change only the how, and each step of the matmul ladder is checked to give the
 #   same product.
@@ -376,11 +696,14 @@ for name, (m, inp) in models.items():
 # `notebooks/solutions/13_deployment_and_compilation.py`; try first.
 
 # %% tags=["exercise-setup"]
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import tvm
 from onnx import TensorProto, helper, numpy_helper
+import tvm.s_tir.transform as s_tir_passes
 from tvm import te
 from tvm.target import codegen
 
@@ -409,15 +732,24 @@ mlp_ex = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
 MLP_PARAMS = [p.numpy() for p in mlp_ex.parameters()]  # W1 (6, 8), b1 (1, 8), W2, b2
 
 
-def tvm_run(outputs_of, inputs, out_shape):
-    """Compile the tensor program ``outputs_of(*placeholders)`` for this CPU and run it."""
+def tvm_run(outputs_of, inputs, out_shape, schedule=lambda sch: sch):
+    """Compile the tensor program ``outputs_of(*placeholders)``, after ``schedule`` (a function
+    of a tvm.s_tir.Schedule returning it), for this CPU and run it on ``inputs``. Returns the
+    output and the number of elements the program allocates for intermediate arrays."""
     holders = [te.placeholder(a.shape, name=f"in{i}") for i, a in enumerate(inputs)]
     out = outputs_of(*holders)
-    fn = tvm.compile(tvm.IRModule({"main": te.create_prim_func(holders + [out])}),
-                     target=TARGET)
+    sch = schedule(tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func(holders + [out])})))
+    # where each intermediate buffer lives and how much of it is needed, as tvm.compile plans it
+    planned = tvm.transform.Sequential([
+        s_tir_passes.LowerInitBlock(), s_tir_passes.PlanAndUpdateBufferAllocationLocation(),
+        s_tir_passes.ConvertBlocksToOpaque(), s_tir_passes.CompactBufferAllocation()])(sch.mod)
+    shapes = re.findall(r"alloc_buffer\(\(([^)]*)\)", planned.script())
+    elements = sum(int(np.prod([int(d) for d in shape.split(",") if d.strip()]))
+                   for shape in shapes)
+    fn = tvm.compile(sch.mod, target=TARGET)
     result = tvm.runtime.empty(out_shape, "float32", dev)
     fn(*[tvm.runtime.tensor(a, dev) for a in inputs], result)
-    return result.numpy()
+    return result.numpy(), elements
 
 
 N_EX = 128
@@ -485,25 +817,52 @@ check_exercise("13.2 mlp_to_onnx", lambda: mlp_to_onnx(*MLP_PARAMS, batch=len(X_
                predicate=_onnx_ok)
 
 # %% [markdown]
-# **Exercise 13.3 (a fused operator as a tensor program).** Declare with `te.compute` the
-# output of a `Linear` followed by a ReLU, $Y_{ij} = \max(\sum_k X_{ik} W_{kj} + b_j, 0)$, for
-# placeholders `X` (n, k), `W` (k, m) and `b` (m,). One compiled function then does what
-# needle does with four ops and three intermediate arrays. (`te.sum` over a `te.reduce_axis`
-# is the matmul of section 4; `tvm.tirx.max(a, b)` is an element-wise maximum and
-# `tvm.tirx.const(0.0, "float32")` a zero.) The check compiles it and compares with numpy.
+# **Exercise 13.3 (a fused operator as a tensor program).** Declare with `te.compute` a `Linear`
+# followed by a ReLU, $Y_{ij} = \max(\sum_k X_{ik} W_{kj} + b_j, 0)$, for placeholders `X` (n, k),
+# `W` (k, m) and `b` (m,): a stage `S` (the matmul: `te.sum` over a `te.reduce_axis`, as in section
+# 4) and a stage `Y` reading it (`tvm.tirx.max(a, b)` is an element-wise maximum,
+# `tvm.tirx.const(0.0, "float32")` a zero); name them with `name="S"` and `name="Y"`. Declared like
+# this, the program still writes the whole n × m array `S` to memory and reads it back: two loop
+# nests, as needle's separate ops would. **Fuse them** in `fuse_linear_relu(sch)`: move the
+# computation of `Y` inside the loops of `S` (`sch.reverse_compute_at(sch.get_sblock("Y"), loop)`
+# with `loop` one of `sch.get_loops(sch.get_sblock("S"))`, or the mirror image `sch.compute_at`), so
+# that each element of `S` is consumed right after it is summed and TVM needs only a small piece of
+# `S` at a time. The check compiles your program, compares it with numpy, and counts the elements
+# TVM allocates for `S` after planning where it lives: fewer than n × m means fused.
+# (`sch.reverse_compute_inline` would put `Y` into `S`'s block itself, which TVM refuses for a
+# reduction; `fuse_reduction_epilogue` does it by applying the ReLU at every step of the sum, which
+# changes the result.)
 
 # %% tags=["exercise-stub"]
 def linear_relu_compute(X, W, b):
-    """The te.Tensor Y = max(X @ W + b, 0) for te placeholders X, W, b."""
+    """The te.Tensor Y = max(X @ W + b, 0) for te placeholders X, W, b (stages "S", "Y")."""
+    raise NotImplementedError
+
+
+def fuse_linear_relu(sch):
+    """The schedule ``sch`` of linear_relu_compute's program with Y computed inside S's loops."""
     raise NotImplementedError
 
 
 # %% tags=["exercise-check"]
 _lr_inputs = [X_ex, MLP_PARAMS[0], MLP_PARAMS[1].ravel()]
-check_exercise("13.3 linear_relu_compute",
-               lambda: tvm_run(linear_relu_compute, _lr_inputs, (len(X_ex), 8)),
-               np.maximum(X_ex.astype(np.float64) @ MLP_PARAMS[0] + MLP_PARAMS[1], 0),
-               rtol=1e-5, atol=1e-5)
+_lr_want = np.maximum(X_ex.astype(np.float64) @ MLP_PARAMS[0] + MLP_PARAMS[1], 0)
+
+
+def _fused_ok(result):
+    got, elements = result
+    if not np.allclose(got, _lr_want, rtol=1e-5, atol=1e-5):
+        return f"the program gives\n{got}\nnumpy gives\n{_lr_want}"
+    if elements >= _lr_want.size:
+        return (f"TVM still allocates {elements} elements for the intermediate (all "
+                f"{_lr_want.shape[0]} x {_lr_want.shape[1]} of S): compute Y inside S's loops")
+    return None
+
+
+check_exercise("13.3 linear_relu_compute, fuse_linear_relu",
+               lambda: tvm_run(linear_relu_compute, _lr_inputs, _lr_want.shape,
+                               schedule=fuse_linear_relu),
+               predicate=_fused_ok)
 
 # %% [markdown]
 # **Exercise 13.4 (a schedule of your own).** Transform the schedule of a 128³ matmul from

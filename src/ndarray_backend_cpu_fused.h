@@ -1,6 +1,6 @@
 // Fused kernels of the CPU module (the last section of needle/backend_ndarray/protocol.py):
 // softmax cross-entropy, layer/batch norm forward and backward, the LSTM cell forward and
-// backward, and the SGD/Adam updates in place. Operands are compact buffers; every binding
+// backward, the SGD/Adam updates in place, and the embedding gather and scatter-add. Operands are compact buffers; every binding
 // checks that each buffer holds exactly the elements its kernel reads or writes.
 //
 // Numerics: softmax is shifted by the row maximum (a -inf logit gets probability exactly 0);
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ namespace fused {
 using idx_t = int64_t;
 
 using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_embedding_gather;
+using needle::checks::check_embedding_scatter_add;
+using needle::checks::check_ids;
 using needle::checks::check_lstm_cell_bwd;
 using needle::checks::check_lstm_cell_fwd;
 using needle::checks::check_norm_bwd;
@@ -299,6 +303,34 @@ void adam_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* m,
     mm[i] = b1 * mm[i] + c1 * gi;
     vv[i] = b2 * vv[i] + c2 * (gi * gi);
     p[i] -= lr_f * (mm[i] / bc1) / (std::sqrt(vv[i] / bc2) + eps_f);
+  }
+}
+
+// out[r] = weight[ids[r]], one row copy each; the rows are shared among threads when large.
+void embedding_gather(const AlignedArray& weight, const AlignedArray& ids, idx_t vocab,
+                      idx_t cols, idx_t rows, AlignedArray* out) {
+  const char* fn = "embedding_gather";
+  check_embedding_gather(fn, weight, ids, vocab, cols, rows, *out);
+  check_ids(fn, ids.ptr, rows, vocab);
+  if (cols == 0) return;
+  for_rows(rows, cols, [&](idx_t r) {
+    std::memcpy(out->ptr + r * cols, weight.ptr + idx_t(ids.ptr[r]) * cols,
+                size_t(cols) * sizeof(float));
+  });
+}
+
+// out = zeros, then out[ids[r]] += grad[r] for r = 0, 1, ...: one thread, in row order, so a
+// repeated id accumulates in the same order on every run (and as numpy's add.at does).
+void embedding_scatter_add(const AlignedArray& grad, const AlignedArray& ids, idx_t rows,
+                           idx_t cols, idx_t vocab, AlignedArray* out) {
+  const char* fn = "embedding_scatter_add";
+  check_embedding_scatter_add(fn, grad, ids, rows, cols, vocab, *out);
+  check_ids(fn, ids.ptr, rows, vocab);
+  if (vocab * cols > 0) std::memset(out->ptr, 0, size_t(vocab * cols) * sizeof(float));
+  for (idx_t r = 0; r < rows; ++r) {
+    float* o = out->ptr + idx_t(ids.ptr[r]) * cols;
+    const float* g = grad.ptr + r * cols;
+    for (idx_t j = 0; j < cols; ++j) o[j] += g[j];
   }
 }
 

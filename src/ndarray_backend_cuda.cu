@@ -567,6 +567,34 @@ __global__ void softmax_xent_kernel(const float* logits, const float* labels, in
   }
 }
 
+// The first position r < rows whose id is not a whole number in [0, vocab), by atomicMin.
+__device__ unsigned long long g_bad_id_row;
+
+__global__ void check_ids_kernel(const float* ids, int64_t rows, int64_t vocab) {
+  NEEDLE_GRID_LOOP(r, rows) {
+    const float id = ids[r];
+    if (!(id >= 0.f && static_cast<double>(id) < static_cast<double>(vocab) && id == floorf(id)))
+      atomicMin(&g_bad_id_row, static_cast<unsigned long long>(r));
+  }
+}
+
+__global__ void embedding_gather_kernel(const float* weight, const float* ids, int64_t cols,
+                                        int64_t rows, float* out) {
+  NEEDLE_GRID_LOOP(i, rows * cols) {
+    const int64_t r = i / cols, j = i - r * cols;
+    out[i] = weight[static_cast<int64_t>(ids[r]) * cols + j];
+  }
+}
+
+// out[ids[r]] += grad[r] by atomicAdd: repeated ids accumulate, in no fixed order.
+__global__ void embedding_scatter_add_kernel(const float* grad, const float* ids, int64_t cols,
+                                             int64_t rows, float* out) {
+  NEEDLE_GRID_LOOP(i, rows * cols) {
+    const int64_t r = i / cols, j = i - r * cols;
+    atomicAdd(out + static_cast<int64_t>(ids[r]) * cols + j, grad[i]);
+  }
+}
+
 __global__ void layernorm_fwd_kernel(const float* x, const float* w, const float* b,
                                      int64_t rows, int64_t cols, float eps, float* y,
                                      float* xhat, float* rstd) {
@@ -1003,6 +1031,46 @@ int64_t softmax_xent(const CudaArray& logits, const CudaArray& labels, int64_t r
   unsigned long long bad = none;
   check(cudaMemcpyFromSymbol(&bad, g_bad_label_row, sizeof(bad)), "cudaMemcpyFromSymbol");
   return bad == none ? -1 : static_cast<int64_t>(bad);
+}
+
+namespace {
+// -1, or the first position of `ids` (rows) whose id is not a whole number in [0, vocab).
+int64_t first_bad_id(const CudaArray& ids, int64_t rows, int64_t vocab) {
+  if (rows == 0) return -1;
+  const unsigned long long none = ~0ull;
+  check(cudaMemcpyToSymbol(g_bad_id_row, &none, sizeof(none)), "cudaMemcpyToSymbol");
+  check_ids_kernel<<<grid_for(rows), BLOCK>>>(ids.ptr, rows, vocab);
+  check_launch("check_ids kernel");
+  unsigned long long bad = none;
+  check(cudaMemcpyFromSymbol(&bad, g_bad_id_row, sizeof(bad)), "cudaMemcpyFromSymbol");
+  return bad == none ? -1 : static_cast<int64_t>(bad);
+}
+}  // namespace
+
+int64_t embedding_gather(const CudaArray& weight, const CudaArray& ids, int64_t vocab,
+                         int64_t cols, int64_t rows, CudaArray* out) {
+  const int64_t bad = first_bad_id(ids, rows, vocab);
+  if (bad >= 0 || rows * cols == 0) return bad;
+  embedding_gather_kernel<<<grid_for(rows * cols), BLOCK>>>(weight.ptr, ids.ptr, cols, rows,
+                                                            out->ptr);
+  check_launch("embedding_gather kernel");
+  return -1;
+}
+
+int64_t embedding_scatter_add(const CudaArray& grad, const CudaArray& ids, int64_t rows,
+                              int64_t cols, int64_t vocab, CudaArray* out) {
+  const int64_t bad = first_bad_id(ids, rows, vocab);
+  if (bad >= 0) return bad;
+  if (vocab * cols > 0) {
+    fill_kernel<<<grid_for(vocab * cols), BLOCK>>>(out->ptr, 0.f, vocab * cols);
+    check_launch("fill kernel");
+  }
+  if (rows * cols > 0) {
+    embedding_scatter_add_kernel<<<grid_for(rows * cols), BLOCK>>>(grad.ptr, ids.ptr, cols, rows,
+                                                                   out->ptr);
+    check_launch("embedding_scatter_add kernel");
+  }
+  return -1;
 }
 
 void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,

@@ -123,6 +123,12 @@ void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& ac
                    int64_t hidden, CudaArray* dgates, CudaArray* dc_prev);
 void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
                 float momentum, float weight_decay);
+// The embedding kernels return -1, or (having written nothing) the first position of ids whose
+// id is not a whole number in [0, vocab). The scatter-add accumulates with atomicAdd.
+int64_t embedding_gather(const CudaArray& weight, const CudaArray& ids, int64_t vocab,
+                         int64_t cols, int64_t rows, CudaArray* out);
+int64_t embedding_scatter_add(const CudaArray& grad, const CudaArray& ids, int64_t rows,
+                              int64_t cols, int64_t vocab, CudaArray* out);
 // bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (the bias corrections, computed by the caller).
 void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
                  float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2);

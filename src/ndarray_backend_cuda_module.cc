@@ -32,6 +32,8 @@ using needle::cuda::MatrixView;
 using needle::cuda::Strided;
 using needle::checks::check_at_least;
 using needle::checks::check_batchnorm_fwd;
+using needle::checks::check_embedding_gather;
+using needle::checks::check_embedding_scatter_add;
 using needle::checks::check_lstm_cell_bwd;
 using needle::checks::check_lstm_cell_fwd;
 using needle::checks::check_norm_bwd;
@@ -410,6 +412,32 @@ void adam_update(CudaArray& param, const CudaArray& grad, CudaArray& m, CudaArra
   const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), steps));
   const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), steps));
   needle::cuda::adam_update(&param, grad, &m, &v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+// IndexError (needle::checks::fail_id) for the bad id at position `bad` of ids, if bad >= 0.
+void raise_bad_id(const char* fn, const CudaArray& ids, idx_t bad, idx_t vocab) {
+  if (bad < 0) return;
+  Strided one;
+  one.offset[0] = bad;
+  float id = 0.0f;
+  needle::cuda::to_host(ids, one, &id);
+  needle::checks::fail_id(fn, id, bad, vocab);
+}
+
+void embedding_gather(const CudaArray& weight, const CudaArray& ids, idx_t vocab, idx_t cols,
+                      idx_t rows, CudaArray& out) {
+  const char* fn = "embedding_gather";
+  check_embedding_gather(fn, weight, ids, vocab, cols, rows, out);
+  raise_bad_id(fn, ids, needle::cuda::embedding_gather(weight, ids, vocab, cols, rows, &out),
+               vocab);
+}
+
+void embedding_scatter_add(const CudaArray& grad, const CudaArray& ids, idx_t rows, idx_t cols,
+                           idx_t vocab, CudaArray& out) {
+  const char* fn = "embedding_scatter_add";
+  check_embedding_scatter_add(fn, grad, ids, rows, cols, vocab, out);
+  raise_bad_id(fn, ids, needle::cuda::embedding_scatter_add(grad, ids, rows, cols, vocab, &out),
+               vocab);
 }
 
 }  // namespace

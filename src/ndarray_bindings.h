@@ -28,7 +28,7 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
 
 // The fused kernels (see needle/backend_ndarray/protocol.py): X(name, docstring, argument names).
 // Adding one: a line here, its function in each module (fused::name on the CPU, name in the
-// CUDA bindings), its Python reference in ndarray_backend_numpy_fused.py.
+// CUDA bindings), its Python reference in numpy_kernels.py.
 #define NEEDLE_FUSED_KERNELS(X)                                                                     \
   X(softmax_xent,                                                                                   \
     "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x cols); "    \
@@ -54,4 +54,12 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.",         \
     "param", "grad", "buf", "lr", "momentum", "weight_decay")                                       \
   X(adam_update, "In place Adam step with bias corrections (step >= 1) on param, m and v.",         \
-    "param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay", "step")
+    "param", "grad", "m", "v", "lr", "beta1", "beta2", "eps", "weight_decay", "step")              \
+  X(embedding_gather,                                                                               \
+    "out (rows x cols) = weight[ids] for weight (vocab x cols) and ids (rows), whole numbers in "   \
+    "[0, vocab); IndexError naming an id outside that range.",                                      \
+    "weight", "ids", "vocab", "cols", "rows", "out")                                                \
+  X(embedding_scatter_add,                                                                          \
+    "out (vocab x cols) = zeros, then out[ids[r]] += grad[r] for each row of grad (rows x cols): "  \
+    "repeated ids accumulate; IndexError naming an id outside [0, vocab).",                         \
+    "grad", "ids", "rows", "cols", "vocab", "out")

@@ -8,6 +8,7 @@
 // types; IndexError is for subscripts only and is raised by NDArray.__getitem__ in Python.)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
@@ -178,6 +179,45 @@ void check_lstm_cell_bwd(const char* fn, const A& dh, const A& dc, const A& act,
   check_size(fn, "tanh_c", tanh_c.size, n);
   check_size(fn, "dgates", dgates.size, n4);
   check_size(fn, "dc_prev", dc_prev.size, n);
+}
+
+// ---- the embedding kernels: ids are float32 holding whole numbers in [0, vocab) -----------------
+template <class A>
+void check_embedding_gather(const char* fn, const A& weight, const A& ids, idx_t vocab,
+                            idx_t cols, idx_t rows, const A& out) {
+  check_sizes(fn, {vocab, cols, rows});
+  check_size(fn, "weight", weight.size, shape_size(fn, {vocab, cols}));
+  check_size(fn, "ids", ids.size, rows);
+  check_size(fn, "out", out.size, shape_size(fn, {rows, cols}));
+}
+
+template <class A>
+void check_embedding_scatter_add(const char* fn, const A& grad, const A& ids, idx_t rows,
+                                 idx_t cols, idx_t vocab, const A& out) {
+  check_sizes(fn, {rows, cols, vocab});
+  check_size(fn, "grad", grad.size, shape_size(fn, {rows, cols}));
+  check_size(fn, "ids", ids.size, rows);
+  check_size(fn, "out", out.size, shape_size(fn, {vocab, cols}));
+}
+
+// True when `id` is a whole number in [0, vocab) (compared in double: vocab < 2^50 is exact).
+inline bool is_id(float id, idx_t vocab) {
+  return id >= 0.0f && double(id) < double(vocab) && id == std::floor(id);
+}
+
+// An id that is not a whole number in [0, vocab): std::out_of_range, which pybind11 raises as
+// IndexError (an id is a subscript of the table), naming the id and its position.
+[[noreturn]] inline void fail_id(const std::string& fn, float id, idx_t position, idx_t vocab) {
+  std::ostringstream s;
+  s << fn << ": ids must be whole numbers (integers) in [0, " << vocab << "), got " << id
+    << " at position " << position;
+  throw std::out_of_range(s.str());
+}
+
+// Checks the `rows` ids at `ids` (host memory) with is_id; fail_id for the first that fails.
+inline void check_ids(const std::string& fn, const float* ids, idx_t rows, idx_t vocab) {
+  for (idx_t r = 0; r < rows; ++r)
+    if (!is_id(ids[r], vocab)) fail_id(fn, ids[r], r, vocab);
 }
 
 }  // namespace needle::checks

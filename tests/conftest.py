@@ -1,16 +1,17 @@
 """Shared fixtures: the devices every suite is parametrised over, and the data folder."""
+
 import os
 import tempfile
 from pathlib import Path
 
 # Tests never write into the tree: hypothesis keeps its caches in the temp directory.
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
-                      str(Path(tempfile.gettempdir()) / "needle-hypothesis"))
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "needle-hypothesis")
+)
 
 import numpy as np
 import pytest
 from hypothesis import settings
-
 
 import needle as ndl
 
@@ -60,5 +61,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     """One marker per homework question (companion/check/questions.py): `pytest -m hw2_linear`."""
     from companion.check.questions import QUESTIONS
+
     for q in QUESTIONS:
         config.addinivalue_line("markers", f"{q.marker}: {q.hw} question: {q.title}")

@@ -5,6 +5,7 @@
 compares each input's ``.grad`` with central differences of L(x) = Σ f(x)·R. The oracle
 evaluates ``f`` forward only; it never reads the op's gradient code.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,9 @@ def backend_dtype() -> str:
 def tensor(array, device, requires_grad: bool = True, dtype: str | None = None) -> ndl.Tensor:
     """A needle tensor from a numpy array, in the backend's test dtype."""
     dtype = dtype or backend_dtype()
-    return ndl.Tensor(np.asarray(array, dtype=dtype), device=device, dtype=dtype,
-                      requires_grad=requires_grad)
+    return ndl.Tensor(
+        np.asarray(array, dtype=dtype), device=device, dtype=dtype, requires_grad=requires_grad
+    )
 
 
 def tolerances() -> dict:
@@ -102,8 +104,13 @@ def check_gradients(f, *arrays, device, eps=None, rtol=None, atol=None, seed: in
         got = t.grad.numpy().astype(np.float64)
         assert got.shape == num.shape, f"input {i}: gradient shape {got.shape} != {num.shape}"
         scale = np.abs(num).max() if num.size else 0.0
-        np.testing.assert_allclose(got, num, rtol=rtol, atol=atol * scale + 1e-9,
-                                   err_msg=f"gradient of input {i} differs from finite differences")
+        np.testing.assert_allclose(
+            got,
+            num,
+            rtol=rtol,
+            atol=atol * scale + 1e-9,
+            err_msg=f"gradient of input {i} differs from finite differences",
+        )
         analytic.append(got)
     return analytic
 

@@ -4,6 +4,7 @@ Each public function seeds ``np.random.seed(4)`` first, as the course does, so a
 DataLoader visits the same order on every call. Batches are moved to the model's device (the
 device of its first parameter) before the forward pass.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -19,11 +20,15 @@ from .training_utils import loss_module, model_device, on_device
 __all__ = ["epoch_general_cifar10", "train_cifar10", "evaluate_cifar10"]
 
 
-
-
-def epoch_general_cifar10(dataloader, model: nn.Module, loss_fn=nn.SoftmaxLoss(),
-                          opt: Optional[ndl.optim.Optimizer] = None, *, progress: bool = True,
-                          callback: Optional[Callable[[int, float, float], None]] = None):
+def epoch_general_cifar10(
+    dataloader,
+    model: nn.Module,
+    loss_fn=nn.SoftmaxLoss(),
+    opt: Optional[ndl.optim.Optimizer] = None,
+    *,
+    progress: bool = True,
+    callback: Optional[Callable[[int, float, float], None]] = None,
+):
     """One pass over ``dataloader``; trains with ``opt`` if given, else evaluates.
 
     With an optimizer the model is put in train mode and updated after every batch; without one
@@ -43,8 +48,9 @@ def epoch_general_cifar10(dataloader, model: nn.Module, loss_fn=nn.SoftmaxLoss()
         model.train()
     device = model_device(model)
     correct, total_loss, n_seen = 0, 0.0, 0
-    bar = tqdm(dataloader, disable=not progress, leave=False,
-               desc="train" if opt is not None else "eval")
+    bar = tqdm(
+        dataloader, disable=not progress, leave=False, desc="train" if opt is not None else "eval"
+    )
     for i, (X, y) in enumerate(bar):
         X, y = on_device(X, device), on_device(y, device)
         if opt is not None:
@@ -69,10 +75,18 @@ def epoch_general_cifar10(dataloader, model: nn.Module, loss_fn=nn.SoftmaxLoss()
     return correct / n_seen, total_loss / n_seen
 
 
-def train_cifar10(model: nn.Module, dataloader, n_epochs: int = 1,
-                  optimizer=ndl.optim.Adam, lr: float = 0.001, weight_decay: float = 0.001,
-                  loss_fn=nn.SoftmaxLoss, *, progress: bool = True,
-                  callback: Optional[Callable[[int, float, float], None]] = None):
+def train_cifar10(
+    model: nn.Module,
+    dataloader,
+    n_epochs: int = 1,
+    optimizer=ndl.optim.Adam,
+    lr: float = 0.001,
+    weight_decay: float = 0.001,
+    loss_fn=nn.SoftmaxLoss,
+    *,
+    progress: bool = True,
+    callback: Optional[Callable[[int, float, float], None]] = None,
+):
     """Train ``model`` for ``n_epochs`` with ``optimizer(model.parameters(), lr, weight_decay)``.
 
     Returns (avg_acc, avg_loss) of the last epoch (averaged over its samples, measured while
@@ -85,14 +99,17 @@ def train_cifar10(model: nn.Module, dataloader, n_epochs: int = 1,
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
     loss = loss_module(loss_fn)
     for _ in range(n_epochs):
-        avg_acc, avg_loss = epoch_general_cifar10(dataloader, model, loss_fn=loss, opt=opt,
-                                                  progress=progress, callback=callback)
+        avg_acc, avg_loss = epoch_general_cifar10(
+            dataloader, model, loss_fn=loss, opt=opt, progress=progress, callback=callback
+        )
     return avg_acc, avg_loss
 
 
-def evaluate_cifar10(model: nn.Module, dataloader, loss_fn=nn.SoftmaxLoss, *,
-                     progress: bool = True):
+def evaluate_cifar10(
+    model: nn.Module, dataloader, loss_fn=nn.SoftmaxLoss, *, progress: bool = True
+):
     """Evaluate ``model`` (eval mode, no updates) over ``dataloader``: (avg_acc, avg_loss)."""
     np.random.seed(4)
-    return epoch_general_cifar10(dataloader, model, loss_fn=loss_module(loss_fn), opt=None,
-                                 progress=progress)
+    return epoch_general_cifar10(
+        dataloader, model, loss_fn=loss_module(loss_fn), opt=None, progress=progress
+    )

@@ -9,6 +9,7 @@ is plain full-batch training, so the two runs' parameters must agree to float ro
 Rank 0 writes ``--out`` (npz): the final parameters (``param_0`` ...), the global loss per step,
 and the seconds and bytes of computation and communication.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,11 +54,12 @@ def main(argv=None) -> None:
     dist.reset_comm_stats()
     losses, compute_s = [], 0.0
     for _ in range(args.steps):
-        idx = order.choice(len(X), args.batch, replace=False)[me * shard:(me + 1) * shard]
+        idx = order.choice(len(X), args.batch, replace=False)[me * shard : (me + 1) * shard]
         start = time.perf_counter()
         opt.reset_grad()
-        loss = loss_fn(model(ndl.Tensor(X[idx], requires_grad=False)),
-                       ndl.Tensor(y[idx], requires_grad=False))
+        loss = loss_fn(
+            model(ndl.Tensor(X[idx], requires_grad=False)), ndl.Tensor(y[idx], requires_grad=False)
+        )
         loss.backward()
         compute_s += time.perf_counter() - start
         dist.allreduce_gradients(params)
@@ -68,10 +70,16 @@ def main(argv=None) -> None:
 
     if me == 0:
         stats = dist.comm_stats()
-        np.savez(args.out, losses=np.array(losses), world=world, compute_seconds=compute_s,
-                 comm_seconds=stats["seconds"], comm_bytes=stats["bytes"],
-                 comm_calls=stats["calls"], **{f"param_{i}": p.numpy() for i, p in
-                                                enumerate(params)})
+        np.savez(
+            args.out,
+            losses=np.array(losses),
+            world=world,
+            compute_seconds=compute_s,
+            comm_seconds=stats["seconds"],
+            comm_bytes=stats["bytes"],
+            comm_calls=stats["calls"],
+            **{f"param_{i}": p.numpy() for i, p in enumerate(params)},
+        )
 
 
 if __name__ == "__main__":

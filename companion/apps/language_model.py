@@ -1,5 +1,6 @@
 """The course's word-level language model (hw4, hw4_extra): Embedding → RNN/LSTM/Transformer →
 Linear over the vocabulary."""
+
 from __future__ import annotations
 
 import needle.nn as nn
@@ -20,9 +21,18 @@ class LanguageModel(nn.Module):
     Transformer, ``nonlinearity='relu'`` for the RNN) are passed on to the sequence model.
     """
 
-    def __init__(self, embedding_size: int, output_size: int, hidden_size: int,
-                 num_layers: int = 1, seq_model: str = "rnn", seq_len: int = 40, device=None,
-                 dtype: str = "float32", **seq_model_kwargs):
+    def __init__(
+        self,
+        embedding_size: int,
+        output_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        seq_model: str = "rnn",
+        seq_len: int = 40,
+        device=None,
+        dtype: str = "float32",
+        **seq_model_kwargs,
+    ):
         super().__init__()
         self.embedding_size = embedding_size
         self.output_size = output_size
@@ -32,16 +42,35 @@ class LanguageModel(nn.Module):
         self.seq_len = seq_len
         self.embedding = nn.Embedding(output_size, embedding_size, device=device, dtype=dtype)
         if seq_model == "rnn":
-            self.seq_model = nn.RNN(embedding_size, hidden_size, num_layers, device=device,
-                                    dtype=dtype, **seq_model_kwargs)
+            self.seq_model = nn.RNN(
+                embedding_size,
+                hidden_size,
+                num_layers,
+                device=device,
+                dtype=dtype,
+                **seq_model_kwargs,
+            )
             features = hidden_size
         elif seq_model == "lstm":
-            self.seq_model = nn.LSTM(embedding_size, hidden_size, num_layers, device=device,
-                                     dtype=dtype, **seq_model_kwargs)
+            self.seq_model = nn.LSTM(
+                embedding_size,
+                hidden_size,
+                num_layers,
+                device=device,
+                dtype=dtype,
+                **seq_model_kwargs,
+            )
             features = hidden_size
         elif seq_model == "transformer":
-            self.seq_model = nn.Transformer(embedding_size, hidden_size, num_layers, device=device,
-                                            dtype=dtype, sequence_len=seq_len, **seq_model_kwargs)
+            self.seq_model = nn.Transformer(
+                embedding_size,
+                hidden_size,
+                num_layers,
+                device=device,
+                dtype=dtype,
+                sequence_len=seq_len,
+                **seq_model_kwargs,
+            )
             features = embedding_size
         else:
             raise ValueError(f"seq_model must be 'rnn', 'lstm' or 'transformer', got {seq_model!r}")
@@ -55,8 +84,9 @@ class LanguageModel(nn.Module):
         hidden_size) for the RNN, a tuple (h_n, c_n) for the LSTM, zeros for the Transformer.
         """
         if len(x.shape) != 2:
-            raise ValueError(f"LanguageModel expects ids of shape (seq_len, bs), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"LanguageModel expects ids of shape (seq_len, bs), got {tuple(x.shape)}"
+            )
         seq_len, bs = x.shape
         out, h = self.seq_model(self.embedding(x), h)
         out = out.reshape((seq_len * bs, out.shape[2]))

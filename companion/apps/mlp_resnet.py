@@ -3,6 +3,7 @@
 Progress bars (tqdm) are on by default; turn them off per call with ``progress=False`` or for the
 whole module with ``mlp_resnet.PROGRESS = False`` (an extension; the course has none).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,27 +23,38 @@ __all__ = ["ResidualBlock", "MLPResNet", "epoch", "train_mnist", "PROGRESS"]
 PROGRESS = True  # default for the ``progress`` keyword of epoch() and train_mnist()
 
 
-def ResidualBlock(dim: int, hidden_dim: int, norm=nn.BatchNorm1d, drop_prob: float = 0.1) -> nn.Module:
+def ResidualBlock(
+    dim: int, hidden_dim: int, norm=nn.BatchNorm1d, drop_prob: float = 0.1
+) -> nn.Module:
     """x -> ReLU(x + norm(Linear(Dropout(ReLU(norm(Linear(x)))))))): (B, dim) -> (B, dim).
 
     The inner Linear maps dim -> hidden_dim and back; ``norm`` is called as ``norm(features)``.
     """
     return nn.Sequential(
-        nn.Residual(nn.Sequential(
-            nn.Linear(dim, hidden_dim),
-            norm(hidden_dim),
-            nn.ReLU(),
-            nn.Dropout(drop_prob),
-            nn.Linear(hidden_dim, dim),
-            norm(dim),
-        )),
+        nn.Residual(
+            nn.Sequential(
+                nn.Linear(dim, hidden_dim),
+                norm(hidden_dim),
+                nn.ReLU(),
+                nn.Dropout(drop_prob),
+                nn.Linear(hidden_dim, dim),
+                norm(dim),
+            )
+        ),
         nn.ReLU(),
     )
 
 
-def MLPResNet(dim: int, hidden_dim: int = 100, num_blocks: int = 3, num_classes: int = 10,
-              norm=nn.BatchNorm1d, drop_prob: float = 0.1) -> nn.Module:
-    """Linear(dim, hidden) -> ReLU -> num_blocks x ResidualBlock(hidden, hidden//2) -> Linear(hidden, classes).
+def MLPResNet(
+    dim: int,
+    hidden_dim: int = 100,
+    num_blocks: int = 3,
+    num_classes: int = 10,
+    norm=nn.BatchNorm1d,
+    drop_prob: float = 0.1,
+) -> nn.Module:
+    """Linear(dim, hidden) -> ReLU -> num_blocks x ResidualBlock(hidden, hidden//2) ->
+    Linear(hidden, classes).
 
     Maps (B, dim) inputs to (B, num_classes) logits.
     """
@@ -54,8 +66,13 @@ def MLPResNet(dim: int, hidden_dim: int = 100, num_blocks: int = 3, num_classes:
     )
 
 
-def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = None, *,
-          progress: Optional[bool] = None) -> Tuple[float, float]:
+def epoch(
+    dataloader,
+    model: nn.Module,
+    opt: Optional[ndl.optim.Optimizer] = None,
+    *,
+    progress: Optional[bool] = None,
+) -> Tuple[float, float]:
     """One pass over ``dataloader``: returns (error rate over all samples, mean of batch losses).
 
     With an optimizer the model is in train mode and each batch takes a step; without one it is
@@ -72,9 +89,13 @@ def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = Non
     loss_fn = nn.SoftmaxLoss()
     losses, errors, seen = [], 0, 0
     show = PROGRESS if progress is None else progress
-    bar = tqdm(dataloader, total=len(dataloader) if hasattr(dataloader, "__len__") else None,
-               disable=not show, leave=False,
-               desc="train" if opt is not None else "eval")
+    bar = tqdm(
+        dataloader,
+        total=len(dataloader) if hasattr(dataloader, "__len__") else None,
+        disable=not show,
+        leave=False,
+        desc="train" if opt is not None else "eval",
+    )
     for X, y in bar:
         X, y = on_device(X, device), on_device(y, device)
         logits = model(X)
@@ -93,11 +114,19 @@ def epoch(dataloader, model: nn.Module, opt: Optional[ndl.optim.Optimizer] = Non
     return errors / seen, float(np.mean(losses))
 
 
-def train_mnist(batch_size: int = 100, epochs: int = 10, optimizer=ndl.optim.Adam,
-                lr: float = 0.001, weight_decay: float = 0.001, hidden_dim: int = 100,
-                data_dir: str = "data", *, progress: Optional[bool] = None
-                ) -> Tuple[float, float, float, float]:
-    """Train an MLPResNet on the MNIST files in ``data_dir``; return (train_err, train_loss, test_err, test_loss).
+def train_mnist(
+    batch_size: int = 100,
+    epochs: int = 10,
+    optimizer=ndl.optim.Adam,
+    lr: float = 0.001,
+    weight_decay: float = 0.001,
+    hidden_dim: int = 100,
+    data_dir: str = "data",
+    *,
+    progress: Optional[bool] = None,
+) -> Tuple[float, float, float, float]:
+    """Train an MLPResNet on the MNIST files in ``data_dir``; return (train_err, train_loss,
+    test_err, test_loss).
 
     Reads ``train-*``/``t10k-*`` IDX ``.gz`` files (``make data``, or
     ``companion.data.write_digits_idx(dir)`` for the offline digits); the input width is the
@@ -113,7 +142,8 @@ def train_mnist(batch_size: int = 100, epochs: int = 10, optimizer=ndl.optim.Ada
             if not path.is_file():
                 raise FileNotFoundError(
                     f"{path} not found: run `make data` for MNIST, or "
-                    f"companion.data.write_digits_idx({str(data_dir)!r}) for the offline digits")
+                    f"companion.data.write_digits_idx({str(data_dir)!r}) for the offline digits"
+                )
     train_data = ndl.data.MNISTDataset(*map(str, files["train"]))
     test_data = ndl.data.MNISTDataset(*map(str, files["test"]))
     model = MLPResNet(train_data.images.shape[1], hidden_dim)

@@ -1,4 +1,5 @@
 """The course's model zoo (hw4): ResNet9 for CIFAR-10 images, and the language models."""
+
 from __future__ import annotations
 
 import needle as ndl
@@ -16,8 +17,16 @@ class ConvBN(ndl.nn.Module):
     parameters and values, no layout changes inside).
     """
 
-    def __init__(self, a: int, b: int, k: int, s: int, device=None, dtype: str = "float32",
-                 channels_last: bool = False):
+    def __init__(
+        self,
+        a: int,
+        b: int,
+        k: int,
+        s: int,
+        device=None,
+        dtype: str = "float32",
+        channels_last: bool = False,
+    ):
         super().__init__()
         self.conv = nn.Conv(a, b, k, stride=s, device=device, dtype=dtype)
         self.bn = nn.BatchNorm2d(b, device=device, dtype=dtype)
@@ -51,8 +60,7 @@ class ResNet9(ndl.nn.Module):
             nn.Residual(nn.Sequential(ConvBN(32, 32, 3, 1, **kw), ConvBN(32, 32, 3, 1, **kw))),
             ConvBN(32, 64, 3, 2, **kw),
             ConvBN(64, 128, 3, 2, **kw),
-            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **kw),
-                                      ConvBN(128, 128, 3, 1, **kw))),
+            nn.Residual(nn.Sequential(ConvBN(128, 128, 3, 1, **kw), ConvBN(128, 128, 3, 1, **kw))),
             nn.Flatten(),
             nn.Linear(128, 128, **kw),
             nn.ReLU(),
@@ -62,6 +70,7 @@ class ResNet9(ndl.nn.Module):
     def forward(self, x: ndl.Tensor) -> ndl.Tensor:
         """Logits (N, 10) for images ``x`` of shape (N, 3, 32, 32)."""
         if len(x.shape) != 4 or tuple(x.shape[1:]) != (3, 32, 32):
-            raise ValueError(f"ResNet9 expects images of shape (N, 3, 32, 32), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"ResNet9 expects images of shape (N, 3, 32, 32), got {tuple(x.shape)}"
+            )
         return self.model(x)

@@ -3,6 +3,7 @@
 Re-exported from :mod:`companion.apps.simple_ml`. Each public function seeds ``np.random.seed(4)``
 first, as the course does. ``progress=False`` turns the tqdm bars off (an extension).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -37,15 +38,23 @@ def detach_state(h):
 def _check_data(data) -> np.ndarray:
     data = np.asarray(data)
     if data.ndim != 2 or data.shape[0] < 2:
-        raise ValueError(f"data must be batchify's (nbatch, bs) array with nbatch >= 2, got "
-                         f"shape {data.shape}")
+        raise ValueError(
+            f"data must be batchify's (nbatch, bs) array with nbatch >= 2, got shape {data.shape}"
+        )
     return data
 
 
-def epoch_general_ptb(data: np.ndarray, model: nn.Module, seq_len: int = 40,
-                      loss_fn: nn.Module = nn.SoftmaxLoss(), opt=None, clip: Optional[float] = None,
-                      device=None, dtype: str = "float32", progress: bool = True
-                      ) -> Tuple[float, float]:
+def epoch_general_ptb(
+    data: np.ndarray,
+    model: nn.Module,
+    seq_len: int = 40,
+    loss_fn: nn.Module = nn.SoftmaxLoss(),
+    opt=None,
+    clip: Optional[float] = None,
+    device=None,
+    dtype: str = "float32",
+    progress: bool = True,
+) -> Tuple[float, float]:
     """One pass over ``data`` (nbatch, bs) in chunks of ``seq_len`` rows.
 
     With ``opt`` the model is put in train mode and each chunk takes one optimizer step
@@ -85,10 +94,20 @@ def epoch_general_ptb(data: np.ndarray, model: nn.Module, seq_len: int = 40,
     return total_correct / total, total_loss / total
 
 
-def train_ptb(model: nn.Module, data: np.ndarray, seq_len: int = 40, n_epochs: int = 1,
-              optimizer=ndl.optim.SGD, lr: float = 4.0, weight_decay: float = 0.0,
-              loss_fn=nn.SoftmaxLoss, clip: Optional[float] = None, device=None,
-              dtype: str = "float32", progress: bool = True) -> Tuple[float, float]:
+def train_ptb(
+    model: nn.Module,
+    data: np.ndarray,
+    seq_len: int = 40,
+    n_epochs: int = 1,
+    optimizer=ndl.optim.SGD,
+    lr: float = 4.0,
+    weight_decay: float = 0.0,
+    loss_fn=nn.SoftmaxLoss,
+    clip: Optional[float] = None,
+    device=None,
+    dtype: str = "float32",
+    progress: bool = True,
+) -> Tuple[float, float]:
     """Trains for ``n_epochs`` with ``optimizer(model.parameters(), lr=lr,
     weight_decay=weight_decay)`` and a fresh ``loss_fn()``.
 
@@ -101,20 +120,41 @@ def train_ptb(model: nn.Module, data: np.ndarray, seq_len: int = 40, n_epochs: i
     loss = loss_module(loss_fn)
     acc = avg_loss = None
     for _ in tqdm(range(n_epochs), disable=not progress, leave=False, desc="epochs"):
-        acc, avg_loss = epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=loss, opt=opt,
-                                          clip=clip, device=device, dtype=dtype,
-                                          progress=progress)
+        acc, avg_loss = epoch_general_ptb(
+            data,
+            model,
+            seq_len=seq_len,
+            loss_fn=loss,
+            opt=opt,
+            clip=clip,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+        )
     return acc, avg_loss
 
 
-def evaluate_ptb(model: nn.Module, data: np.ndarray, seq_len: int = 40, loss_fn=nn.SoftmaxLoss,
-                 device=None, dtype: str = "float32", progress: bool = True
-                 ) -> Tuple[float, float]:
+def evaluate_ptb(
+    model: nn.Module,
+    data: np.ndarray,
+    seq_len: int = 40,
+    loss_fn=nn.SoftmaxLoss,
+    device=None,
+    dtype: str = "float32",
+    progress: bool = True,
+) -> Tuple[float, float]:
     """One evaluation pass (eval mode, no optimizer) with a fresh ``loss_fn()``.
 
     Returns (avg_acc, avg_loss); exp(avg_loss) is the perplexity.
     """
     np.random.seed(4)
-    return epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=loss_module(loss_fn),
-                             opt=None,
-                             device=device, dtype=dtype, progress=progress)
+    return epoch_general_ptb(
+        data,
+        model,
+        seq_len=seq_len,
+        loss_fn=loss_module(loss_fn),
+        opt=None,
+        device=device,
+        dtype=dtype,
+        progress=progress,
+    )

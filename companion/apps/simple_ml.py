@@ -10,6 +10,7 @@ hw1 behaviour, numpy arrays the hw0 behaviour.
 The hw4 training loops (CIFAR-10, Penn Treebank) live in their own modules and are re-exported at
 the bottom, so ``companion.apps.simple_ml`` holds every name the course's copies do.
 """
+
 from __future__ import annotations
 
 from typing import List, Tuple
@@ -26,14 +27,28 @@ except ImportError as _exc:  # not compiled yet: fail loudly when called, not at
 
     def softmax_regression_epoch_cpp(X, y, theta, lr, batch):
         """Unavailable: the compiled module ``companion.apps.simple_ml_ext`` is missing."""
-        raise ImportError("companion.apps.simple_ml_ext is not compiled; run `make build` "
-                          f"(import failed: {_EXT_ERROR})")
+        raise ImportError(
+            "companion.apps.simple_ml_ext is not compiled; run `make build` "
+            f"(import failed: {_EXT_ERROR})"
+        )
+
 
 __all__ = [
-    "add", "parse_mnist", "softmax_loss", "softmax_regression_epoch", "softmax_regression_epoch_cpp",
-    "nn_epoch", "loss_err", "train_softmax", "train_nn",
-    "epoch_general_cifar10", "train_cifar10", "evaluate_cifar10",
-    "epoch_general_ptb", "train_ptb", "evaluate_ptb",
+    "add",
+    "parse_mnist",
+    "softmax_loss",
+    "softmax_regression_epoch",
+    "softmax_regression_epoch_cpp",
+    "nn_epoch",
+    "loss_err",
+    "train_softmax",
+    "train_nn",
+    "epoch_general_cifar10",
+    "train_cifar10",
+    "evaluate_cifar10",
+    "epoch_general_ptb",
+    "train_ptb",
+    "evaluate_ptb",
 ]
 
 
@@ -50,11 +65,15 @@ def _softmax(Z: np.ndarray) -> np.ndarray:
 
 def _check_xy(X: np.ndarray, y: np.ndarray) -> None:
     if not isinstance(X, np.ndarray) or X.ndim != 2:
-        raise ValueError(f"X must be a 2-D numpy array (m, n), got {type(X).__name__} "
-                         f"with shape {getattr(X, 'shape', None)}")
+        raise ValueError(
+            f"X must be a 2-D numpy array (m, n), got {type(X).__name__} "
+            f"with shape {getattr(X, 'shape', None)}"
+        )
     if not isinstance(y, np.ndarray) or y.shape != (X.shape[0],):
-        raise ValueError(f"y must be a numpy array of shape ({X.shape[0]},) to match X, "
-                         f"got shape {getattr(y, 'shape', None)}")
+        raise ValueError(
+            f"y must be a numpy array of shape ({X.shape[0]},) to match X, "
+            f"got shape {getattr(y, 'shape', None)}"
+        )
     if y.dtype.kind not in "iu":
         raise TypeError(f"y must hold integer labels, got dtype {y.dtype}")
 
@@ -69,21 +88,26 @@ def softmax_loss(Z, y):
     """
     if isinstance(Z, ndl.Tensor):
         if not isinstance(y, ndl.Tensor) or y.shape != Z.shape:
-            raise ValueError(f"with a Tensor Z {Z.shape}, y must be a one-hot Tensor of the same "
-                             f"shape, got {type(y).__name__} {getattr(y, 'shape', None)}")
+            raise ValueError(
+                f"with a Tensor Z {Z.shape}, y must be a one-hot Tensor of the same "
+                f"shape, got {type(y).__name__} {getattr(y, 'shape', None)}"
+            )
         return (ndl.log(ndl.exp(Z).sum((1,))).sum() - (y * Z).sum()) / Z.shape[0]
     Z = np.asarray(Z)
     y = np.asarray(y)
     if Z.ndim != 2 or y.shape != (Z.shape[0],):
-        raise ValueError(f"softmax_loss needs Z (batch, classes) and integer y (batch,), got "
-                         f"shapes {Z.shape} and {y.shape}")
+        raise ValueError(
+            f"softmax_loss needs Z (batch, classes) and integer y (batch,), got "
+            f"shapes {Z.shape} and {y.shape}"
+        )
     zmax = Z.max(axis=1)
     lse = zmax + np.log(np.exp(Z - zmax[:, None]).sum(axis=1))
     return float(np.mean(lse - Z[np.arange(Z.shape[0]), y]))
 
 
-def softmax_regression_epoch(X: np.ndarray, y: np.ndarray, theta: np.ndarray,
-                             lr: float = 0.1, batch: int = 100) -> None:
+def softmax_regression_epoch(
+    X: np.ndarray, y: np.ndarray, theta: np.ndarray, lr: float = 0.1, batch: int = 100
+) -> None:
     """One epoch of mini-batch SGD for softmax regression, updating ``theta`` in place (hw0).
 
     X (m, n) float, y (m,) integer labels, theta (n, k). Batches are consecutive rows; the last
@@ -91,12 +115,14 @@ def softmax_regression_epoch(X: np.ndarray, y: np.ndarray, theta: np.ndarray,
     """
     _check_xy(X, y)
     if not isinstance(theta, np.ndarray) or theta.ndim != 2 or theta.shape[0] != X.shape[1]:
-        raise ValueError(f"theta must be a numpy array of shape ({X.shape[1]}, k), got shape "
-                         f"{getattr(theta, 'shape', None)}")
+        raise ValueError(
+            f"theta must be a numpy array of shape ({X.shape[1]}, k), got shape "
+            f"{getattr(theta, 'shape', None)}"
+        )
     if batch < 1:
         raise ValueError(f"batch must be positive, got {batch}")
     for start in range(0, X.shape[0], batch):
-        Xb, yb = X[start:start + batch], y[start:start + batch]
+        Xb, yb = X[start : start + batch], y[start : start + batch]
         G = _softmax(Xb @ theta)
         G[np.arange(len(yb)), yb] -= 1
         theta -= (lr / len(yb)) * (Xb.T @ G).astype(theta.dtype)
@@ -105,12 +131,13 @@ def softmax_regression_epoch(X: np.ndarray, y: np.ndarray, theta: np.ndarray,
 def _nn_epoch_numpy(X, y, W1, W2, lr, batch) -> None:
     _check_xy(X, y)
     if W1.ndim != 2 or W2.ndim != 2 or W1.shape[0] != X.shape[1] or W2.shape[0] != W1.shape[1]:
-        raise ValueError(f"W1 must be ({X.shape[1]}, d) and W2 (d, k); got shapes {W1.shape} "
-                         f"and {W2.shape}")
+        raise ValueError(
+            f"W1 must be ({X.shape[1]}, d) and W2 (d, k); got shapes {W1.shape} and {W2.shape}"
+        )
     if batch < 1:
         raise ValueError(f"batch must be positive, got {batch}")
     for start in range(0, X.shape[0], batch):
-        Xb, yb = X[start:start + batch], y[start:start + batch]
+        Xb, yb = X[start : start + batch], y[start : start + batch]
         Z1 = np.maximum(Xb @ W1, 0)
         G2 = _softmax(Z1 @ W2)
         G2[np.arange(len(yb)), yb] -= 1
@@ -126,7 +153,7 @@ def _nn_epoch_needle(X, y, W1, W2, lr, batch):
         raise ValueError(f"batch must be positive, got {batch}")
     k = W2.shape[1]
     for start in range(0, X.shape[0], batch):
-        Xb, yb = X[start:start + batch], y[start:start + batch]
+        Xb, yb = X[start : start + batch], y[start : start + batch]
         one_hot = np.zeros((len(yb), k), dtype=np.float32)
         one_hot[np.arange(len(yb)), yb] = 1
         Xt = ndl.Tensor(Xb, device=W1.device, requires_grad=False)
@@ -134,10 +161,12 @@ def _nn_epoch_needle(X, y, W1, W2, lr, batch):
         loss = softmax_loss(logits, ndl.Tensor(one_hot, device=W1.device, requires_grad=False))
         loss.backward()
         # New leaf tensors from raw arrays: the update must not extend the graph.
-        W1 = ndl.Tensor(W1.realize_cached_data() - lr * W1.grad.realize_cached_data(),
-                        device=W1.device)
-        W2 = ndl.Tensor(W2.realize_cached_data() - lr * W2.grad.realize_cached_data(),
-                        device=W2.device)
+        W1 = ndl.Tensor(
+            W1.realize_cached_data() - lr * W1.grad.realize_cached_data(), device=W1.device
+        )
+        W2 = ndl.Tensor(
+            W2.realize_cached_data() - lr * W2.grad.realize_cached_data(), device=W2.device
+        )
     return W1, W2
 
 
@@ -152,8 +181,10 @@ def nn_epoch(X: np.ndarray, y: np.ndarray, W1, W2, lr: float = 0.1, batch: int =
         return _nn_epoch_needle(X, y, W1, W2, lr, batch)
     if isinstance(W1, np.ndarray) and isinstance(W2, np.ndarray):
         return _nn_epoch_numpy(X, y, W1, W2, lr, batch)
-    raise TypeError(f"W1 and W2 must both be numpy arrays or both needle Tensors, got "
-                    f"{type(W1).__name__} and {type(W2).__name__}")
+    raise TypeError(
+        f"W1 and W2 must both be numpy arrays or both needle Tensors, got "
+        f"{type(W1).__name__} and {type(W2).__name__}"
+    )
 
 
 def loss_err(h, y) -> Tuple[float, float]:
@@ -173,15 +204,30 @@ def loss_err(h, y) -> Tuple[float, float]:
 def _row(epoch: int, tr: Tuple[float, float], te: Tuple[float, float], verbose: bool) -> dict:
     if verbose:
         print("|  {:>4} |    {:.5f} |   {:.5f} |   {:.5f} |  {:.5f} |".format(epoch, *tr, *te))
-    return {"epoch": epoch, "train_loss": tr[0], "train_err": tr[1],
-            "test_loss": te[0], "test_err": te[1]}
+    return {
+        "epoch": epoch,
+        "train_loss": tr[0],
+        "train_err": tr[1],
+        "test_loss": te[0],
+        "test_err": te[1],
+    }
 
 
 _HEADER = "| Epoch | Train Loss | Train Err | Test Loss | Test Err |"
 
 
-def train_softmax(X_tr, y_tr, X_te, y_te, epochs: int = 10, lr: float = 0.5, batch: int = 100,
-                  cpp: bool = False, *, verbose: bool = True) -> List[dict]:
+def train_softmax(
+    X_tr,
+    y_tr,
+    X_te,
+    y_te,
+    epochs: int = 10,
+    lr: float = 0.5,
+    batch: int = 100,
+    cpp: bool = False,
+    *,
+    verbose: bool = True,
+) -> List[dict]:
     """Train softmax regression from theta = 0 and print the course's per-epoch table (hw0).
 
     X (m, n) float32, y (m,) integer labels. Extension: returns the table as a list of dicts
@@ -194,13 +240,25 @@ def train_softmax(X_tr, y_tr, X_te, y_te, epochs: int = 10, lr: float = 0.5, bat
     history = []
     for epoch in range(epochs):
         epoch_fn(X_tr, y_tr, theta, lr=lr, batch=batch)
-        history.append(_row(epoch, loss_err(X_tr @ theta, y_tr), loss_err(X_te @ theta, y_te),
-                            verbose))
+        history.append(
+            _row(epoch, loss_err(X_tr @ theta, y_tr), loss_err(X_te @ theta, y_te), verbose)
+        )
     return history
 
 
-def train_nn(X_tr, y_tr, X_te, y_te, hidden_dim: int = 500, epochs: int = 10, lr: float = 0.5,
-             batch: int = 100, *, use_needle: bool = False, verbose: bool = True) -> List[dict]:
+def train_nn(
+    X_tr,
+    y_tr,
+    X_te,
+    y_te,
+    hidden_dim: int = 500,
+    epochs: int = 10,
+    lr: float = 0.5,
+    batch: int = 100,
+    *,
+    use_needle: bool = False,
+    verbose: bool = True,
+) -> List[dict]:
     """Train the two-layer ReLU net and print the course's per-epoch table (hw0; hw1 with Tensors).
 
     Seeds ``np.random.seed(0)``, then W1 = randn(n, hidden_dim)/sqrt(hidden_dim) and
@@ -231,5 +289,5 @@ def train_nn(X_tr, y_tr, X_te, y_te, hidden_dim: int = 500, epochs: int = 10, lr
 
 
 # hw4's training loops, written in their own modules (course: the same simple_ml.py).
-from .cifar_training import epoch_general_cifar10, train_cifar10, evaluate_cifar10  # noqa: E402
-from .ptb_training import epoch_general_ptb, train_ptb, evaluate_ptb  # noqa: E402
+from .cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10  # noqa: E402
+from .ptb_training import epoch_general_ptb, evaluate_ptb, train_ptb  # noqa: E402

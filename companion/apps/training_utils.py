@@ -1,4 +1,5 @@
-"""Small helpers shared by the course's training loops (mlp_resnet, cifar_training, ptb_training)."""
+"""Helpers shared by the course's training loops (mlp_resnet, cifar_training, ptb_training)."""
+
 from __future__ import annotations
 
 import needle as ndl

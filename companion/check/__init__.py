@@ -5,6 +5,7 @@ that folder (the course's skeleton layout), builds its C++/CUDA sources, and run
 checks for the homework, one line per question with a diagnosis for each failure. The question
 registry in ``questions.py`` is shared with the test suite's pytest markers.
 """
+
 from .questions import HOMEWORKS, QUESTIONS, Question, questions_for
 from .runner import Report, Result, check
 

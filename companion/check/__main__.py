@@ -1,5 +1,6 @@
 """Command line: ``python -m companion.check path/to/hwN [--hw hwN] [-k text] [--list]``, and
 ``python -m companion.check --progress [FOLDER ...]`` (see ``progress.py``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,22 +26,43 @@ def main(argv: list[str] | None = None) -> int:
     """Check a homework folder and print the report; exit status 0 when every question passes."""
     parser = argparse.ArgumentParser(
         prog="python -m companion.check",
-        description="Check your own needle (course skeleton layout) question by question.")
-    parser.add_argument("folder", nargs="*", help="your homework folder, e.g. path/to/hw2 "
-                        "(with --progress: any number, default the current folder)")
+        description="Check your own needle (course skeleton layout) question by question.",
+    )
+    parser.add_argument(
+        "folder",
+        nargs="*",
+        help="your homework folder, e.g. path/to/hw2 "
+        "(with --progress: any number, default the current folder)",
+    )
     parser.add_argument("--hw", choices=HOMEWORKS, help="the homework (default: from the name)")
-    parser.add_argument("-k", action="append", metavar="TEXT",
-                        help="only questions whose id contains TEXT (repeatable)")
+    parser.add_argument(
+        "-k",
+        action="append",
+        metavar="TEXT",
+        help="only questions whose id contains TEXT (repeatable)",
+    )
     parser.add_argument("--list", action="store_true", help="list the questions and exit")
-    parser.add_argument("--timeout", type=_seconds, default=120.0,
-                        help="seconds one question (and the import) may run (default 120)")
-    parser.add_argument("--build-timeout", type=_seconds, default=600.0,
-                        help="seconds one build step may run (default 600)")
-    parser.add_argument("--isolate", action="store_true",
-                        help="a fresh process for every question (slower)")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        help="seconds one question (and the import) may run (default 120)",
+    )
+    parser.add_argument(
+        "--build-timeout",
+        type=_seconds,
+        default=600.0,
+        help="seconds one build step may run (default 600)",
+    )
+    parser.add_argument(
+        "--isolate", action="store_true", help="a fresh process for every question (slower)"
+    )
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
-    parser.add_argument("--progress", action="store_true",
-                        help="print passed/total, changes and the next question per homework")
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="print passed/total, changes and the next question per homework",
+    )
     args = parser.parse_args(argv)
     if args.progress:
         return _progress(args.folder or ["."])
@@ -50,15 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             from pathlib import Path
+
             hw = args.hw or detect_homework(Path(args.folder))
             for q in questions_for(hw):
                 print(f"{q.id:<36} {q.title}")
                 if q.help:
                     print(f"{'':<36}   ({q.help})")
             return 0
-        report = check(args.folder, args.hw, only=args.k, timeout=args.timeout,
-                       isolate=args.isolate, do_build=not args.no_build,
-                       build_timeout=args.build_timeout)
+        report = check(
+            args.folder,
+            args.hw,
+            only=args.k,
+            timeout=args.timeout,
+            isolate=args.isolate,
+            do_build=not args.no_build,
+            build_timeout=args.build_timeout,
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"companion check: {exc}", file=sys.stderr)
         return 2

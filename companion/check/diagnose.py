@@ -7,6 +7,7 @@ recorded (``Recorder``: the values copied out as bytes) and the runner recompute
 its own process (``recheck``); ``NumpyGuard`` notices student code replacing numpy's functions,
 which the references are computed with.
 """
+
 from __future__ import annotations
 
 import base64
@@ -70,23 +71,35 @@ def mismatch(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | 
     if close.all():
         return None
     if e.ndim == 0:
-        return (f"expected {float(e):.6g}, got {float(g):.6g} (tolerance {atol:g} + "
-                f"{rtol:g}·|expected|)")
+        return (
+            f"expected {float(e):.6g}, got {float(g):.6g} (tolerance {atol:g} + "
+            f"{rtol:g}·|expected|)"
+        )
     bad = np.argwhere(~close)
     diff = np.abs(g - e)
     diff[~np.isfinite(diff)] = np.inf
     worst = np.unravel_index(np.argmax(np.where(close, -1, diff)), diff.shape)
-    lines = [f"{len(bad)} of {e.size} elements differ (tolerance {atol:g} + {rtol:g}·|expected|);"
-             f" largest difference {diff[worst]:.4g} at index {tuple(int(i) for i in worst)}"]
+    lines = [
+        f"{len(bad)} of {e.size} elements differ (tolerance {atol:g} + {rtol:g}·|expected|);"
+        f" largest difference {diff[worst]:.4g} at index {tuple(int(i) for i in worst)}"
+    ]
     for idx in bad[:4]:
         idx = tuple(int(i) for i in idx)
         lines.append(f"    at {idx}: expected {e[idx]:.6g}, got {g[idx]:.6g}")
     return "\n".join(lines)
 
 
-def check_close(what: str, got, expected, *, inputs: Mapping[str, object] | None = None,
-                rtol: float = 1e-5, atol: float = 1e-6, hint: str = "",
-                variants: Sequence | None = None) -> None:
+def check_close(
+    what: str,
+    got,
+    expected,
+    *,
+    inputs: Mapping[str, object] | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    hint: str = "",
+    variants: Sequence | None = None,
+) -> None:
     """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch.
 
     ``variants`` are known wrong answers (``mistakes.Variant``); the first that ``got`` matches
@@ -114,8 +127,12 @@ def require(condition: bool, message: str) -> None:
         raise CheckFailure(message)
 
 
-def numerical_vjp(f: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
-                  weights: np.ndarray, eps: float = 1e-6) -> list[np.ndarray]:
+def numerical_vjp(
+    f: Callable[..., np.ndarray],
+    arrays: Sequence[np.ndarray],
+    weights: np.ndarray,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
     """Central differences (float64) of L(x) = Σ f(x)·weights with respect to each array.
 
     ``f`` is the numpy reference of the operation, so the gradient it yields is the true one,
@@ -137,11 +154,19 @@ def numerical_vjp(f: Callable[..., np.ndarray], arrays: Sequence[np.ndarray],
     return grads
 
 
-def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
-                   names: Sequence[str], *, inputs: Mapping[str, object],
-                   out_grad: np.ndarray, rtol: float = 1e-3, atol: float = 1e-3,
-                   op: str | None = None,
-                   variants: Callable[..., list[list]] | None = None) -> None:
+def check_adjoints(
+    what: str,
+    analytic: Sequence,
+    numeric: Sequence[np.ndarray],
+    names: Sequence[str],
+    *,
+    inputs: Mapping[str, object],
+    out_grad: np.ndarray,
+    rtol: float = 1e-3,
+    atol: float = 1e-3,
+    op: str | None = None,
+    variants: Callable[..., list[list]] | None = None,
+) -> None:
     """Compare each input's adjoint with its finite-difference value; name every wrong one.
 
     ``atol`` scales with the largest finite-difference entry so tiny gradients are not waved
@@ -152,9 +177,11 @@ def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
     """
     wrong = []
     if len(analytic) != len(numeric):
-        raise CheckFailure(f"{what}: gradient returned {len(analytic)} adjoint(s), but the op "
-                           f"has {len(numeric)} input(s) ({', '.join(names)}); return one "
-                           "adjoint per input, in input order.")
+        raise CheckFailure(
+            f"{what}: gradient returned {len(analytic)} adjoint(s), but the op "
+            f"has {len(numeric)} input(s) ({', '.join(names)}); return one "
+            "adjoint per input, in input order."
+        )
     tolerances = []
     for name, got, fd in zip(names, analytic, numeric):
         scale = max(1.0, float(np.abs(fd).max())) if fd.size else 1.0
@@ -167,13 +194,23 @@ def check_adjoints(what: str, analytic: Sequence, numeric: Sequence[np.ndarray],
         return
     text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
     text += "does not match a finite-difference check.\n"
-    arrays = [np.asarray(to_numpy(v), dtype=np.float64) for v in inputs.values()][:len(names)]
-    arrays += [np.zeros_like(n) for n in numeric[len(arrays):]]  # adjoints of parameters
-    found = adjoint_variants(list(names), arrays, np.asarray(out_grad, dtype=np.float64),
-                             [np.asarray(n, dtype=np.float64) for n in numeric], op=op)
+    arrays = [np.asarray(to_numpy(v), dtype=np.float64) for v in inputs.values()][: len(names)]
+    arrays += [np.zeros_like(n) for n in numeric[len(arrays) :]]  # adjoints of parameters
+    found = adjoint_variants(
+        list(names),
+        arrays,
+        np.asarray(out_grad, dtype=np.float64),
+        [np.asarray(n, dtype=np.float64) for n in numeric],
+        op=op,
+    )
     if variants is not None:
-        for i, extra in enumerate(variants(arrays, np.asarray(out_grad, dtype=np.float64),
-                                           [np.asarray(n, dtype=np.float64) for n in numeric])):
+        for i, extra in enumerate(
+            variants(
+                arrays,
+                np.asarray(out_grad, dtype=np.float64),
+                [np.asarray(n, dtype=np.float64) for n in numeric],
+            )
+        ):
             found[i] = list(extra) + found[i]
     for name, got, _fd, _problem in wrong:
         i = list(names).index(name)
@@ -232,8 +269,9 @@ def record(what: str, got, expected, rtol: float, atol: float) -> None:
     except (TypeError, ValueError):
         return  # not numbers: the comparison itself reports that
     if g is not None and e is not None:
-        _RECORD.append({"what": what, "got": g, "expected": e, "rtol": float(rtol),
-                        "atol": float(atol)})
+        _RECORD.append(
+            {"what": what, "got": g, "expected": e, "rtol": float(rtol), "atol": float(atol)}
+        )
 
 
 class Recorder:
@@ -254,14 +292,20 @@ class Recorder:
 def recheck(comparisons: Sequence[dict]) -> str | None:
     """Recompute recorded comparisons (in the runner's process); the first mismatch, or None."""
     for c in comparisons:
-        problem = mismatch(_decode(c["got"]), _decode(c["expected"]), rtol=c["rtol"],
-                           atol=c["atol"])
+        problem = mismatch(
+            _decode(c["got"]), _decode(c["expected"]), rtol=c["rtol"], atol=c["atol"]
+        )
         if problem is not None:
-            return (f"{c['what']} is wrong (compared again in the checker's own process: "
-                    "inside yours it looked right, so your code changes how numpy or the "
-                    "checker compares).\n  expected: " + show(_decode(c["expected"]))
-                    + "\n  got:      " + show(_decode(c["got"])) + "\n  "
-                    + problem.replace("\n", "\n  "))
+            return (
+                f"{c['what']} is wrong (compared again in the checker's own process: "
+                "inside yours it looked right, so your code changes how numpy or the "
+                "checker compares).\n  expected: "
+                + show(_decode(c["expected"]))
+                + "\n  got:      "
+                + show(_decode(c["got"]))
+                + "\n  "
+                + problem.replace("\n", "\n  ")
+            )
     return None
 
 
@@ -272,9 +316,17 @@ class NumpyGuard:
 
     def __init__(self) -> None:
         import sys
-        names = ["builtins", "math", "json", "numpy", "numpy.linalg", "numpy.random",
-                 "numpy.lib.stride_tricks", __name__] + [
-                     m for m in list(sys.modules) if m.startswith("companion.check")]
+
+        names = [
+            "builtins",
+            "math",
+            "json",
+            "numpy",
+            "numpy.linalg",
+            "numpy.random",
+            "numpy.lib.stride_tricks",
+            __name__,
+        ] + [m for m in list(sys.modules) if m.startswith("companion.check")]
         self._saved: list[tuple[types.ModuleType, str, object, object]] = []
         for name in names:
             module = sys.modules.get(name)
@@ -289,14 +341,17 @@ class NumpyGuard:
         changed = []
         for module, attr, value, code in self._saved:
             if getattr(module, attr, None) is not value or (
-                    code is not None and getattr(value, "__code__", None) is not code):
+                code is not None and getattr(value, "__code__", None) is not code
+            ):
                 changed.append(f"{module.__name__}.{attr}")
                 setattr(module, attr, value)
                 if code is not None:
                     value.__code__ = code
         if not changed:
             return None
-        return (f"your code replaced {', '.join(changed[:5])}"
-                + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-                + ": the checker computes its answers with these, so it cannot trust this "
-                "run; do not assign to numpy's (or the checker's) functions")
+        return (
+            f"your code replaced {', '.join(changed[:5])}"
+            + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            + ": the checker computes its answers with these, so it cannot trust this "
+            "run; do not assign to numpy's (or the checker's) functions"
+        )

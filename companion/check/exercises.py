@@ -7,6 +7,7 @@ notebooks, stubs and all, passing strict nbval. With ``NEEDLE_EXERCISES=strict``
 runs every exercise with the reference answers from notebooks/solutions/) anything but
 "correct" raises AssertionError.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,15 @@ def _strict() -> bool:
     return os.environ.get("NEEDLE_EXERCISES") == "strict"
 
 
-def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, *,
-                   rtol: float = 1e-5, atol: float = 1e-6,
-                   predicate: Callable[[Any], str | None] | None = None) -> None:
+def check_exercise(
+    label: str,
+    answer: Callable[[], Any],
+    expected: Any = None,
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    predicate: Callable[[Any], str | None] | None = None,
+) -> None:
     """Run ``answer()`` and print whether it matches ``expected`` (arrays or numbers, within
     ``atol + rtol·|expected|``) or, with ``predicate``, whether ``predicate(result)`` returns
     None (else the returned text says what is wrong). Returns nothing, so a check cell shows
@@ -38,8 +45,7 @@ def check_exercise(label: str, answer: Callable[[], Any], expected: Any = None, 
         print(message)
         return
     try:
-        problem = (predicate(got) if predicate is not None
-                   else _compare(got, expected, rtol, atol))
+        problem = predicate(got) if predicate is not None else _compare(got, expected, rtol, atol)
     except Exception as exc:  # an answer of the wrong structure: say so, don't crash the cell
         problem = f"could not compare your answer {got!r:.100} ({type(exc).__name__}: {exc})"
     if problem is None:
@@ -68,7 +74,8 @@ def _compare(got: Any, expected: Any, rtol: float, atol: float) -> str | None:
     return mismatch(got, np.asarray(expected, dtype=np.float64), rtol=rtol, atol=atol)
 
 
-def central_difference(f: Callable[[np.ndarray], float], x: np.ndarray,
-                       eps: float = 1e-6) -> np.ndarray:
+def central_difference(
+    f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-6
+) -> np.ndarray:
     """The gradient of the scalar function ``f`` at ``x`` (same shape) by central differences."""
     return numerical_vjp(lambda a: np.asarray(f(a)), [x], np.float64(1.0), eps=eps)[0]

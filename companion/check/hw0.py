@@ -3,6 +3,7 @@
 Each function is named after its question id and receives the worker's context. Oracles are
 plain numpy written here; inputs are small random problems so failures print readably.
 """
+
 import gzip
 import os
 import struct
@@ -22,7 +23,7 @@ def softmax_epoch_reference(X, y, theta, lr, batch):
     """Mini-batch SGD on the softmax loss, batches of consecutive rows (returns a new theta)."""
     theta = theta.copy()
     for s in range(0, X.shape[0], batch):
-        Xb, yb = X[s:s + batch], y[s:s + batch]
+        Xb, yb = X[s : s + batch], y[s : s + batch]
         G = _softmax(Xb @ theta)
         G[np.arange(len(yb)), yb] -= 1
         theta -= lr * Xb.T @ G / len(yb)
@@ -33,7 +34,7 @@ def nn_epoch_reference(X, y, W1, W2, lr, batch):
     """One SGD epoch of logits = ReLU(X W1) W2 on the softmax loss (returns new W1, W2)."""
     W1, W2 = W1.copy(), W2.copy()
     for s in range(0, X.shape[0], batch):
-        Xb, yb = X[s:s + batch], y[s:s + batch]
+        Xb, yb = X[s : s + batch], y[s : s + batch]
         Z1 = np.maximum(Xb @ W1, 0)
         G2 = _softmax(Z1 @ W2)
         G2[np.arange(len(yb)), yb] -= 1
@@ -63,16 +64,19 @@ def _problem(m=50, n=5, k=3):
 
 def hw0_add(ctx):
     from simple_ml import add
+
     # numbers compared as float64 arrays (recorded and rechecked), never with the result's ==
     check_close("add(5, 6)", np.asarray(add(5, 6), dtype=np.float64), 11.0, rtol=0, atol=0)
-    check_close("add(3.2, 1.0)", np.asarray(add(3.2, 1.0), dtype=np.float64), 4.2, rtol=1e-12,
-                atol=0)
+    check_close(
+        "add(3.2, 1.0)", np.asarray(add(3.2, 1.0), dtype=np.float64), 4.2, rtol=1e-12, atol=0
+    )
     a, b = np.array([1.0, 2.0]), np.array([3.0, -1.0])
     check_close("add(a, b) on arrays", add(a, b), a + b, inputs={"a": a, "b": b})
 
 
 def hw0_parse_mnist(ctx):
     from simple_ml import parse_mnist
+
     rng = np.random.default_rng(2)
     images = rng.integers(0, 256, (7, 28, 28)).astype(np.uint8)
     images[0, 0, 0], images[1, 0, 0] = 0, 255
@@ -82,61 +86,94 @@ def hw0_parse_mnist(ctx):
     X, y = np.asarray(X), np.asarray(y)
     require(X.dtype == np.float32, f"X must be float32, got {X.dtype}")
     require(y.dtype == np.uint8, f"y must be uint8, got {y.dtype}")
-    check_close("X from parse_mnist (7 images: shape (7, 784), pixel/255)", X,
-                images.reshape(7, 784).astype(np.float32) / 255,
-                hint="flatten each 28x28 image into a row and divide by 255")
+    check_close(
+        "X from parse_mnist (7 images: shape (7, 784), pixel/255)",
+        X,
+        images.reshape(7, 784).astype(np.float32) / 255,
+        hint="flatten each 28x28 image into a row and divide by 255",
+    )
     check_close("y from parse_mnist", y, labels)
 
 
 def hw0_softmax_loss(ctx):
     from simple_ml import softmax_loss
+
     rng = np.random.default_rng(3)
     Z = rng.standard_normal((6, 4)).astype(np.float32) * 3
     y = rng.integers(0, 4, 6).astype(np.uint8)
     zmax = Z.max(axis=1)
     expected = np.mean(zmax + np.log(np.exp(Z - zmax[:, None]).sum(1)) - Z[np.arange(6), y])
-    check_close("softmax_loss(Z, y)", np.asarray(softmax_loss(Z, y), dtype=np.float64),
-                expected, inputs={"Z": Z, "y": y}, rtol=1e-5, atol=1e-6,
-                hint="mean over the batch of log(sum_j exp Z_ij) - Z_{i, y_i}")
+    check_close(
+        "softmax_loss(Z, y)",
+        np.asarray(softmax_loss(Z, y), dtype=np.float64),
+        expected,
+        inputs={"Z": Z, "y": y},
+        rtol=1e-5,
+        atol=1e-6,
+        hint="mean over the batch of log(sum_j exp Z_ij) - Z_{i, y_i}",
+    )
 
 
 def hw0_softmax_regression_epoch(ctx):
     from simple_ml import softmax_regression_epoch
+
     X, y = _problem()
     theta = np.zeros((5, 3), dtype=np.float32)
     expected = softmax_epoch_reference(X, y, theta, 0.2, 15)
     softmax_regression_epoch(X, y, theta, lr=0.2, batch=15)
-    check_close("theta after softmax_regression_epoch(X, y, theta, lr=0.2, batch=15) "
-                "(50 rows: the last batch has 5)", theta, expected, rtol=1e-4, atol=1e-5,
-                inputs={"X": X, "y": y}, hint="update theta in place, one step per batch of "
-                "consecutive rows, gradient X_b^T (softmax(X_b theta) - I_y) / batch_size")
+    check_close(
+        "theta after softmax_regression_epoch(X, y, theta, lr=0.2, batch=15) "
+        "(50 rows: the last batch has 5)",
+        theta,
+        expected,
+        rtol=1e-4,
+        atol=1e-5,
+        inputs={"X": X, "y": y},
+        hint="update theta in place, one step per batch of "
+        "consecutive rows, gradient X_b^T (softmax(X_b theta) - I_y) / batch_size",
+    )
 
 
 def hw0_nn_epoch(ctx):
     from simple_ml import nn_epoch
+
     X, y = _problem()
     rng = np.random.default_rng(4)
     W1 = (rng.standard_normal((5, 8)) / np.sqrt(8)).astype(np.float32)
     W2 = (rng.standard_normal((8, 3)) / np.sqrt(3)).astype(np.float32)
     e1, e2 = nn_epoch_reference(X, y, W1, W2, 0.2, 15)
     nn_epoch(X, y, W1, W2, lr=0.2, batch=15)
-    check_close("W1 after nn_epoch(X, y, W1, W2, lr=0.2, batch=15)", W1, e1, rtol=1e-4,
-                atol=1e-5, hint="update W1 and W2 in place")
-    check_close("W2 after nn_epoch(X, y, W1, W2, lr=0.2, batch=15)", W2, e2, rtol=1e-4,
-                atol=1e-5)
+    check_close(
+        "W1 after nn_epoch(X, y, W1, W2, lr=0.2, batch=15)",
+        W1,
+        e1,
+        rtol=1e-4,
+        atol=1e-5,
+        hint="update W1 and W2 in place",
+    )
+    check_close("W2 after nn_epoch(X, y, W1, W2, lr=0.2, batch=15)", W2, e2, rtol=1e-4, atol=1e-5)
 
 
 def hw0_softmax_regression_epoch_cpp(ctx):
     try:
         from simple_ml_ext import softmax_regression_epoch_cpp
     except ImportError as exc:
-        raise AssertionError(f"cannot import simple_ml_ext ({exc}); was "
-                             "src/simple_ml_ext.cpp built?") from None
+        raise AssertionError(
+            f"cannot import simple_ml_ext ({exc}); was src/simple_ml_ext.cpp built?"
+        ) from None
     X, y = _problem()
     theta = np.zeros((5, 3), dtype=np.float32)
     expected = softmax_epoch_reference(X, y, theta, 0.2, 15)
-    ctx.note("softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15) with X (50, 5) "
-             "float32, y (50,) uint8 in [0, 3), theta (5, 3) float32")
+    ctx.note(
+        "softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15) with X (50, 5) "
+        "float32, y (50,) uint8 in [0, 3), theta (5, 3) float32"
+    )
     softmax_regression_epoch_cpp(X, y, theta, 0.2, 15)
-    check_close("theta after softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15)",
-                theta, expected, rtol=1e-4, atol=1e-5, inputs={"X": X, "y": y})
+    check_close(
+        "theta after softmax_regression_epoch_cpp(X, y, theta, lr=0.2, batch=15)",
+        theta,
+        expected,
+        rtol=1e-4,
+        atol=1e-5,
+        inputs={"X": X, "y": y},
+    )

@@ -4,6 +4,7 @@ Random initialisers are checked against numpy's global RNG replayed with the sam
 course draws every tensor with one ``np.random.rand``/``randn`` call); modules against numpy
 re-computations from their own parameters; gradients against finite differences.
 """
+
 import numpy as np
 
 from .common import OpCase, check_backward, check_forward, randn
@@ -13,6 +14,7 @@ from .hw0 import write_mnist
 
 def _init(name, *args, **kw):
     import needle as ndl
+
     np.random.seed(42)
     return getattr(ndl.init, name)(*args, **kw)
 
@@ -29,35 +31,56 @@ def _normal(shape, std):
 
 def hw2_xavier_uniform(ctx):
     got = _init("xavier_uniform", 5, 8, gain=1.5)
-    check_close("init.xavier_uniform(5, 8, gain=1.5) with np.random.seed(42)", got,
-                _uniform((5, 8), 1.5 * np.sqrt(6 / 13)), rtol=1e-5, atol=1e-6,
-                hint="a = gain * sqrt(6 / (fan_in + fan_out)); draw with init.rand(fan_in, "
-                "fan_out, low=-a, high=a)")
+    check_close(
+        "init.xavier_uniform(5, 8, gain=1.5) with np.random.seed(42)",
+        got,
+        _uniform((5, 8), 1.5 * np.sqrt(6 / 13)),
+        rtol=1e-5,
+        atol=1e-6,
+        hint="a = gain * sqrt(6 / (fan_in + fan_out)); draw with init.rand(fan_in, "
+        "fan_out, low=-a, high=a)",
+    )
 
 
 def hw2_xavier_normal(ctx):
     got = _init("xavier_normal", 5, 8, gain=1.5)
-    check_close("init.xavier_normal(5, 8, gain=1.5) with np.random.seed(42)", got,
-                _normal((5, 8), 1.5 * np.sqrt(2 / 13)), rtol=1e-5, atol=1e-6,
-                hint="std = gain * sqrt(2 / (fan_in + fan_out)); draw with init.randn")
+    check_close(
+        "init.xavier_normal(5, 8, gain=1.5) with np.random.seed(42)",
+        got,
+        _normal((5, 8), 1.5 * np.sqrt(2 / 13)),
+        rtol=1e-5,
+        atol=1e-6,
+        hint="std = gain * sqrt(2 / (fan_in + fan_out)); draw with init.randn",
+    )
 
 
 def hw2_kaiming_uniform(ctx):
     got = _init("kaiming_uniform", 5, 8)
-    check_close("init.kaiming_uniform(5, 8) with np.random.seed(42)", got,
-                _uniform((5, 8), np.sqrt(2) * np.sqrt(3 / 5)), rtol=1e-5, atol=1e-6,
-                hint="bound = gain * sqrt(3 / fan_in) with gain = sqrt(2) for relu")
+    check_close(
+        "init.kaiming_uniform(5, 8) with np.random.seed(42)",
+        got,
+        _uniform((5, 8), np.sqrt(2) * np.sqrt(3 / 5)),
+        rtol=1e-5,
+        atol=1e-6,
+        hint="bound = gain * sqrt(3 / fan_in) with gain = sqrt(2) for relu",
+    )
 
 
 def hw2_kaiming_normal(ctx):
     got = _init("kaiming_normal", 5, 8)
-    check_close("init.kaiming_normal(5, 8) with np.random.seed(42)", got,
-                _normal((5, 8), np.sqrt(2) / np.sqrt(5)), rtol=1e-5, atol=1e-6,
-                hint="std = gain / sqrt(fan_in) with gain = sqrt(2) for relu")
+    check_close(
+        "init.kaiming_normal(5, 8) with np.random.seed(42)",
+        got,
+        _normal((5, 8), np.sqrt(2) / np.sqrt(5)),
+        rtol=1e-5,
+        atol=1e-6,
+        hint="std = gain / sqrt(fan_in) with gain = sqrt(2) for relu",
+    )
 
 
 def _t(a, requires_grad=False):
     import needle as ndl
+
     return ndl.Tensor(np.asarray(a, dtype=np.float32), requires_grad=requires_grad)
 
 
@@ -67,62 +90,106 @@ def _np(module_param):
 
 def hw2_linear(ctx):
     import needle as ndl
+
     np.random.seed(3)
     layer = ndl.nn.Linear(4, 3)
     np.random.seed(3)
     w = np.random.rand(4, 3) * 2 * np.sqrt(6 / 4) - np.sqrt(6 / 4)
     b = (np.random.rand(3, 1) * 2 * np.sqrt(6 / 3) - np.sqrt(6 / 3)).reshape(1, 3)
-    check_close("Linear(4, 3).weight with np.random.seed(3)", layer.weight, w, rtol=1e-5,
-                atol=1e-6, hint="weight = Parameter(init.kaiming_uniform(in_features, "
-                "out_features)), created before the bias")
+    check_close(
+        "Linear(4, 3).weight with np.random.seed(3)",
+        layer.weight,
+        w,
+        rtol=1e-5,
+        atol=1e-6,
+        hint="weight = Parameter(init.kaiming_uniform(in_features, "
+        "out_features)), created before the bias",
+    )
     bias = to_numpy(layer.bias)
-    check_close("Linear(4, 3).bias with np.random.seed(3)",
-                bias.reshape(1, 3) if bias.size == 3 else bias, b, rtol=1e-5,
-                atol=1e-6, hint="bias = kaiming_uniform(out_features, 1) reshaped to "
-                "(1, out_features)")
+    check_close(
+        "Linear(4, 3).bias with np.random.seed(3)",
+        bias.reshape(1, 3) if bias.size == 3 else bias,
+        b,
+        rtol=1e-5,
+        atol=1e-6,
+        hint="bias = kaiming_uniform(out_features, 1) reshaped to (1, out_features)",
+    )
     x = randn(5, 4, seed=40)
-    check_close("Linear(4, 3)(x)", layer(_t(x)), x @ _np(layer.weight) + bias.reshape(1, -1),
-                inputs={"x": x}, rtol=1e-5, atol=1e-5)
+    check_close(
+        "Linear(4, 3)(x)",
+        layer(_t(x)),
+        x @ _np(layer.weight) + bias.reshape(1, -1),
+        inputs={"x": x},
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def hw2_relu(ctx):
     import needle as ndl
+
     x = randn(3, 4, seed=41)
     check_close("nn.ReLU()(x)", ndl.nn.ReLU()(_t(x)), np.maximum(x, 0), inputs={"x": x})
 
 
 def hw2_sequential(ctx):
     import needle as ndl
+
     np.random.seed(5)
     l1, l2 = ndl.nn.Linear(4, 6), ndl.nn.Linear(6, 2)
     model = ndl.nn.Sequential(l1, ndl.nn.ReLU(), l2)
     x = randn(3, 4, seed=42)
     h = np.maximum(x @ _np(l1.weight) + _np(l1.bias), 0)
-    check_close("Sequential(Linear(4, 6), ReLU(), Linear(6, 2))(x)", model(_t(x)),
-                h @ _np(l2.weight) + _np(l2.bias), inputs={"x": x}, rtol=1e-5, atol=1e-5)
+    check_close(
+        "Sequential(Linear(4, 6), ReLU(), Linear(6, 2))(x)",
+        model(_t(x)),
+        h @ _np(l2.weight) + _np(l2.bias),
+        inputs={"x": x},
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def _lse(x, axes):
     m = x.max(axis=axes, keepdims=True)
     return (np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m).squeeze(
-        axis=axes if axes is not None else tuple(range(x.ndim)))
+        axis=axes if axes is not None else tuple(range(x.ndim))
+    )
 
 
 def hw2_logsumexp(ctx):
     import needle as ndl
+
     lse = ndl.ops.logsumexp
-    cases = [OpCase("logsumexp(a, axes=(1,))", lambda x: lse(x, axes=(1,)),
-                    lambda x: _lse(x, (1,)), {"a": randn(3, 4, seed=43)}),
-             OpCase("logsumexp(a)", lambda x: lse(x), lambda x: _lse(x, None),
-                    {"a": randn(3, 4, seed=44)}),
-             OpCase("logsumexp(a, axes=(0, 2))", lambda x: lse(x, axes=(0, 2)),
-                    lambda x: _lse(x, (0, 2)), {"a": randn(2, 3, 2, seed=45)})]
+    cases = [
+        OpCase(
+            "logsumexp(a, axes=(1,))",
+            lambda x: lse(x, axes=(1,)),
+            lambda x: _lse(x, (1,)),
+            {"a": randn(3, 4, seed=43)},
+        ),
+        OpCase(
+            "logsumexp(a)", lambda x: lse(x), lambda x: _lse(x, None), {"a": randn(3, 4, seed=44)}
+        ),
+        OpCase(
+            "logsumexp(a, axes=(0, 2))",
+            lambda x: lse(x, axes=(0, 2)),
+            lambda x: _lse(x, (0, 2)),
+            {"a": randn(2, 3, 2, seed=45)},
+        ),
+    ]
     for case in cases:
         check_forward(case)
         check_backward(case)
     big = randn(2, 3, seed=46) + 1000.0
-    check_forward(OpCase("logsumexp(a, axes=(1,)) with entries near 1000 (stability)",
-                         lambda x: lse(x, axes=(1,)), lambda x: _lse(x, (1,)), {"a": big}))
+    check_forward(
+        OpCase(
+            "logsumexp(a, axes=(1,)) with entries near 1000 (stability)",
+            lambda x: lse(x, axes=(1,)),
+            lambda x: _lse(x, (1,)),
+            {"a": big},
+        )
+    )
 
 
 def _softmax(z):
@@ -132,6 +199,7 @@ def _softmax(z):
 
 def hw2_softmax_loss(ctx):
     import needle as ndl
+
     z = randn(5, 4, seed=47, scale=2.0)
     y = np.random.default_rng(48).integers(0, 4, 5)
     zt = _t(z, requires_grad=True)
@@ -139,12 +207,23 @@ def hw2_softmax_loss(ctx):
     loss = ndl.nn.SoftmaxLoss()(zt, ndl.Tensor(y, requires_grad=False))
     z64 = z.astype(np.float64)
     expected = np.mean(_lse(z64, (1,)) - z64[np.arange(5), y])
-    check_close("nn.SoftmaxLoss()(logits, y)", loss, expected,
-                inputs={"logits": z, "y": y}, rtol=1e-5, atol=1e-5)
+    check_close(
+        "nn.SoftmaxLoss()(logits, y)",
+        loss,
+        expected,
+        inputs={"logits": z, "y": y},
+        rtol=1e-5,
+        atol=1e-5,
+    )
     loss.backward()
-    check_close("logits.grad after SoftmaxLoss()(logits, y).backward()", zt.grad,
-                (_softmax(z64) - np.eye(4)[y]) / 5, inputs={"logits": z, "y": y},
-                rtol=1e-4, atol=1e-5)
+    check_close(
+        "logits.grad after SoftmaxLoss()(logits, y).backward()",
+        zt.grad,
+        (_softmax(z64) - np.eye(4)[y]) / 5,
+        inputs={"logits": z, "y": y},
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def _norm_ref(x, eps=1e-5, axis=1):
@@ -155,74 +234,128 @@ def _norm_ref(x, eps=1e-5, axis=1):
 
 def hw2_layernorm(ctx):
     import needle as ndl
+
     layer = ndl.nn.LayerNorm1d(4)
-    case = OpCase("LayerNorm1d(4)(x)", lambda x: layer(x), lambda x: _norm_ref(x, axis=1),
-                  {"x": randn(3, 4, seed=49, scale=2.0)})
+    case = OpCase(
+        "LayerNorm1d(4)(x)",
+        lambda x: layer(x),
+        lambda x: _norm_ref(x, axis=1),
+        {"x": randn(3, 4, seed=49, scale=2.0)},
+    )
     check_forward(case, rtol=1e-4, atol=1e-4)
     check_backward(case, via_backward=True)
 
 
 def hw2_batchnorm(ctx):
     import needle as ndl
+
     x = randn(6, 3, seed=50, scale=2.0) + 1.0
     layer = ndl.nn.BatchNorm1d(3)
-    case = OpCase("BatchNorm1d(3)(x) in training mode", lambda t: layer(t),
-                  lambda a: _norm_ref(a, axis=0), {"x": x})
+    case = OpCase(
+        "BatchNorm1d(3)(x) in training mode",
+        lambda t: layer(t),
+        lambda a: _norm_ref(a, axis=0),
+        {"x": x},
+    )
     check_forward(case, rtol=1e-4, atol=1e-4)
     layer = ndl.nn.BatchNorm1d(3, momentum=0.1)
     layer(_t(x))
     mean, var = x.mean(0), x.var(0)
-    check_close("BatchNorm1d(3, momentum=0.1).running_mean after one training batch",
-                layer.running_mean, 0.1 * mean, rtol=1e-4, atol=1e-5, inputs={"x": x},
-                hint="running = (1 - momentum) * running + momentum * observed")
-    check_close("BatchNorm1d(3, momentum=0.1).running_var after one training batch",
-                layer.running_var, 0.9 + 0.1 * var, rtol=1e-4, atol=1e-5, inputs={"x": x},
-                hint="the observed variance is the biased batch variance")
+    check_close(
+        "BatchNorm1d(3, momentum=0.1).running_mean after one training batch",
+        layer.running_mean,
+        0.1 * mean,
+        rtol=1e-4,
+        atol=1e-5,
+        inputs={"x": x},
+        hint="running = (1 - momentum) * running + momentum * observed",
+    )
+    check_close(
+        "BatchNorm1d(3, momentum=0.1).running_var after one training batch",
+        layer.running_var,
+        0.9 + 0.1 * var,
+        rtol=1e-4,
+        atol=1e-5,
+        inputs={"x": x},
+        hint="the observed variance is the biased batch variance",
+    )
     layer.eval()
     x2 = randn(4, 3, seed=51)
-    check_close("BatchNorm1d in eval mode (uses the running statistics)", layer(_t(x2)),
-                (x2 - 0.1 * mean) / np.sqrt(0.9 + 0.1 * var + 1e-5), rtol=1e-4, atol=1e-5,
-                inputs={"x": x2})
-    check_backward(OpCase("BatchNorm1d(3)(x) in training mode",
-                          lambda t: ndl.nn.BatchNorm1d(3)(t), lambda a: _norm_ref(a, axis=0),
-                          {"x": x}), via_backward=True)
+    check_close(
+        "BatchNorm1d in eval mode (uses the running statistics)",
+        layer(_t(x2)),
+        (x2 - 0.1 * mean) / np.sqrt(0.9 + 0.1 * var + 1e-5),
+        rtol=1e-4,
+        atol=1e-5,
+        inputs={"x": x2},
+    )
+    check_backward(
+        OpCase(
+            "BatchNorm1d(3)(x) in training mode",
+            lambda t: ndl.nn.BatchNorm1d(3)(t),
+            lambda a: _norm_ref(a, axis=0),
+            {"x": x},
+        ),
+        via_backward=True,
+    )
 
 
 def hw2_flatten(ctx):
     import needle as ndl
+
     x = randn(2, 3, 4, seed=52)
     check_close("nn.Flatten()(x)", ndl.nn.Flatten()(_t(x)), x.reshape(2, 12))
 
 
 def hw2_dropout(ctx):
     import needle as ndl
+
     x = randn(4, 5, seed=53)
     layer = ndl.nn.Dropout(p=0.4)
     np.random.seed(9)
     got = layer(_t(x))
     np.random.seed(9)
     mask = np.random.rand(4, 5) <= 0.6
-    check_close("nn.Dropout(p=0.4)(x) in training mode with np.random.seed(9)", got,
-                x * mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
-                hint="mask = init.randb(*x.shape, p=1 - p); out = x * mask / (1 - p)")
+    check_close(
+        "nn.Dropout(p=0.4)(x) in training mode with np.random.seed(9)",
+        got,
+        x * mask / 0.6,
+        inputs={"x": x},
+        rtol=1e-5,
+        atol=1e-6,
+        hint="mask = init.randb(*x.shape, p=1 - p); out = x * mask / (1 - p)",
+    )
     np.random.seed(9)
     xt = _t(x, requires_grad=True)
     layer(xt).sum().backward()
-    check_close("x.grad after nn.Dropout(p=0.4)(x).sum().backward() with np.random.seed(9)",
-                xt.grad, mask / 0.6, inputs={"x": x}, rtol=1e-5, atol=1e-6,
-                hint="build the output from needle ops (x * mask / (1 - p)) so the gradient "
-                "is the mask scaled by 1 / (1 - p)")
+    check_close(
+        "x.grad after nn.Dropout(p=0.4)(x).sum().backward() with np.random.seed(9)",
+        xt.grad,
+        mask / 0.6,
+        inputs={"x": x},
+        rtol=1e-5,
+        atol=1e-6,
+        hint="build the output from needle ops (x * mask / (1 - p)) so the gradient "
+        "is the mask scaled by 1 / (1 - p)",
+    )
     layer.eval()
     check_close("nn.Dropout(p=0.4)(x) in eval mode", layer(_t(x)), x, inputs={"x": x})
 
 
 def hw2_residual(ctx):
     import needle as ndl
+
     np.random.seed(6)
     lin = ndl.nn.Linear(4, 4)
     x = randn(3, 4, seed=54)
-    check_close("Residual(Linear(4, 4))(x)", ndl.nn.Residual(lin)(_t(x)),
-                x @ _np(lin.weight) + _np(lin.bias) + x, inputs={"x": x}, rtol=1e-5, atol=1e-5)
+    check_close(
+        "Residual(Linear(4, 4))(x)",
+        ndl.nn.Residual(lin)(_t(x)),
+        x @ _np(lin.weight) + _np(lin.bias) + x,
+        inputs={"x": x},
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 # Two parameters of different shapes; in step 2 the second has no gradient (it was not used):
@@ -233,12 +366,18 @@ _NO_GRAD = (1, 1)  # (step, parameter) whose grad is None
 
 
 def _grads():
-    return [[None if (s, k) == _NO_GRAD else randn(*shape, seed=60 + 10 * s + k)
-             for k, shape in enumerate(_OPT_SHAPES)] for s in range(_OPT_STEPS)]
+    return [
+        [
+            None if (s, k) == _NO_GRAD else randn(*shape, seed=60 + 10 * s + k)
+            for k, shape in enumerate(_OPT_SHAPES)
+        ]
+        for s in range(_OPT_STEPS)
+    ]
 
 
 def _run_optimizer(make):
     import needle as ndl
+
     w0 = [randn(*shape, seed=55 + k) for k, shape in enumerate(_OPT_SHAPES)]
     ps = [ndl.nn.Parameter(_t(w)) for w in w0]
     opt = make(ps)
@@ -250,23 +389,32 @@ def _run_optimizer(make):
         except Exception as exc:
             if number != _NO_GRAD[0]:
                 raise
-            raise CheckFailure(f"step() raised {type(exc).__name__}: {exc} when parameter "
-                               f"{_NO_GRAD[1]} has grad None: a parameter the loss did not use "
-                               "keeps grad None (reset_grad() sets it so); skip it and leave "
-                               "its state alone") from None
+            raise CheckFailure(
+                f"step() raised {type(exc).__name__}: {exc} when parameter "
+                f"{_NO_GRAD[1]} has grad None: a parameter the loss did not use "
+                "keeps grad None (reset_grad() sets it so); skip it and leave "
+                "its state alone"
+            ) from None
     return ps
 
 
 def _check_optimizer(name, ps, expected, hint):
     for k, (p, w) in enumerate(zip(ps, expected)):
-        check_close(f"parameter {k} (shape {_OPT_SHAPES[k]}) after {_OPT_STEPS} steps of {name} "
-                    f"on two parameters (in step {_NO_GRAD[0] + 1}, parameter {_NO_GRAD[1]} "
-                    "has grad None: it is skipped, its state untouched)", p, w, rtol=1e-5,
-                    atol=1e-5, hint=hint)
+        check_close(
+            f"parameter {k} (shape {_OPT_SHAPES[k]}) after {_OPT_STEPS} steps of {name} "
+            f"on two parameters (in step {_NO_GRAD[0] + 1}, parameter {_NO_GRAD[1]} "
+            "has grad None: it is skipped, its state untouched)",
+            p,
+            w,
+            rtol=1e-5,
+            atol=1e-5,
+            hint=hint,
+        )
 
 
 def hw2_sgd(ctx):
     import needle as ndl
+
     ps = _run_optimizer(lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01))
     ws = [randn(*shape, seed=55 + k).astype(np.float64) for k, shape in enumerate(_OPT_SHAPES)]
     us = [np.zeros_like(w) for w in ws]
@@ -276,15 +424,21 @@ def hw2_sgd(ctx):
                 continue
             us[k] = 0.9 * us[k] + 0.1 * (g + 0.01 * ws[k])
             ws[k] = ws[k] - 0.1 * us[k]
-    _check_optimizer("SGD(lr=0.1, momentum=0.9, weight_decay=0.01)", ps, ws,
-                     "g = grad + wd*p; u = momentum*u + (1 - momentum)*g; p = p - lr*u (the "
-                     "course's averaged momentum), with one u per parameter")
+    _check_optimizer(
+        "SGD(lr=0.1, momentum=0.9, weight_decay=0.01)",
+        ps,
+        ws,
+        "g = grad + wd*p; u = momentum*u + (1 - momentum)*g; p = p - lr*u (the "
+        "course's averaged momentum), with one u per parameter",
+    )
 
 
 def hw2_adam(ctx):
     import needle as ndl
-    ps = _run_optimizer(lambda ps: ndl.optim.Adam(ps, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
-                                                  weight_decay=0.01))
+
+    ps = _run_optimizer(
+        lambda ps: ndl.optim.Adam(ps, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+    )
     ws = [randn(*shape, seed=55 + k).astype(np.float64) for k, shape in enumerate(_OPT_SHAPES)]
     ms = [np.zeros_like(w) for w in ws]
     vs = [np.zeros_like(w) for w in ws]
@@ -295,29 +449,37 @@ def hw2_adam(ctx):
             g = g + 0.01 * ws[k]
             ms[k] = 0.9 * ms[k] + 0.1 * g
             vs[k] = 0.999 * vs[k] + 0.001 * g * g
-            ws[k] = ws[k] - 0.1 * (ms[k] / (1 - 0.9 ** t)) / (np.sqrt(vs[k] / (1 - 0.999 ** t))
-                                                               + 1e-8)
-    _check_optimizer("Adam(lr=0.1, weight_decay=0.01)", ps, ws,
-                     "bias-corrected moments m/(1-beta1^t), v/(1-beta2^t), one m and v per "
-                     "parameter, and t counting step() calls (once per step, not per "
-                     "parameter)")
+            ws[k] = ws[k] - 0.1 * (ms[k] / (1 - 0.9**t)) / (np.sqrt(vs[k] / (1 - 0.999**t)) + 1e-8)
+    _check_optimizer(
+        "Adam(lr=0.1, weight_decay=0.01)",
+        ps,
+        ws,
+        "bias-corrected moments m/(1-beta1^t), v/(1-beta2^t), one m and v per "
+        "parameter, and t counting step() calls (once per step, not per "
+        "parameter)",
+    )
 
 
 def hw2_flip_horizontal(ctx):
     import needle as ndl
+
     img = randn(4, 5, 2, seed=56)
     for seed in range(6):
         np.random.seed(seed)
         got = ndl.data.RandomFlipHorizontal(p=0.5)(img)
         np.random.seed(seed)
         flip = np.random.rand() < 0.5
-        check_close(f"RandomFlipHorizontal(p=0.5)(img) with np.random.seed({seed}) (flip="
-                    f"{flip})", got, img[:, ::-1, :] if flip else img,
-                    hint="img is H x W x C; flip when np.random.rand() < p, along W")
+        check_close(
+            f"RandomFlipHorizontal(p=0.5)(img) with np.random.seed({seed}) (flip={flip})",
+            got,
+            img[:, ::-1, :] if flip else img,
+            hint="img is H x W x C; flip when np.random.rand() < p, along W",
+        )
 
 
 def hw2_random_crop(ctx):
     import needle as ndl
+
     img = randn(6, 5, 2, seed=57)
     for seed in range(6):
         np.random.seed(seed)
@@ -325,14 +487,18 @@ def hw2_random_crop(ctx):
         np.random.seed(seed)
         sx, sy = np.random.randint(-2, 3, size=2)
         pad = np.pad(img, ((2, 2), (2, 2), (0, 0)))
-        check_close(f"RandomCrop(padding=2)(img) with np.random.seed({seed}) (shift "
-                    f"{sx}, {sy})", got, pad[2 + sx:2 + sx + 6, 2 + sy:2 + sy + 5, :],
-                    hint="shift_x, shift_y = np.random.randint(-padding, padding + 1, size=2);"
-                    " zero-pad, then take the H x W window shifted by (shift_x, shift_y)")
+        check_close(
+            f"RandomCrop(padding=2)(img) with np.random.seed({seed}) (shift {sx}, {sy})",
+            got,
+            pad[2 + sx : 2 + sx + 6, 2 + sy : 2 + sy + 5, :],
+            hint="shift_x, shift_y = np.random.randint(-padding, padding + 1, size=2);"
+            " zero-pad, then take the H x W window shifted by (shift_x, shift_y)",
+        )
 
 
 def hw2_mnist_dataset(ctx):
     import needle as ndl
+
     rng = np.random.default_rng(58)
     images = rng.integers(0, 256, (5, 28, 28)).astype(np.uint8)
     labels = rng.integers(0, 10, 5).astype(np.uint8)
@@ -340,19 +506,32 @@ def hw2_mnist_dataset(ctx):
     ds = ndl.data.MNISTDataset(img, lab)
     require(len(ds) == 5, f"len(MNISTDataset) is {len(ds)}, expected 5")
     x, y = ds[3]
-    check_close("MNISTDataset(...)[3] image (pixels / 255)", np.asarray(x).reshape(-1),
-                images[3].reshape(-1) / 255.0, rtol=1e-6, atol=1e-6)
-    require(int(np.asarray(y).reshape(-1)[0]) == labels[3],
-            f"MNISTDataset(...)[3] label is {y}, expected {labels[3]}")
+    check_close(
+        "MNISTDataset(...)[3] image (pixels / 255)",
+        np.asarray(x).reshape(-1),
+        images[3].reshape(-1) / 255.0,
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    require(
+        int(np.asarray(y).reshape(-1)[0]) == labels[3],
+        f"MNISTDataset(...)[3] label is {y}, expected {labels[3]}",
+    )
     ds = ndl.data.MNISTDataset(img, lab, transforms=[ndl.data.RandomFlipHorizontal(p=1.0)])
     x, _ = ds[2]
-    check_close("MNISTDataset(..., transforms=[RandomFlipHorizontal(p=1.0)])[2] image",
-                np.asarray(x).reshape(-1), images[2][:, ::-1].reshape(-1) / 255.0, rtol=1e-6,
-                atol=1e-6, hint="apply the transforms to the 28 x 28 x 1 image")
+    check_close(
+        "MNISTDataset(..., transforms=[RandomFlipHorizontal(p=1.0)])[2] image",
+        np.asarray(x).reshape(-1),
+        images[2][:, ::-1].reshape(-1) / 255.0,
+        rtol=1e-6,
+        atol=1e-6,
+        hint="apply the transforms to the 28 x 28 x 1 image",
+    )
 
 
 def hw2_dataloader(ctx):
     import needle as ndl
+
     X = np.arange(20, dtype=np.float32).reshape(10, 2)
     y = np.arange(10, dtype=np.float32)
     ds = ndl.data.NDArrayDataset(X, y)
@@ -363,17 +542,27 @@ def hw2_dataloader(ctx):
         np.random.seed(11)
         order = np.random.permutation(10) if shuffle else np.arange(10)
         parts = np.array_split(order, range(4, 10, 4))
-        require(len(batches) == len(parts), f"DataLoader(10 items, batch_size=4, shuffle="
-                f"{shuffle}) gave {len(batches)} batches, expected {len(parts)}")
+        require(
+            len(batches) == len(parts),
+            f"DataLoader(10 items, batch_size=4, shuffle="
+            f"{shuffle}) gave {len(batches)} batches, expected {len(parts)}",
+        )
         for i, (batch, idx) in enumerate(zip(batches, parts)):
-            require(isinstance(batch, (tuple, list)) and len(batch) == 2,
-                    f"each batch must be a tuple (X, y), got {type(batch).__name__}")
-            require(all(isinstance(b, ndl.Tensor) for b in batch),
-                    "each batch must hold needle Tensors")
-            check_close(f"X of batch {i} from DataLoader(batch_size=4, shuffle={shuffle}) "
-                        "with np.random.seed(11) before iter()", batch[0], X[idx],
-                        hint="order = np.random.permutation(len(dataset)) when shuffling, "
-                        "batches = np.array_split(order, range(batch_size, n, batch_size))")
+            require(
+                isinstance(batch, (tuple, list)) and len(batch) == 2,
+                f"each batch must be a tuple (X, y), got {type(batch).__name__}",
+            )
+            require(
+                all(isinstance(b, ndl.Tensor) for b in batch), "each batch must hold needle Tensors"
+            )
+            check_close(
+                f"X of batch {i} from DataLoader(batch_size=4, shuffle={shuffle}) "
+                "with np.random.seed(11) before iter()",
+                batch[0],
+                X[idx],
+                hint="order = np.random.permutation(len(dataset)) when shuffling, "
+                "batches = np.array_split(order, range(batch_size, n, batch_size))",
+            )
             check_close(f"y of batch {i}", batch[1], y[idx])
 
 
@@ -387,7 +576,7 @@ def _mlp_forward(params, x, blocks, eps=1e-5):
     h = relu(x @ params[0] + params[1])
     k = 2
     for _ in range(blocks):
-        w1, b1, g1, c1, w2, b2, g2, c2 = params[k:k + 8]
+        w1, b1, g1, c1, w2, b2, g2, c2 = params[k : k + 8]
         k += 8
         z = relu((h @ w1 + b1) * bn * g1 + c1)
         z = (z @ w2 + b2) * bn * g2 + c2
@@ -397,42 +586,60 @@ def _mlp_forward(params, x, blocks, eps=1e-5):
 
 def _mlp_model(blocks=2):
     from mlp_resnet import MLPResNet
+
     np.random.seed(12)
     return MLPResNet(6, hidden_dim=8, num_blocks=blocks, num_classes=3, drop_prob=0.3)
 
 
 def hw2_mlp_resnet(ctx):
     from mlp_resnet import ResidualBlock
+
     np.random.seed(12)
     block = ResidualBlock(6, 4)
     shapes = [tuple(p.shape) for p in block.parameters()]
-    require(len(shapes) == 8, f"ResidualBlock(6, 4) has {len(shapes)} parameters, expected 8 "
-            "(Linear(6, 4), norm(4), Linear(4, 6), norm(6): weight and bias each)")
+    require(
+        len(shapes) == 8,
+        f"ResidualBlock(6, 4) has {len(shapes)} parameters, expected 8 "
+        "(Linear(6, 4), norm(4), Linear(4, 6), norm(6): weight and bias each)",
+    )
     model = _mlp_model()
     params = _mlp_params(model)
     sizes = [p.size for p in params]
     expected = 6 * 8 + 8 + 2 * (8 * 4 + 4 + 2 * 4 + 4 * 8 + 8 + 2 * 8) + 8 * 3 + 3
-    require(sum(sizes) == expected,
-            f"MLPResNet(6, hidden_dim=8, num_blocks=2, num_classes=3) has {sum(sizes)} "
-            f"parameter elements, expected {expected}; parameter shapes: "
-            f"{[tuple(p.shape) for p in params]}")
+    require(
+        sum(sizes) == expected,
+        f"MLPResNet(6, hidden_dim=8, num_blocks=2, num_classes=3) has {sum(sizes)} "
+        f"parameter elements, expected {expected}; parameter shapes: "
+        f"{[tuple(p.shape) for p in params]}",
+    )
     model.eval()
     x = randn(5, 6, seed=59)
     try:
-        expected_out = _mlp_forward([p.reshape(p.shape if p.ndim == 2 else (1, -1))
-                                     for p in params], x, 2)
+        expected_out = _mlp_forward(
+            [p.reshape(p.shape if p.ndim == 2 else (1, -1)) for p in params], x, 2
+        )
     except ValueError:
-        raise CheckFailure("MLPResNet's parameters are not in the course's order "
-                           f"{[tuple(p.shape) for p in params]}") from None
-    check_close("MLPResNet(6, 8, num_blocks=2, num_classes=3) in eval mode on x", model(_t(x)),
-                expected_out, inputs={"x": x}, rtol=1e-4, atol=1e-4,
-                hint="Linear, ReLU, ResidualBlocks(hidden, hidden // 2), Linear; each block is "
-                "Residual(Linear, norm, ReLU, Dropout, Linear, norm) then ReLU")
+        raise CheckFailure(
+            "MLPResNet's parameters are not in the course's order "
+            f"{[tuple(p.shape) for p in params]}"
+        ) from None
+    check_close(
+        "MLPResNet(6, 8, num_blocks=2, num_classes=3) in eval mode on x",
+        model(_t(x)),
+        expected_out,
+        inputs={"x": x},
+        rtol=1e-4,
+        atol=1e-4,
+        hint="Linear, ReLU, ResidualBlocks(hidden, hidden // 2), Linear; each block is "
+        "Residual(Linear, norm, ReLU, Dropout, Linear, norm) then ReLU",
+    )
 
 
 def hw2_mlp_resnet_epoch(ctx):
-    import needle as ndl
     from mlp_resnet import epoch
+
+    import needle as ndl
+
     model = _mlp_model()
     X = randn(20, 6, seed=60)
     y = np.random.default_rng(61).integers(0, 3, 20).astype(np.uint8)
@@ -442,9 +649,22 @@ def hw2_mlp_resnet_epoch(ctx):
     loss = np.mean(_lse(logits, (1,)) - logits[np.arange(20), y])
     loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), batch_size=5)
     out = epoch(loader, model, opt=None)
-    require(isinstance(out, tuple) and len(out) == 2,
-            f"epoch(...) must return (error_rate, average_loss), got {out!r}")
-    check_close("error rate from epoch(loader, model, opt=None) (20 samples, batches of 5)",
-                np.float64(out[0]), err, rtol=1e-6, atol=1e-6)
-    check_close("average loss from epoch(loader, model, opt=None)", np.float64(out[1]), loss,
-                rtol=1e-4, atol=1e-5, hint="evaluation mode: model.eval() when opt is None")
+    require(
+        isinstance(out, tuple) and len(out) == 2,
+        f"epoch(...) must return (error_rate, average_loss), got {out!r}",
+    )
+    check_close(
+        "error rate from epoch(loader, model, opt=None) (20 samples, batches of 5)",
+        np.float64(out[0]),
+        err,
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    check_close(
+        "average loss from epoch(loader, model, opt=None)",
+        np.float64(out[1]),
+        loss,
+        rtol=1e-4,
+        atol=1e-5,
+        hint="evaluation mode: model.eval() when opt is None",
+    )

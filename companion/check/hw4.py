@@ -3,25 +3,27 @@ the CIFAR-10 and Penn Treebank data, RNN/LSTM, Embedding, ResNet9 and the langua
 
 Sequence models are compared with numpy loops computed from the module's own parameters.
 """
+
 import os
 import pickle
 
 import numpy as np
 
 from .common import OpCase, check_backward, check_forward, randn
-from .diagnose import (CheckFailure, check_adjoints, check_close, numerical_vjp, require,
-                       to_numpy)
+from .diagnose import CheckFailure, check_adjoints, check_close, numerical_vjp, require, to_numpy
 from .hw3 import arr, devices
 from .mistakes import Variant
 
 
 def _ops():
     import needle as ndl
+
     return ndl.ops
 
 
 def _t(a):
     import needle as ndl
+
     return ndl.Tensor(np.asarray(a, dtype=np.float32), requires_grad=False)
 
 
@@ -29,8 +31,12 @@ def hw4_ndarray_flip(ctx):
     a = randn(2, 3, 4, seed=90)
     for dev in devices():
         for axes in [(0,), (1, 2), (0, 1, 2)]:
-            check_close(f"on {dev}: A.flip({axes})", arr(a, dev).flip(axes).numpy(),
-                        np.flip(a, axes), hint="negative strides, offset at the last element")
+            check_close(
+                f"on {dev}: A.flip({axes})",
+                arr(a, dev).flip(axes).numpy(),
+                np.flip(a, axes),
+                hint="negative strides, offset at the last element",
+            )
 
 
 def hw4_ndarray_pad(ctx):
@@ -47,27 +53,48 @@ def _op_question(cases):
 
 
 def hw4_tanh(ctx):
-    _op_question([OpCase("tanh(a)", lambda x: _ops().tanh(x), np.tanh,
-                         {"a": randn(3, 4, seed=92)})])
+    _op_question(
+        [OpCase("tanh(a)", lambda x: _ops().tanh(x), np.tanh, {"a": randn(3, 4, seed=92)})]
+    )
 
 
 def hw4_stack(ctx):
-    _op_question([OpCase("stack([a, b, c], axis=1)",
-                         lambda x, y, z: _ops().stack([x, y, z], axis=1),
-                         lambda x, y, z: np.stack([x, y, z], axis=1),
-                         {"a": randn(2, 3, seed=93), "b": randn(2, 3, seed=94),
-                          "c": randn(2, 3, seed=95)})])
+    _op_question(
+        [
+            OpCase(
+                "stack([a, b, c], axis=1)",
+                lambda x, y, z: _ops().stack([x, y, z], axis=1),
+                lambda x, y, z: np.stack([x, y, z], axis=1),
+                {"a": randn(2, 3, seed=93), "b": randn(2, 3, seed=94), "c": randn(2, 3, seed=95)},
+            )
+        ]
+    )
 
 
 def hw4_split(ctx):
-    _op_question([OpCase("split(a, axis=1)", lambda x: _ops().split(x, axis=1),
-                         lambda x: tuple(x[:, i] for i in range(x.shape[1])),
-                         {"a": randn(2, 3, 2, seed=96)})])
+    _op_question(
+        [
+            OpCase(
+                "split(a, axis=1)",
+                lambda x: _ops().split(x, axis=1),
+                lambda x: tuple(x[:, i] for i in range(x.shape[1])),
+                {"a": randn(2, 3, 2, seed=96)},
+            )
+        ]
+    )
 
 
 def hw4_flip(ctx):
-    _op_question([OpCase("flip(a, axes=(0, 2))", lambda x: _ops().flip(x, (0, 2)),
-                         lambda x: np.flip(x, (0, 2)), {"a": randn(2, 3, 4, seed=97)})])
+    _op_question(
+        [
+            OpCase(
+                "flip(a, axes=(0, 2))",
+                lambda x: _ops().flip(x, (0, 2)),
+                lambda x: np.flip(x, (0, 2)),
+                {"a": randn(2, 3, 4, seed=97)},
+            )
+        ]
+    )
 
 
 def _dilate_ref(x, axes, d):
@@ -75,8 +102,7 @@ def _dilate_ref(x, axes, d):
     for ax in axes:
         shape[ax] *= d + 1
     out = np.zeros(shape, dtype=x.dtype)
-    out[tuple(slice(None, None, d + 1) if i in axes else slice(None)
-              for i in range(x.ndim))] = x
+    out[tuple(slice(None, None, d + 1) if i in axes else slice(None) for i in range(x.ndim))] = x
     return out
 
 
@@ -85,38 +111,65 @@ def _dilate_variants(axes, d):
         found = []
         for wrong in (d + 1, d - 1):
             if wrong >= 0:
-                found.append(Variant(_dilate_ref(arrays[0], axes, wrong),
-                                     f"your dilate inserts {wrong} zero(s) between elements "
-                                     f"instead of {d}: dilation d inserts d zeros, so each "
-                                     f"dilated axis grows by a factor d + 1 = {d + 1}"))
+                found.append(
+                    Variant(
+                        _dilate_ref(arrays[0], axes, wrong),
+                        f"your dilate inserts {wrong} zero(s) between elements "
+                        f"instead of {d}: dilation d inserts d zeros, so each "
+                        f"dilated axis grows by a factor d + 1 = {d + 1}",
+                    )
+                )
         return found
+
     return variants
 
 
 def _undilate_variants(axes, d):
     def variants(arrays):
         x = arrays[0]
-        return [Variant(x[tuple(slice(None, None, step) if i in axes else slice(None)
-                                for i in range(x.ndim))],
-                        f"your undilate keeps every {step}th element instead of every "
-                        f"{d + 1}th (dilation {d} means a step of d + 1)")
-                for step in (d, d + 2) if step >= 1]
+        return [
+            Variant(
+                x[
+                    tuple(
+                        slice(None, None, step) if i in axes else slice(None) for i in range(x.ndim)
+                    )
+                ],
+                f"your undilate keeps every {step}th element instead of every "
+                f"{d + 1}th (dilation {d} means a step of d + 1)",
+            )
+            for step in (d, d + 2)
+            if step >= 1
+        ]
+
     return variants
 
 
 def hw4_dilate(ctx):
-    _op_question([OpCase("dilate(a, axes=(0, 1), dilation=1)",
-                         lambda x: _ops().dilate(x, (0, 1), 1),
-                         lambda x: _dilate_ref(x, (0, 1), 1), {"a": randn(2, 3, seed=98)},
-                         forward_variants=_dilate_variants((0, 1), 1)),
-                  OpCase("dilate(a, axes=(1,), dilation=2)",
-                         lambda x: _ops().dilate(x, (1,), 2),
-                         lambda x: _dilate_ref(x, (1,), 2), {"a": randn(2, 3, seed=99)},
-                         forward_variants=_dilate_variants((1,), 2)),
-                  OpCase("undilate(a, axes=(0, 1), dilation=1)",
-                         lambda x: _ops().undilate(x, (0, 1), 1),
-                         lambda x: x[::2, ::2], {"a": randn(4, 6, seed=100)},
-                         forward_variants=_undilate_variants((0, 1), 1))])
+    _op_question(
+        [
+            OpCase(
+                "dilate(a, axes=(0, 1), dilation=1)",
+                lambda x: _ops().dilate(x, (0, 1), 1),
+                lambda x: _dilate_ref(x, (0, 1), 1),
+                {"a": randn(2, 3, seed=98)},
+                forward_variants=_dilate_variants((0, 1), 1),
+            ),
+            OpCase(
+                "dilate(a, axes=(1,), dilation=2)",
+                lambda x: _ops().dilate(x, (1,), 2),
+                lambda x: _dilate_ref(x, (1,), 2),
+                {"a": randn(2, 3, seed=99)},
+                forward_variants=_dilate_variants((1,), 2),
+            ),
+            OpCase(
+                "undilate(a, axes=(0, 1), dilation=1)",
+                lambda x: _ops().undilate(x, (0, 1), 1),
+                lambda x: x[::2, ::2],
+                {"a": randn(4, 6, seed=100)},
+                forward_variants=_undilate_variants((0, 1), 1),
+            ),
+        ]
+    )
 
 
 def conv_ref(x, w, stride=1, padding=0):
@@ -128,7 +181,7 @@ def conv_ref(x, w, stride=1, padding=0):
     out = np.zeros((n, ho, wo, w.shape[3]), dtype=np.float64)
     for i in range(k):
         for j in range(k):
-            patch = x[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :]
+            patch = x[:, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
             out += patch @ w[i, j]
     return out
 
@@ -136,17 +189,30 @@ def conv_ref(x, w, stride=1, padding=0):
 def _conv_forward_variants(s, p):
     def variants(arrays):
         x, w = arrays
-        found = [Variant(conv_ref(x, w, s, p + 1), f"your conv pads by {p + 1} instead of the "
-                                                   f"padding {p}: one too many")]
+        found = [
+            Variant(
+                conv_ref(x, w, s, p + 1),
+                f"your conv pads by {p + 1} instead of the padding {p}: one too many",
+            )
+        ]
         if p:
-            found.append(Variant(conv_ref(x, w, s, p - 1), f"your conv pads by {p - 1} instead "
-                                                           f"of the padding {p}: one too few"))
+            found.append(
+                Variant(
+                    conv_ref(x, w, s, p - 1),
+                    f"your conv pads by {p - 1} instead of the padding {p}: one too few",
+                )
+            )
         if s > 1:
             found.append(Variant(conv_ref(x, w, 1, p), f"your conv ignores the stride {s}"))
-        found.append(Variant(conv_ref(x, w[::-1, ::-1], s, p),
-                             "your conv flips the kernel: the course's conv (as PyTorch's) is "
-                             "a cross-correlation, out[i, j] = sum x[i + ki, j + kj] w[ki, kj]"))
+        found.append(
+            Variant(
+                conv_ref(x, w[::-1, ::-1], s, p),
+                "your conv flips the kernel: the course's conv (as PyTorch's) is "
+                "a cross-correlation, out[i, j] = sum x[i + ki, j + kj] w[ki, kj]",
+            )
+        )
         return found
+
     return variants
 
 
@@ -166,14 +232,31 @@ def _conv_backward_variants(s, p):
         x, w = arrays
         k = w.shape[0]
         found = [[], []]
-        wrong = [(s - 1 + dd, k - 1 - p + dp, p + dp, True,
-                  f"dilation {s - 1 + dd} of out_grad (the stride is {s}: dilate by stride - 1 "
-                  f"= {s - 1})" if dd else f"padding off by {dp:+d} (x̄ needs padding "
-                  f"K - 1 - p = {k - 1 - p}, w̄ padding p = {p})")
-                 for dd, dp in ((1, 0), (-1, 0), (0, 1), (0, -1))
-                 if s - 1 + dd >= 0 and p + dp >= 0 and k - 1 - p + dp >= 0]
-        wrong.append((s - 1, k - 1 - p, p, False, "the kernel not flipped (x̄ is a conv of "
-                      "out_grad with w flipped in both spatial axes, in/out channels swapped)"))
+        wrong = [
+            (
+                s - 1 + dd,
+                k - 1 - p + dp,
+                p + dp,
+                True,
+                f"dilation {s - 1 + dd} of out_grad (the stride is {s}: dilate by stride - 1 "
+                f"= {s - 1})"
+                if dd
+                else f"padding off by {dp:+d} (x̄ needs padding "
+                f"K - 1 - p = {k - 1 - p}, w̄ padding p = {p})",
+            )
+            for dd, dp in ((1, 0), (-1, 0), (0, 1), (0, -1))
+            if s - 1 + dd >= 0 and p + dp >= 0 and k - 1 - p + dp >= 0
+        ]
+        wrong.append(
+            (
+                s - 1,
+                k - 1 - p,
+                p,
+                False,
+                "the kernel not flipped (x̄ is a conv of "
+                "out_grad with w flipped in both spatial axes, in/out channels swapped)",
+            )
+        )
         for dilation, pad_x, pad_w, flip, text in wrong:
             try:
                 gx, gw = _conv_adjoints(x, w, g, s, p, dilation, pad_x, pad_w, flip)
@@ -181,21 +264,29 @@ def _conv_backward_variants(s, p):
                 continue
             for i, (name, value) in enumerate((("x", gx), ("w", gw))):
                 if value.shape != correct[i].shape or not np.allclose(value, correct[i]):
-                    found[i].append(Variant(value, f"your adjoint of {name} matches the "
-                                                   f"course's formula with {text}"))
+                    found[i].append(
+                        Variant(
+                            value,
+                            f"your adjoint of {name} matches the course's formula with {text}",
+                        )
+                    )
         return found
+
     return variants
 
 
 def _conv_cases():
-    return [OpCase(f"conv(x, w, stride={s}, padding={p})",
-                   lambda x, w, s=s, p=p: _ops().conv(x, w, stride=s, padding=p),
-                   lambda x, w, s=s, p=p: conv_ref(x, w, s, p),
-                   {"x": randn(2, size, size, 2, seed=101 + s),
-                    "w": randn(3, 3, 2, 3, seed=103 + p)},
-                   variants=_conv_backward_variants(s, p),
-                   forward_variants=_conv_forward_variants(s, p))
-            for s, p, size in [(1, 0, 5), (1, 1, 5), (2, 1, 6), (2, 0, 8)]]
+    return [
+        OpCase(
+            f"conv(x, w, stride={s}, padding={p})",
+            lambda x, w, s=s, p=p: _ops().conv(x, w, stride=s, padding=p),
+            lambda x, w, s=s, p=p: conv_ref(x, w, s, p),
+            {"x": randn(2, size, size, 2, seed=101 + s), "w": randn(3, 3, 2, 3, seed=103 + p)},
+            variants=_conv_backward_variants(s, p),
+            forward_variants=_conv_forward_variants(s, p),
+        )
+        for s, p, size in [(1, 0, 5), (1, 1, 5), (2, 1, 6), (2, 0, 8)]
+    ]
 
 
 def hw4_conv_forward(ctx):
@@ -210,26 +301,39 @@ def hw4_conv_backward(ctx):
 
 def hw4_nn_conv(ctx):
     import needle as ndl
+
     np.random.seed(7)
     layer = ndl.nn.Conv(2, 3, 3, stride=1)
     np.random.seed(7)
     bound = np.sqrt(2) * np.sqrt(3 / (2 * 9))
-    check_close("nn.Conv(2, 3, 3).weight with np.random.seed(7)", layer.weight,
-                np.random.rand(3, 3, 2, 3) * 2 * bound - bound, rtol=1e-5, atol=1e-6,
-                hint="kaiming_uniform(in*k*k, out*k*k, shape=(k, k, in, out))")
+    check_close(
+        "nn.Conv(2, 3, 3).weight with np.random.seed(7)",
+        layer.weight,
+        np.random.rand(3, 3, 2, 3) * 2 * bound - bound,
+        rtol=1e-5,
+        atol=1e-6,
+        hint="kaiming_uniform(in*k*k, out*k*k, shape=(k, k, in, out))",
+    )
     b = to_numpy(layer.bias)
-    require(b.size == 3 and np.all(np.abs(b) <= 1 / np.sqrt(18) + 1e-6),
-            f"nn.Conv(2, 3, 3).bias must be 3 values in ±1/sqrt(in*k*k), got {b}")
+    require(
+        b.size == 3 and np.all(np.abs(b) <= 1 / np.sqrt(18) + 1e-6),
+        f"nn.Conv(2, 3, 3).bias must be 3 values in ±1/sqrt(in*k*k), got {b}",
+    )
     x = randn(2, 2, 5, 5, seed=104)
     expected = conv_ref(x.transpose(0, 2, 3, 1), to_numpy(layer.weight), 1, 1) + b.reshape(-1)
-    check_close("nn.Conv(2, 3, 3)(x) on NCHW x (same padding k // 2)", layer(_t(x)),
-                expected.transpose(0, 3, 1, 2), inputs={"x": x}, rtol=1e-4, atol=1e-4)
+    check_close(
+        "nn.Conv(2, 3, 3)(x) on NCHW x (same padding k // 2)",
+        layer(_t(x)),
+        expected.transpose(0, 3, 1, 2),
+        inputs={"x": x},
+        rtol=1e-4,
+        atol=1e-4,
+    )
     # backward: x, weight and bias adjoints against finite differences of the reference
     w0 = to_numpy(layer.weight).astype(np.float64)
 
     def ref(xx, ww, bb):
-        return (conv_ref(xx.transpose(0, 2, 3, 1), ww, 1, 1)
-                + bb.reshape(-1)).transpose(0, 3, 1, 2)
+        return (conv_ref(xx.transpose(0, 2, 3, 1), ww, 1, 1) + bb.reshape(-1)).transpose(0, 3, 1, 2)
 
     g = np.random.default_rng(119).standard_normal(expected.transpose(0, 3, 1, 2).shape)
     xt = ndl.Tensor(x, requires_grad=True)
@@ -238,58 +342,92 @@ def hw4_nn_conv(ctx):
     for name, grad in zip(("x", "weight", "bias"), grads):
         require(grad is not None, f"after nn.Conv(2, 3, 3)(x).backward(), {name}.grad is None")
     numeric = numerical_vjp(ref, [x.astype(np.float64), w0, b.astype(np.float64)], g)
-    check_adjoints("nn.Conv(2, 3, 3)(x) backward", [to_numpy(v).reshape(n.shape)
-                                                    if to_numpy(v).size == n.size else v
-                                                    for v, n in zip(grads, numeric)],
-                   numeric, ["x", "weight", "bias"], inputs={"x": x}, out_grad=g)
+    check_adjoints(
+        "nn.Conv(2, 3, 3)(x) backward",
+        [
+            to_numpy(v).reshape(n.shape) if to_numpy(v).size == n.size else v
+            for v, n in zip(grads, numeric)
+        ],
+        numeric,
+        ["x", "weight", "bias"],
+        inputs={"x": x},
+        out_grad=g,
+    )
 
 
 def hw4_cifar10_dataset(ctx):
     import needle as ndl
+
     rng = np.random.default_rng(105)
     folder = os.path.join(ctx.scratch, "cifar")
     os.makedirs(folder)
     data = {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        d = {b"data": rng.integers(0, 256, (3, 3072)).astype(np.uint8),
-             b"labels": [int(v) for v in rng.integers(0, 10, 3)]}
+        d = {
+            b"data": rng.integers(0, 256, (3, 3072)).astype(np.uint8),
+            b"labels": [int(v) for v in rng.integers(0, 10, 3)],
+        }
         data[name] = d
         with open(os.path.join(folder, name), "wb") as f:
             pickle.dump(d, f)
     train = ndl.data.CIFAR10Dataset(folder, train=True)
-    require(len(train) == 15, f"CIFAR10Dataset(train=True) has {len(train)} items, expected 15 "
-            "(five data_batch files of 3 images)")
+    require(
+        len(train) == 15,
+        f"CIFAR10Dataset(train=True) has {len(train)} items, expected 15 "
+        "(five data_batch files of 3 images)",
+    )
     x, y = train[4]
-    check_close("CIFAR10Dataset(train=True)[4] image (3, 32, 32), pixels / 255",
-                np.asarray(x).reshape(3, 32, 32),
-                data["data_batch_2"][b"data"][1].reshape(3, 32, 32) / 255.0, rtol=1e-6,
-                atol=1e-6)
-    require(int(np.asarray(y).reshape(-1)[0]) == data["data_batch_2"][b"labels"][1],
-            "CIFAR10Dataset(train=True)[4] has the wrong label")
+    check_close(
+        "CIFAR10Dataset(train=True)[4] image (3, 32, 32), pixels / 255",
+        np.asarray(x).reshape(3, 32, 32),
+        data["data_batch_2"][b"data"][1].reshape(3, 32, 32) / 255.0,
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    require(
+        int(np.asarray(y).reshape(-1)[0]) == data["data_batch_2"][b"labels"][1],
+        "CIFAR10Dataset(train=True)[4] has the wrong label",
+    )
     test = ndl.data.CIFAR10Dataset(folder, train=False)
     require(len(test) == 3, f"CIFAR10Dataset(train=False) has {len(test)} items, expected 3")
 
 
 def hw4_resnet9(ctx):
     from models import ResNet9
+
     np.random.seed(8)
     model = ResNet9()
     total = sum(int(np.prod(p.shape)) for p in model.parameters())
-    convs = [(3, 16, 7), (16, 32, 3), (32, 32, 3), (32, 32, 3), (32, 64, 3), (64, 128, 3),
-             (128, 128, 3), (128, 128, 3)]
+    convs = [
+        (3, 16, 7),
+        (16, 32, 3),
+        (32, 32, 3),
+        (32, 32, 3),
+        (32, 64, 3),
+        (64, 128, 3),
+        (128, 128, 3),
+        (128, 128, 3),
+    ]
     expected = sum(k * k * a * b + 3 * b for a, b, k in convs) + 128 * 128 + 128 + 128 * 10 + 10
-    require(total == expected, f"ResNet9 has {total} parameter elements, expected {expected} "
-            "(ConvBN = Conv with bias + BatchNorm2d + ReLU, as in the course's figure)")
+    require(
+        total == expected,
+        f"ResNet9 has {total} parameter elements, expected {expected} "
+        "(ConvBN = Conv with bias + BatchNorm2d + ReLU, as in the course's figure)",
+    )
     model.eval()
     out = model(_t(randn(2, 3, 32, 32, seed=106)))
-    require(tuple(out.shape) == (2, 10), f"ResNet9 on (2, 3, 32, 32) gives shape "
-            f"{tuple(out.shape)}, expected (2, 10)")
+    require(
+        tuple(out.shape) == (2, 10),
+        f"ResNet9 on (2, 3, 32, 32) gives shape {tuple(out.shape)}, expected (2, 10)",
+    )
     require(np.all(np.isfinite(to_numpy(out))), "ResNet9 produced non-finite logits")
 
 
 def hw4_epoch_cifar10(ctx):
-    import needle as ndl
     from simple_ml import epoch_general_cifar10
+
+    import needle as ndl
+
     np.random.seed(18)
     model = ndl.nn.Sequential(ndl.nn.Flatten(), ndl.nn.Linear(3 * 4 * 4, 10))
     X = randn(12, 3, 4, 4, seed=117)
@@ -300,14 +438,26 @@ def hw4_epoch_cifar10(ctx):
     loss = np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(12), y])
     loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), batch_size=4)
     out = epoch_general_cifar10(loader, model, loss_fn=ndl.nn.SoftmaxLoss(), opt=None)
-    require(isinstance(out, tuple) and len(out) == 2,
-            f"epoch_general_cifar10 must return (average accuracy, average loss), got {out!r}")
-    check_close("accuracy from epoch_general_cifar10(loader, model, opt=None) (12 samples, "
-                "batches of 4)", np.float64(out[0]), np.mean(logits.argmax(1) == y), rtol=1e-6,
-                atol=1e-6, hint="accuracy, not error: the fraction of correct predictions")
-    check_close("average loss from epoch_general_cifar10(loader, model, opt=None)",
-                np.float64(out[1]), loss, rtol=1e-4, atol=1e-5,
-                hint="evaluation mode (model.eval()) when opt is None")
+    require(
+        isinstance(out, tuple) and len(out) == 2,
+        f"epoch_general_cifar10 must return (average accuracy, average loss), got {out!r}",
+    )
+    check_close(
+        "accuracy from epoch_general_cifar10(loader, model, opt=None) (12 samples, batches of 4)",
+        np.float64(out[0]),
+        np.mean(logits.argmax(1) == y),
+        rtol=1e-6,
+        atol=1e-6,
+        hint="accuracy, not error: the fraction of correct predictions",
+    )
+    check_close(
+        "average loss from epoch_general_cifar10(loader, model, opt=None)",
+        np.float64(out[1]),
+        loss,
+        rtol=1e-4,
+        atol=1e-5,
+        hint="evaluation mode (model.eval()) when opt is None",
+    )
 
 
 def _sig(x):
@@ -339,28 +489,48 @@ def _lstm_step(cell, x, h, c):
 
 def hw4_rnn_cell(ctx):
     import needle as ndl
+
     for nl in ("tanh", "relu"):
         np.random.seed(9)
         cell = ndl.nn.RNNCell(3, 4, bias=True, nonlinearity=nl)
         w_ih, w_hh, _ = _cell_params(cell)
-        require(w_ih.shape == (3, 4) and w_hh.shape == (4, 4),
-                f"RNNCell(3, 4): W_ih must be (3, 4) and W_hh (4, 4), got {w_ih.shape}, "
-                f"{w_hh.shape}")
+        require(
+            w_ih.shape == (3, 4) and w_hh.shape == (4, 4),
+            f"RNNCell(3, 4): W_ih must be (3, 4) and W_hh (4, 4), got {w_ih.shape}, {w_hh.shape}",
+        )
         x, h = randn(2, 3, seed=107), randn(2, 4, seed=108)
-        check_close(f"RNNCell(3, 4, nonlinearity={nl!r})(x, h)", cell(_t(x), _t(h)),
-                    _rnn_step(cell, x, h, nl == "relu"), inputs={"x": x, "h": h}, rtol=1e-4,
-                    atol=1e-5, hint="h' = act(x W_ih + bias_ih + h W_hh + bias_hh)")
-    check_close("RNNCell(3, 4, nonlinearity='relu')(x) with h=None (zeros)", cell(_t(x)),
-                _rnn_step(cell, x, np.zeros((2, 4)), relu=True), rtol=1e-4, atol=1e-5)
+        check_close(
+            f"RNNCell(3, 4, nonlinearity={nl!r})(x, h)",
+            cell(_t(x), _t(h)),
+            _rnn_step(cell, x, h, nl == "relu"),
+            inputs={"x": x, "h": h},
+            rtol=1e-4,
+            atol=1e-5,
+            hint="h' = act(x W_ih + bias_ih + h W_hh + bias_hh)",
+        )
+    check_close(
+        "RNNCell(3, 4, nonlinearity='relu')(x) with h=None (zeros)",
+        cell(_t(x)),
+        _rnn_step(cell, x, np.zeros((2, 4)), relu=True),
+        rtol=1e-4,
+        atol=1e-5,
+    )
     np.random.seed(9)
     cell = ndl.nn.RNNCell(3, 4, bias=True, nonlinearity="tanh")
     b = _cell_params(cell)[2]
-    _check_cell_gradients("RNNCell(3, 4)(x, h)", cell, lambda xt, ht: cell(xt, ht),
-                          lambda xx, hh, wi, wh: np.tanh(xx @ wi + hh @ wh + b), x, h)
+    _check_cell_gradients(
+        "RNNCell(3, 4)(x, h)",
+        cell,
+        lambda xt, ht: cell(xt, ht),
+        lambda xx, hh, wi, wh: np.tanh(xx @ wi + hh @ wh + b),
+        x,
+        h,
+    )
 
 
 def hw4_rnn(ctx):
     import needle as ndl
+
     np.random.seed(10)
     rnn = ndl.nn.RNN(3, 4, num_layers=2)
     x, h0 = randn(5, 2, 3, seed=109), randn(2, 2, 4, seed=110)
@@ -372,16 +542,28 @@ def hw4_rnn(ctx):
             h = _rnn_step(cell, seq[t], h)
             outs.append(h)
         seq, hs = np.stack(outs), hs + [h]
-    check_close("RNN(3, 4, num_layers=2)(X, h0) output (T, B, hidden)", out, seq,
-                inputs={"X": x, "h0": h0}, rtol=1e-4, atol=1e-5)
-    check_close("RNN(3, 4, num_layers=2)(X, h0) h_n (layers, B, hidden)", hn, np.stack(hs),
-                rtol=1e-4, atol=1e-5)
+    check_close(
+        "RNN(3, 4, num_layers=2)(X, h0) output (T, B, hidden)",
+        out,
+        seq,
+        inputs={"X": x, "h0": h0},
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    check_close(
+        "RNN(3, 4, num_layers=2)(X, h0) h_n (layers, B, hidden)",
+        hn,
+        np.stack(hs),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def _check_cell_gradients(what, cell, run, ref, x, h):
     """backward() of Σ run(x, h)·g: the adjoints of x, h, W_ih and W_hh against finite
     differences of ``ref(x, h, W_ih, W_hh)`` (the biases held at the cell's values)."""
     import needle as ndl
+
     w_ih, w_hh, _ = _cell_params(cell)
     g = np.random.default_rng(120).standard_normal((x.shape[0], w_hh.shape[0]))
     xt, ht = (ndl.Tensor(v, requires_grad=True) for v in (x, h))
@@ -391,20 +573,34 @@ def _check_cell_gradients(what, cell, run, ref, x, h):
     for name, grad in zip(names, grads):
         require(grad is not None, f"after {what}.backward(), {name}.grad is None")
     numeric = numerical_vjp(ref, [x.astype(np.float64), h.astype(np.float64), w_ih, w_hh], g)
-    check_adjoints(f"{what} backward", [to_numpy(v) for v in grads], numeric, names,
-                   inputs={"x": x, "h": h}, out_grad=g)
+    check_adjoints(
+        f"{what} backward",
+        [to_numpy(v) for v in grads],
+        numeric,
+        names,
+        inputs={"x": x, "h": h},
+        out_grad=g,
+    )
 
 
 def hw4_lstm_cell(ctx):
     import needle as ndl
+
     np.random.seed(11)
     cell = ndl.nn.LSTMCell(3, 4)
     x, h, c = randn(2, 3, seed=111), randn(2, 4, seed=112), randn(2, 4, seed=113)
     got = cell(_t(x), (_t(h), _t(c)))
     eh, ec = _lstm_step(cell, x, h, c)
-    check_close("LSTMCell(3, 4)(x, (h, c)) h'", got[0], eh, inputs={"x": x, "h": h, "c": c},
-                rtol=1e-4, atol=1e-5, hint="gates i, f, g, o are the four column blocks of "
-                "x W_ih + h W_hh + biases; c' = f c + i g; h' = o tanh(c')")
+    check_close(
+        "LSTMCell(3, 4)(x, (h, c)) h'",
+        got[0],
+        eh,
+        inputs={"x": x, "h": h, "c": c},
+        rtol=1e-4,
+        atol=1e-5,
+        hint="gates i, f, g, o are the four column blocks of "
+        "x W_ih + h W_hh + biases; c' = f c + i g; h' = o tanh(c')",
+    )
     check_close("LSTMCell(3, 4)(x, (h, c)) c'", got[1], ec, rtol=1e-4, atol=1e-5)
     b = _cell_params(cell)[2]
 
@@ -412,12 +608,14 @@ def hw4_lstm_cell(ctx):
         i, f, gg, o = np.split(xx @ wi + hh @ wh + b, 4, axis=1)
         return _sig(o) * np.tanh(_sig(f) * c + _sig(i) * np.tanh(gg))
 
-    _check_cell_gradients("LSTMCell(3, 4)(x, (h, c))[0]", cell,
-                          lambda xt, ht: cell(xt, (ht, _t(c)))[0], h_next, x, h)
+    _check_cell_gradients(
+        "LSTMCell(3, 4)(x, (h, c))[0]", cell, lambda xt, ht: cell(xt, (ht, _t(c)))[0], h_next, x, h
+    )
 
 
 def hw4_lstm(ctx):
     import needle as ndl
+
     np.random.seed(12)
     lstm = ndl.nn.LSTM(3, 4, num_layers=2)
     x = randn(5, 2, 3, seed=114)
@@ -437,13 +635,18 @@ def hw4_lstm(ctx):
 
 def hw4_embedding(ctx):
     import needle as ndl
+
     np.random.seed(13)
     emb = ndl.nn.Embedding(7, 3)
     w = to_numpy(emb.weight)
     require(w.shape == (7, 3), f"Embedding(7, 3).weight has shape {w.shape}, expected (7, 3)")
     ids = np.array([[0, 6], [3, 3], [1, 5]], dtype=np.float32)
-    check_close("Embedding(7, 3)(x) for ids x of shape (3, 2)", emb(_t(ids)),
-                w[ids.astype(int)], hint="one-hot the ids and multiply by the weight")
+    check_close(
+        "Embedding(7, 3)(x) for ids x of shape (3, 2)",
+        emb(_t(ids)),
+        w[ids.astype(int)],
+        hint="one-hot the ids and multiply by the weight",
+    )
 
 
 _TEXT = ["the cat sat", "on the mat", "the end", "a cat"]
@@ -451,6 +654,7 @@ _TEXT = ["the cat sat", "on the mat", "the end", "a cat"]
 
 def hw4_ptb_corpus(ctx):
     import needle as ndl
+
     folder = os.path.join(ctx.scratch, "ptb")
     os.makedirs(folder)
     for name in ("train.txt", "test.txt"):
@@ -462,24 +666,39 @@ def hw4_ptb_corpus(ctx):
         for word in line.split() + ["<eos>"]:
             vocab.setdefault(word, len(vocab))
             ids.append(vocab[word])
-    check_close("Corpus.train (ids in order of first appearance, '<eos>' after every line)",
-                np.asarray([int(i) for i in corpus.train], dtype=np.float64), np.asarray(ids))
-    require({str(k): int(v) for k, v in corpus.dictionary.word2idx.items()} == vocab,
-            f"Corpus.dictionary.word2idx is {corpus.dictionary.word2idx}, expected {vocab}")
-    require([str(w) for w in corpus.dictionary.idx2word] == list(vocab),
-            "Corpus.dictionary.idx2word must list the words in id order")
+    check_close(
+        "Corpus.train (ids in order of first appearance, '<eos>' after every line)",
+        np.asarray([int(i) for i in corpus.train], dtype=np.float64),
+        np.asarray(ids),
+    )
+    require(
+        {str(k): int(v) for k, v in corpus.dictionary.word2idx.items()} == vocab,
+        f"Corpus.dictionary.word2idx is {corpus.dictionary.word2idx}, expected {vocab}",
+    )
+    require(
+        [str(w) for w in corpus.dictionary.idx2word] == list(vocab),
+        "Corpus.dictionary.idx2word must list the words in id order",
+    )
     short = ndl.data.Corpus(folder, max_lines=2)
-    require(len(short.train) == 8, f"Corpus(max_lines=2).train has {len(short.train)} ids, "
-            "expected 8 (the first two lines, each with its <eos>)")
+    require(
+        len(short.train) == 8,
+        f"Corpus(max_lines=2).train has {len(short.train)} ids, "
+        "expected 8 (the first two lines, each with its <eos>)",
+    )
 
 
 def hw4_batchify(ctx):
     import needle as ndl
+
     data = list(range(23))
     got = ndl.data.batchify(data, 4, device=None, dtype="float32")
     expected = np.array(data[:20]).reshape(4, 5).T
-    check_close("batchify(range(23), batch_size=4)", np.asarray(got), expected,
-                hint="(nbatch, batch_size) with each column a contiguous run of the data")
+    check_close(
+        "batchify(range(23), batch_size=4)",
+        np.asarray(got),
+        expected,
+        hint="(nbatch, batch_size) with each column a contiguous run of the data",
+    )
     x, y = ndl.data.get_batch(expected.astype(np.float32), 1, 3)
     check_close("get_batch(batches, i=1, bptt=3) data", x, expected[1:4])
     check_close("get_batch(batches, i=1, bptt=3) target", y, expected[2:5].reshape(-1))
@@ -488,20 +707,29 @@ def hw4_batchify(ctx):
 
 
 def hw4_language_model(ctx):
-    import needle as ndl
     from models import LanguageModel
+
+    import needle as ndl
+
     for kind, cls in (("rnn", ndl.nn.RNN), ("lstm", ndl.nn.LSTM)):
         np.random.seed(14)
         model = LanguageModel(3, 7, 4, num_layers=2, seq_model=kind)
         parts = {type(v): v for v in vars(model).values()}
         found = [parts.get(ndl.nn.Embedding), parts.get(cls), parts.get(ndl.nn.Linear)]
         if any(p is None for p in found):
-            raise CheckFailure(f"LanguageModel(seq_model={kind!r}) needs an Embedding, an "
-                               f"{cls.__name__} and a Linear as attributes")
+            raise CheckFailure(
+                f"LanguageModel(seq_model={kind!r}) needs an Embedding, an "
+                f"{cls.__name__} and a Linear as attributes"
+            )
         emb, seq, lin = found
         ids = np.array([[0, 6], [3, 3], [1, 5]], dtype=np.float32)
         out, h = model(_t(ids))
         expected = lin(seq(emb(_t(ids)))[0].reshape((6, 4)))
-        check_close(f"LanguageModel(seq_model={kind!r})(x) logits (T*B, output_size)", out,
-                    to_numpy(expected), rtol=1e-4, atol=1e-5,
-                    hint="embedding, then the sequence model, then Linear on (T*B, hidden)")
+        check_close(
+            f"LanguageModel(seq_model={kind!r})(x) logits (T*B, output_size)",
+            out,
+            to_numpy(expected),
+            rtol=1e-4,
+            atol=1e-5,
+            hint="embedding, then the sequence model, then Linear on (T*B, hidden)",
+        )

@@ -6,6 +6,7 @@ compares the student's value with them (``diagnose.name_mistake``) and prints th
 first that matches, before the numbers. Imports numpy only (it runs in the worker, next to the
 student's needle).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,9 @@ class Variant:
             if not (self.reshape_ok and got.size == value.size):
                 return False
             value = value.reshape(got.shape)
-        return bool(value.size) and bool(np.isclose(got, value, rtol=rtol, atol=atol,
-                                                    equal_nan=True).all())
+        return bool(value.size) and bool(
+            np.isclose(got, value, rtol=rtol, atol=atol, equal_nan=True).all()
+        )
 
 
 class SumsTo(Variant):
@@ -69,8 +71,9 @@ def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     lead = x.ndim - len(shape)
     if lead < 0:
         raise ValueError("cannot sum to more dimensions")
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
-                                      if n == 1 and x.shape[lead + i] != 1)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1
+    )
     out = x.sum(axis=axes, keepdims=True)
     return out.reshape(shape)
 
@@ -79,8 +82,13 @@ def _differs(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape != b.shape or not np.allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
-def adjoint_variants(names: Sequence[str], arrays: Sequence[np.ndarray], out_grad: np.ndarray,
-                     correct: Sequence[np.ndarray], op: str | None = None) -> list[list[Variant]]:
+def adjoint_variants(
+    names: Sequence[str],
+    arrays: Sequence[np.ndarray],
+    out_grad: np.ndarray,
+    correct: Sequence[np.ndarray],
+    op: str | None = None,
+) -> list[list[Variant]]:
     """The wrong adjoints every op's gradient can produce, one list per input: negated, swapped
     between inputs, right values in the wrong shape, the output's shape without the sum over
     the broadcast axes, a sum over the wrong axes, out_grad broadcast back without restoring
@@ -90,47 +98,80 @@ def adjoint_variants(names: Sequence[str], arrays: Sequence[np.ndarray], out_gra
         d = f"∂{op}/∂{name}" if op else f"the derivative with respect to {name}"
         found: list[Variant] = []
         if c.size and np.abs(c).max() > 0:
-            found.append(Variant(-c, f"your adjoint of {name} equals the correct one times -1: "
-                                     f"check the sign of {d}"))
+            found.append(
+                Variant(
+                    -c,
+                    f"your adjoint of {name} equals the correct one times -1: "
+                    f"check the sign of {d}",
+                )
+            )
         for other, c2 in zip(names, correct):
             if other != name and c2.shape == c.shape and _differs(c2, c):
-                found.append(Variant(c2, f"your adjoint of {name} equals the correct adjoint of "
-                                         f"{other}: the adjoints are swapped (return one per "
-                                         "input, in the order of the inputs)"))
-        found.append(Reshaped(c, f"your adjoint of {name} has the right values in the wrong "
-                                 f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
-                                 "the dimensions a sum removed, with reshape)"))
+                found.append(
+                    Variant(
+                        c2,
+                        f"your adjoint of {name} equals the correct adjoint of "
+                        f"{other}: the adjoints are swapped (return one per "
+                        "input, in the order of the inputs)",
+                    )
+                )
+        found.append(
+            Reshaped(
+                c,
+                f"your adjoint of {name} has the right values in the wrong "
+                f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
+                "the dimensions a sum removed, with reshape)",
+            )
+        )
         g = out_grad
         if g.shape != c.shape and g.size > c.size:
-            found.append(SumsTo(c, g.shape, f"your adjoint of {name} has the output's shape "
-                                            f"{tuple(g.shape)}: sum it over the broadcast axes "
-                                            f"down to {name}'s shape {tuple(c.shape)}"))
+            found.append(
+                SumsTo(
+                    c,
+                    g.shape,
+                    f"your adjoint of {name} has the output's shape "
+                    f"{tuple(g.shape)}: sum it over the broadcast axes "
+                    f"down to {name}'s shape {tuple(c.shape)}",
+                )
+            )
             for k in range(1, min(g.ndim, 3) + 1):
                 for axes in itertools.combinations(range(g.ndim), k):
                     s = g.sum(axis=axes)
                     if s.size == c.size and _differs(s.reshape(c.shape), c):
-                        found.append(Variant(s, f"your adjoint of {name} sums out_grad over "
-                                                f"axes {axes}, which are not the axes that "
-                                                "were broadcast: sum over the axes where "
-                                                f"{name}'s shape {tuple(c.shape)} has 1 (or "
-                                                "that it lacks)", reshape_ok=True))
+                        found.append(
+                            Variant(
+                                s,
+                                f"your adjoint of {name} sums out_grad over "
+                                f"axes {axes}, which are not the axes that "
+                                "were broadcast: sum over the axes where "
+                                f"{name}'s shape {tuple(c.shape)} has 1 (or "
+                                "that it lacks)",
+                                reshape_ok=True,
+                            )
+                        )
         if g.size < c.size:
             try:
                 b = np.broadcast_to(g, c.shape)
             except ValueError:
                 b = None
             if b is not None and _differs(b, c):
-                found.append(Variant(b, f"your adjoint of {name} broadcasts out_grad "
-                                        f"{tuple(g.shape)} to {tuple(c.shape)} without first "
-                                        "putting the summed axes back as size 1: reshape "
-                                        "out_grad so the reduced axes keep size 1, then "
-                                        "broadcast"))
+                found.append(
+                    Variant(
+                        b,
+                        f"your adjoint of {name} broadcasts out_grad "
+                        f"{tuple(g.shape)} to {tuple(c.shape)} without first "
+                        "putting the summed axes back as size 1: reshape "
+                        "out_grad so the reduced axes keep size 1, then "
+                        "broadcast",
+                    )
+                )
         out.append(found)
     return out
 
 
-def matmul_variants(arrays: Sequence[np.ndarray], out_grad: np.ndarray,
-                    correct: Sequence[np.ndarray]) -> list[list[Variant]]:
+def matmul_variants(
+    arrays: Sequence[np.ndarray], out_grad: np.ndarray, correct: Sequence[np.ndarray]
+) -> list[list[Variant]]:
     """Wrong adjoints of ``a @ b``: transposed, an operand left untransposed, and (batched) the
     per-batch adjoints not summed over the axes an operand was broadcast along."""
     a, b = arrays
@@ -143,24 +184,38 @@ def matmul_variants(arrays: Sequence[np.ndarray], out_grad: np.ndarray,
     found: list[list[Variant]] = [[], []]
     rules = ("∂(a @ b)/∂a = out_grad @ bᵀ", "∂(a @ b)/∂b = aᵀ @ out_grad")
     for k, (name, c) in enumerate((("a", ga), ("b", gb))):
-        found[k].append(Variant(t(c), f"your adjoint of {name} is the transpose of the correct "
-                                      f"one: {rules[k]} (check the order and which operand "
-                                      "is transposed)"))
-    for k, (name, formula, text) in enumerate((("a", lambda: g @ b, "out_grad @ b"),
-                                               ("b", lambda: a @ g, "a @ out_grad"))):
+        found[k].append(
+            Variant(
+                t(c),
+                f"your adjoint of {name} is the transpose of the correct "
+                f"one: {rules[k]} (check the order and which operand "
+                "is transposed)",
+            )
+        )
+    for k, (name, formula, text) in enumerate(
+        (("a", lambda: g @ b, "out_grad @ b"), ("b", lambda: a @ g, "a @ out_grad"))
+    ):
         try:
             value = formula()
         except ValueError:
             continue
-        found[k].append(Variant(sum_to(value, correct[k].shape) if value.ndim > correct[k].ndim
-                                else value, f"your adjoint of {name} is {text}: transpose the "
-                                            f"other operand ({rules[k]})"))
+        found[k].append(
+            Variant(
+                sum_to(value, correct[k].shape) if value.ndim > correct[k].ndim else value,
+                f"your adjoint of {name} is {text}: transpose the other operand ({rules[k]})",
+            )
+        )
     for k, (name, full) in enumerate((("a", g @ t(b)), ("b", t(a) @ g))):
         if full.shape != correct[k].shape:
-            found[k].append(Variant(full, f"your adjoint of {name} keeps the batch axes (shape "
-                                          f"{full.shape}): sum it over the axes {name} was "
-                                          f"broadcast along, to {name}'s shape "
-                                          f"{tuple(correct[k].shape)}"))
+            found[k].append(
+                Variant(
+                    full,
+                    f"your adjoint of {name} keeps the batch axes (shape "
+                    f"{full.shape}): sum it over the axes {name} was "
+                    f"broadcast along, to {name}'s shape "
+                    f"{tuple(correct[k].shape)}",
+                )
+            )
     return found
 
 
@@ -183,27 +238,47 @@ def read_strided(flat: np.ndarray, shape, strides, offset: int) -> np.ndarray | 
     lo = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     if lo < 0 or hi >= flat.size:
         return None
-    index = offset + sum(np.arange(n).reshape([-1 if i == k else 1 for i in range(len(shape))])
-                         * s for k, (n, s) in enumerate(zip(shape, strides)))
+    index = offset + sum(
+        np.arange(n).reshape([-1 if i == k else 1 for i in range(len(shape))]) * s
+        for k, (n, s) in enumerate(zip(shape, strides))
+    )
     return flat[np.asarray(index, dtype=np.int64)]
 
 
 def _wrong_views(shape, strides, offset) -> list[tuple[tuple, tuple, int, str]]:
     views = []
     if offset:
-        views.append((tuple(shape), tuple(strides), 0,
-                      f"ignores the view's offset ({offset}): start at offset, not at element 0"))
+        views.append(
+            (
+                tuple(shape),
+                tuple(strides),
+                0,
+                f"ignores the view's offset ({offset}): start at offset, not at element 0",
+            )
+        )
     dense = compact_strides(shape)
     if tuple(strides) != dense:
-        views.append((tuple(shape), dense, offset,
-                      f"ignores the strides {tuple(strides)}: it reads the elements one after "
-                      "another from the offset; the element at index (i, j, ...) is at "
-                      "offset + i·strides[0] + j·strides[1] + ..."))
+        views.append(
+            (
+                tuple(shape),
+                dense,
+                offset,
+                f"ignores the strides {tuple(strides)}: it reads the elements one after "
+                "another from the offset; the element at index (i, j, ...) is at "
+                "offset + i·strides[0] + j·strides[1] + ...",
+            )
+        )
     for k, s in enumerate(strides):
         if s != dense[k] and shape[k] > 1:
             wrong = tuple(dense[k] if i == k else v for i, v in enumerate(strides))
-            views.append((tuple(shape), wrong, offset,
-                          f"ignores the stride of axis {k} ({s}, used as {dense[k]})"))
+            views.append(
+                (
+                    tuple(shape),
+                    wrong,
+                    offset,
+                    f"ignores the stride of axis {k} ({s}, used as {dense[k]})",
+                )
+            )
     return views
 
 
@@ -218,8 +293,9 @@ def compact_variants(flat: np.ndarray, shape, strides, offset: int) -> list[Vari
     return found
 
 
-def setitem_variants(base: np.ndarray, shape, strides, offset: int,
-                     values: np.ndarray) -> list[Variant]:
+def setitem_variants(
+    base: np.ndarray, shape, strides, offset: int, values: np.ndarray
+) -> list[Variant]:
     """The array after ``view[...] = values`` when the write ignores the offset or a stride."""
     found = []
     flat = base.ravel()
@@ -236,36 +312,63 @@ def permute_variants(a: np.ndarray, axes: Sequence[int]) -> list[Variant]:
     """``a.permute(axes)`` done wrong: the shape permuted with compact strides for it (a
     reshape), or the inverse permutation applied."""
     shape = tuple(a.shape[i] for i in axes)
-    found = [Variant(a.reshape(shape), "your permute reorders the shape but not the strides "
-                                       "(that is a reshape): new strides[i] = "
-                                       "strides[axes[i]]")]
+    found = [
+        Variant(
+            a.reshape(shape),
+            "your permute reorders the shape but not the strides "
+            "(that is a reshape): new strides[i] = "
+            "strides[axes[i]]",
+        )
+    ]
     inverse = tuple(int(i) for i in np.argsort(axes))
     if inverse != tuple(axes):
-        found.append(Variant(np.transpose(a, inverse), f"your permute applies the inverse "
-                                                       f"permutation {inverse}: axis i of the "
-                                                       "result is axis axes[i] of the input"))
+        found.append(
+            Variant(
+                np.transpose(a, inverse),
+                f"your permute applies the inverse "
+                f"permutation {inverse}: axis i of the "
+                "result is axis axes[i] of the input",
+            )
+        )
     return found
 
 
-def getitem_variants(a: np.ndarray, view: np.ndarray, starts: Sequence[int],
-                     steps: Sequence[int], base: tuple[tuple, tuple, int]) -> list[Variant]:
+def getitem_variants(
+    a: np.ndarray,
+    view: np.ndarray,
+    starts: Sequence[int],
+    steps: Sequence[int],
+    base: tuple[tuple, tuple, int],
+) -> list[Variant]:
     """``a[slices]`` done wrong, for the view (shape, strides, offset) ``base`` of the compact
     ``a``'s buffer: the slice starts not added to the offset, the view's own offset dropped,
     or the steps not multiplied into the strides."""
     _, strides, offset = base
     flat = a.ravel()
     shift = sum(s * st for s, st in zip(starts, strides))
-    candidates = [(view.shape, strides_times(strides, steps), offset,
-                   "your getitem ignores the slice starts: the new offset is offset + "
-                   "sum(start·stride)"),
-                  (view.shape, strides_times(strides, steps), shift,
-                   f"your getitem drops the view's own offset ({offset}): add the starts to "
-                   "it, do not replace it"),
-                  (view.shape, tuple(strides), offset + shift,
-                   "your getitem ignores the slice steps: each stride is multiplied by its "
-                   "step")]
+    candidates = [
+        (
+            view.shape,
+            strides_times(strides, steps),
+            offset,
+            "your getitem ignores the slice starts: the new offset is offset + sum(start·stride)",
+        ),
+        (
+            view.shape,
+            strides_times(strides, steps),
+            shift,
+            f"your getitem drops the view's own offset ({offset}): add the starts to "
+            "it, do not replace it",
+        ),
+        (
+            view.shape,
+            tuple(strides),
+            offset + shift,
+            "your getitem ignores the slice steps: each stride is multiplied by its step",
+        ),
+    ]
     found = []
-    for shape, st, off, text in candidates[:2 if offset else 1] + candidates[2:]:
+    for shape, st, off, text in candidates[: 2 if offset else 1] + candidates[2:]:
         value = read_strided(flat, shape, st, off)
         if value is not None:
             found.append(Variant(value, text))
@@ -286,13 +389,21 @@ def reduction_variants(a: np.ndarray, axis: int, reduce: str) -> list[Variant]:
     expected_shape = f(a, axis=axis).shape
     if axis != a.ndim - 1:
         runs = f(a.reshape(-1, n), axis=1).reshape(expected_shape)
-        found.append(Variant(runs, f"your {reduce} over axis {axis} reduces runs of {n} "
-                                   "consecutive elements in memory: permute the axis to the "
-                                   "end and compact before reducing over the last dimension"))
+        found.append(
+            Variant(
+                runs,
+                f"your {reduce} over axis {axis} reduces runs of {n} "
+                "consecutive elements in memory: permute the axis to the "
+                "end and compact before reducing over the last dimension",
+            )
+        )
     for other in range(a.ndim):
         if other != axis:
-            found.append(Variant(f(a, axis=other), f"your {reduce} reduced axis {other} "
-                                                   f"instead of axis {axis}"))
+            found.append(
+                Variant(
+                    f(a, axis=other), f"your {reduce} reduced axis {other} instead of axis {axis}"
+                )
+            )
     return found
 
 
@@ -305,15 +416,27 @@ def tile_variants(expected: np.ndarray, tiles: Sequence[int]) -> list[Variant]:
         if t <= 1 or m % t or p % t:
             continue
         blocks = expected.reshape(m // t, t, p // t, t)
-        found.append(Variant(blocks.transpose(0, 2, 1, 3).reshape(m, p),
-                             f"your tiled matmul's result is in tile order (m/T, p/T, T, T) "
-                             f"read as (m, p) (T = {t}): permute it with (0, 2, 1, 3) before "
-                             "the final compact"))
-        found.append(Variant(blocks.transpose(0, 3, 2, 1).reshape(m, p),
-                             f"every {t}x{t} tile of your tiled matmul's result is transposed: "
-                             "check the row/column order inside a tile"))
+        found.append(
+            Variant(
+                blocks.transpose(0, 2, 1, 3).reshape(m, p),
+                f"your tiled matmul's result is in tile order (m/T, p/T, T, T) "
+                f"read as (m, p) (T = {t}): permute it with (0, 2, 1, 3) before "
+                "the final compact",
+            )
+        )
+        found.append(
+            Variant(
+                blocks.transpose(0, 3, 2, 1).reshape(m, p),
+                f"every {t}x{t} tile of your tiled matmul's result is transposed: "
+                "check the row/column order inside a tile",
+            )
+        )
         if m == p:
-            found.append(Variant(blocks.transpose(2, 1, 0, 3).reshape(m, p),
-                                 f"your tiled matmul puts tile (i, j) at (j, i) (T = {t}): "
-                                 "check the order of the tile indices"))
+            found.append(
+                Variant(
+                    blocks.transpose(2, 1, 0, 3).reshape(m, p),
+                    f"your tiled matmul puts tile (i, j) at (j, i) (T = {t}): "
+                    "check the order of the tile indices",
+                )
+            )
     return found

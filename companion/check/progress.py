@@ -14,6 +14,7 @@ section that teaches it (:mod:`companion.check.sections`).
 
 This module imports nothing from needle.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -52,8 +53,9 @@ def load_history(root: Path) -> list[dict]:
     return [r for r in runs if isinstance(r, dict) and isinstance(r.get("results"), dict)]
 
 
-def record(report, only: list[str] | None = None, *, now: datetime.datetime | None = None
-           ) -> str | None:
+def record(
+    report, only: list[str] | None = None, *, now: datetime.datetime | None = None
+) -> str | None:
     """Append ``report``'s results (a :class:`~companion.check.runner.Report`) to its folder's
     history. Returns None, or a one-line note when nothing was written (never raises for I/O)."""
     root = Path(report.root).resolve()
@@ -61,8 +63,13 @@ def record(report, only: list[str] | None = None, *, now: datetime.datetime | No
         return f"progress not recorded: {root} is inside this project's checkout"
     now = now or datetime.datetime.now(datetime.timezone.utc)
     runs = load_history(root)
-    runs.append({"time": now.isoformat(timespec="seconds"), "only": only or None,
-                 "results": {r.question.id: r.status for r in report.results}})
+    runs.append(
+        {
+            "time": now.isoformat(timespec="seconds"),
+            "only": only or None,
+            "results": {r.question.id: r.status for r in report.results},
+        }
+    )
     folder = history_path(root).parent
     try:
         folder.mkdir(exist_ok=True)
@@ -70,8 +77,10 @@ def record(report, only: list[str] | None = None, *, now: datetime.datetime | No
         if not ignore.exists():
             ignore.write_text("# written by `make check` (companion.check.progress)\n*\n")
         tmp = folder / f".{FILE}.{os.getpid()}"
-        tmp.write_text(json.dumps({"version": VERSION, "homework": report.hw,
-                                   "runs": runs[-KEEP:]}, indent=1) + "\n")
+        tmp.write_text(
+            json.dumps({"version": VERSION, "homework": report.hw, "runs": runs[-KEEP:]}, indent=1)
+            + "\n"
+        )
         os.replace(tmp, history_path(root))
     except OSError as exc:
         return f"progress not recorded in {folder}: {exc}"
@@ -128,11 +137,15 @@ class Progress:
         """The lines ``--progress`` prints for this folder."""
         head = f"{self.hw:<10} {self.passed:>3}/{self.total:<3} passed  ({self.root})"
         if not self.runs:
-            return [f"{self.hw:<10}   -/{self.total:<3} not checked yet  ({self.root}): "
-                    f"make check HW={self.root}"]
-        lines = [head, f"{'':<11}last run {self.runs[-1]['time']}"
-                 + (f" (only {', '.join(self.runs[-1]['only'])})" if self.runs[-1].get("only")
-                    else "")]
+            return [
+                f"{self.hw:<10}   -/{self.total:<3} not checked yet  ({self.root}): "
+                f"make check HW={self.root}"
+            ]
+        lines = [
+            head,
+            f"{'':<11}last run {self.runs[-1]['time']}"
+            + (f" (only {', '.join(self.runs[-1]['only'])})" if self.runs[-1].get("only") else ""),
+        ]
         up, down = changes(self.runs)
         if up:
             lines.append(f"{'':<11}newly passing: {', '.join(up)}")
@@ -183,10 +196,13 @@ def find_homeworks(folders: Iterable[str | Path]) -> list[tuple[str, Path]]:
         if own:
             found.setdefault(folder, own)
     if not found:
-        raise ValueError(f"no homework folder (hw0 ... hw4_extra) in or beside "
-                         f"{', '.join(map(str, folders))}")
-    return sorted(((hw, f) for f, hw in found.items()),
-                  key=lambda item: (HOMEWORKS.index(item[0]), str(item[1])))
+        raise ValueError(
+            f"no homework folder (hw0 ... hw4_extra) in or beside {', '.join(map(str, folders))}"
+        )
+    return sorted(
+        ((hw, f) for f, hw in found.items()),
+        key=lambda item: (HOMEWORKS.index(item[0]), str(item[1])),
+    )
 
 
 def progress(folders: Iterable[str | Path]) -> list[Progress]:
@@ -201,6 +217,8 @@ def format_progress(items: list[Progress]) -> str:
         lines += item.format()
     checked = [i for i in items if i.runs]
     if checked:
-        lines.append(f"total: {sum(i.passed for i in checked)}/{sum(i.total for i in checked)} "
-                     f"questions pass in {len(checked)} checked homework folder(s)")
+        lines.append(
+            f"total: {sum(i.passed for i in checked)}/{sum(i.total for i in checked)} "
+            f"questions pass in {len(checked)} checked homework folder(s)"
+        )
     return "\n".join(lines)

@@ -8,6 +8,7 @@ checked; this project's extensions have no question here.
 This module imports nothing from needle, so the checker's worker can load it beside a
 student's package.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +16,25 @@ from dataclasses import dataclass
 HOMEWORKS = ("hw0", "hw1", "hw2", "hw3", "hw4", "hw4_extra")
 
 # hw1's ops, each checked forward and backward (the course's ops_mathematic.py).
-HW1_OPS = ("add", "add_scalar", "multiply", "mul_scalar", "power", "power_scalar", "divide",
-           "divide_scalar", "matmul", "summation", "broadcast_to", "reshape", "negate",
-           "transpose", "log", "exp", "relu")
+HW1_OPS = (
+    "add",
+    "add_scalar",
+    "multiply",
+    "mul_scalar",
+    "power",
+    "power_scalar",
+    "divide",
+    "divide_scalar",
+    "matmul",
+    "summation",
+    "broadcast_to",
+    "reshape",
+    "negate",
+    "transpose",
+    "log",
+    "exp",
+    "relu",
+)
 
 
 @dataclass(frozen=True)
@@ -111,12 +128,16 @@ def _build() -> tuple[Question, ...]:
         ("hw4_extra", "transformer_layer", "nn.TransformerLayer"),
         ("hw4_extra", "transformer", "nn.Transformer"),
     ]
-    return tuple(Question(f"{hw}_{name}", hw, title, HELP.get(f"{hw}_{name}", ""))
-                 for hw, name, title in table)
+    return tuple(
+        Question(f"{hw}_{name}", hw, title, HELP.get(f"{hw}_{name}", ""))
+        for hw, name, title in table
+    )
 
 
-_NO_COUNTER = ("The course's test also counts live tensors (TENSOR_COUNTER) after training, "
-               "an artefact of its implementation; this check does not.")
+_NO_COUNTER = (
+    "The course's test also counts live tensors (TENSOR_COUNTER) after training, "
+    "an artefact of its implementation; this check does not."
+)
 
 # Where the course's tests pin implementation artefacts (exact numbers from a seeded random
 # stream or the MNIST/CIFAR files, live-tensor counts), these checks test the behaviour instead.

@@ -10,6 +10,7 @@ order. A worker that dies (segfault, abort, exit) or overruns the time limit cos
 question it was running: a fresh worker continues with the rest. Every comparison a question
 made is checked again here, in the runner's process, from the values the worker copied out.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ EXIT_GRACE = 5.0  # seconds a worker may take to exit after its last answer
 
 @dataclass
 class Result:
-    """The outcome of one question: ``status`` is pass, fail, not implemented, crashed or timeout."""
+    """One question's outcome: ``status`` is pass, fail, not implemented, crashed or timeout."""
 
     question: Question
     status: str
@@ -65,8 +66,13 @@ class Report:
         lines += [f"build: {b}" for b in self.build]
         width = max((len(r.question.id) for r in self.results), default=10)
         for r in self.results:
-            tag = "pass" if r.status == "pass" else r.status.upper() if r.status in (
-                "fail", "crashed", "timeout") else r.status
+            tag = (
+                "pass"
+                if r.status == "pass"
+                else r.status.upper()
+                if r.status in ("fail", "crashed", "timeout")
+                else r.status
+            )
             lines.append(f"  {tag:<16} {r.question.id:<{width}}  {r.question.title}")
         counts: dict[str, int] = {}
         for r in self.results:
@@ -91,9 +97,11 @@ def detect_homework(root: Path) -> str:
     """The homework a folder holds, from its name (``hw2``, ``hw4_extra``, ``.../hw3-main``)."""
     match = re.search(r"(hw4_extra|hw[0-4])", root.resolve().name)
     if not match:
-        raise ValueError(f"cannot tell which homework {root} is from its name; pass --hw "
-                         f"({', '.join(HOMEWORKS)}), e.g. python -m companion.check {root} "
-                         f"--hw hw2, or with make: make check HW={root} HWNUM=hw2")
+        raise ValueError(
+            f"cannot tell which homework {root} is from its name; pass --hw "
+            f"({', '.join(HOMEWORKS)}), e.g. python -m companion.check {root} "
+            f"--hw hw2, or with make: make check HW={root} HWNUM=hw2"
+        )
     return match.group(1)
 
 
@@ -115,16 +123,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[bool, str]:
     """Run a build step; (ok, the end of its output). Killed, with all it started, after
     ``timeout`` seconds."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, _ = proc.communicate()
-        return False, (f"{' '.join(cmd[:2])} did not finish within {timeout:g} s (stopped); "
-                       f"its last output:\n{(out or '')[-2000:]}")
+        return False, (
+            f"{' '.join(cmd[:2])} did not finish within {timeout:g} s (stopped); "
+            f"its last output:\n{(out or '')[-2000:]}"
+        )
     finally:
         _kill_group(proc)
     return proc.returncode == 0, out[-3000:]
@@ -151,26 +168,56 @@ def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
         if compiler is None:
             return ["no C++ compiler (c++) found: src/simple_ml_ext.cpp not built"]
         import pybind11
-        includes = ["-I" + pybind11.get_include(),
-                    "-I" + __import__("sysconfig").get_paths()["include"]]
-        ok, log = _run([compiler, "-O3", "-Wall", "-shared", "-std=c++11", "-fPIC", *includes,
-                        "src/simple_ml_ext.cpp", "-o", "src/simple_ml_ext.so"], root, env,
-                       timeout)
-        return ["built src/simple_ml_ext.so" if ok else "FAILED to build src/simple_ml_ext.cpp:\n"
-                + log]
+
+        includes = [
+            "-I" + pybind11.get_include(),
+            "-I" + __import__("sysconfig").get_paths()["include"],
+        ]
+        ok, log = _run(
+            [
+                compiler,
+                "-O3",
+                "-Wall",
+                "-shared",
+                "-std=c++11",
+                "-fPIC",
+                *includes,
+                "src/simple_ml_ext.cpp",
+                "-o",
+                "src/simple_ml_ext.so",
+            ],
+            root,
+            env,
+            timeout,
+        )
+        return [
+            "built src/simple_ml_ext.so" if ok else "FAILED to build src/simple_ml_ext.cpp:\n" + log
+        ]
     if not (root / "CMakeLists.txt").exists():
         return ["no CMakeLists.txt: nothing to build"]
     if shutil.which("cmake") is None and not (Path(sys.executable).parent / "cmake").exists():
         return ["cmake not found: C++/CUDA sources not built"]
     import pybind11
+
     cmake = shutil.which("cmake", path=env["PATH"])
     if (root / "build").exists() and not (root / "build").is_dir():
-        return [f"FAILED: {root / 'build'} is a file, but CMake builds in a folder of that "
-                "name: rename or remove the file"]
+        return [
+            f"FAILED: {root / 'build'} is a file, but CMake builds in a folder of that "
+            "name: rename or remove the file"
+        ]
     (root / "build").mkdir(exist_ok=True)
-    ok, log = _run([cmake, "..", f"-DPython_EXECUTABLE={sys.executable}",
-                    f"-DPYTHON_EXECUTABLE={sys.executable}",
-                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"], root / "build", env, timeout)
+    ok, log = _run(
+        [
+            cmake,
+            "..",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DPYTHON_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+        ],
+        root / "build",
+        env,
+        timeout,
+    )
     if ok:
         ok, log = _run([cmake, "--build", ".", "-j", "2"], root / "build", env, timeout)
     return ["built with CMake (build/)" if ok else "FAILED to build with CMake:\n" + log]
@@ -179,9 +226,11 @@ def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
 def _worker_env(root: Path, hw: str) -> dict:
     """The worker's environment: no outside paths or backend choice; ``NEEDLE_IMPL`` names the
     homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NEEDLE_BACKEND",
-                        "NEEDLE_IMPL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NEEDLE_BACKEND", "NEEDLE_IMPL")
+    }
     env["PYTHONNOUSERSITE"] = "1"
     if hw != "hw0":
         env["NEEDLE_IMPL"] = str(root / "python")
@@ -198,22 +247,30 @@ def _signal_name(code: int) -> str:
 
 
 def _tail(log_file: Path, lines: int = 15) -> str:
-    return "\n".join(line for line in log_file.read_text(errors="replace").splitlines()[-lines:]
-                     if not line.startswith("Extension modules:"))
+    return "\n".join(
+        line
+        for line in log_file.read_text(errors="replace").splitlines()[-lines:]
+        if not line.startswith("Extension modules:")
+    )
 
 
 def _died(code: int, call: str, tail: str) -> str:
     """What a worker that ended in the middle of a step did."""
     if code < 0:
-        return (f"the process {_signal_name(code)}{call} (a crash in compiled code: look for "
-                f"an index or pointer out of bounds); its last output:\n{tail}")
-    return (f"the process exited with status {code}{call} without raising an exception: "
-            "os._exit() or exit() in your code or in compiled code ends the whole program; "
-            f"raise an exception instead. Its last output:\n{tail}")
+        return (
+            f"the process {_signal_name(code)}{call} (a crash in compiled code: look for "
+            f"an index or pointer out of bounds); its last output:\n{tail}"
+        )
+    return (
+        f"the process exited with status {code}{call} without raising an exception: "
+        "os._exit() or exit() in your code or in compiled code ends the whole program; "
+        f"raise an exception instead. Its last output:\n{tail}"
+    )
 
 
-def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: float = 120.0,
-                  isolate: bool = False) -> tuple[list[Result], str | None]:
+def run_questions(
+    root: Path, hw: str, questions: list[Question], *, timeout: float = 120.0, isolate: bool = False
+) -> tuple[list[Result], str | None]:
     """Run ``questions`` in worker processes; returns the results and the needle file imported.
 
     Each worker first imports the student's package (the import probe, with the same time
@@ -238,16 +295,31 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
             config = Path(tmp) / f"config{round_}.json"
             scratch = Path(tmp) / f"scratch{round_}"
             scratch.mkdir()
-            config.write_text(json.dumps({"paths": paths, "root": str(root), "hw": hw,
-                                          "questions": batch, "results": str(result_file),
-                                          "scratch": str(scratch), "probe": True}))
+            config.write_text(
+                json.dumps(
+                    {
+                        "paths": paths,
+                        "root": str(root),
+                        "hw": hw,
+                        "questions": batch,
+                        "results": str(result_file),
+                        "scratch": str(scratch),
+                        "probe": True,
+                    }
+                )
+            )
             result_file.touch()
             import_problem = None  # (status, detail) for every question
             with open(log_file, "w") as log:
-                proc = subprocess.Popen([sys.executable, "-m", WORKER, str(config)], cwd=root,
-                                        env=_worker_env(root, hw), stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", WORKER, str(config)],
+                    cwd=root,
+                    env=_worker_env(root, hw),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
                 current, started, seen, note, done_at = None, 0.0, 0, "", 0.0
                 try:
                     while True:
@@ -267,16 +339,16 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                                 import_problem = ("error", event["import_error"])
                                 current = None
                             else:
-                                results[event["id"]] = _result(by_id[event["id"]], event, hw,
-                                                               paths, allowed)
+                                results[event["id"]] = _result(
+                                    by_id[event["id"]], event, hw, paths, allowed
+                                )
                                 if hw != "hw0" and event.get("needle"):
                                     needle_file = needle_file or event["needle"]
                                 current = None
                         seen = len(complete)
                         if finished:
                             break
-                        if current is None and (import_problem or all(q in results
-                                                                      for q in batch)):
+                        if current is None and (import_problem or all(q in results for q in batch)):
                             # every answer is in: the worker ends now (it leaves with
                             # os._exit); give it a moment, then stop it
                             if not done_at:
@@ -287,14 +359,19 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                             _kill_group(proc)
                             proc.wait()
                             if current == IMPORT_PROBE:
-                                import_problem = ("timeout", (
-                                    f"importing your package did not finish within "
-                                    f"{timeout:g} s (an endless loop or a long computation at "
-                                    "import time?), so no question could run; its last "
-                                    f"output:\n{_tail(log_file)}"))
+                                import_problem = (
+                                    "timeout",
+                                    (
+                                        f"importing your package did not finish within "
+                                        f"{timeout:g} s (an endless loop or a long computation at "
+                                        "import time?), so no question could run; its last "
+                                        f"output:\n{_tail(log_file)}"
+                                    ),
+                                )
                             else:
-                                results[current] = Result(by_id[current], "timeout",
-                                                          f"still running after {timeout:g} s")
+                                results[current] = Result(
+                                    by_id[current], "timeout", f"still running after {timeout:g} s"
+                                )
                             current = None
                             break
                         time.sleep(0.02)
@@ -302,12 +379,15 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
                     _kill_group(proc)  # whatever the student's code started goes with it
                     proc.wait()
             if current == IMPORT_PROBE:
-                import_problem = ("crashed", "while importing your package, "
-                                  + _died(proc.returncode, "", _tail(log_file)))
+                import_problem = (
+                    "crashed",
+                    "while importing your package, " + _died(proc.returncode, "", _tail(log_file)),
+                )
             elif current is not None and current not in results:
                 call = f" during the call {note}" if note else f" during {current}"
-                results[current] = Result(by_id[current], "crashed",
-                                          _died(proc.returncode, call, _tail(log_file)))
+                results[current] = Result(
+                    by_id[current], "crashed", _died(proc.returncode, call, _tail(log_file))
+                )
             left = [q for q in remaining if q not in results]
             if import_problem is not None:
                 status, detail = import_problem
@@ -317,22 +397,26 @@ def run_questions(root: Path, hw: str, questions: list[Question], *, timeout: fl
             elif left and left[0] == remaining[0] and current is None and proc.returncode:
                 # The worker died before starting anything (the checker itself is broken).
                 for qid in left:
-                    results[qid] = Result(by_id[qid], "error", "the checker could not start:\n"
-                                          + _tail(log_file))
+                    results[qid] = Result(
+                        by_id[qid], "error", "the checker could not start:\n" + _tail(log_file)
+                    )
                 left = []
             remaining = left
     return [results[q.id] for q in questions], needle_file
 
 
-def _result(question: Question, event: dict, hw: str, paths: list[str],
-            allowed: list[str]) -> Result:
+def _result(
+    question: Question, event: dict, hw: str, paths: list[str], allowed: list[str]
+) -> Result:
     """A worker's verdict, checked: the needle came from the homework folder, and every
     comparison holds when recomputed here."""
     result = Result(question, event["status"], event["detail"])
     where = event.get("needle") if hw != "hw0" else None  # hw0 has no needle of its own
     if where and not any(os.path.abspath(where).startswith(a) for a in allowed):
-        result.status, result.detail = "error", (f"imported needle from {where}, not from "
-                                                 f"{' or '.join(paths)}: fix the layout")
+        result.status, result.detail = (
+            "error",
+            (f"imported needle from {where}, not from {' or '.join(paths)}: fix the layout"),
+        )
     elif result.status == "pass":
         problem = recheck(event.get("comparisons") or [])
         if problem is not None:
@@ -340,15 +424,24 @@ def _result(question: Question, event: dict, hw: str, paths: list[str],
     return result
 
 
-def check(root: str | Path, hw: str | None = None, *, only: list[str] | None = None,
-          timeout: float = 120.0, isolate: bool = False, do_build: bool = True,
-          build_timeout: float = BUILD_TIMEOUT) -> Report:
+def check(
+    root: str | Path,
+    hw: str | None = None,
+    *,
+    only: list[str] | None = None,
+    timeout: float = 120.0,
+    isolate: bool = False,
+    do_build: bool = True,
+    build_timeout: float = BUILD_TIMEOUT,
+) -> Report:
     """Build and check the homework folder ``root``; ``only`` keeps questions whose id contains
     one of its strings; ``timeout`` (seconds, > 0) limits each question and the import,
     ``build_timeout`` each build step."""
     if not timeout > 0 or not build_timeout > 0:
-        raise ValueError(f"timeouts must be positive numbers of seconds, got timeout={timeout}, "
-                         f"build_timeout={build_timeout}")
+        raise ValueError(
+            f"timeouts must be positive numbers of seconds, got timeout={timeout}, "
+            f"build_timeout={build_timeout}"
+        )
     root = Path(root).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder")
@@ -360,11 +453,13 @@ def check(root: str | Path, hw: str | None = None, *, only: list[str] | None = N
             raise ValueError(f"no {hw} question matches {only}")
     expected = root / ("src/simple_ml.py" if hw == "hw0" else "python/needle/__init__.py")
     if not expected.exists():
-        raise FileNotFoundError(f"{expected} is missing: {root} does not have the course's "
-                                f"{hw} layout")
+        raise FileNotFoundError(
+            f"{expected} is missing: {root} does not have the course's {hw} layout"
+        )
     report = Report(hw, root)
     if do_build:
         report.build = build(root, hw, build_timeout)
-    report.results, report.needle = run_questions(root, hw, questions, timeout=timeout,
-                                                  isolate=isolate)
+    report.results, report.needle = run_questions(
+        root, hw, questions, timeout=timeout, isolate=isolate
+    )
     return report

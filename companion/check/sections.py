@@ -10,6 +10,7 @@ here are shown.
 
 This module imports nothing from needle.
 """
+
 from __future__ import annotations
 
 import functools
@@ -101,7 +102,7 @@ def section_entry(qid: str) -> tuple[str, str]:
     q = BY_ID.get(qid)
     if q is None:
         raise ValueError(f"unknown question {qid!r}")
-    name = qid[len(q.hw) + 1:]
+    name = qid[len(q.hw) + 1 :]
     rows = [r for r in SECTIONS if r[0] == q.hw and _matches(r[1], name)]
     exact = [r for r in rows if r[1] == name]
     if not (exact or rows):
@@ -110,14 +111,15 @@ def section_entry(qid: str) -> tuple[str, str]:
     return notebook, start
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def notebook_headers(stem: str, folder: Path = NOTEBOOKS) -> tuple[str, ...]:
     """The ``## `` section headers of ``folder/stem.py`` (empty when the file is not there)."""
     source = folder / f"{stem}.py"
     if not source.is_file():
         return ()
-    return tuple(m.group(1).strip() for m in re.finditer(r"^# ## (.+)$", source.read_text(),
-                                                           flags=re.M))
+    return tuple(
+        m.group(1).strip() for m in re.finditer(r"^# ## (.+)$", source.read_text(), flags=re.M)
+    )
 
 
 def _strip_number(header: str) -> str:

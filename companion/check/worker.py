@@ -16,6 +16,7 @@ once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "nee
 student's code's reach. A crash (segfault) or an exit leaves a start without an end, which the
 runner reports for that question alone.
 """
+
 import faulthandler
 import importlib
 import json
@@ -58,17 +59,22 @@ def _base_exception(exc: BaseException, roots) -> str:
     """What a SystemExit / KeyboardInterrupt / other BaseException from student code means."""
     where = _where(exc, roots)
     if isinstance(exc, SystemExit):
-        return (f"your code called sys.exit({exc.code!r}) (SystemExit) at {where}: a library "
-                "function must not end the program; raise an exception instead")
+        return (
+            f"your code called sys.exit({exc.code!r}) (SystemExit) at {where}: a library "
+            "function must not end the program; raise an exception instead"
+        )
     if isinstance(exc, KeyboardInterrupt):
-        return (f"KeyboardInterrupt raised at {where} (your code raised it, or the run was "
-                "interrupted)")
+        return (
+            f"KeyboardInterrupt raised at {where} (your code raised it, or the run was interrupted)"
+        )
     return f"raised {type(exc).__name__}: {exc} at {where}"
 
 
 def _run_one(qid, hw_module, ctx, roots):
     import numpy as np
+
     from companion.check.diagnose import CheckFailure
+
     np.random.seed(0)
     fn = getattr(hw_module, qid, None)
     if fn is None:
@@ -82,8 +88,10 @@ def _run_one(qid, hw_module, ctx, roots):
         return "fail", str(exc)
     except Exception as exc:  # the student's code raised: report where, not a crash
         lines = traceback.format_exception_only(type(exc), exc)
-        return "fail", (f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
-                        + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip())
+        return "fail", (
+            f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
+            + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip()
+        )
     except BaseException as exc:  # sys.exit, KeyboardInterrupt: named, not a crash
         return "fail", _base_exception(exc, roots)
 
@@ -112,8 +120,10 @@ def _probe(hw: str, roots) -> str | None:
         where = _where(exc, roots)
         if isinstance(exc, SyntaxError) and exc.filename:
             where = f"{os.path.relpath(exc.filename, os.getcwd())}:{exc.lineno}"
-        return (f"importing your {module} raised {type(exc).__name__}: {exc}\n  at {where}\n"
-                + "\n".join(text.rstrip().splitlines()[-8:]))
+        return (
+            f"importing your {module} raised {type(exc).__name__}: {exc}\n  at {where}\n"
+            + "\n".join(text.rstrip().splitlines()[-8:])
+        )
     except BaseException as exc:
         return f"importing your {module}: " + _base_exception(exc, roots)
     return None
@@ -128,6 +138,7 @@ def main(config_path: str) -> None:
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
     from companion.check.diagnose import NumpyGuard, Recorder
+
     guard = NumpyGuard()  # before any student code runs
     with open(config["results"], "a", buffering=1) as out:
         if config.get("probe"):
@@ -152,8 +163,18 @@ def main(config_path: str) -> None:
                 status, detail = "fail", tampered
             needle = sys.modules.get("needle")
             where = getattr(needle, "__file__", None) if needle is not None else None
-            out.write(json.dumps({"id": qid, "status": status, "detail": detail,
-                                  "needle": where, "comparisons": recorded}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "id": qid,
+                        "status": status,
+                        "detail": detail,
+                        "needle": where,
+                        "comparisons": recorded,
+                    }
+                )
+                + "\n"
+            )
             out.flush()
 
 

@@ -5,6 +5,7 @@ scikit-learn's handwritten digits for MNIST (:mod:`.digits`), procedurally drawn
 CIFAR-10 (:mod:`.shapes`) and a stochastic grammar's corpus for Penn Treebank (:mod:`.grammar`).
 ``python -m companion.data.download`` fetches the real sets (``make data``).
 """
+
 from .digits import *
 from .grammar import *
 from .shapes import *

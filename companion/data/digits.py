@@ -8,6 +8,7 @@ margin); :func:`write_digits_idx` writes them as MNIST-named IDX ``.gz`` files (
 ``mlp_resnet.train_mnist(data_dir=...)`` read them exactly as they read MNIST.
 :class:`DigitsDataset` serves them as a ``needle.data.Dataset`` of whichever needle is imported.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,13 @@ import numpy as np
 
 from needle.data import Dataset
 
-__all__ = ["MNIST_FILES", "write_idx", "load_digits_mnist_like", "write_digits_idx",
-           "DigitsDataset"]
+__all__ = [
+    "MNIST_FILES",
+    "write_idx",
+    "load_digits_mnist_like",
+    "write_digits_idx",
+    "DigitsDataset",
+]
 
 # The four MNIST files, by split: (images, labels).
 MNIST_FILES = {
@@ -41,11 +47,16 @@ def write_idx(filename: str | Path, array: np.ndarray) -> Path:
     code = _IDX_CODES.get(array.dtype.newbyteorder("="))
     if code is None or array.ndim == 0 or array.ndim > 255:
         raise ValueError(f"cannot write dtype {array.dtype} with {array.ndim} dimensions as IDX")
-    header = bytes([0, 0, code, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    header = bytes([0, 0, code, array.ndim]) + b"".join(
+        int(n).to_bytes(4, "big") for n in array.shape
+    )
     payload = header + np.ascontiguousarray(array, dtype=_IDX_TYPES[code]).tobytes()
     path = Path(filename)
     if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        with (
+            open(path, "wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f,
+        ):
             f.write(payload)
     else:
         path.write_bytes(payload)
@@ -58,6 +69,7 @@ _DIGITS_TRAIN = 1500  # of 1797; the remaining 297 form the test split
 @functools.lru_cache(maxsize=1)
 def _digits_raw() -> Tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits  # imported lazily: it takes about a second
+
     digits = load_digits()
     order = np.random.RandomState(0).permutation(len(digits.target))  # fixed, global RNG untouched
     return (digits.images[order] / 16.0).astype(np.float32), digits.target[order].astype(np.uint8)
@@ -74,8 +86,9 @@ def _resize_matrix(n_out: int, n_in: int) -> np.ndarray:
     return w
 
 
-def load_digits_mnist_like(image_size: int = 8, train: Optional[bool] = None
-                           ) -> Tuple[np.ndarray, np.ndarray]:
+def load_digits_mnist_like(
+    image_size: int = 8, train: Optional[bool] = None
+) -> Tuple[np.ndarray, np.ndarray]:
     """scikit-learn's handwritten digits as MNIST-style arrays, offline.
 
     Returns ``X`` float32 (N, image_size**2) in [0, 1] and ``y`` uint8 (N,). ``image_size=8``
@@ -84,7 +97,11 @@ def load_digits_mnist_like(image_size: int = 8, train: Optional[bool] = None
     MNIST). The 1797 samples are in a fixed shuffled order; ``train=True`` gives the first 1500,
     ``train=False`` the last 297, ``None`` all of them.
     """
-    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 8:
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, (int, np.integer))
+        or image_size < 8
+    ):
         raise ValueError(f"image_size must be an integer >= 8, got {image_size!r}")
     images, labels = _digits_raw()
     if train is not None:
@@ -95,7 +112,7 @@ def load_digits_mnist_like(image_size: int = 8, train: Optional[bool] = None
         r = _resize_matrix(image_size - 2 * margin, 8)
         box = np.einsum("ij,njk,lk->nil", r, images, r)
         out = np.zeros((len(images), image_size, image_size))
-        out[:, margin:image_size - margin, margin:image_size - margin] = box
+        out[:, margin : image_size - margin, margin : image_size - margin] = box
         images = np.clip(out, 0.0, 1.0)
     return images.reshape(len(labels), -1).astype(np.float32), labels.copy()
 

@@ -17,6 +17,7 @@ skipped. ``file://`` URLs work too (and resume), which is how the tests run offl
 The MD5 of PTB's ``train.txt`` is not recorded (it could not be checked where this was written):
 the downloader prints the hash it computed and says the file was not verified.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,16 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidgets
 
-__all__ = ["Resource", "DATASETS", "DownloadError", "md5_file", "download_file", "fetch",
-           "download_dataset", "main"]
+__all__ = [
+    "Resource",
+    "DATASETS",
+    "DownloadError",
+    "md5_file",
+    "download_file",
+    "fetch",
+    "download_dataset",
+    "main",
+]
 
 CHUNK = 1 << 16
 
@@ -82,12 +91,24 @@ DATASETS: Dict[str, List[Resource]] = {
         _mnist("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c"),
     ],
     "cifar10": [
-        Resource("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
-                 ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-                  "http://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
-                 extract_to="cifar-10-batches-py",
-                 expected_members=("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
-                                   "data_batch_5", "test_batch", "batches.meta")),
+        Resource(
+            "cifar-10-python.tar.gz",
+            "c58f30108f718f92721af3b95e74349a",
+            (
+                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                "http://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+            ),
+            extract_to="cifar-10-batches-py",
+            expected_members=(
+                "data_batch_1",
+                "data_batch_2",
+                "data_batch_3",
+                "data_batch_4",
+                "data_batch_5",
+                "test_batch",
+                "batches.meta",
+            ),
+        ),
     ],
     "ptb": [
         _ptb("train", None),  # not recorded: printed and reported as unverified
@@ -136,15 +157,25 @@ def fetch(url: str, part: Path, *, progress: bool = True, timeout: float = 30.0)
     file, a 416 answer means there was nothing left to fetch. file: seeks to N.
     """
     offset = part.stat().st_size if part.exists() else 0
-    desc = part.name[:-len(".part")] if part.name.endswith(".part") else part.name
+    desc = part.name[: -len(".part")] if part.name.endswith(".part") else part.name
     if urllib.parse.urlparse(url).scheme == "file":
         src_path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
         size = src_path.stat().st_size
         if offset > size:
             offset = 0
-        with open(src_path, "rb") as src, open(part, "ab" if offset else "wb") as dst, \
-                tqdm(total=size, initial=offset, unit="B", unit_scale=True, desc=desc,
-                     disable=not progress, leave=False) as bar:
+        with (
+            open(src_path, "rb") as src,
+            open(part, "ab" if offset else "wb") as dst,
+            tqdm(
+                total=size,
+                initial=offset,
+                unit="B",
+                unit_scale=True,
+                desc=desc,
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
             src.seek(offset)
             _copy(src, dst, bar)
         return
@@ -163,17 +194,34 @@ def fetch(url: str, part: Path, *, progress: bool = True, timeout: float = 30.0)
             offset = 0
         length = response.headers.get("Content-Length")
         total = offset + int(length) if length is not None else None
-        with open(part, "ab" if resumed else "wb") as dst, \
-                tqdm(total=total, initial=offset, unit="B", unit_scale=True, desc=desc,
-                     disable=not progress, leave=False) as bar:
+        with (
+            open(part, "ab" if resumed else "wb") as dst,
+            tqdm(
+                total=total,
+                initial=offset,
+                unit="B",
+                unit_scale=True,
+                desc=desc,
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
             _copy(response, dst, bar)
         if total is not None and part.stat().st_size != total:
             raise ConnectionError(f"connection closed after {part.stat().st_size} of {total} bytes")
 
 
-def download_file(urls: Iterable[str], dest: str | Path, md5: Optional[str] = None, *, progress: bool = True,
-                  timeout: float = 30.0, log=print) -> Path:
-    """Download ``dest`` from the first of ``urls`` that delivers it with MD5 ``md5``; return its path.
+def download_file(
+    urls: Iterable[str],
+    dest: str | Path,
+    md5: Optional[str] = None,
+    *,
+    progress: bool = True,
+    timeout: float = 30.0,
+    log=print,
+) -> Path:
+    """Download ``dest`` from the first of ``urls`` that delivers it with MD5 ``md5``; return its
+    path.
 
     Writes ``dest.part`` (resumed across runs), verifies it, then renames it to ``dest``.
     A ``dest`` already holding the right MD5 is kept as is. With ``md5=None`` the computed MD5 is
@@ -207,8 +255,10 @@ def download_file(urls: Iterable[str], dest: str | Path, md5: Optional[str] = No
             if md5 is None or digest == md5:
                 os.replace(part, dest)
                 if md5 is None:
-                    log(f"{dest}: downloaded from {url}; MD5 {digest} "
-                        "(NOT verified: no checksum recorded)")
+                    log(
+                        f"{dest}: downloaded from {url}; MD5 {digest} "
+                        "(NOT verified: no checksum recorded)"
+                    )
                 else:
                     log(f"{dest}: downloaded from {url}; MD5 verified")
                 return dest
@@ -217,9 +267,11 @@ def download_file(urls: Iterable[str], dest: str | Path, md5: Optional[str] = No
                 failures.append(f"  {url}: MD5 mismatch (got {digest}, expected {md5})")
                 break
     raise DownloadError(
-        f"could not download {dest.name} from any mirror:\n" + "\n".join(failures)
+        f"could not download {dest.name} from any mirror:\n"
+        + "\n".join(failures)
         + f"\nIf this machine is offline, fetch the file elsewhere and place it at {dest} "
-        + (f"(MD5 {md5})." if md5 else "."))
+        + (f"(MD5 {md5})." if md5 else ".")
+    )
 
 
 def _extract(archive: Path, root: Path, resource: Resource, log=print) -> Path:
@@ -229,8 +281,14 @@ def _extract(archive: Path, root: Path, resource: Resource, log=print) -> Path:
         with tarfile.open(archive, "r:*") as tar:
             for member in tar.getmembers():
                 resolved = (Path(tmp) / member.name).resolve()
-                if not resolved.is_relative_to(Path(tmp).resolve()) or member.issym() or member.islnk():
-                    raise DownloadError(f"{archive}: refusing unsafe archive member {member.name!r}")
+                if (
+                    not resolved.is_relative_to(Path(tmp).resolve())
+                    or member.issym()
+                    or member.islnk()
+                ):
+                    raise DownloadError(
+                        f"{archive}: refusing unsafe archive member {member.name!r}"
+                    )
             if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
                 tar.extractall(tmp, filter="data")
             else:  # the members were checked above
@@ -238,8 +296,10 @@ def _extract(archive: Path, root: Path, resource: Resource, log=print) -> Path:
         extracted = Path(tmp) / resource.extract_to
         missing = [m for m in resource.expected_members if not (extracted / m).is_file()]
         if not extracted.is_dir() or missing:
-            raise DownloadError(f"{archive} did not contain {resource.extract_to}/ with "
-                                f"{', '.join(missing) or 'its files'}")
+            raise DownloadError(
+                f"{archive} did not contain {resource.extract_to}/ with "
+                f"{', '.join(missing) or 'its files'}"
+            )
         if target.exists():
             shutil.rmtree(target)
         os.replace(extracted, target)
@@ -252,9 +312,17 @@ def _extracted(root: Path, resource: Resource) -> bool:
     return target.is_dir() and all((target / m).is_file() for m in resource.expected_members)
 
 
-def download_dataset(name: str, root: str | Path = "data", *, mirrors: Sequence[str] = (), progress: bool = True,
-                     timeout: float = 30.0, log=print) -> List[Path]:
-    """Fetch every file of data set ``name`` (a key of ``DATASETS``) into ``root``; return their paths.
+def download_dataset(
+    name: str,
+    root: str | Path = "data",
+    *,
+    mirrors: Sequence[str] = (),
+    progress: bool = True,
+    timeout: float = 30.0,
+    log=print,
+) -> List[Path]:
+    """Fetch every file of data set ``name`` (a key of ``DATASETS``) into ``root``; return their
+    paths.
 
     ``mirrors``: base URLs tried before the built-in ones (file looked up by remote basename).
     Archives are extracted once (skipped when their folder is already complete).
@@ -270,37 +338,57 @@ def download_dataset(name: str, root: str | Path = "data", *, mirrors: Sequence[
             log(f"{root / res.extract_to}: present")
             paths.append(root / res.extract_to)
             continue
-        path = download_file(extra + list(res.urls), root / res.filename, res.md5,
-                             progress=progress, timeout=timeout, log=log)
+        path = download_file(
+            extra + list(res.urls),
+            root / res.filename,
+            res.md5,
+            progress=progress,
+            timeout=timeout,
+            log=log,
+        )
         paths.append(_extract(path, root, res, log=log) if res.extract_to else path)
     return paths
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: ``python -m companion.data.download [--all | NAME ...] [--root DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m companion.data.download",
-                                     description="Download MNIST, CIFAR-10 and Penn Treebank, "
-                                                 "checksummed and resumable.")
-    parser.add_argument("datasets", nargs="*", metavar="NAME",
-                        help=f"data sets to fetch: {', '.join(DATASETS)}")
+    parser = argparse.ArgumentParser(
+        prog="python -m companion.data.download",
+        description="Download MNIST, CIFAR-10 and Penn Treebank, checksummed and resumable.",
+    )
+    parser.add_argument(
+        "datasets", nargs="*", metavar="NAME", help=f"data sets to fetch: {', '.join(DATASETS)}"
+    )
     parser.add_argument("--all", action="store_true", help="fetch every data set")
     parser.add_argument("--root", default="data", help="destination folder (default: data)")
-    parser.add_argument("--mirror", action="append", default=[], metavar="BASE_URL",
-                        help="extra mirror tried first (repeatable)")
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        default=[],
+        metavar="BASE_URL",
+        help="extra mirror tried first (repeatable)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per connection")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     names = list(DATASETS) if args.all else args.datasets
     unknown = [n for n in names if n not in DATASETS]
     if not names or unknown:
-        parser.error(f"name data sets from {', '.join(DATASETS)} or pass --all"
-                     + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+        parser.error(
+            f"name data sets from {', '.join(DATASETS)} or pass --all"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
     failed = []
     for name in names:
         print(f"== {name}")
         try:
-            download_dataset(name, args.root, mirrors=args.mirror, progress=not args.no_progress,
-                             timeout=args.timeout)
+            download_dataset(
+                name,
+                args.root,
+                mirrors=args.mirror,
+                progress=not args.no_progress,
+                timeout=args.timeout,
+            )
         except DownloadError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed.append(name)

@@ -9,6 +9,7 @@ stream is exactly H = Σ_s π(s) H(word | s) (π the stationary distribution of 
 No model can beat the perplexity exp(H) on this text; :func:`grammar_entropy_rate` returns H in
 nats. Plain numpy: it needs nothing from needle.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-__all__ = ["StochasticGrammar", "default_grammar", "grammar_entropy_rate",
-           "write_grammar_corpus"]
+__all__ = ["StochasticGrammar", "default_grammar", "grammar_entropy_rate", "write_grammar_corpus"]
 
 
 _WORDS = {
@@ -26,10 +26,30 @@ _WORDS = {
     "DPL": ["some", "many", "two", "these"],
     "THE": ["the"],
     "ADJ": ["big", "small", "red", "old", "young", "happy", "quiet", "clever", "green", "tall"],
-    "NSG": ["dog", "cat", "bird", "child", "teacher", "farmer", "robot", "horse", "student",
-            "doctor"],
-    "NPL": ["dogs", "cats", "birds", "children", "teachers", "farmers", "robots", "horses",
-            "students", "doctors"],
+    "NSG": [
+        "dog",
+        "cat",
+        "bird",
+        "child",
+        "teacher",
+        "farmer",
+        "robot",
+        "horse",
+        "student",
+        "doctor",
+    ],
+    "NPL": [
+        "dogs",
+        "cats",
+        "birds",
+        "children",
+        "teachers",
+        "farmers",
+        "robots",
+        "horses",
+        "students",
+        "doctors",
+    ],
     "VSG": ["sees", "likes", "follows", "helps", "chases", "finds"],
     "VPL": ["see", "like", "follow", "help", "chase", "find"],
     "ISG": ["runs", "sleeps", "sings", "waits"],
@@ -49,12 +69,18 @@ def _np_rules(prefix: str, number: str, then) -> Dict[str, list]:
     determiner states remember sg / pl / either ("the").
     """
     rules = {
-        f"{prefix}": [("DSG", 0.35, f"{prefix}.sg"), ("DPL", 0.30, f"{prefix}.pl"),
-                      ("THE", 0.35, f"{prefix}.any")],
+        f"{prefix}": [
+            ("DSG", 0.35, f"{prefix}.sg"),
+            ("DPL", 0.30, f"{prefix}.pl"),
+            ("THE", 0.35, f"{prefix}.any"),
+        ],
         f"{prefix}.sg": [("ADJ", 0.30, f"{prefix}.sg"), ("NSG", 0.70, then("sg"))],
         f"{prefix}.pl": [("ADJ", 0.30, f"{prefix}.pl"), ("NPL", 0.70, then("pl"))],
-        f"{prefix}.any": [("ADJ", 0.30, f"{prefix}.any"), ("NSG", 0.35, then("sg")),
-                          ("NPL", 0.35, then("pl"))],
+        f"{prefix}.any": [
+            ("ADJ", 0.30, f"{prefix}.any"),
+            ("NSG", 0.35, then("sg")),
+            ("NPL", 0.35, then("pl")),
+        ],
     }
     return rules
 
@@ -99,7 +125,7 @@ class StochasticGrammar:
         self.vocab = vocab
         wid = {w: k for k, w in enumerate(vocab)}
         S, V = len(self.states), len(vocab)
-        self.emit = np.zeros((S, V))          # p(word | state)
+        self.emit = np.zeros((S, V))  # p(word | state)
         self.next_state = -np.ones((S, V), dtype=np.int64)
         for s, alts in rules.items():
             total = sum(p for _, p, _ in alts)
@@ -177,8 +203,9 @@ def grammar_entropy_rate() -> float:
     return default_grammar().entropy_rate()
 
 
-def write_grammar_corpus(base_dir: str, train_lines: int = 4000, test_lines: int = 400,
-                         seed: int = 0) -> str:
+def write_grammar_corpus(
+    base_dir: str, train_lines: int = 4000, test_lines: int = 400, seed: int = 0
+) -> str:
     """Writes ``train.txt`` (seed) and ``test.txt`` (seed + 1) sampled from the default grammar
     into ``base_dir`` (created if needed), one sentence per line; returns ``base_dir``.
 

@@ -30,6 +30,7 @@ contrast can have either sign, it stays under 50 %). Generation uses its own
 ``numpy.random.default_rng``, so it never disturbs numpy's global RNG (which the course's code
 seeds).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
@@ -41,10 +42,30 @@ from needle.data import Dataset
 __all__ = ["ShapesDataset", "make_shapes_images", "SHAPES_CLASSES", "CIFAR10_CLASSES"]
 
 # The real CIFAR-10's class names, for a notebook that switches to it after `make data`.
-CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-                   "ship", "truck")
-SHAPES_CLASSES = ("disc", "square", "triangle", "ring", "cross", "hstripes", "vstripes",
-                  "diagonal", "checker", "dots")
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+SHAPES_CLASSES = (
+    "disc",
+    "square",
+    "triangle",
+    "ring",
+    "cross",
+    "hstripes",
+    "vstripes",
+    "diagonal",
+    "checker",
+    "dots",
+)
 
 
 def _apply_to_chw(dataset: Dataset, x: np.ndarray) -> np.ndarray:
@@ -75,14 +96,14 @@ def _mask(label: int, rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) 
     phase = rng.uniform(0, 2 * np.pi)
     wave = lambda t: np.sin(2 * np.pi * t / period + phase) > 0  # noqa: E731
     if label == 0:
-        m = dx ** 2 + dy ** 2 <= r ** 2
+        m = dx**2 + dy**2 <= r**2
     elif label == 1:
         m = np.maximum(np.abs(dx), np.abs(dy)) <= 0.8 * r
     elif label == 2:  # apex at (cy - r, cx), base at cy + 0.7 r
         m = (dy <= 0.7 * r) & (np.abs(dx) <= 0.6 * (dy + r))
     elif label == 3:
-        d2 = dx ** 2 + dy ** 2
-        m = (d2 <= r ** 2) & (d2 >= (0.55 * r) ** 2)
+        d2 = dx**2 + dy**2
+        m = (d2 <= r**2) & (d2 >= (0.55 * r) ** 2)
     elif label == 4:
         arm = 0.3 * r
         m = ((np.abs(dx) <= arm) & (np.abs(dy) <= r)) | ((np.abs(dy) <= arm) & (np.abs(dx) <= r))
@@ -99,12 +120,13 @@ def _mask(label: int, rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) 
         ox, oy = rng.uniform(0, step, size=2)
         ddx = (xx - ox) % step - step / 2
         ddy = (yy - oy) % step - step / 2
-        m = ddx ** 2 + ddy ** 2 <= (0.27 * step) ** 2
+        m = ddx**2 + ddy**2 <= (0.27 * step) ** 2
     return m.astype(np.float32)
 
 
-def make_shapes_images(n: int, seed: Union[int, Sequence[int]] = 0
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def make_shapes_images(
+    n: int, seed: Union[int, Sequence[int]] = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` offline images: (X float32 (n, 3, 32, 32) in [0, 1], y int64 (n,) in 0..9).
 
     Labels cycle 0..9 in a shuffled order (so every class has n//10 or n//10 + 1 images); the
@@ -136,8 +158,13 @@ class ShapesDataset(Dataset):
     the same ``seed`` (so they never share an image); defaults: 2000 train, 500 test images.
     """
 
-    def __init__(self, train: bool = True, n: Optional[int] = None, seed: int = 0,
-                 transforms: Optional[List] = None):
+    def __init__(
+        self,
+        train: bool = True,
+        n: Optional[int] = None,
+        seed: int = 0,
+        transforms: Optional[List] = None,
+    ):
         super().__init__(transforms)
         if n is None:
             n = 2000 if train else 500

@@ -7,6 +7,7 @@ The package loads lazily: importing it (or its pure-Python modules ``numpy_kerne
 the NDArray layer or the compiled device modules; the first attribute asked of the package
 (``NDArray``, ``cpu``, ``array``, ``layernorm_fwd``, ...) does.
 """
+
 from __future__ import annotations
 
 import importlib

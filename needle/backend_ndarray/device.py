@@ -11,6 +11,7 @@ Two defaults (docs/array_layer.md, "Default devices"):
 * :func:`default_tensor_device` is needle's: the compiled ``cpu()`` when it is built, else
   ``cpu_numpy()``; ``Tensor`` and ``init`` use it so that everything lands on one device.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -28,6 +29,7 @@ _REBUILD = "rebuild it with `make build` (or `pip install -e .`)"
 
 try:
     from . import ndarray_backend_cpu as ndarray_backend_cpu
+
     _CPU_IMPORT_ERROR = None
 except ImportError as exc:  # not compiled, or compiled for another Python / machine
     ndarray_backend_cpu = None
@@ -43,8 +45,11 @@ def _warn_if_build_lost_its_module() -> None:
 
     checkout = Path(__file__).resolve().parents[2]
     if (checkout / "CMakeLists.txt").is_file() and (checkout / "build").is_dir():
-        print(f"needle: the compiled CPU module is missing or broken ({_CPU_IMPORT_ERROR}); "
-              f"cpu() is disabled and Tensors go to cpu_numpy(): {_REBUILD}", file=sys.stderr)
+        print(
+            f"needle: the compiled CPU module is missing or broken ({_CPU_IMPORT_ERROR}); "
+            f"cpu() is disabled and Tensors go to cpu_numpy(): {_REBUILD}",
+            file=sys.stderr,
+        )
 
 
 if ndarray_backend_cpu is None:
@@ -52,6 +57,7 @@ if ndarray_backend_cpu is None:
 
 try:
     from . import ndarray_backend_cuda as ndarray_backend_cuda
+
     _CUDA_IMPORT_ERROR = None
 except ImportError as exc:  # built without nvcc
     ndarray_backend_cuda = None
@@ -88,16 +94,22 @@ class BackendDevice:
         try:
             value = getattr(mod, name)
         except AttributeError:
-            hint = f" (a compiled module older than the protocol: {_REBUILD})" \
-                if hasattr(protocol.DeviceModule, name) else ""
+            hint = (
+                f" (a compiled module older than the protocol: {_REBUILD})"
+                if hasattr(protocol.DeviceModule, name)
+                else ""
+            )
             raise AttributeError(f"device {self.name}() has no {name!r}{hint}") from None
         self.__dict__[name] = value  # later look-ups skip __getattr__
         return value
 
     def _why_disabled(self) -> str:
         if self.mod is None:
-            reason = f"its compiled module failed to import ({self._import_error})" \
-                if self._import_error else "its module is not built"
+            reason = (
+                f"its compiled module failed to import ({self._import_error})"
+                if self._import_error
+                else "its module is not built"
+            )
             return f"device {self.name}() is not enabled: {reason}; {_REBUILD}"
         return f"device {self.name}() is not enabled: no GPU is visible on this machine"
 
@@ -131,21 +143,25 @@ class BackendDevice:
     def randn(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Standard normal samples from numpy's global RNG, moved to this device."""
         from .ndarray import NDArray
+
         return NDArray(np.random.randn(*shape).astype(dtype), device=self)
 
     def rand(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Uniform [0, 1) samples from numpy's global RNG, moved to this device."""
         from .ndarray import NDArray
+
         return NDArray(np.random.rand(*shape).astype(dtype), device=self)
 
     def one_hot(self, n: int, i: Any, dtype: str = "float32") -> "NDArray":
         """Rows of the n×n identity selected by the integer indices ``i``: shape i.shape + (n,)."""
         from .ndarray import NDArray
+
         return NDArray(np.eye(n, dtype=dtype)[np.asarray(i, dtype=np.int64)], device=self)
 
     def empty(self, shape: Iterable[int], dtype: str = "float32") -> "NDArray":
         """An uninitialised float32 array of ``shape`` on this device."""
         from .ndarray import NDArray
+
         _check_dtype(dtype)
         return NDArray.make(tuple(shape), device=self)
 
@@ -178,7 +194,7 @@ def cpu() -> BackendDevice:
 
 
 def default_device() -> BackendDevice:
-    """The device ``NDArray(...)`` uses when none is given: ``cpu_numpy()`` (the course's choice)."""
+    """The device ``NDArray(...)`` uses when given none: ``cpu_numpy()`` (the course's choice)."""
     return _CPU_NUMPY
 
 

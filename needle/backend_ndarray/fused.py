@@ -1,5 +1,6 @@
-"""Fused kernels at the NDArray level: softmax cross-entropy, layer/batch norm, the LSTM cell
-and the in-place SGD/Adam updates (the fused section of ``protocol.py``).
+"""Fused kernels at the NDArray level: softmax cross-entropy, layer/batch norm, the LSTM cell,
+the in-place SGD/Adam updates and the embedding gather / scatter-add (the fused section of
+``protocol.py``).
 
 Each function checks its NDArrays (kind and device here; shapes against ``fused_spec.py``, the
 one specification shared with the numpy backend), compacts the inputs, allocates the outputs
@@ -7,26 +8,31 @@ and calls the device module's kernel once, so a composite that costs many ops pe
 costs one kernel call. ``needle.backend_numpy`` has the same functions, with the same results,
 for numpy arrays.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from . import fused_spec as spec
 from .device import BackendDevice
 from .ndarray import NDArray
-from .protocol import Array
 from .ndarray import _new as _alloc
+from .protocol import Array
 
 __all__ = list(spec.KERNELS)  # softmax_xent, ..., adam_update_: one function per kernel
 
 
-def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...],
-           **scalars: float) -> Tuple[BackendDevice, spec.Dims]:
+def _check(
+    kernel: spec.FusedKernel,
+    arrays: Tuple[NDArray, ...],
+    given: Tuple[int, ...] = (),
+    **scalars: float,
+) -> Tuple[BackendDevice, spec.Dims]:
     """(device, sizes) after checking that each of ``arrays`` (the kernel's inputs, in order)
     is an NDArray (TypeError), that all share one device (ValueError) and that their shapes
-    fit ``kernel`` (ValueError, see ``fused_spec.FusedKernel.check``)."""
+    and the ``given`` sizes fit ``kernel`` (ValueError, see ``fused_spec.FusedKernel.check``)."""
     fn = kernel.api_name
     device: Optional[BackendDevice] = None
     for op, a in zip(kernel.inputs, arrays):
@@ -37,11 +43,10 @@ def _check(kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...],
         elif a.device != device:
             raise ValueError(f"{fn}: {op.name} is on {a.device} but {first} is on {device}")
     assert device is not None, f"{fn} has inputs"
-    return device, kernel.check([a.shape for a in arrays], scalars)
+    return device, kernel.check([a.shape for a in arrays], scalars, given)
 
 
-def _new(device: BackendDevice, kernel: spec.FusedKernel, dims: spec.Dims
-         ) -> Tuple[NDArray, ...]:
+def _new(device: BackendDevice, kernel: spec.FusedKernel, dims: spec.Dims) -> Tuple[NDArray, ...]:
     """The kernel's outputs, fresh compact arrays on ``device``."""
     device._check()
     return tuple(_alloc(shape, device) for shape in kernel.output_shapes(dims))
@@ -75,8 +80,9 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
 _IOTA: Dict[Tuple[int, BackendDevice], NDArray] = {}
 
 
-def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0
-                     ) -> NDArray:
+def softmax_xent_bwd(
+    probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0
+) -> NDArray:
     """The gradient of :func:`softmax_xent`'s loss with respect to the logits:
     ``(probs - one_hot(labels)) * dloss[:, None] * scale``, shape (N, C); ``dloss`` is the
     adjoint of the per-row losses, shape (N,) (or () for one value shared by every row)."""
@@ -90,8 +96,9 @@ def softmax_xent_bwd(probs: NDArray, labels: NDArray, dloss: NDArray, scale: flo
     return (probs - one_hot) * column
 
 
-def layernorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
-                  ) -> Tuple[NDArray, NDArray, NDArray]:
+def layernorm_fwd(
+    x: NDArray, w: NDArray, b: NDArray, eps: float
+) -> Tuple[NDArray, NDArray, NDArray]:
     """Layer norm of each row of ``x`` (R, C): ``(y, xhat, rstd)`` with xhat = (x - mean)·rstd,
     rstd = 1/sqrt(var + eps) (biased variance, shape (R,)), y = xhat·w + b (w, b: C elements)."""
     device, (rows, cols) = _check(spec.LAYERNORM_FWD, (x, w, b), eps=eps)
@@ -103,9 +110,16 @@ def layernorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
     return y, xhat, rstd
 
 
-def _norm_bwd(kernel: spec.FusedKernel, device_kernel: Callable[..., None],
-              device: BackendDevice, dims: spec.Dims, dy: NDArray,
-              xhat: NDArray, rstd: NDArray, w: NDArray) -> Tuple[NDArray, NDArray, NDArray]:
+def _norm_bwd(
+    kernel: spec.FusedKernel,
+    device_kernel: Callable[..., None],
+    device: BackendDevice,
+    dims: spec.Dims,
+    dy: NDArray,
+    xhat: NDArray,
+    rstd: NDArray,
+    w: NDArray,
+) -> Tuple[NDArray, NDArray, NDArray]:
     """dx, dw, db of layer or batch norm (``kernel``, already checked: ``device``, ``dims``)."""
     rows, cols = dims
     dx, dw, db = _new(device, kernel, dims)
@@ -117,36 +131,37 @@ def _norm_bwd(kernel: spec.FusedKernel, device_kernel: Callable[..., None],
     return dx, dw, db
 
 
-def layernorm_bwd(dy: NDArray, xhat: NDArray, rstd: NDArray, w: NDArray
-                  ) -> Tuple[NDArray, NDArray, NDArray]:
+def layernorm_bwd(
+    dy: NDArray, xhat: NDArray, rstd: NDArray, w: NDArray
+) -> Tuple[NDArray, NDArray, NDArray]:
     """The exact gradients ``(dx (R, C), dw (C,), db (C,))`` of :func:`layernorm_fwd` given the
     adjoint ``dy`` (R, C) of y and the saved ``xhat`` (R, C) and ``rstd`` (R,)."""
     device, dims = _check(spec.LAYERNORM_BWD, (dy, xhat, rstd, w))
     return _norm_bwd(spec.LAYERNORM_BWD, device.layernorm_bwd, device, dims, dy, xhat, rstd, w)
 
 
-def batchnorm_fwd(x: NDArray, w: NDArray, b: NDArray, eps: float
-                  ) -> Tuple[NDArray, NDArray, NDArray, NDArray, NDArray]:
+def batchnorm_fwd(
+    x: NDArray, w: NDArray, b: NDArray, eps: float
+) -> Tuple[NDArray, NDArray, NDArray, NDArray, NDArray]:
     """Batch norm of each column of ``x`` (N, C) over the N ≥ 1 rows:
     ``(y, xhat, rstd, mean, var)``, the last three of shape (C,) (biased batch variance)."""
     device, (rows, cols) = _check(spec.BATCHNORM_FWD, (x, w, b), eps=eps)
     y, xhat, rstd, mean, var = _new(device, spec.BATCHNORM_FWD, (rows, cols))
     if cols:
-        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps),
-                             *_out(y, xhat, rstd, mean, var))
+        device.batchnorm_fwd(*_h(x, w, b), rows, cols, float(eps), *_out(y, xhat, rstd, mean, var))
     return y, xhat, rstd, mean, var
 
 
-def batchnorm_bwd(dy: NDArray, xhat: NDArray, rstd: NDArray, w: NDArray
-                  ) -> Tuple[NDArray, NDArray, NDArray]:
+def batchnorm_bwd(
+    dy: NDArray, xhat: NDArray, rstd: NDArray, w: NDArray
+) -> Tuple[NDArray, NDArray, NDArray]:
     """The exact gradients ``(dx (N, C), dw (C,), db (C,))`` of :func:`batchnorm_fwd` given the
     adjoint ``dy`` (N, C) and the saved ``xhat`` (N, C) and ``rstd`` (C,)."""
     device, dims = _check(spec.BATCHNORM_BWD, (dy, xhat, rstd, w))
     return _norm_bwd(spec.BATCHNORM_BWD, device.batchnorm_bwd, device, dims, dy, xhat, rstd, w)
 
 
-def lstm_cell_fwd(gates: NDArray, c_prev: NDArray
-                  ) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
+def lstm_cell_fwd(gates: NDArray, c_prev: NDArray) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
     """One LSTM step from the gate pre-activations ``gates`` (B, 4H), order i, f, g, o, and the
     cell state ``c_prev`` (B, H): ``(h, c, act, tanh_c)`` with act = (σi, σf, tanh g, σo)
     (B, 4H), c = σf·c_prev + σi·tanh g, tanh_c = tanh(c), h = σo·tanh_c (each (B, H))."""
@@ -157,15 +172,17 @@ def lstm_cell_fwd(gates: NDArray, c_prev: NDArray
     return h, c, act, tanh_c
 
 
-def lstm_cell_bwd(dh: NDArray, dc: NDArray, act: NDArray, c_prev: NDArray, tanh_c: NDArray
-                  ) -> Tuple[NDArray, NDArray]:
+def lstm_cell_bwd(
+    dh: NDArray, dc: NDArray, act: NDArray, c_prev: NDArray, tanh_c: NDArray
+) -> Tuple[NDArray, NDArray]:
     """The exact gradients ``(dgates (B, 4H), dc_prev (B, H))`` of :func:`lstm_cell_fwd` given
     the adjoints ``dh``, ``dc`` (B, H) of h and c and its saved ``act``, ``c_prev``, ``tanh_c``."""
     device, (batch, hidden) = _check(spec.LSTM_CELL_BWD, (dh, dc, act, c_prev, tanh_c))
     dgates, dc_prev = _new(device, spec.LSTM_CELL_BWD, (batch, hidden))
     if batch and hidden:
-        device.lstm_cell_bwd(*_h(dh, dc, act, c_prev, tanh_c), batch, hidden,
-                             *_out(dgates, dc_prev))
+        device.lstm_cell_bwd(
+            *_h(dh, dc, act, c_prev, tanh_c), batch, hidden, *_out(dgates, dc_prev)
+        )
     return dgates, dc_prev
 
 
@@ -182,8 +199,10 @@ def _update_in_place(fn: str, param: NDArray, kernel: Callable[[Array], None]) -
         kernel(param._handle)
         return
     if any(s == 0 and n > 1 for s, n in zip(param.strides, param.shape)):
-        raise ValueError(f"{fn}: param is a broadcast view (shape {param.shape}, strides "
-                         f"{param.strides}); its elements share memory and cannot be updated")
+        raise ValueError(
+            f"{fn}: param is a broadcast view (shape {param.shape}, strides "
+            f"{param.strides}); its elements share memory and cannot be updated"
+        )
     work = param.compact()
     kernel(work._handle)
     param[(slice(None),) * param.ndim] = work
@@ -196,25 +215,71 @@ def _state(fn: str, **state: NDArray) -> None:
             raise ValueError(f"{fn}: the state buffer {name} must be compact")
 
 
-def sgd_update_(param: NDArray, grad: NDArray, buf: NDArray, lr: float, momentum: float,
-                weight_decay: float) -> None:
+def sgd_update_(
+    param: NDArray, grad: NDArray, buf: NDArray, lr: float, momentum: float, weight_decay: float
+) -> None:
     """In place, element-wise over ``param``'s shape: g = grad + weight_decay·param;
     buf = momentum·buf + (1 - momentum)·g; param -= lr·buf (the course's averaged momentum).
     ``buf`` must be a compact array of param's shape (zeros before the first step)."""
     device, _ = _check(spec.SGD_UPDATE, (param, grad, buf))
     _state("sgd_update_", buf=buf)
     g, u = _h(grad, buf)
-    _update_in_place("sgd_update_", param, lambda p: device.sgd_update(
-        p, g, u, float(lr), float(momentum), float(weight_decay)))
+    _update_in_place(
+        "sgd_update_",
+        param,
+        lambda p: device.sgd_update(p, g, u, float(lr), float(momentum), float(weight_decay)),
+    )
 
 
-def adam_update_(param: NDArray, grad: NDArray, m: NDArray, v: NDArray, lr: float,
-                 beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> None:
+def adam_update_(
+    param: NDArray,
+    grad: NDArray,
+    m: NDArray,
+    v: NDArray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     """In place: one Adam step (L2 decay added to the gradient, bias corrections for ``step`` ≥
     1) on ``param`` with the compact moment buffers ``m``, ``v`` of param's shape."""
     device, _ = _check(spec.ADAM_UPDATE, (param, grad, m, v), step=step)
     _state("adam_update_", m=m, v=v)
     g, mh, vh = _h(grad, m, v)
-    _update_in_place("adam_update_", param, lambda p: device.adam_update(
-        p, g, mh, vh, float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-        int(step)))
+    _update_in_place(
+        "adam_update_",
+        param,
+        lambda p: device.adam_update(
+            p,
+            g,
+            mh,
+            vh,
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(weight_decay),
+            int(step),
+        ),
+    )
+
+
+def embedding_gather(weight: NDArray, ids: NDArray) -> NDArray:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (N,), float32 holding whole numbers in
+    [0, V): shape (N, D). An id outside that range is an IndexError naming it (raised by the
+    device kernel)."""
+    device, dims = _check(spec.EMBEDDING_GATHER, (weight, ids))
+    (out,) = _new(device, spec.EMBEDDING_GATHER, dims)
+    device.embedding_gather(*_h(weight, ids), *dims, *_out(out))
+    return out
+
+
+def embedding_scatter_add(grad: NDArray, ids: NDArray, vocab: int) -> NDArray:
+    """The adjoint of :func:`embedding_gather`: zeros (vocab, D) with each row of ``grad``
+    (N, D) added to the row its id in ``ids`` (N,) names (a repeated id accumulates)."""
+    device, dims = _check(spec.EMBEDDING_SCATTER_ADD, (grad, ids), (vocab,))
+    (out,) = _new(device, spec.EMBEDDING_SCATTER_ADD, dims)
+    device.embedding_scatter_add(*_h(grad, ids), *dims, *_out(out))
+    return out

@@ -14,13 +14,23 @@ their border (the compiled bindings with ``src/ndarray_checks.h``, the numpy mod
 since they can be called directly: a bad buffer, size or view is a ValueError there, never a
 crash.
 """
+
 from __future__ import annotations
 
 import builtins
 import functools
 import math
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Optional, Sequence, Tuple,
-                    Union)
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ClassVar,
+    Iterable,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 
@@ -34,8 +44,15 @@ from .device import (
     default_device,
     default_tensor_device,
 )
-from .protocol import (BINARY_OPS, MAX_ELEMENTS, OP_METHODS, REDUCE_OPS, UNARY_OPS, Array,
-                       module_functions)
+from .protocol import (
+    BINARY_OPS,
+    MAX_ELEMENTS,
+    OP_METHODS,
+    REDUCE_OPS,
+    UNARY_OPS,
+    Array,
+    module_functions,
+)
 
 Shape = Tuple[int, ...]
 # A scalar operand of the element-wise ops (see _scalar).
@@ -45,9 +62,27 @@ Axes = Union[None, int, Sequence[int]]
 # One subscript of __getitem__ / __setitem__.
 Index = Union[int, np.integer[Any], slice]
 
-__all__ = ["BackendDevice", "NDArray", "all_devices", "array", "broadcast_to", "cpu", "cpu_numpy",
-           "cuda", "default_device", "default_tensor_device", "empty", "flip", "full", "matmul",
-           "matmul_tiled", "pad", "permute", "prod", "reshape"]
+__all__ = [
+    "BackendDevice",
+    "NDArray",
+    "all_devices",
+    "array",
+    "broadcast_to",
+    "cpu",
+    "cpu_numpy",
+    "cuda",
+    "default_device",
+    "default_tensor_device",
+    "empty",
+    "flip",
+    "full",
+    "matmul",
+    "matmul_tiled",
+    "pad",
+    "permute",
+    "prod",
+    "reshape",
+]
 
 # Op codes of the reductions (the tables are identical in every device module).
 _SUM, _MAX = (REDUCE_OPS.index(n) for n in ("sum", "max"))
@@ -69,17 +104,20 @@ def _compact_strides(shape: Shape) -> Shape:
 
 
 #: The largest integer magnitude up to which every integer is exactly representable in float32.
-FLOAT32_EXACT_INT = 2 ** 24
+FLOAT32_EXACT_INT = 2**24
 
 
 def _as_float32_numpy(other: object) -> np.ndarray:
     try:
         arr = np.asarray(other)
     except Exception as exc:  # ragged nested lists and the like
-        raise TypeError(f"cannot convert {type(other).__name__} to a float32 NDArray: {exc}") from exc
+        raise TypeError(
+            f"cannot convert {type(other).__name__} to a float32 NDArray: {exc}"
+        ) from exc
     if arr.dtype.kind not in "biuf":
         raise TypeError(
-            f"cannot convert data of dtype {arr.dtype} ({type(other).__name__}) to a float32 NDArray"
+            f"cannot convert data of dtype {arr.dtype} ({type(other).__name__}) "
+            "to a float32 NDArray"
         )
     if arr.dtype.kind in "iu" and arr.size and int(np.abs(arr).max()) > FLOAT32_EXACT_INT:
         # e.g. class labels or word ids: float32 would round them to a neighbour silently
@@ -97,8 +135,9 @@ def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     ``device`` is enabled, since an array already lives there)."""
     size = math.prod(shape)
     if size > MAX_ELEMENTS:
-        raise ValueError(f"shape {shape} has {size} elements, more than an array may hold "
-                         f"({MAX_ELEMENTS})")
+        raise ValueError(
+            f"shape {shape} has {size} elements, more than an array may hold ({MAX_ELEMENTS})"
+        )
     array = object.__new__(NDArray)
     array._shape = shape
     array._strides = _compact_strides(shape)
@@ -167,9 +206,13 @@ class NDArray:
     compact_strides.__doc__ = "Row-major strides (in elements) of the tuple ``shape`` (cached)."
 
     @staticmethod
-    def make(shape: Iterable[int], strides: Optional[Iterable[int]] = None,
-             device: Optional[BackendDevice] = None, handle: Optional[Array] = None,
-             offset: int = 0) -> "NDArray":
+    def make(
+        shape: Iterable[int],
+        strides: Optional[Iterable[int]] = None,
+        device: Optional[BackendDevice] = None,
+        handle: Optional[Array] = None,
+        offset: int = 0,
+    ) -> "NDArray":
         """An NDArray over ``handle`` (a fresh buffer of prod(shape) elements when None)."""
         shape = tuple(map(int, shape))
         device = device if device is not None else default_device()
@@ -239,20 +282,24 @@ class NDArray:
         """A numpy copy with this array's shape."""
         if 0 in self._shape:
             return np.zeros(self._shape, dtype=np.float32)
-        out: np.ndarray = self._device.to_numpy(self._handle, self._shape, self._strides,
-                                                self._offset)
+        out: np.ndarray = self._device.to_numpy(
+            self._handle, self._shape, self._strides, self._offset
+        )
         return out
 
     def is_compact(self) -> bool:
         """Row-major strides and the buffer holds exactly these elements."""
-        return (self._strides == _compact_strides(self._shape)
-                and math.prod(self._shape) == self._handle.size)
+        return (
+            self._strides == _compact_strides(self._shape)
+            and math.prod(self._shape) == self._handle.size
+        )
 
     def _copy(self) -> "NDArray":
         out = _new(self._shape, self._device)
         if 0 not in self._shape:
-            self._device.compact(self._handle, out._handle, self._shape, self._strides,
-                                 self._offset)
+            self._device.compact(
+                self._handle, out._handle, self._shape, self._strides, self._offset
+            )
         return out
 
     def compact(self) -> "NDArray":
@@ -285,8 +332,10 @@ class NDArray:
         """A view with ``new_shape`` (one -1 is inferred). The array must be compact."""
         new_shape = _normalize_shape(new_shape, self.size)
         if prod(new_shape) != self.size:
-            raise ValueError(f"cannot reshape an array of shape {self.shape} ({self.size} elements) "
-                             f"into shape {new_shape}")
+            raise ValueError(
+                f"cannot reshape an array of shape {self.shape} ({self.size} elements) "
+                f"into shape {new_shape}"
+            )
         if not self.is_compact():
             raise ValueError(
                 f"cannot reshape a non-compact array (shape {self.shape}, strides {self.strides}) "
@@ -298,11 +347,14 @@ class NDArray:
         """A view with the axes reordered: dimension i of the result is ``new_axes[i]`` of self."""
         axes = _permutation(tuple(new_axes), len(self._shape))
         if axes is None:
-            raise ValueError(f"permute: {tuple(new_axes)} is not a permutation of the {self.ndim} "
-                             f"axes of an array of shape {self.shape}")
+            raise ValueError(
+                f"permute: {tuple(new_axes)} is not a permutation of the {self.ndim} "
+                f"axes of an array of shape {self.shape}"
+            )
         shape, strides = self._shape, self._strides
-        return _view(self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes),
-                     self._offset)
+        return _view(
+            self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes), self._offset
+        )
 
     def broadcast_to(self, new_shape: Iterable[int]) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
@@ -310,8 +362,9 @@ class NDArray:
         if new_shape == self._shape:
             return _view(self, new_shape, self._strides, self._offset)
         if any(s < 0 for s in new_shape):
-            raise ValueError(f"cannot broadcast shape {self.shape} to {new_shape}: negative "
-                             "dimension")
+            raise ValueError(
+                f"cannot broadcast shape {self.shape} to {new_shape}: negative dimension"
+            )
         if len(new_shape) < self.ndim:
             raise ValueError(f"cannot broadcast shape {self.shape} to fewer dimensions {new_shape}")
         return _view(self, new_shape, _broadcast_strides(self, new_shape), self._offset)
@@ -360,8 +413,9 @@ class NDArray:
             offset = self._offset
         return _view(self, tuple(shape), tuple(strides), offset)
 
-    def __setitem__(self, idxs: Union[Index, Tuple[Index, ...]],
-                    other: Union["NDArray", Scalar]) -> None:
+    def __setitem__(
+        self, idxs: Union[Index, Tuple[Index, ...]], other: Union["NDArray", Scalar]
+    ) -> None:
         """Assign a scalar, or an NDArray of the view's shape (or broadcastable to it)."""
         view = self.__getitem__(idxs)
         if isinstance(other, NDArray):
@@ -375,13 +429,15 @@ class NDArray:
                 # The source is the destination buffer itself: a kernel writing while it reads
                 # could see its own writes, so copy first (numpy does the same).
                 src = other._copy()
-            self._device.ewise_setitem(src._handle, view._handle, view._shape, view._strides,
-                                       view._offset)
+            self._device.ewise_setitem(
+                src._handle, view._handle, view._shape, view._strides, view._offset
+            )
         else:
             value = _scalar(other)
             if view.size:
-                self._device.scalar_setitem(view.size, value, view._handle, view._shape,
-                                            view._strides, view._offset)
+                self._device.scalar_setitem(
+                    view.size, value, view._handle, view._shape, view._strides, view._offset
+                )
 
     # ---- element-wise and scalar ops ---------------------------------------------------------
     def _check_device(self, other: "NDArray") -> None:
@@ -404,23 +460,34 @@ class NDArray:
                 b_strides = _broadcast_strides(other, shape)
             out = _new(shape, dev)
             if 0 not in shape:
-                dev.ewise_binary(op, self._handle, a_strides, self._offset, other._handle,
-                                 b_strides, other._offset, out._handle, shape)
+                dev.ewise_binary(
+                    op,
+                    self._handle,
+                    a_strides,
+                    self._offset,
+                    other._handle,
+                    b_strides,
+                    other._offset,
+                    out._handle,
+                    shape,
+                )
             return out
         value = _scalar(other)
         shape = self._shape
         out = _new(shape, dev)
         if 0 not in shape:
-            dev.ewise_scalar(op, self._handle, self._strides, self._offset, value, out._handle,
-                             shape, reverse)
+            dev.ewise_scalar(
+                op, self._handle, self._strides, self._offset, value, out._handle, shape, reverse
+            )
         return out
 
     def _unary(self, op: int) -> "NDArray":
         shape = self._shape
         out = _new(shape, self._device)
         if 0 not in shape:
-            self._device.ewise_unary(op, self._handle, self._strides, self._offset, out._handle,
-                                     shape)
+            self._device.ewise_unary(
+                op, self._handle, self._strides, self._offset, out._handle, shape
+            )
         return out
 
     # The element-wise methods (__add__, __radd__, ..., maximum, exp, relu, ...) are generated
@@ -457,6 +524,7 @@ class NDArray:
         def tanh(self) -> NDArray: ...
         def sigmoid(self) -> NDArray: ...
         def relu(self) -> NDArray: ...
+
     # Unhashable, like a numpy array (``==`` is element-wise); object's __hash__ is a method,
     # so declaring it None is an assignment mypy flags.
     __hash__: ClassVar[None]  # type: ignore[assignment]
@@ -476,8 +544,10 @@ class NDArray:
         if other._device is not self._device:
             self._check_device(other)
         if len(self._shape) < 2 or len(other._shape) < 2:
-            raise ValueError(f"matmul needs operands of at least 2 dimensions, got shapes "
-                             f"{self.shape} and {other.shape}")
+            raise ValueError(
+                f"matmul needs operands of at least 2 dimensions, got shapes "
+                f"{self.shape} and {other.shape}"
+            )
         m, n = self._shape[-2:]
         p = other._shape[-1]
         if other._shape[-2] != n:
@@ -488,15 +558,27 @@ class NDArray:
             a_strides, b_strides = (0,) + self._strides, (0,) + other._strides
             a, b = self, other
         else:
-            batch_shape = _broadcast_shapes(self._shape[:-2], other._shape[:-2],
-                                            "matmul batch dimensions of")
+            batch_shape = _broadcast_shapes(
+                self._shape[:-2], other._shape[:-2], "matmul batch dimensions of"
+            )
             batch = prod(batch_shape)
             a, a_strides = _batched(self, batch_shape)
             b, b_strides = _batched(other, batch_shape)
         out = _new(batch_shape + (m, p), self._device)
         if batch and m and p:
-            self._device.matmul_strided(a._handle, a_strides, a._offset, b._handle, b_strides,
-                                        b._offset, out._handle, batch, m, n, p)
+            self._device.matmul_strided(
+                a._handle,
+                a_strides,
+                a._offset,
+                b._handle,
+                b_strides,
+                b._offset,
+                out._handle,
+                batch,
+                m,
+                n,
+                p,
+            )
         return out
 
     def matmul_tiled(self, other: "NDArray") -> "NDArray":
@@ -512,17 +594,22 @@ class NDArray:
         if not hasattr(mod, "matmul_tiled") or not tile:
             raise RuntimeError(f"device {self.device} has no tiled matmul kernel")
         if self.ndim != 2 or other.ndim != 2 or self.shape[1] != other.shape[0]:
-            raise ValueError(f"matmul_tiled needs 2-D operands (m, n) @ (n, p), got shapes "
-                             f"{self.shape} and {other.shape}")
+            raise ValueError(
+                f"matmul_tiled needs 2-D operands (m, n) @ (n, p), got shapes "
+                f"{self.shape} and {other.shape}"
+            )
         m, n, p = self.shape[0], self.shape[1], other.shape[1]
         if m % tile or n % tile or p % tile or m * n * p == 0:
-            raise ValueError(f"matmul_tiled needs positive sizes that are multiples of the tile "
-                             f"size {tile}, got m={m}, n={n}, p={p}")
+            raise ValueError(
+                f"matmul_tiled needs positive sizes that are multiples of the tile "
+                f"size {tile}, got m={m}, n={n}, p={p}"
+            )
 
         def tiled(x: NDArray) -> NDArray:
             rows, cols = x.shape
-            return _view(x, (rows // tile, cols // tile, tile, tile),
-                         (cols * tile, tile, cols, 1), x._offset)._copy()
+            return _view(
+                x, (rows // tile, cols // tile, tile, tile), (cols * tile, tile, cols, 1), x._offset
+            )._copy()
 
         a, b = tiled(self.compact()), tiled(other.compact())
         out = _new((m // tile, p // tile, tile, tile), self._device)
@@ -534,14 +621,17 @@ class NDArray:
         if isinstance(axis, list):
             axis = tuple(axis)
         view_shape, view_strides, keep, out_shape, empty = _reduce_plan(
-            self._shape, self._strides, axis, keepdims)
+            self._shape, self._strides, axis, keepdims
+        )
         if op == _MAX and empty:
-            raise ValueError(f"max of an empty axis has no identity (shape {self.shape}, "
-                             f"axis {axis})")
+            raise ValueError(
+                f"max of an empty axis has no identity (shape {self.shape}, axis {axis})"
+            )
         out = _new(out_shape, self._device)
         if 0 not in view_shape[:keep]:
-            self._device.reduce(op, self._handle, view_shape, view_strides, self._offset, keep,
-                                out._handle)
+            self._device.reduce(
+                op, self._handle, view_shape, view_strides, self._offset, keep, out._handle
+            )
         return out
 
     def sum(self, axis: Axes = None, keepdims: bool = False) -> "NDArray":
@@ -575,8 +665,10 @@ class NDArray:
         """Zero padding: ``axes`` is one (before, after) pair per dimension."""
         axes = tuple(tuple(int(v) for v in a) for a in axes)
         if len(axes) != self.ndim or any(len(a) != 2 or min(a) < 0 for a in axes):
-            raise ValueError(f"pad needs one non-negative (before, after) pair per dimension of "
-                             f"shape {self.shape}, got {axes}")
+            raise ValueError(
+                f"pad needs one non-negative (before, after) pair per dimension of "
+                f"shape {self.shape}, got {axes}"
+            )
         out = _new(tuple(s + a + b for s, (a, b) in zip(self.shape, axes)), self._device)
         out.fill(0.0)
         out[tuple(slice(a, a + s) for s, (a, _) in zip(self.shape, axes))] = self
@@ -586,15 +678,19 @@ class NDArray:
 def _binary_method(name: str, code: int, reverse: bool) -> Callable[[NDArray, Any], NDArray]:
     def method(self: NDArray, other: Union[NDArray, Scalar]) -> NDArray:
         return self._binary(other, code, reverse)
+
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = (f"Element-wise ``{BINARY_OPS[code]}`` with an NDArray (broadcast with "
-                      f"numpy's rules) or a scalar{', reflected' if reverse else ''}.")
+    method.__doc__ = (
+        f"Element-wise ``{BINARY_OPS[code]}`` with an NDArray (broadcast with "
+        f"numpy's rules) or a scalar{', reflected' if reverse else ''}."
+    )
     return method
 
 
 def _unary_method(name: str, code: int) -> Callable[[NDArray], NDArray]:
     def method(self: NDArray) -> NDArray:
         return self._unary(code)
+
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Element-wise ``{UNARY_OPS[code]}``."
     return method
@@ -645,8 +741,9 @@ def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[
 
 
 @functools.lru_cache(maxsize=4096)
-def _reduce_plan(shape: Shape, strides: Shape, axis: Axes,
-                 keepdims: bool) -> Tuple[Shape, Shape, int, Shape, bool]:
+def _reduce_plan(
+    shape: Shape, strides: Shape, axis: Axes, keepdims: bool
+) -> Tuple[Shape, Shape, int, Shape, bool]:
     """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
     last) as (shape, strides), the number of kept axes, the output shape, and whether a
     non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
@@ -694,8 +791,10 @@ def _broadcast_strides(x: NDArray, shape: Shape) -> Shape:
         elif old == 1:
             strides.append(0)
         else:
-            raise ValueError(f"cannot broadcast shape {x.shape} to {shape}: "
-                             f"dimension of size {old} is not 1 and differs from {new}")
+            raise ValueError(
+                f"cannot broadcast shape {x.shape} to {shape}: "
+                f"dimension of size {old} is not 1 and differs from {new}"
+            )
     return tuple(strides)
 
 
@@ -751,15 +850,20 @@ def array(a: object, dtype: str = "float32", device: BackendDevice | None = None
     return NDArray(a, device=device)
 
 
-def empty(shape: Iterable[int], dtype: str = "float32",
-          device: BackendDevice | None = None) -> NDArray:
+def empty(
+    shape: Iterable[int], dtype: str = "float32", device: BackendDevice | None = None
+) -> NDArray:
     """An uninitialised float32 array of ``shape``."""
     device = device if device is not None else default_device()
     return device.empty(shape, dtype)
 
 
-def full(shape: Iterable[int], fill_value: float, dtype: str = "float32",
-         device: BackendDevice | None = None) -> NDArray:
+def full(
+    shape: Iterable[int],
+    fill_value: float,
+    dtype: str = "float32",
+    device: BackendDevice | None = None,
+) -> NDArray:
     """A float32 array of ``shape`` filled with ``fill_value``."""
     device = device if device is not None else default_device()
     return device.full(shape, fill_value, dtype)

@@ -11,6 +11,7 @@ The computations themselves are ``numpy_kernels``' (shared with ``NEEDLE_BACKEND
 fused kernels' buffer sizes are checked against ``fused_spec``. This module adds the buffers,
 the views and the checks.
 """
+
 from __future__ import annotations
 
 import operator
@@ -149,9 +150,11 @@ def _check_view(fn: str, buf: Array, shape: Shape, strides: Shape, offset: int) 
             else:
                 hi += (n - 1) * s
         if lo < 0 or hi >= buf.size:
-            raise ValueError(f"{fn}: view with shape {shape}, strides {strides} and offset "
-                             f"{offset} reaches elements [{lo}, {hi}], outside the buffer of "
-                             f"{buf.size} elements")
+            raise ValueError(
+                f"{fn}: view with shape {shape}, strides {strides} and offset "
+                f"{offset} reaches elements [{lo}, {hi}], outside the buffer of "
+                f"{buf.size} elements"
+            )
     return size
 
 
@@ -165,14 +168,21 @@ def _check_sizes(fn: str, out: Array, *inputs: Array) -> None:
         _buf(fn, "buffer", a)
     if any(a.size != out.size for a in inputs):
         sizes = " and ".join(str(a.size) for a in inputs)
-        raise ValueError(f"{fn}: input{'s' if len(inputs) > 1 else ''} of {sizes} elements but "
-                         f"out has {out.size}")
+        raise ValueError(
+            f"{fn}: input{'s' if len(inputs) > 1 else ''} of {sizes} elements but "
+            f"out has {out.size}"
+        )
 
 
 def _view(a: Array, shape: Shape, strides: Shape, offset: int) -> np.ndarray:
     """The numpy view of a non-empty, checked view (negative strides reach below ``offset``)."""
-    view: np.ndarray = np.ndarray(tuple(shape), np.float32, a.array, offset * _datetype_size,
-                                  tuple(s * _datetype_size for s in strides))
+    view: np.ndarray = np.ndarray(
+        tuple(shape),
+        np.float32,
+        a.array,
+        offset * _datetype_size,
+        tuple(s * _datetype_size for s in strides),
+    )
     return view
 
 
@@ -215,29 +225,42 @@ def ewise_setitem(a: Array, out: Array, shape: Shape, strides: Shape, offset: in
     _buf("ewise_setitem", "a", a), _buf("ewise_setitem", "out", out)
     size = _check_view("ewise_setitem", out, shape, strides, offset)
     if size != a.size:
-        raise ValueError(f"ewise_setitem: shape {tuple(shape)} has {size} elements but the "
-                         f"source has {a.size}")
+        raise ValueError(
+            f"ewise_setitem: shape {tuple(shape)} has {size} elements but the source has {a.size}"
+        )
     if size:
         _view(out, shape, strides, offset)[...] = a.array.reshape(tuple(shape))
 
 
-def scalar_setitem(size: int, val: float, out: Array, shape: Shape, strides: Shape,
-                   offset: int) -> None:
+def scalar_setitem(
+    size: int, val: float, out: Array, shape: Shape, strides: Shape, offset: int
+) -> None:
     """Set every element of the strided view of ``out`` (``size`` elements) to ``val``."""
     size = _int("scalar_setitem", "size", size)
     val = _float("scalar_setitem", "val", val)
     _buf("scalar_setitem", "out", out)
     view_size = _check_view("scalar_setitem", out, shape, strides, offset)
     if view_size != size:
-        raise ValueError(f"scalar_setitem: size {size} does not match shape {tuple(shape)} "
-                         f"({view_size} elements)")
+        raise ValueError(
+            f"scalar_setitem: size {size} does not match shape {tuple(shape)} "
+            f"({view_size} elements)"
+        )
     if size:
         _view(out, shape, strides, offset)[...] = val
 
 
 # ---- element-wise on strided operands ---------------------------------------------------------
-def ewise_binary(op: int, a: Array, a_strides: Shape, a_offset: int, b: Array, b_strides: Shape,
-                 b_offset: int, out: Array, shape: Shape) -> None:
+def ewise_binary(
+    op: int,
+    a: Array,
+    a_strides: Shape,
+    a_offset: int,
+    b: Array,
+    b_strides: Shape,
+    b_offset: int,
+    out: Array,
+    shape: Shape,
+) -> None:
     """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b)."""
     fn = "ewise_binary"
     op = _op(fn, op, _BINARY_FUNCS)
@@ -247,13 +270,23 @@ def ewise_binary(op: int, a: Array, a_strides: Shape, a_offset: int, b: Array, b
     _check_out(fn, out, size)
     if size:
         with np.errstate(all="ignore"):
-            _BINARY_FUNCS[op](_view(a, shape, a_strides, a_offset),
-                              _view(b, shape, b_strides, b_offset),
-                              out=out.array.reshape(tuple(shape)))
+            _BINARY_FUNCS[op](
+                _view(a, shape, a_strides, a_offset),
+                _view(b, shape, b_strides, b_offset),
+                out=out.array.reshape(tuple(shape)),
+            )
 
 
-def ewise_scalar(op: int, a: Array, a_strides: Shape, a_offset: int, val: float, out: Array,
-                 shape: Shape, reverse: bool) -> None:
+def ewise_scalar(
+    op: int,
+    a: Array,
+    a_strides: Shape,
+    a_offset: int,
+    val: float,
+    out: Array,
+    shape: Shape,
+    reverse: bool,
+) -> None:
     """``out`` = BINARY_OPS[op](view of a, val), or (val, view of a) when ``reverse``."""
     fn = "ewise_scalar"
     op = _op(fn, op, _BINARY_FUNCS)
@@ -271,8 +304,9 @@ def ewise_scalar(op: int, a: Array, a_strides: Shape, a_offset: int, val: float,
                 _BINARY_FUNCS[op](x, value, out=o)
 
 
-def ewise_unary(op: int, a: Array, a_strides: Shape, a_offset: int, out: Array,
-                shape: Shape) -> None:
+def ewise_unary(
+    op: int, a: Array, a_strides: Shape, a_offset: int, out: Array, shape: Shape
+) -> None:
     """``out`` = UNARY_OPS[op](view of a)."""
     fn = "ewise_unary"
     op = _op(fn, op, _UNARY_FUNCS)
@@ -281,13 +315,15 @@ def ewise_unary(op: int, a: Array, a_strides: Shape, a_offset: int, out: Array,
     _check_out(fn, out, size)
     if size:
         with np.errstate(all="ignore"):
-            _UNARY_FUNCS[op](_view(a, shape, a_strides, a_offset),
-                             out=out.array.reshape(tuple(shape)))
+            _UNARY_FUNCS[op](
+                _view(a, shape, a_strides, a_offset), out=out.array.reshape(tuple(shape))
+            )
 
 
 # ---- reductions -------------------------------------------------------------------------------
-def reduce(op: int, a: Array, shape: Shape, strides: Shape, offset: int, keep: int,
-           out: Array) -> None:
+def reduce(
+    op: int, a: Array, shape: Shape, strides: Shape, offset: int, keep: int, out: Array
+) -> None:
     """``out`` (prod(shape[:keep])) = REDUCE_OPS[op] over the axes ``shape[keep:]`` of the view."""
     fn = "reduce"
     op = _op(fn, op, _REDUCE_FUNCS)
@@ -304,19 +340,31 @@ def reduce(op: int, a: Array, shape: Shape, strides: Shape, offset: int, keep: i
     func, identity = _REDUCE_FUNCS[op]
     if _shape_size(fn, shape[keep:]) == 0:
         if identity is None:
-            raise ValueError(f"{fn}: {__reduce_ops__[op]} over an empty extent {shape[keep:]} "
-                             "has no identity")
+            raise ValueError(
+                f"{fn}: {__reduce_ops__[op]} over an empty extent {shape[keep:]} has no identity"
+            )
         out.array.fill(identity)
         return
     with np.errstate(all="ignore"):
-        out.array[:] = func(_view(a, shape, strides, offset),
-                            axis=tuple(range(keep, len(shape)))).ravel()
+        out.array[:] = func(
+            _view(a, shape, strides, offset), axis=tuple(range(keep, len(shape)))
+        ).ravel()
 
 
 # ---- matrix products --------------------------------------------------------------------------
-def matmul_strided(a: Array, a_strides: Shape, a_offset: int, b: Array, b_strides: Shape,
-                   b_offset: int,
-                   out: Array, batch: int, m: int, n: int, p: int) -> None:
+def matmul_strided(
+    a: Array,
+    a_strides: Shape,
+    a_offset: int,
+    b: Array,
+    b_strides: Shape,
+    b_offset: int,
+    out: Array,
+    batch: int,
+    m: int,
+    n: int,
+    p: int,
+) -> None:
     """``out`` (compact, (batch, m, p)) = A[k] @ B[k] over strided (batch, m, n), (batch, n, p)."""
     fn = "matmul_strided"
     batch, m, n, p = (_int(fn, w, v) for w, v in zip("bmnp", (batch, m, n, p)))
@@ -325,8 +373,9 @@ def matmul_strided(a: Array, a_strides: Shape, a_offset: int, b: Array, b_stride
     _buf(fn, "a", a), _buf(fn, "b", b), _buf(fn, "out", out)
     for what, strides in (("a_strides", a_strides), ("b_strides", b_strides)):
         if len(_ints(fn, what, strides)) != 3:
-            raise ValueError(f"{fn}: {what} must hold 3 strides (batch, row, column), "
-                             f"got {tuple(strides)}")
+            raise ValueError(
+                f"{fn}: {what} must hold 3 strides (batch, row, column), got {tuple(strides)}"
+            )
     _check_view(fn, a, (batch, m, n), a_strides, a_offset)
     _check_view(fn, b, (batch, n, p), b_strides, b_offset)
     size = _shape_size(fn, (batch, m, p))
@@ -337,7 +386,8 @@ def matmul_strided(a: Array, a_strides: Shape, a_offset: int, b: Array, b_stride
             return
         out.array.reshape(batch, m, p)[...] = np.matmul(
             _view(a, (batch, m, n), a_strides, a_offset),
-            _view(b, (batch, n, p), b_strides, b_offset))
+            _view(b, (batch, n, p), b_strides, b_offset),
+        )
 
 
 # ---- element-wise on compact operands (course) ------------------------------------------------
@@ -434,8 +484,9 @@ def matmul(a: Array, b: Array, out: Array, m: int, n: int, p: int) -> None:
     for what, buf, count in (("a", a, m * n), ("b", b, n * p), ("out", out, m * p)):
         _buf("matmul", what, buf)
         if count > buf.size:
-            raise ValueError(f"matmul: {what} needs {count} elements for m={m}, n={n}, p={p} "
-                             f"but has {buf.size}")
+            raise ValueError(
+                f"matmul: {what} needs {count} elements for m={m}, n={n}, p={p} but has {buf.size}"
+            )
     product = a.array[: m * n].reshape(m, n) @ b.array[: n * p].reshape(n, p)
     out.array[: m * p] = product.reshape(-1)
 
@@ -446,8 +497,10 @@ def _check_reduce(fn: str, a: Array, out: Array, reduce_size: int) -> int:
     if reduce_size <= 0:
         raise ValueError(f"{fn}: reduce_size must be positive, got {reduce_size}")
     if out.size * reduce_size > a.size:
-        raise ValueError(f"{fn}: out has {out.size} elements, reducing {reduce_size} each needs "
-                         f"{out.size * reduce_size} but a has {a.size}")
+        raise ValueError(
+            f"{fn}: out has {out.size} elements, reducing {reduce_size} each needs "
+            f"{out.size * reduce_size} but a has {a.size}"
+        )
     return reduce_size
 
 
@@ -476,18 +529,23 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
 
     def device_function(*args: Any) -> None:
         if len(args) != n_in + n_dims + n_scalars + len(spec.outputs):
-            raise TypeError(f"{fn}: expected {n_in + n_dims + n_scalars + len(spec.outputs)} "
-                            f"arguments, got {len(args)}")
-        buffers = args[:n_in] + args[n_in + n_dims + n_scalars:]
+            raise TypeError(
+                f"{fn}: expected {n_in + n_dims + n_scalars + len(spec.outputs)} "
+                f"arguments, got {len(args)}"
+            )
+        buffers = args[:n_in] + args[n_in + n_dims + n_scalars :]
         for name, buf in zip(names, buffers):
             _buf(fn, name, buf)
-        dims = tuple(_int(fn, d, v) for d, v in zip(spec.dims, args[n_in:n_in + n_dims]))
-        scalars = [_float(fn, s, v) for s, v in
-                   zip(spec.scalars, args[n_in + n_dims:n_in + n_dims + n_scalars])]
+        dims = tuple(_int(fn, d, v) for d, v in zip(spec.dims, args[n_in : n_in + n_dims]))
+        scalars = [
+            _float(fn, s, v)
+            for s, v in zip(spec.scalars, args[n_in + n_dims : n_in + n_dims + n_scalars])
+        ]
         dims = spec.check_buffers(dict(zip(names, buffers)), dims, dict(zip(spec.scalars, scalars)))
         inputs = [buf.array.reshape(op.shape(*dims)) for op, buf in zip(spec.inputs, buffers)]
-        results = kernel(*inputs, *scalars)
+        results = kernel(*inputs, *dims[len(dims) - len(spec.given) :], *scalars)
         if spec.outputs:
+            results = results if isinstance(results, tuple) else (results,)
             for buf, value in zip(buffers[n_in:], results):
                 buf.array[:] = np.ravel(value)
 
@@ -505,3 +563,5 @@ lstm_cell_fwd = _fused(fused_spec.LSTM_CELL_FWD, kernels.lstm_cell_fwd)
 lstm_cell_bwd = _fused(fused_spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd)
 sgd_update = _fused(fused_spec.SGD_UPDATE, kernels.sgd_update)
 adam_update = _fused(fused_spec.ADAM_UPDATE, kernels.adam_update)
+embedding_gather = _fused(fused_spec.EMBEDDING_GATHER, kernels.embedding_gather)
+embedding_scatter_add = _fused(fused_spec.EMBEDDING_SCATTER_ADD, kernels.embedding_scatter_add)

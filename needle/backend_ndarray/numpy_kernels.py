@@ -14,6 +14,7 @@ row and column kernels, any shape for the in-place updates. Argument checks are 
 shapes are checked by ``fused_spec.py`` before a kernel runs; only what depends on the values
 (``check_labels``) is checked by the kernel itself, as in the compiled modules.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -88,6 +89,42 @@ def check_labels(fn: str, labels: np.ndarray, cols: int) -> np.ndarray:
     return labels.astype(np.int64)
 
 
+def check_ids(fn: str, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """``ids`` as int64 after checking that each is a whole number in [0, vocab): IndexError
+    naming the first that is not and its position."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~((ids >= 0) & (ids < vocab) & (ids == np.floor(ids)))
+    else:
+        bad = (ids < 0) | (ids >= vocab)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IndexError(
+            f"{fn}: ids must be whole numbers (integers) in [0, {vocab}), got "
+            f"{float(ids[k]):g} at position {k}"
+        )
+    return ids.astype(np.int64)
+
+
+def embedding_gather(weight: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (N,), whole numbers in [0, V): (N, D).
+    IndexError (before anything is computed) for an id outside that range."""
+    rows = check_ids("embedding_gather", ids, weight.shape[0])
+    out: np.ndarray = weight[rows]
+    return out
+
+
+def embedding_scatter_add(grad: np.ndarray, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """(vocab, D) zeros with each row ``grad[r]`` of ``grad`` (N, D) added to row ``ids[r]``,
+    in the order r = 0, 1, ... (a repeated id accumulates): the adjoint of
+    :func:`embedding_gather`. IndexError for an id that is not a whole number in [0, vocab)."""
+    rows = check_ids("embedding_scatter_add", ids, vocab)
+    out = np.zeros((vocab, grad.shape[1]), grad.dtype)
+    np.add.at(out, rows, grad)
+    return out
+
+
 def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Per row of ``logits`` (N, C) and integer-valued ``labels`` (N,): (loss (N,), probs (N, C));
     ValueError (before anything is computed) for a label that is not a whole number in [0, C).
@@ -99,8 +136,11 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np
     labels = check_labels("softmax_xent", labels, logits.shape[1])
     rows = np.arange(logits.shape[0])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        m = logits.max(axis=1, keepdims=True) if logits.shape[1] else \
-            np.zeros((logits.shape[0], 1), logits.dtype)
+        m = (
+            logits.max(axis=1, keepdims=True)
+            if logits.shape[1]
+            else np.zeros((logits.shape[0], 1), logits.dtype)
+        )
         m = np.where(np.isfinite(m), m, 0).astype(logits.dtype)  # an all -inf row stays NaN below
         shifted = logits - m
         e = np.exp(shifted)
@@ -110,8 +150,9 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np
     return loss.astype(logits.dtype, copy=False), probs.astype(logits.dtype, copy=False)
 
 
-def softmax_xent_bwd(probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray,
-                     scale: float = 1.0) -> np.ndarray:
+def softmax_xent_bwd(
+    probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray, scale: float = 1.0
+) -> np.ndarray:
     """``(probs - one_hot(labels)) * dloss[:, None] * scale`` (N, C): the logits' gradient of
     :func:`softmax_xent` given the adjoint ``dloss`` (N,) or () of its losses."""
     d = probs.copy()
@@ -130,42 +171,54 @@ def _normalize(x: np.ndarray, axis: int, eps: float) -> Tuple[np.ndarray, ...]:
     var = (centred * centred).mean(axis=axis, keepdims=True)
     rstd = 1 / np.sqrt(var + eps)
     with np.errstate(over="ignore"):  # a variance beyond float32 is reported as inf
-        return ((centred * rstd).astype(x.dtype), rstd.astype(x.dtype), mean.astype(x.dtype),
-                var.astype(x.dtype))
+        return (
+            (centred * rstd).astype(x.dtype),
+            rstd.astype(x.dtype),
+            mean.astype(x.dtype),
+            var.astype(x.dtype),
+        )
 
 
-def _normalize_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray,
-                   axis: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _normalize_bwd(
+    dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray, axis: int
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dx, dw, db of xhat = (x - mean)·rstd over ``axis``, y = xhat·w + b (w: one per column)."""
     dxhat = dy * w
-    dx = rstd * (dxhat - dxhat.mean(axis=axis, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=axis, keepdims=True))
+    dx = rstd * (
+        dxhat
+        - dxhat.mean(axis=axis, keepdims=True)
+        - xhat * (dxhat * xhat).mean(axis=axis, keepdims=True)
+    )
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
 
 
-def layernorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray,
-                  eps: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def layernorm_fwd(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise layer norm of x (R, C) with w, b (C,): (y (R, C), xhat (R, C), rstd (R,))."""
     xhat, rstd, _, _ = _normalize(x, 1, eps)
     return xhat * w + b, xhat, rstd[:, 0]
 
 
-def layernorm_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
-                  w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def layernorm_bwd(
+    dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exact gradients (dx (R, C), dw (C,), db (C,)) of :func:`layernorm_fwd`."""
     return _normalize_bwd(dy, xhat, rstd[:, None], w, 1)
 
 
-def batchnorm_fwd(x: np.ndarray, w: np.ndarray, b: np.ndarray,
-                  eps: float) -> Tuple[np.ndarray, ...]:
+def batchnorm_fwd(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float
+) -> Tuple[np.ndarray, ...]:
     """Column-wise (over the batch) norm of x (N, C) with w, b (C,):
     (y (N, C), xhat (N, C), rstd (C,), mean (C,), biased var (C,)); N ≥ 1."""
     xhat, rstd, mean, var = _normalize(x, 0, eps)
     return xhat * w + b, xhat, rstd[0], mean[0], var[0]
 
 
-def batchnorm_bwd(dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
-                  w: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def batchnorm_bwd(
+    dy: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exact gradients (dx (N, C), dw (C,), db (C,)) of :func:`batchnorm_fwd`."""
     return _normalize_bwd(dy, xhat, rstd[None, :], w, 0)
 
@@ -181,32 +234,39 @@ def lstm_cell_fwd(gates: np.ndarray, c_prev: np.ndarray) -> Tuple[np.ndarray, ..
     (h (B, H), c (B, H), act (B, 4H) = (σi, σf, tanh g, σo), tanh_c (B, H))."""
     H = c_prev.shape[1]
     act = np.empty_like(gates)
-    act[:, :2 * H] = _sigmoid_tanh(gates[:, :2 * H])
-    act[:, 2 * H:3 * H] = np.tanh(gates[:, 2 * H:3 * H])
-    act[:, 3 * H:] = _sigmoid_tanh(gates[:, 3 * H:])
-    i, f, g, o = (act[:, k * H:(k + 1) * H] for k in range(4))
+    act[:, : 2 * H] = _sigmoid_tanh(gates[:, : 2 * H])
+    act[:, 2 * H : 3 * H] = np.tanh(gates[:, 2 * H : 3 * H])
+    act[:, 3 * H :] = _sigmoid_tanh(gates[:, 3 * H :])
+    i, f, g, o = (act[:, k * H : (k + 1) * H] for k in range(4))
     c = f * c_prev + i * g
     tanh_c = np.tanh(c)
     return o * tanh_c, c, act, tanh_c
 
 
-def lstm_cell_bwd(dh: np.ndarray, dc: np.ndarray, act: np.ndarray, c_prev: np.ndarray,
-                  tanh_c: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def lstm_cell_bwd(
+    dh: np.ndarray, dc: np.ndarray, act: np.ndarray, c_prev: np.ndarray, tanh_c: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray]:
     """The exact gradients (dgates (B, 4H), dc_prev (B, H)) of :func:`lstm_cell_fwd`
     given the adjoints dh, dc (B, H) of its outputs h and c."""
     H = c_prev.shape[1]
-    i, f, g, o = (act[:, k * H:(k + 1) * H] for k in range(4))
+    i, f, g, o = (act[:, k * H : (k + 1) * H] for k in range(4))
     dc_total = dc + dh * o * (1 - tanh_c * tanh_c)
     dgates = np.empty_like(act)
     dgates[:, :H] = dc_total * g * i * (1 - i)
-    dgates[:, H:2 * H] = dc_total * c_prev * f * (1 - f)
-    dgates[:, 2 * H:3 * H] = dc_total * i * (1 - g * g)
-    dgates[:, 3 * H:] = dh * tanh_c * o * (1 - o)
+    dgates[:, H : 2 * H] = dc_total * c_prev * f * (1 - f)
+    dgates[:, 2 * H : 3 * H] = dc_total * i * (1 - g * g)
+    dgates[:, 3 * H :] = dh * tanh_c * o * (1 - o)
     return dgates, dc_total * f
 
 
-def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, momentum: float,
-                      weight_decay: float) -> None:
+def sgd_update(
+    param: np.ndarray,
+    grad: np.ndarray,
+    buf: np.ndarray,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+) -> None:
     """In place: g = grad + wd·param; buf = momentum·buf + (1-momentum)·g; param -= lr·buf."""
     g = grad + weight_decay * param if weight_decay else grad
     buf *= momentum
@@ -214,9 +274,18 @@ def sgd_update(param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, 
     param -= lr * buf
 
 
-def adam_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, lr: float,
-                       beta1: float, beta2: float, eps: float, weight_decay: float,
-                       step: int) -> None:
+def adam_update(
+    param: np.ndarray,
+    grad: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+) -> None:
     """In place: Adam with L2 decay and the bias corrections of step ``step`` (≥ 1):
     param -= lr·m̂/(sqrt(v̂) + eps) with m̂ = m/(1-β1^step), v̂ = v/(1-β2^step)."""
     g = grad + weight_decay * param if weight_decay else grad
@@ -227,9 +296,9 @@ def adam_update(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarra
     tmp *= 1 - beta2
     v *= beta2
     v += tmp
-    np.divide(v, 1 - beta2 ** step, out=tmp)
+    np.divide(v, 1 - beta2**step, out=tmp)
     np.sqrt(tmp, out=tmp)
     tmp += eps
     np.divide(m, tmp, out=tmp)
-    tmp *= lr / (1 - beta1 ** step)
+    tmp *= lr / (1 - beta1**step)
     param -= tmp

@@ -34,6 +34,7 @@ course's signatures (compact operands). The others are this project's extensions
 NDArray uses on its fast paths: strided operands, reductions over any trailing axes, batched and
 transposed matrix products, and fused kernels for the composites a training step repeats.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Protocol, Sequence, Tuple
@@ -86,45 +87,58 @@ MAX_ELEMENTS: int = 1 << 50
 Shape = Sequence[int]
 Strides = Sequence[int]
 
-_DOCS = {"maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` (broadcast); "
-                    "NaN propagates.",
-         "minimum": "Element-wise minimum of ``a`` and an array or scalar ``b`` (broadcast); "
-                    "NaN propagates.",
-         "sum": "Sum of ``a`` over ``axis`` (None, an int or a tuple of ints; ``keepdims``).",
-         "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError."}
+_DOCS = {
+    "maximum": "Element-wise maximum of ``a`` and an array or scalar ``b`` (broadcast); "
+    "NaN propagates.",
+    "minimum": "Element-wise minimum of ``a`` and an array or scalar ``b`` (broadcast); "
+    "NaN propagates.",
+    "sum": "Sum of ``a`` over ``axis`` (None, an int or a tuple of ints; ``keepdims``).",
+    "max": "Maximum of ``a`` over ``axis`` (as ``sum``); an empty axis is a ValueError.",
+}
 
 
-def _module_function(op: str, name: str, method: Callable[..., Any],
-                     coerce: Callable[[Any], Any] | None) -> Callable[..., Any]:
+def _module_function(
+    op: str, name: str, method: Callable[..., Any], coerce: Callable[[Any], Any] | None
+) -> Callable[..., Any]:
     convert: Callable[[Any], Any] = coerce or (lambda a: a)
     function: Callable[..., Any]
     if op in BINARY_METHODS:
+
         def binary(a: Any, b: Any) -> Any:
             return method(convert(a), b)
+
         function = binary
     elif op in UNARY_METHODS:
+
         def unary(a: Any) -> Any:
             return method(convert(a))
+
         function = unary
     else:
+
         def reduction(a: Any, axis: Any = None, keepdims: bool = False) -> Any:
             return method(convert(a), axis=axis, keepdims=keepdims)
+
         function = reduction
     function.__name__ = function.__qualname__ = name
     function.__doc__ = _DOCS.get(name, f"Element-wise ``{op}`` of ``a`` (``a.{name}()``).")
     return function
 
 
-def module_functions(array_type: type, coerce: Callable[[Any], Any] | None = None
-                     ) -> Dict[str, Callable[..., Any]]:
+def module_functions(
+    array_type: type, coerce: Callable[[Any], Any] | None = None
+) -> Dict[str, Callable[..., Any]]:
     """The array-API module functions of the ops, generated from :data:`OP_METHODS`: for each
     method with a plain name, ``f(a, b) = a.method(b)`` (binary), ``f(a) = a.method()``
     (unary) or ``f(a, axis=None, keepdims=False) = a.method(axis=axis, keepdims=keepdims)``
     (reductions), the method looked up on ``array_type`` once and ``a`` passed through
     ``coerce`` when given (e.g. to accept a plain numpy array)."""
-    return {name: _module_function(op, name, getattr(array_type, name), coerce)
-            for op, methods in OP_METHODS.items() for name in methods
-            if not name.startswith("__")}
+    return {
+        name: _module_function(op, name, getattr(array_type, name), coerce)
+        for op, methods in OP_METHODS.items()
+        for name in methods
+        if not name.startswith("__")
+    }
 
 
 class Array(Protocol):
@@ -166,12 +180,14 @@ class DeviceModule(Protocol):
     def compact(self, a: Buffer, out: Buffer, shape: Shape, strides: Strides, offset: int) -> None:
         """``out`` (compact, prod(shape)) = the view of ``a``."""
 
-    def ewise_setitem(self, a: Buffer, out: Buffer, shape: Shape, strides: Strides,
-                      offset: int) -> None:
+    def ewise_setitem(
+        self, a: Buffer, out: Buffer, shape: Shape, strides: Strides, offset: int
+    ) -> None:
         """The view of ``out`` = the compact ``a`` (prod(shape) elements, row-major)."""
 
-    def scalar_setitem(self, size: int, val: float, out: Buffer, shape: Shape, strides: Strides,
-                       offset: int) -> None:
+    def scalar_setitem(
+        self, size: int, val: float, out: Buffer, shape: Shape, strides: Strides, offset: int
+    ) -> None:
         """Every element of the view of ``out`` (``size`` = prod(shape) elements) = ``val``."""
 
     # ---- element-wise on compact operands (course) -------------------------------------
@@ -180,23 +196,51 @@ class DeviceModule(Protocol):
     # ewise_log/exp/tanh(a, out).
 
     # ---- element-wise on strided operands ----------------------------------------------
-    def ewise_binary(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, b: Buffer,
-                     b_strides: Strides, b_offset: int, out: Buffer, shape: Shape) -> None:
+    def ewise_binary(
+        self,
+        op: int,
+        a: Buffer,
+        a_strides: Strides,
+        a_offset: int,
+        b: Buffer,
+        b_strides: Strides,
+        b_offset: int,
+        out: Buffer,
+        shape: Shape,
+    ) -> None:
         """``out`` (compact, prod(shape)) = BINARY_OPS[op](view of a, view of b), both views of
         ``shape`` (broadcast operands have stride 0)."""
 
-    def ewise_scalar(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, val: float,
-                     out: Buffer, shape: Shape, reverse: bool) -> None:
+    def ewise_scalar(
+        self,
+        op: int,
+        a: Buffer,
+        a_strides: Strides,
+        a_offset: int,
+        val: float,
+        out: Buffer,
+        shape: Shape,
+        reverse: bool,
+    ) -> None:
         """``out`` = BINARY_OPS[op](view of a, val), or BINARY_OPS[op](val, view of a) when
         ``reverse`` (``2 - x``, ``2 / x``, ``2 ** x``)."""
 
-    def ewise_unary(self, op: int, a: Buffer, a_strides: Strides, a_offset: int, out: Buffer,
-                    shape: Shape) -> None:
+    def ewise_unary(
+        self, op: int, a: Buffer, a_strides: Strides, a_offset: int, out: Buffer, shape: Shape
+    ) -> None:
         """``out`` = UNARY_OPS[op](view of a)."""
 
     # ---- reductions ----------------------------------------------------------------------
-    def reduce(self, op: int, a: Buffer, shape: Shape, strides: Strides, offset: int, keep: int,
-               out: Buffer) -> None:
+    def reduce(
+        self,
+        op: int,
+        a: Buffer,
+        shape: Shape,
+        strides: Strides,
+        offset: int,
+        keep: int,
+        out: Buffer,
+    ) -> None:
         """``out`` (compact, prod(shape[:keep])) = REDUCE_OPS[op] over the trailing axes
         ``shape[keep:]`` of the view of ``a``. The caller orders the axes (a permuted view costs
         nothing); the kernel chooses the loop order. An empty reduced extent gives 0 for sum
@@ -206,9 +250,20 @@ class DeviceModule(Protocol):
     # a[j * reduce_size : (j + 1) * reduce_size].
 
     # ---- matrix products -----------------------------------------------------------------
-    def matmul_strided(self, a: Buffer, a_strides: Strides, a_offset: int, b: Buffer,
-                       b_strides: Strides, b_offset: int, out: Buffer, batch: int, m: int, n: int,
-                       p: int) -> None:
+    def matmul_strided(
+        self,
+        a: Buffer,
+        a_strides: Strides,
+        a_offset: int,
+        b: Buffer,
+        b_strides: Strides,
+        b_offset: int,
+        out: Buffer,
+        batch: int,
+        m: int,
+        n: int,
+        p: int,
+    ) -> None:
         """``out`` (compact, (batch, m, p)) = A[k] @ B[k] for k < batch, where
         ``A[k][i, j] = a[a_offset + k*a_strides[0] + i*a_strides[1] + j*a_strides[2]]`` (m × n)
         and likewise B (n × p). A transposed operand is the same buffer with swapped strides
@@ -233,58 +288,162 @@ class DeviceModule(Protocol):
     # BackendDevice.cache_info() / cache_clear() expose (None / no-op without them).
 
     # ---- fused kernels (compact operands; the caller guarantees sizes) --------------------
-    def softmax_xent(self, logits: Buffer, labels: Buffer, rows: int, cols: int, loss: Buffer,
-                     probs: Buffer) -> None:
+    def softmax_xent(
+        self, logits: Buffer, labels: Buffer, rows: int, cols: int, loss: Buffer, probs: Buffer
+    ) -> None:
         """Per row r of ``logits`` (rows × cols) and integer-valued ``labels[r]`` in [0, cols):
         ``loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]`` and ``probs[r] =
         softmax(logits[r])``. A logit of -inf has probability 0 and contributes nothing. A
         label out of range is a ValueError."""
 
-    def layernorm_fwd(self, x: Buffer, w: Buffer, b: Buffer, rows: int, cols: int, eps: float,
-                      y: Buffer, xhat: Buffer, rstd: Buffer) -> None:
+    def layernorm_fwd(
+        self,
+        x: Buffer,
+        w: Buffer,
+        b: Buffer,
+        rows: int,
+        cols: int,
+        eps: float,
+        y: Buffer,
+        xhat: Buffer,
+        rstd: Buffer,
+    ) -> None:
         """Normalise each row of ``x`` (rows × cols): ``xhat = (x - mean) * rstd`` with
         ``rstd = 1 / sqrt(var + eps)`` (biased variance), ``y = xhat * w + b`` (w, b: cols).
         ``xhat`` (rows × cols) and ``rstd`` (rows) are kept for the backward pass."""
 
-    def layernorm_bwd(self, dy: Buffer, xhat: Buffer, rstd: Buffer, w: Buffer, rows: int, cols: int,
-                      dx: Buffer, dw: Buffer, db: Buffer) -> None:
+    def layernorm_bwd(
+        self,
+        dy: Buffer,
+        xhat: Buffer,
+        rstd: Buffer,
+        w: Buffer,
+        rows: int,
+        cols: int,
+        dx: Buffer,
+        dw: Buffer,
+        db: Buffer,
+    ) -> None:
         """The exact gradients of :meth:`layernorm_fwd`: ``dx`` (rows × cols), ``dw`` and
         ``db`` (cols, summed over rows)."""
 
-    def batchnorm_fwd(self, x: Buffer, w: Buffer, b: Buffer, rows: int, cols: int, eps: float,
-                      y: Buffer, xhat: Buffer, rstd: Buffer, mean: Buffer, var: Buffer) -> None:
+    def batchnorm_fwd(
+        self,
+        x: Buffer,
+        w: Buffer,
+        b: Buffer,
+        rows: int,
+        cols: int,
+        eps: float,
+        y: Buffer,
+        xhat: Buffer,
+        rstd: Buffer,
+        mean: Buffer,
+        var: Buffer,
+    ) -> None:
         """Normalise each column of ``x`` (rows × cols) over the rows (the batch): as
         :meth:`layernorm_fwd` with rows and columns exchanged; also writes the batch ``mean``
         and biased ``var`` (cols) for the running statistics. rows must be ≥ 1."""
 
-    def batchnorm_bwd(self, dy: Buffer, xhat: Buffer, rstd: Buffer, w: Buffer, rows: int, cols: int,
-                      dx: Buffer, dw: Buffer, db: Buffer) -> None:
+    def batchnorm_bwd(
+        self,
+        dy: Buffer,
+        xhat: Buffer,
+        rstd: Buffer,
+        w: Buffer,
+        rows: int,
+        cols: int,
+        dx: Buffer,
+        dw: Buffer,
+        db: Buffer,
+    ) -> None:
         """The exact gradients of :meth:`batchnorm_fwd` (``dw``, ``db``: cols)."""
 
-    def lstm_cell_fwd(self, gates: Buffer, c_prev: Buffer, batch: int, hidden: int, h: Buffer,
-                      c: Buffer, act: Buffer, tanh_c: Buffer) -> None:
+    def lstm_cell_fwd(
+        self,
+        gates: Buffer,
+        c_prev: Buffer,
+        batch: int,
+        hidden: int,
+        h: Buffer,
+        c: Buffer,
+        act: Buffer,
+        tanh_c: Buffer,
+    ) -> None:
         """One LSTM step from the gate pre-activations ``gates`` (batch × 4·hidden, in the order
         i, f, g, o): ``act`` = (σ(i), σ(f), tanh(g), σ(o)) (batch × 4·hidden), ``c = σ(f)·c_prev +
         σ(i)·tanh(g)``, ``tanh_c = tanh(c)``, ``h = σ(o)·tanh_c`` (each batch × hidden)."""
 
-    def lstm_cell_bwd(self, dh: Buffer, dc: Buffer, act: Buffer, c_prev: Buffer, tanh_c: Buffer,
-                      batch: int, hidden: int, dgates: Buffer, dc_prev: Buffer) -> None:
+    def lstm_cell_bwd(
+        self,
+        dh: Buffer,
+        dc: Buffer,
+        act: Buffer,
+        c_prev: Buffer,
+        tanh_c: Buffer,
+        batch: int,
+        hidden: int,
+        dgates: Buffer,
+        dc_prev: Buffer,
+    ) -> None:
         """The exact gradients of :meth:`lstm_cell_fwd` given the adjoints ``dh`` and ``dc`` of
         its outputs: ``dgates`` (batch × 4·hidden) and ``dc_prev`` (batch × hidden)."""
 
-    def sgd_update(self, param: Buffer, grad: Buffer, buf: Buffer, lr: float, momentum: float,
-                   weight_decay: float) -> None:
+    def sgd_update(
+        self,
+        param: Buffer,
+        grad: Buffer,
+        buf: Buffer,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+    ) -> None:
         """In place, over param.size elements: ``g = grad + weight_decay·param``;
         ``buf = momentum·buf + (1 - momentum)·g``; ``param -= lr·buf`` (the course's form)."""
 
-    def adam_update(self, param: Buffer, grad: Buffer, m: Buffer, v: Buffer, lr: float,
-                    beta1: float, beta2: float, eps: float, weight_decay: float,
-                    step: int) -> None:
+    def adam_update(
+        self,
+        param: Buffer,
+        grad: Buffer,
+        m: Buffer,
+        v: Buffer,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        step: int,
+    ) -> None:
         """In place: ``g = grad + weight_decay·param``; ``m = β1·m + (1-β1)·g``;
         ``v = β2·v + (1-β2)·g²``; ``param -= lr · m̂ / (sqrt(v̂) + eps)`` with the bias
         corrections ``m̂ = m / (1 - β1^step)``, ``v̂ = v / (1 - β2^step)``; step ≥ 1."""
 
+    def embedding_gather(
+        self, weight: Buffer, ids: Buffer, vocab: int, cols: int, rows: int, out: Buffer
+    ) -> None:
+        """``out[r] = weight[ids[r]]`` for r < rows: rows of ``weight`` (vocab × cols) picked by
+        ``ids`` (rows), float32 holding whole numbers in [0, vocab); ``out`` is rows × cols.
+        An id that is not such a number is an IndexError naming it and its position."""
 
-__all__ = ["Array", "DeviceModule", "BINARY_METHODS", "UNARY_METHODS", "REDUCE_METHODS",
-           "BINARY_OPS", "UNARY_OPS", "REDUCE_OPS", "OP_METHODS", "MAX_ELEMENTS",
-           "module_functions"]
+    def embedding_scatter_add(
+        self, grad: Buffer, ids: Buffer, rows: int, cols: int, vocab: int, out: Buffer
+    ) -> None:
+        """The adjoint of :meth:`embedding_gather`: ``out`` (vocab × cols) = zeros, then
+        ``out[ids[r]] += grad[r]`` for each row r of ``grad`` (rows × cols), so a repeated id
+        accumulates (in the order r = 0, 1, ... on the CPU; in any order on CUDA). IndexError
+        for an id as in :meth:`embedding_gather`, before anything is written."""
+
+
+__all__ = [
+    "Array",
+    "DeviceModule",
+    "BINARY_METHODS",
+    "UNARY_METHODS",
+    "REDUCE_METHODS",
+    "BINARY_OPS",
+    "UNARY_OPS",
+    "REDUCE_OPS",
+    "OP_METHODS",
+    "MAX_ELEMENTS",
+    "module_functions",
+]

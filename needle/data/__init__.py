@@ -1,4 +1,5 @@
 """needle.data: datasets, transforms and the DataLoader."""
+
 from .data_basic import *
 from .data_transforms import *
 from .datasets import *

@@ -4,6 +4,7 @@ A :class:`Dataset` maps an index to a sample (a tuple of numpy arrays); a :class
 cuts the index order into mini-batches, asks the dataset for each batch with an integer index
 array and wraps every field of the batch in a :class:`~needle.Tensor`.
 """
+
 from __future__ import annotations
 
 from typing import Iterator, List, Optional
@@ -28,7 +29,8 @@ class Dataset:
         if transforms is not None:
             if not isinstance(transforms, (list, tuple)):
                 raise TypeError(
-                    f"transforms must be a list of callables or None, got {type(transforms).__name__}"
+                    "transforms must be a list of callables or None, got "
+                    f"{type(transforms).__name__}"
                 )
             for t in transforms:
                 if not callable(t):
@@ -42,7 +44,7 @@ class Dataset:
         raise NotImplementedError
 
     def apply_transforms(self, x):
-        """Return ``x`` passed through each transform in order (``x`` itself when there are none)."""
+        """``x`` passed through each transform in order (``x`` itself when there are none)."""
         if self.transforms is not None:
             for tform in self.transforms:
                 x = tform(x)
@@ -65,14 +67,24 @@ class DataLoader:
     dataset: Dataset
     batch_size: int
 
-    def __init__(self, dataset: Dataset, batch_size: Optional[int] = 1, shuffle: bool = False,
-                 *, device=None, dtype: Optional[str] = None):
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: Optional[int] = 1,
+        shuffle: bool = False,
+        *,
+        device=None,
+        dtype: Optional[str] = None,
+    ):
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError(
                 f"dataset must define __getitem__ and __len__, got {type(dataset).__name__}"
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dataset = dataset
         self.batch_size = int(batch_size)
@@ -108,11 +120,13 @@ class DataLoader:
                 f"{indices[:4].tolist()}{'...' if len(indices) > 4 else ''}), as the course's "
                 f"loader does, and {type(self.dataset).__name__}.__getitem__ failed on it: "
                 f"{type(exc).__name__}: {exc}. Make __getitem__ accept an index array (e.g. "
-                f"return self.X[index], self.y[index]).") from exc
+                f"return self.X[index], self.y[index])."
+            ) from exc
         if not isinstance(sample, (tuple, list)):
             sample = (sample,)
         # Data needs no adjoint (requires_grad=False, unlike the course's default): ops can then
         # skip gradients nobody reads, e.g. the input gradient of a network's first conv.
-        return tuple(Tensor(np.asarray(field), device=self.device, dtype=self.dtype,
-                            requires_grad=False)
-                     for field in sample)
+        return tuple(
+            Tensor(np.asarray(field), device=self.device, dtype=self.dtype, requires_grad=False)
+            for field in sample
+        )

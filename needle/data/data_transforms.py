@@ -3,6 +3,7 @@
 Randomness comes from numpy's global RNG, drawn exactly as the course does, so seeded runs
 reproduce the course's augmentations.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ __all__ = ["Transform", "RandomFlipHorizontal", "RandomCrop"]
 def _check_image(img) -> np.ndarray:
     if not isinstance(img, np.ndarray) or img.ndim != 3:
         shape = getattr(img, "shape", None)
-        raise ValueError(f"expected an H x W x C numpy image, got {type(img).__name__} "
-                         f"with shape {shape}")
+        raise ValueError(
+            f"expected an H x W x C numpy image, got {type(img).__name__} with shape {shape}"
+        )
     return img
 
 
@@ -61,4 +63,4 @@ class RandomCrop(Transform):
         shift_x, shift_y = np.random.randint(low=-p, high=p + 1, size=2)
         h, w, _ = img.shape
         padded = np.pad(img, ((p, p), (p, p), (0, 0)))
-        return padded[p + shift_x:p + shift_x + h, p + shift_y:p + shift_y + w, :]
+        return padded[p + shift_x : p + shift_x + h, p + shift_y : p + shift_y + w, :]

@@ -8,6 +8,7 @@ modules and tensors made without ``device=`` always meet on one device (the cour
 init to ``cpu()`` and Tensor to ``default_device()``, which can differ). Passing ``device=``
 works as in the course.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,17 @@ import numpy as np
 import needle as ndl
 from needle.backend_selection import default_tensor_device
 
-__all__ = ["rand", "randn", "constant", "ones", "zeros", "randb", "one_hot", "zeros_like",
-           "ones_like"]
+__all__ = [
+    "rand",
+    "randn",
+    "constant",
+    "ones",
+    "zeros",
+    "randb",
+    "one_hot",
+    "zeros_like",
+    "ones_like",
+]
 
 
 def _shape(shape: tuple, fn: str) -> tuple[int, ...]:
@@ -38,8 +48,14 @@ def _device(device):
     return default_tensor_device() if device is None else device
 
 
-def rand(*shape, low: float = 0.0, high: float = 1.0, device=None, dtype: str = "float32",
-         requires_grad: bool = False) -> "ndl.Tensor":
+def rand(
+    *shape,
+    low: float = 0.0,
+    high: float = 1.0,
+    device=None,
+    dtype: str = "float32",
+    requires_grad: bool = False,
+) -> "ndl.Tensor":
     """U[low, high) samples of shape ``shape``: ``device.rand(*shape) * (high - low) + low``."""
     shape = _shape(shape, "rand")
     device = _device(device)
@@ -47,8 +63,14 @@ def rand(*shape, low: float = 0.0, high: float = 1.0, device=None, dtype: str = 
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def randn(*shape, mean: float = 0.0, std: float = 1.0, device=None, dtype: str = "float32",
-          requires_grad: bool = False) -> "ndl.Tensor":
+def randn(
+    *shape,
+    mean: float = 0.0,
+    std: float = 1.0,
+    device=None,
+    dtype: str = "float32",
+    requires_grad: bool = False,
+) -> "ndl.Tensor":
     """Normal samples ``device.randn(*shape) * std + mean``, shape ``shape``."""
     shape = _shape(shape, "randn")
     device = _device(device)
@@ -56,8 +78,9 @@ def randn(*shape, mean: float = 0.0, std: float = 1.0, device=None, dtype: str =
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def constant(*shape, c: float = 1.0, device=None, dtype: str = "float32",
-             requires_grad: bool = False) -> "ndl.Tensor":
+def constant(
+    *shape, c: float = 1.0, device=None, dtype: str = "float32", requires_grad: bool = False
+) -> "ndl.Tensor":
     """A tensor of shape ``shape`` filled with ``c``."""
     shape = _shape(shape, "constant")
     device = _device(device)
@@ -65,20 +88,19 @@ def constant(*shape, c: float = 1.0, device=None, dtype: str = "float32",
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def ones(*shape, device=None, dtype: str = "float32",
-         requires_grad: bool = False) -> "ndl.Tensor":
+def ones(*shape, device=None, dtype: str = "float32", requires_grad: bool = False) -> "ndl.Tensor":
     """All ones, shape ``shape``."""
     return constant(*shape, c=1.0, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def zeros(*shape, device=None, dtype: str = "float32",
-          requires_grad: bool = False) -> "ndl.Tensor":
+def zeros(*shape, device=None, dtype: str = "float32", requires_grad: bool = False) -> "ndl.Tensor":
     """All zeros, shape ``shape``."""
     return constant(*shape, c=0.0, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def randb(*shape, p: float = 0.5, device=None, dtype: str = "bool",
-          requires_grad: bool = False) -> "ndl.Tensor":
+def randb(
+    *shape, p: float = 0.5, device=None, dtype: str = "bool", requires_grad: bool = False
+) -> "ndl.Tensor":
     """Bernoulli(p) samples, ``device.rand(*shape) <= p``, shape ``shape``.
 
     Under ``NEEDLE_BACKEND=nd`` NDArray holds only float32, so ``dtype="bool"`` gives a float32
@@ -95,8 +117,9 @@ def randb(*shape, p: float = 0.5, device=None, dtype: str = "bool",
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
 
 
-def one_hot(n: int, i, device=None, dtype: str = "float32",
-            requires_grad: bool = False) -> "ndl.Tensor":
+def one_hot(
+    n: int, i, device=None, dtype: str = "float32", requires_grad: bool = False
+) -> "ndl.Tensor":
     """Rows of the n×n identity picked by the integer labels ``i``: shape ``i.shape + (n,)``.
 
     ``i`` is a Tensor (the course's form) or, as an extension, any integer array-like.
@@ -107,10 +130,16 @@ def one_hot(n: int, i, device=None, dtype: str = "float32",
         raise ValueError(f"init.one_hot: labels must be whole numbers, got {labels}")
     labels = labels.astype("int32")
     if labels.size and (labels.min() < 0 or labels.max() >= n):
-        raise ValueError(f"init.one_hot: labels must lie in [0, {n}), got min {labels.min()} "
-                         f"and max {labels.max()}")
-    return ndl.Tensor(device.one_hot(n, labels, dtype=dtype), device=device, dtype=dtype,
-                      requires_grad=requires_grad)
+        raise ValueError(
+            f"init.one_hot: labels must lie in [0, {n}), got min {labels.min()} "
+            f"and max {labels.max()}"
+        )
+    return ndl.Tensor(
+        device.one_hot(n, labels, dtype=dtype),
+        device=device,
+        dtype=dtype,
+        requires_grad=requires_grad,
+    )
 
 
 def zeros_like(array, *, device=None, requires_grad: bool = False) -> "ndl.Tensor":

@@ -3,6 +3,7 @@
 Each draws one tensor through :func:`rand` or :func:`randn`, so a seeded numpy RNG gives the
 course's numbers. Extra keyword arguments (``device``, ``dtype``, ``requires_grad``) pass through.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Parameter discovery (:meth:`Module.parameters`) walks a module's attributes in d
 order and descends into sub-modules, lists, tuples and dicts (nested to any depth); see its
 docstring for the exact policy.
 """
+
 from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -162,13 +163,22 @@ class Linear(Module):
     the course's RNG order.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(init.kaiming_uniform(in_features, out_features, device=device,
-                                                     dtype=dtype, requires_grad=True))
+        self.weight = Parameter(
+            init.kaiming_uniform(
+                in_features, out_features, device=device, dtype=dtype, requires_grad=True
+            )
+        )
         self.bias: Optional[Parameter]
         if bias:
             b = init.kaiming_uniform(out_features, 1, device=device, dtype=dtype)
@@ -178,8 +188,10 @@ class Linear(Module):
 
     def forward(self, X: Tensor) -> Tensor:
         if X.shape[-1] != self.in_features:
-            raise ValueError(f"Linear expects inputs with {self.in_features} features in the last "
-                             f"dimension, got shape {X.shape}")
+            raise ValueError(
+                f"Linear expects inputs with {self.in_features} features in the last "
+                f"dimension, got shape {X.shape}"
+            )
         out = X @ self.weight
         if self.bias is not None:
             out = out + self.bias.broadcast_to(out.shape)
@@ -249,8 +261,10 @@ class SoftmaxLoss(Module):
             raise ValueError(f"SoftmaxLoss expects logits of shape (N, k), got {logits.shape}")
         n, k = logits.shape
         if tuple(y.shape) != (n,):
-            raise ValueError(f"SoftmaxLoss expects labels of shape ({n},) for logits of shape "
-                             f"{logits.shape}, got {y.shape}")
+            raise ValueError(
+                f"SoftmaxLoss expects labels of shape ({n},) for logits of shape "
+                f"{logits.shape}, got {y.shape}"
+            )
         return ops_fused.softmax_cross_entropy(logits, y)
 
 
@@ -269,8 +283,14 @@ class BatchNorm1d(Module):
     statistics unchanged and returns the empty output.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, device=None,
-                 dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        device=None,
+        dtype: str = "float32",
+    ) -> None:
         super().__init__()
         self.dim = dim
         self.eps = eps
@@ -289,9 +309,11 @@ class BatchNorm1d(Module):
             m = self.momentum
             # plain arrays: the running statistics never join the graph
             self.running_mean = Tensor.make_const(
-                self.running_mean.realize_cached_data() * (1 - m) + mean * m)
+                self.running_mean.realize_cached_data() * (1 - m) + mean * m
+            )
             self.running_var = Tensor.make_const(
-                self.running_var.realize_cached_data() * (1 - m) + var * m)
+                self.running_var.realize_cached_data() * (1 - m) + var * m
+            )
             return out[0]
         # Evaluation, and an empty training batch (which has no statistics: the running
         # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
@@ -311,8 +333,9 @@ class BatchNorm2d(BatchNorm1d):
 
     def forward(self, x: Tensor) -> Tensor:
         if len(x.shape) != 4 or x.shape[1] != self.dim:
-            raise ValueError(f"BatchNorm2d expects input of shape (N, {self.dim}, H, W), "
-                             f"got {x.shape}")
+            raise ValueError(
+                f"BatchNorm2d expects input of shape (N, {self.dim}, H, W), got {x.shape}"
+            )
         y = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
         return y.transpose((2, 3)).transpose((1, 2))
 
@@ -321,8 +344,10 @@ class BatchNorm2d(BatchNorm1d):
 
         The same map as :meth:`forward` without its two layout changes."""
         if len(x.shape) != 4 or x.shape[3] != self.dim:
-            raise ValueError(f"BatchNorm2d.forward_nhwc expects input of shape "
-                             f"(N, H, W, {self.dim}), got {x.shape}")
+            raise ValueError(
+                f"BatchNorm2d.forward_nhwc expects input of shape "
+                f"(N, H, W, {self.dim}), got {x.shape}"
+            )
         n, h, w, c = x.shape
         return super().forward(x.reshape((n * h * w, c))).reshape((n, h, w, c))
 
@@ -344,13 +369,11 @@ class LayerNorm1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if len(x.shape) < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"LayerNorm1d expects input of shape (..., {self.dim}), "
-                             f"got {x.shape}")
+            raise ValueError(f"LayerNorm1d expects input of shape (..., {self.dim}), got {x.shape}")
         if len(x.shape) == 2:
             return ops_fused.layernorm_rows(x, self.weight, self.bias, self.eps)
         rows = int(np.prod(x.shape[:-1]))
-        y = ops_fused.layernorm_rows(x.reshape((rows, self.dim)), self.weight, self.bias,
-                                     self.eps)
+        y = ops_fused.layernorm_rows(x.reshape((rows, self.dim)), self.weight, self.bias, self.eps)
         return y.reshape(x.shape)
 
 

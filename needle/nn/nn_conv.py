@@ -1,4 +1,5 @@
 """Convolutional modules (hw4): ``Conv``, a 2-D convolution on NCHW images."""
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,16 @@ class Conv(Module):
     ``bias`` (C_out,) ~ U(-1/sqrt(C_in·k²), 1/sqrt(C_in·k²)) (None when ``bias=False``).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 bias: bool = True, device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        bias: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.in_channels = _positive_int(in_channels, "in_channels")
         self.out_channels = _positive_int(out_channels, "out_channels")
@@ -43,22 +52,34 @@ class Conv(Module):
         self.stride = _positive_int(stride, "stride")
         self.padding = self.kernel_size // 2
         k, cin, cout = self.kernel_size, self.in_channels, self.out_channels
-        self.weight = Parameter(init.kaiming_uniform(
-            cin * k * k, cout * k * k, shape=(k, k, cin, cout), device=device, dtype=dtype,
-            requires_grad=True))
+        self.weight = Parameter(
+            init.kaiming_uniform(
+                cin * k * k,
+                cout * k * k,
+                shape=(k, k, cin, cout),
+                device=device,
+                dtype=dtype,
+                requires_grad=True,
+            )
+        )
         self.bias: Optional[Parameter]
         if bias:
             bound = 1.0 / math.sqrt(cin * k * k)
-            self.bias = Parameter(init.rand(cout, low=-bound, high=bound, device=device,
-                                            dtype=dtype, requires_grad=True))
+            self.bias = Parameter(
+                init.rand(
+                    cout, low=-bound, high=bound, device=device, dtype=dtype, requires_grad=True
+                )
+            )
         else:
             self.bias = None
 
     def forward(self, x: Tensor) -> Tensor:
         """Convolve ``x`` (N, C_in, H, W); returns (N, C_out, H_out, W_out)."""
         if len(x.shape) != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"Conv({self.in_channels}, {self.out_channels}) expects input of "
-                             f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            raise ValueError(
+                f"Conv({self.in_channels}, {self.out_channels}) expects input of "
+                f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
         out = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
         return out.transpose((2, 3)).transpose((1, 2))
 
@@ -68,9 +89,11 @@ class Conv(Module):
         The same map as :meth:`forward` without its two layout changes, for networks that
         keep their activations channels-last throughout."""
         if len(x.shape) != 4 or x.shape[3] != self.in_channels:
-            raise ValueError(f"Conv({self.in_channels}, {self.out_channels}).forward_nhwc "
-                             f"expects input of shape (N, H, W, {self.in_channels}), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"Conv({self.in_channels}, {self.out_channels}).forward_nhwc "
+                f"expects input of shape (N, H, W, {self.in_channels}), "
+                f"got {tuple(x.shape)}"
+            )
         out = ops.conv(x, self.weight, stride=self.stride, padding=self.padding)
         if self.bias is not None:
             out = out + self.bias.reshape((1, 1, 1, self.out_channels)).broadcast_to(out.shape)

@@ -5,6 +5,7 @@ weights are stored input-major, ``W_ih`` of shape (input_size, k·hidden_size), 
 transposes of PyTorch's ``weight_ih``; LSTM gates are packed in the order i, f, g, o.
 ``nn.Sigmoid`` lives in :mod:`needle.nn.nn_basic`.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ def _check_size(name: str, value) -> int:
 
 
 def _uniform(shape: tuple, bound: float, device, dtype) -> Parameter:
-    return Parameter(init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype,
-                               requires_grad=True))
+    return Parameter(
+        init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype, requires_grad=True)
+    )
 
 
 class _Cell(Protocol):
@@ -47,14 +49,18 @@ def _check_input(X: Tensor, ndim: int, cell: _Cell, what: str) -> None:
         raise TypeError(f"{what} expects a needle Tensor, got {type(X).__name__}")
     if len(X.shape) != ndim or X.shape[-1] != cell.input_size:
         want = "(bs, {f})" if ndim == 2 else "(seq_len, bs, {f})"
-        raise ValueError(f"{what} expects input of shape {want.format(f=cell.input_size)}, "
-                         f"got {tuple(X.shape)}")
+        raise ValueError(
+            f"{what} expects input of shape {want.format(f=cell.input_size)}, got {tuple(X.shape)}"
+        )
     if ndim == 3 and X.shape[0] == 0:
-        raise ValueError(f"{what} got an input of sequence length 0 (shape {tuple(X.shape)}): "
-                         f"there is no step to run and no final state to return")
+        raise ValueError(
+            f"{what} got an input of sequence length 0 (shape {tuple(X.shape)}): "
+            f"there is no step to run and no final state to return"
+        )
     if X.device != cell.W_ih.device:
-        raise ValueError(f"{what}: input is on {X.device} but the parameters are on "
-                         f"{cell.W_ih.device}")
+        raise ValueError(
+            f"{what}: input is on {X.device} but the parameters are on {cell.W_ih.device}"
+        )
 
 
 def _check_state(h: Tensor, shape: tuple, what: str) -> None:
@@ -94,8 +100,15 @@ class RNNCell(Module):
     U(-sqrt(k), sqrt(k)) with k = 1/hidden_size. With ``bias=False`` the biases are None.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
-                 nonlinearity: str = "tanh", device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        bias: bool = True,
+        nonlinearity: str = "tanh",
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.input_size = _check_size("input_size", input_size)
         self.hidden_size = _check_size("hidden_size", hidden_size)
@@ -134,16 +147,30 @@ class RNN(Module):
     Layer 0 reads the input (input_size features); layer k > 0 reads layer k-1's hidden states.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 nonlinearity: str = "tanh", device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        nonlinearity: str = "tanh",
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.input_size = _check_size("input_size", input_size)
         self.hidden_size = _check_size("hidden_size", hidden_size)
         self.num_layers = _check_size("num_layers", num_layers)
         self.device, self.dtype = device, dtype
         self.rnn_cells = [
-            RNNCell(input_size if k == 0 else hidden_size, hidden_size, bias=bias,
-                    nonlinearity=nonlinearity, device=device, dtype=dtype)
+            RNNCell(
+                input_size if k == 0 else hidden_size,
+                hidden_size,
+                bias=bias,
+                nonlinearity=nonlinearity,
+                device=device,
+                dtype=dtype,
+            )
             for k in range(num_layers)
         ]
 
@@ -184,8 +211,14 @@ class LSTMCell(Module):
     (4·hidden_size,), created in that order, all U(-sqrt(k), sqrt(k)) with k = 1/hidden_size.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
-                 dtype: str = "float32"):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        bias: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.input_size = _check_size("input_size", input_size)
         self.hidden_size = _check_size("hidden_size", hidden_size)
@@ -202,8 +235,9 @@ class LSTMCell(Module):
         else:
             self.bias_ih = self.bias_hh = None
 
-    def forward(self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]] = None
-                ) -> Tuple[Tensor, Tensor]:
+    def forward(
+        self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]] = None
+    ) -> Tuple[Tensor, Tensor]:
         """X (bs, input_size), h = (h0, c0) each (bs, hidden_size) or None for zeros.
 
         Returns (h', c'), each (bs, hidden_size).
@@ -228,21 +262,34 @@ class LSTMCell(Module):
 class LSTM(Module):
     """A stack of ``num_layers`` LSTMCells run over a sequence (``lstm_cells[k]``)."""
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.input_size = _check_size("input_size", input_size)
         self.hidden_size = _check_size("hidden_size", hidden_size)
         self.num_layers = _check_size("num_layers", num_layers)
         self.device, self.dtype = device, dtype
         self.lstm_cells = [
-            LSTMCell(input_size if k == 0 else hidden_size, hidden_size, bias=bias,
-                     device=device, dtype=dtype)
+            LSTMCell(
+                input_size if k == 0 else hidden_size,
+                hidden_size,
+                bias=bias,
+                device=device,
+                dtype=dtype,
+            )
             for k in range(num_layers)
         ]
 
-    def forward(self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]] = None
-                ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    def forward(
+        self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]] = None
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         """X (seq_len, bs, input_size), h = (h0, c0) each (num_layers, bs, hidden_size) or None.
 
         Returns ``output`` (seq_len, bs, hidden_size) — the last layer's h_t for every t — and
@@ -275,31 +322,36 @@ class LSTM(Module):
 class Embedding(Module):
     """A lookup table: integer ids (seq_len, bs) → vectors (seq_len, bs, embedding_dim).
 
-    ``weight`` (num_embeddings, embedding_dim) is drawn from N(0, 1). The lookup is computed as
-    one_hot(ids) @ weight, so the gradient reaches exactly the rows that were used.
+    ``weight`` (num_embeddings, embedding_dim) is drawn from N(0, 1). The lookup is the
+    course's one_hot(ids) @ weight, computed as one gather of the rows used
+    (:func:`needle.ops.ops_fused.embedding`); its gradient scatter-adds the adjoint's rows, so
+    it reaches exactly the rows that were used (a row used twice gets both contributions).
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device=None,
-                 dtype: str = "float32"):
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, device=None, dtype: str = "float32"
+    ):
         super().__init__()
         self.num_embeddings = _check_size("num_embeddings", num_embeddings)
         self.embedding_dim = _check_size("embedding_dim", embedding_dim)
         self.device, self.dtype = device, dtype
-        self.weight = Parameter(init.randn(num_embeddings, embedding_dim, mean=0.0, std=1.0,
-                                           device=device, dtype=dtype, requires_grad=True))
+        self.weight = Parameter(
+            init.randn(
+                num_embeddings,
+                embedding_dim,
+                mean=0.0,
+                std=1.0,
+                device=device,
+                dtype=dtype,
+                requires_grad=True,
+            )
+        )
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim)."""
+        """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim); an id
+        that is not a whole number in that range is an IndexError naming it."""
         if not isinstance(x, Tensor):
             raise TypeError(f"Embedding expects a needle Tensor of ids, got {type(x).__name__}")
         if len(x.shape) != 2:
             raise ValueError(f"Embedding expects ids of shape (seq_len, bs), got {tuple(x.shape)}")
-        seq_len, bs = x.shape
-        try:  # one_hot validates the labels
-            one_hot = init.one_hot(self.num_embeddings, x, device=self.weight.device,
-                                   dtype=self.weight.dtype)
-        except ValueError as exc:
-            raise IndexError(f"Embedding ids must be integers in [0, {self.num_embeddings}): "
-                             f"{exc}") from exc
-        out = one_hot.reshape((seq_len * bs, self.num_embeddings)) @ self.weight
-        return out.reshape((seq_len, bs, self.embedding_dim))
+        return ops_fused.embedding(x, self.weight)

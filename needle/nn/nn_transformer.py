@@ -5,6 +5,7 @@ Shapes follow the course: attention works on (batch_size, num_head, seq_len, dim
 layers work batch-first, (batch_size, seq_len, features); ``Transformer`` is time-major
 (seq_len, batch_size, features) unless ``batch_first=True``, like the RNN and LSTM.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -43,8 +44,9 @@ class MultiHeadAttention(Module):
     Dropout is applied to the probabilities.
     """
 
-    def __init__(self, *, dropout: float = 0.0, causal: bool = False, device=None,
-                 dtype: str = "float32"):
+    def __init__(
+        self, *, dropout: float = 0.0, causal: bool = False, device=None, dtype: str = "float32"
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
@@ -53,8 +55,9 @@ class MultiHeadAttention(Module):
 
     def create_causal_mask(self, i: int, j: int, device):
         """The additive mask Tensor (1, 1, i, j): 0 on and below the diagonal j - i, -max above."""
-        mask = -np.finfo(np.float32).max * np.triu(np.ones((1, 1, i, j), dtype=np.float32),
-                                                   j - i + 1)
+        mask = -np.finfo(np.float32).max * np.triu(
+            np.ones((1, 1, i, j), dtype=np.float32), j - i + 1
+        )
         return Tensor(mask, device=device, dtype="float32", requires_grad=False)
 
     def matmul(self, a: Tensor, b_transpose: Tensor) -> Tensor:
@@ -79,8 +82,10 @@ class MultiHeadAttention(Module):
         if not (q_dim == k_dim == v_dim):
             raise ValueError(f"q, k, v must share dim_head, got {q_dim}, {k_dim}, {v_dim}")
         if tuple(k.shape) != tuple(v.shape) or k.shape[:2] != q.shape[:2]:
-            raise ValueError(f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
-                             f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}")
+            raise ValueError(
+                f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
+                f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            )
         logits = self.matmul(q, k) / float(np.sqrt(q_dim))
         if self.causal:
             mask = self.create_causal_mask(queries_len, keys_values_len, q.device)
@@ -100,10 +105,20 @@ class AttentionLayer(Module):
     extension, for heat maps).
     """
 
-    def __init__(self, q_features: int, num_head: int, dim_head: int, *,
-                 k_features: Optional[int] = None, v_features: Optional[int] = None,
-                 out_features: Optional[int] = None, dropout: float = 0.0, causal: bool = True,
-                 device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        q_features: int,
+        num_head: int,
+        dim_head: int,
+        *,
+        k_features: Optional[int] = None,
+        v_features: Optional[int] = None,
+        out_features: Optional[int] = None,
+        dropout: float = 0.0,
+        causal: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
@@ -127,8 +142,9 @@ class AttentionLayer(Module):
         self.k_projection = Linear(k_features, inner_dim, bias=False, device=device, dtype=dtype)
         self.v_projection = Linear(v_features, inner_dim, bias=False, device=device, dtype=dtype)
         self.attn = MultiHeadAttention(dropout=dropout, causal=causal, device=device, dtype=dtype)
-        self.out_projection = Linear(inner_dim, out_features, bias=False, device=device,
-                                     dtype=dtype)
+        self.out_projection = Linear(
+            inner_dim, out_features, bias=False, device=device, dtype=dtype
+        )
 
     def _heads(self, x: Tensor, norm: Module, proj: Module) -> Tensor:
         """(B, T, F) → normalised, projected and split into heads: (B, H, T, D)."""
@@ -137,20 +153,23 @@ class AttentionLayer(Module):
         x = x.reshape((b, t, self.num_head, self.dim_head))
         return ops.transpose(x, (1, 2))
 
-    def forward(self, q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None
-                ) -> Tensor:
+    def forward(self, q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None) -> Tensor:
         """q (B, Tq, q_features), k (B, Tk, k_features), v (B, Tk, v_features); k, v default
         to q (self-attention). Returns (B, Tq, out_features)."""
         if k is None:
             k = q
         if v is None:
             v = q
-        for name, t, f in (("q", q, self.q_features), ("k", k, self.k_features),
-                           ("v", v, self.v_features)):
+        for name, t, f in (
+            ("q", q, self.q_features),
+            ("k", k, self.k_features),
+            ("v", v, self.v_features),
+        ):
             _check_tensor(t, 3, f"AttentionLayer {name}", "(batch, seq_len, features)")
             if t.shape[2] != f:
-                raise ValueError(f"AttentionLayer {name} must have {f} features, "
-                                 f"got shape {tuple(t.shape)}")
+                raise ValueError(
+                    f"AttentionLayer {name} must have {f} features, got shape {tuple(t.shape)}"
+                )
         batch_size, queries_len, _ = q.shape
         qh = self._heads(q, self.prenorm_q, self.q_projection)
         kh = self._heads(k, self.prenorm_k, self.k_projection)
@@ -159,7 +178,8 @@ class AttentionLayer(Module):
         # An extension: the last attention weights, detached, for heat maps.
         self.probs = probs.detach()
         out = ops.transpose(out, (1, 2)).reshape(
-            (batch_size * queries_len, self.num_head * self.dim_head))
+            (batch_size * queries_len, self.num_head * self.dim_head)
+        )
         return self.out_projection(out).reshape((batch_size, queries_len, self.out_features))
 
 
@@ -170,14 +190,32 @@ class TransformerLayer(Module):
     Input and output (batch_size, seq_len, q_features).
     """
 
-    def __init__(self, q_features: int, num_head: int, dim_head: int, hidden_size: int, *,
-                 dropout: float = 0.0, causal: bool = True, device=None, dtype: str = "float32"):
+    def __init__(
+        self,
+        q_features: int,
+        num_head: int,
+        dim_head: int,
+        hidden_size: int,
+        *,
+        dropout: float = 0.0,
+        causal: bool = True,
+        device=None,
+        dtype: str = "float32",
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
         self.q_features = q_features
-        self.attn = AttentionLayer(q_features, num_head, dim_head, out_features=q_features,
-                                   dropout=dropout, causal=causal, device=device, dtype=dtype)
+        self.attn = AttentionLayer(
+            q_features,
+            num_head,
+            dim_head,
+            out_features=q_features,
+            dropout=dropout,
+            causal=causal,
+            device=device,
+            dtype=dtype,
+        )
         self.layernorm = LayerNorm1d(q_features, device=device, dtype=dtype)
         self.linear1 = Linear(q_features, hidden_size, device=device, dtype=dtype)
         self.linear2 = Linear(hidden_size, q_features, device=device, dtype=dtype)
@@ -202,23 +240,45 @@ class Transformer(Module):
     ``batch_first=True``; seq_len may not exceed ``sequence_len``.
     """
 
-    def __init__(self, embedding_size: int, hidden_size: int, num_layers: int, *,
-                 num_head: int = 8, dim_head: int = 32, dropout: float = 0.0, causal: bool = True,
-                 device=None, dtype: str = "float32", batch_first: bool = False,
-                 sequence_len: int = 2048):
+    def __init__(
+        self,
+        embedding_size: int,
+        hidden_size: int,
+        num_layers: int,
+        *,
+        num_head: int = 8,
+        dim_head: int = 32,
+        dropout: float = 0.0,
+        causal: bool = True,
+        device=None,
+        dtype: str = "float32",
+        batch_first: bool = False,
+        sequence_len: int = 2048,
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
         self.batch_first = batch_first
         self.embedding_size = embedding_size
         self.sequence_len = sequence_len
-        self.positional_embedding = Embedding(sequence_len, embedding_size, device=device,
-                                              dtype=dtype)
-        self.layers = Sequential(*[
-            TransformerLayer(embedding_size, num_head, dim_head, hidden_size, dropout=dropout,
-                             causal=causal, device=device, dtype=dtype)
-            for _ in range(num_layers)
-        ])
+        self.positional_embedding = Embedding(
+            sequence_len, embedding_size, device=device, dtype=dtype
+        )
+        self.layers = Sequential(
+            *[
+                TransformerLayer(
+                    embedding_size,
+                    num_head,
+                    dim_head,
+                    hidden_size,
+                    dropout=dropout,
+                    causal=causal,
+                    device=device,
+                    dtype=dtype,
+                )
+                for _ in range(num_layers)
+            ]
+        )
 
     def forward(self, x: Tensor, h=None) -> Tuple[Tensor, Tensor]:
         """x (seq_len, bs, E) (or (bs, seq_len, E) if batch_first) → (x', zeros_like(x')).
@@ -228,18 +288,24 @@ class Transformer(Module):
         layout = "(bs, seq_len, E)" if self.batch_first else "(seq_len, bs, E)"
         _check_tensor(x, 3, "Transformer", layout)
         if x.shape[2] != self.embedding_size:
-            raise ValueError(f"Transformer expects {layout} with E = {self.embedding_size}, "
-                             f"got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"Transformer expects {layout} with E = {self.embedding_size}, "
+                f"got shape {tuple(x.shape)}"
+            )
         if not self.batch_first:
             x = ops.transpose(x, axes=(0, 1))
         bs, seq_len, _ = x.shape
         if seq_len > self.sequence_len:
-            raise ValueError(f"sequence length {seq_len} exceeds the positional embedding's "
-                             f"sequence_len={self.sequence_len}")
-        positions = np.broadcast_to(np.arange(seq_len, dtype=np.float32).reshape(seq_len, 1),
-                                    (seq_len, bs))
-        positions = Tensor(np.ascontiguousarray(positions), device=x.device, dtype=x.dtype,
-                           requires_grad=False)
+            raise ValueError(
+                f"sequence length {seq_len} exceeds the positional embedding's "
+                f"sequence_len={self.sequence_len}"
+            )
+        positions = np.broadcast_to(
+            np.arange(seq_len, dtype=np.float32).reshape(seq_len, 1), (seq_len, bs)
+        )
+        positions = Tensor(
+            np.ascontiguousarray(positions), device=x.device, dtype=x.dtype, requires_grad=False
+        )
         pos = ops.transpose(self.positional_embedding(positions), axes=(0, 1))
         x = self.layers(x + pos)
         if not self.batch_first:

@@ -5,8 +5,9 @@ logsumexp / logsoftmax), ``ops_tuple`` (TensorTuple ops), ``ops_conv`` (flip, di
 ``ops_fused`` (an extension: softmax cross-entropy, layer/batch norm and the LSTM cell as single
 ops over fused kernels, with their exact gradients).
 """
-from .ops_mathematic import *
-from .ops_logarithmic import *
-from .ops_tuple import *
+
 from .ops_conv import *
 from .ops_fused import *
+from .ops_logarithmic import *
+from .ops_mathematic import *
+from .ops_tuple import *

@@ -6,6 +6,7 @@ strided view: the zero-padded input is viewed (without copying) as
 weight reshaped to (K·K·C_in, C_out) in a single matmul. The backward pass is made of
 convolutions of flipped, dilated tensors, so it is differentiable itself.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -34,8 +35,9 @@ def flip(a: Tensor, axes: tuple) -> Tensor:
 
 
 def _dilated_slices(shape, axes, dilation: int):
-    return tuple(slice(None, None, dilation + 1) if i in axes else slice(None)
-                 for i in range(len(shape)))
+    return tuple(
+        slice(None, None, dilation + 1) if i in axes else slice(None) for i in range(len(shape))
+    )
 
 
 class _DilationOp(TensorOp):
@@ -137,17 +139,21 @@ class Conv(TensorOp):
 
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
-            raise ValueError(f"conv needs A (N, H, W, C_in) and B (K, K, C_in, C_out), got shapes "
-                             f"{tuple(A.shape)} and {tuple(B.shape)}")
+            raise ValueError(
+                f"conv needs A (N, H, W, C_in) and B (K, K, C_in, C_out), got shapes "
+                f"{tuple(A.shape)} and {tuple(B.shape)}"
+            )
         N, H, W, C = A.shape
         KH, KW, C_in, C_out = B.shape
         if C != C_in:
-            raise ValueError(f"conv: input has {C} channels but the weight {tuple(B.shape)} "
-                             f"expects {C_in}")
+            raise ValueError(
+                f"conv: input has {C} channels but the weight {tuple(B.shape)} expects {C_in}"
+            )
         p, s = self.padding, self.stride
         if H + 2 * p < KH or W + 2 * p < KW:
-            raise ValueError(f"conv: kernel {KH}x{KW} is larger than the padded input "
-                             f"{H + 2 * p}x{W + 2 * p}")
+            raise ValueError(
+                f"conv: kernel {KH}x{KW} is larger than the padded input {H + 2 * p}x{W + 2 * p}"
+            )
         cols, (Ho, Wo) = _im2col(A, KH, KW, s, p)
         # Kept for ConvWeightGrad, which needs the same matrix (as PyTorch's im2col convolution
         # keeps its columns); the op, and with it this matrix, is dropped at once when no
@@ -171,7 +177,6 @@ class Conv(TensorOp):
         grad_W = ConvWeightGrad((KH, KW), s, p, forward=self)(X, out_grad)
         return grad_X, grad_W
 
-
     def _input_gradient(self, G: Tensor, Wt: Tensor, in_shape) -> Tensor:
         """dX for the output adjoint G. Stride 1: full convolution of G with the flipped kernel
         (channels swapped), the padding p cropped. Larger strides: :class:`ConvInputGrad`
@@ -184,8 +189,12 @@ class Conv(TensorOp):
         if KH == KW:
             full = conv(G, W_flip, stride=1, padding=KH - 1)
         else:  # non-square kernels only arise when differentiating a weight gradient
-            full = conv(_PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
-                        W_flip, stride=1, padding=0)
+            full = conv(
+                _PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
+                W_flip,
+                stride=1,
+                padding=0,
+            )
         return _crop(full, (0, p, p, 0), in_shape)
 
 
@@ -215,8 +224,9 @@ class ConvWeightGrad(TensorOp):
     differentiable again. Internal: the gradient of :class:`Conv`.
     """
 
-    def __init__(self, kernel: Tuple[int, int], stride: int, padding: int,
-                 forward: Optional["Conv"] = None):
+    def __init__(
+        self, kernel: Tuple[int, int], stride: int, padding: int, forward: Optional["Conv"] = None
+    ):
         self.kernel = (int(kernel[0]), int(kernel[1]))
         self.stride = int(stride)
         self.padding = int(padding)
@@ -233,8 +243,10 @@ class ConvWeightGrad(TensorOp):
         else:
             cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)
         if (G.shape[1], G.shape[2]) != (Ho, Wo):
-            raise ValueError(f"conv weight gradient: adjoint {tuple(G.shape)} does not match "
-                             f"the output size {(Ho, Wo)}")
+            raise ValueError(
+                f"conv weight gradient: adjoint {tuple(G.shape)} does not match "
+                f"the output size {(Ho, Wo)}"
+            )
         g = G.compact().reshape((cols.shape[0], C_out))
         return (cols.permute((1, 0)) @ g).reshape((KH, KW, C_in, C_out))
 
@@ -269,21 +281,27 @@ class ConvInputGrad(TensorOp):
         (H, Wd), s, p = self.in_hw, self.stride, self.padding
         Hp, Wp = H + 2 * p, Wd + 2 * p
         if ((Hp - KH) // s + 1, (Wp - KW) // s + 1) != (Ho, Wo):
-            raise ValueError(f"conv input gradient: adjoint {tuple(G.shape)} does not match "
-                             f"input size {(H, Wd)} with kernel {(KH, KW)}")
-        cols = (G.compact().reshape((N * Ho * Wo, C_out))
-                @ W.compact().reshape((KH * KW * C_in, C_out)).permute((1, 0)))
+            raise ValueError(
+                f"conv input gradient: adjoint {tuple(G.shape)} does not match "
+                f"input size {(H, Wd)} with kernel {(KH, KW)}"
+            )
+        cols = G.compact().reshape((N * Ho * Wo, C_out)) @ W.compact().reshape(
+            (KH * KW * C_in, C_out)
+        ).permute((1, 0))
         # (N, Ho, Wo, KH·KW·C_in): offset (kh, kw) is a C_in-wide slice of the last axis, so
         # each update is a same-shape 4-D strided add on every backend.
         cols = cols.reshape((N, Ho, Wo, KH * KW * C_in))
         out = array_api.full((N, Hp, Wp, C_in), 0.0, dtype=G.dtype, device=G.device)
         for kh in range(KH):
             for kw in range(KW):
-                window = (slice(None), slice(kh, kh + s * (Ho - 1) + 1, s),
-                          slice(kw, kw + s * (Wo - 1) + 1, s))
+                window = (
+                    slice(None),
+                    slice(kh, kh + s * (Ho - 1) + 1, s),
+                    slice(kw, kw + s * (Wo - 1) + 1, s),
+                )
                 c0 = (kh * KW + kw) * C_in
-                out[window] = out[window] + cols[:, :, :, c0:c0 + C_in]
-        return out[:, p:p + H, p:p + Wd, :].compact() if p else out
+                out[window] = out[window] + cols[:, :, :, c0 : c0 + C_in]
+        return out[:, p : p + H, p : p + Wd, :].compact() if p else out
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         G, W = node.inputs

@@ -1,13 +1,17 @@
 """Fused ops: softmax cross-entropy, layer norm, batch norm (training statistics) and the LSTM
-cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.), and a
-whole LSTM layer over a sequence (one graph node; its backward makes one W_hh product).
+cell, each one kernel call forward and one backward (``array_api.softmax_xent`` etc.), a
+whole LSTM layer over a sequence (one graph node; its backward makes one W_hh product), and the
+embedding lookup (a gather forward, a scatter-add backward).
 
 They compute exactly what the course's compositions of small ops compute (the tests compare
 both, values and gradients) with far fewer graph nodes and array passes per training step.
 Each op's gradient is another op wrapping its backward kernel, so ``backward()`` works as for
 any op; the backward ops themselves have no gradient: differentiating a fused op twice raises
 NotImplementedError (compose the course's ops instead when second derivatives are needed).
+The embedding lookup and softmax over the last axis are the exceptions: they differentiate
+any number of times.
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -15,9 +19,23 @@ from typing import Tuple
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
 from ..backend_selection import array_api
 
-__all__ = ["SoftmaxCrossEntropy", "softmax_cross_entropy", "LayerNormRows", "layernorm_rows",
-           "BatchNormColumns", "batchnorm_columns", "LSTMCellStep", "lstm_cell_step",
-           "LSTMLayer", "lstm_layer", "SoftmaxLastAxis", "softmax_last_axis"]
+__all__ = [
+    "SoftmaxCrossEntropy",
+    "softmax_cross_entropy",
+    "LayerNormRows",
+    "layernorm_rows",
+    "BatchNormColumns",
+    "batchnorm_columns",
+    "LSTMCellStep",
+    "lstm_cell_step",
+    "LSTMLayer",
+    "lstm_layer",
+    "SoftmaxLastAxis",
+    "softmax_last_axis",
+    "EmbeddingLookup",
+    "EmbeddingScatterAdd",
+    "embedding",
+]
 
 
 class _BackwardOp:
@@ -29,7 +47,8 @@ class _BackwardOp:
         raise NotImplementedError(
             f"the second derivative of {self.forward_name} is not implemented: its backward "
             "pass is one fused kernel; build the forward pass from the course's ops (e.g. "
-            "logsumexp, summation, broadcast_to) to differentiate it twice")
+            "logsumexp, summation, broadcast_to) to differentiate it twice"
+        )
 
 
 # ---- softmax cross-entropy ----------------------------------------------------------------------
@@ -58,7 +77,8 @@ class SoftmaxCrossEntropy(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
         return SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale())(
-            out_grad, node.inputs[0])
+            out_grad, node.inputs[0]
+        )
 
 
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
@@ -101,7 +121,8 @@ class LayerNormRows(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", self.xhat, self.rstd)(
-            out_grad, *node.inputs)
+            out_grad, *node.inputs
+        )
         return tuple(grads[k] for k in range(3))
 
 
@@ -121,8 +142,9 @@ class BatchNormColumns(TensorTupleOp):
         return y, mean, var
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = NormBackward(array_api.batchnorm_bwd, "batchnorm_columns", self.xhat,
-                             self.rstd, with_statistics=True)(out_grad, *node.inputs)
+        grads = NormBackward(
+            array_api.batchnorm_bwd, "batchnorm_columns", self.xhat, self.rstd, with_statistics=True
+        )(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(3))
 
 
@@ -150,8 +172,9 @@ class NormBackward(_BackwardOp, TensorTupleOp):
             # x - mean = xhat / rstd; d mean / dx = 1/N, d var / dx = 2(x - mean)/N
             scale = (dvar.compact().reshape(row) / self.rstd.compact().reshape(row)) * (2 / rows)
             shift = dmean.compact().reshape(row) * (1 / rows)
-            dx = dx + self.xhat * scale.broadcast_to((rows, cols)) \
-                + shift.broadcast_to((rows, cols))
+            dx = (
+                dx + self.xhat * scale.broadcast_to((rows, cols)) + shift.broadcast_to((rows, cols))
+            )
         return dx, dw, db
 
 
@@ -209,12 +232,12 @@ def _plus_step(x, a, t: int):
     """x + a[t] for a (T, ...) and x of shape a.shape[1:]: the element-wise kernel reads the
     slice in place (no copy of it first)."""
     shape = tuple(x.shape)
-    return (x.compact().reshape((1,) + shape) + a[t:t + 1]).reshape(shape)
+    return (x.compact().reshape((1,) + shape) + a[t : t + 1]).reshape(shape)
 
 
 def _put(out, t: int, value) -> None:
     """out[t] = value, for out (T, ...) and value of shape out.shape[1:]."""
-    out[t:t + 1] = value.compact().reshape((1,) + tuple(value.shape))
+    out[t : t + 1] = value.compact().reshape((1,) + tuple(value.shape))
 
 
 class LSTMLayer(TensorTupleOp):
@@ -265,16 +288,16 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
         w_hh_t = w_hh.permute((1, 0)).compact()
         for t in reversed(range(steps)):
             act, c_prev, tanh_c = saved[t]
-            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev,
-                                                 tanh_c)
+            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev, tanh_c)
             _put(dxw, t, dgates)
             dh = dgates @ w_hh_t
         h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
         _put(h_prev, 0, h0)
         if steps > 1:
-            h_prev[1:] = out[:steps - 1]
-        d_w = (h_prev.reshape((steps * batch, hidden)).permute((1, 0))
-               @ dxw.reshape((steps * batch, 4 * hidden)))
+            h_prev[1:] = out[: steps - 1]
+        d_w = h_prev.reshape((steps * batch, hidden)).permute((1, 0)) @ dxw.reshape(
+            (steps * batch, 4 * hidden)
+        )
         return dxw, dh, dc, d_w
 
 
@@ -307,3 +330,58 @@ class SoftmaxLastAxis(TensorOp):
 def softmax_last_axis(x: Tensor) -> Tensor:
     """softmax of ``x`` over its last axis (same shape as ``x``)."""
     return SoftmaxLastAxis()(x)
+
+
+# ---- embedding lookup ---------------------------------------------------------------------------
+def _flat(ids):
+    """The raw ids array as one compact row (N,)."""
+    n = 1
+    for d in ids.shape:
+        n *= d
+    return ids.compact().reshape((n,))
+
+
+class EmbeddingLookup(TensorOp):
+    """``weight[ids]``: the rows of weight (V, D) picked by fixed integer ids, shape
+    ``ids.shape + (D,)`` — the course's ``one_hot(ids) @ weight`` as one gather. ``ids`` is a
+    raw array on the weight's device holding whole numbers in [0, V) (an IndexError names one
+    that is not); it is data, not an input, and gets no gradient. The gradient is the adjoint's
+    rows scatter-added into a (V, D) zero matrix (:class:`EmbeddingScatterAdd`), so a row used
+    twice gets both contributions."""
+
+    def __init__(self, ids):
+        self.shape = tuple(ids.shape)
+        self.ids = _flat(ids)
+
+    def compute(self, weight):
+        out = array_api.embedding_gather(weight, self.ids)
+        return out.reshape(self.shape + (weight.shape[1],))
+
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
+        return EmbeddingScatterAdd(self.ids, node.inputs[0].shape[0])(out_grad)
+
+
+class EmbeddingScatterAdd(TensorOp):
+    """The adjoint of :class:`EmbeddingLookup`: (vocab, D) zeros with each row of its input
+    (``ids.shape + (D,)``, read as (N, D)) added to the row its id names. Linear in its input,
+    its own gradient is the lookup of the adjoint's rows, so it differentiates again."""
+
+    def __init__(self, ids, vocab: int):
+        self.ids, self.vocab = _flat(ids), int(vocab)
+
+    def compute(self, grad):
+        rows = self.ids.shape[0]
+        flat = grad.compact().reshape((rows, grad.shape[-1]))
+        return array_api.embedding_scatter_add(flat, self.ids, self.vocab)
+
+    def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
+        return EmbeddingLookup(self.ids)(out_grad).reshape(node.inputs[0].shape)
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """The rows of ``weight`` (V, D) picked by ``ids`` (a Tensor of whole numbers in [0, V), any
+    shape, on any device; it gets no gradient): shape ``ids.shape + (D,)``."""
+    raw = ids.realize_cached_data()
+    if ids.device != weight.device:
+        raw = Tensor(ids.numpy(), device=weight.device, dtype=weight.dtype).realize_cached_data()
+    return EmbeddingLookup(raw)(weight)

@@ -4,6 +4,7 @@ Both subtract the maximum over the reduced axes only (row by row for a batch, ne
 maximum), so logits as large as ±1e10 give finite, correct results. A slice that is entirely
 -inf has log-sum-exp -inf (not NaN); NaN inputs propagate.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -92,7 +93,8 @@ def logsumexp(a: Tensor, axes: Optional[Union[int, tuple]] = None) -> Tensor:
 class LogSoftmax(TensorOp):
     """Z - logsumexp(Z) over the last axis: (batch, classes) -> same shape (course: 2-D, axis 1).
 
-    Stable: computed as (Z - M) - log Σ exp(Z - M) with M the row max. Entries of -inf give -inf; a row of all -inf gives NaN
+    Stable: computed as (Z - M) - log Σ exp(Z - M) with M the row max. Entries of -inf give -inf; a
+    row of all -inf gives NaN
     (softmax is 0/0 there, as in PyTorch). Gradient: g - softmax(Z)·Σ g over the row.
     """
 

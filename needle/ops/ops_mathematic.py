@@ -6,6 +6,7 @@ its ``gradient`` is written with needle ops, so it can be differentiated again. 
 between tensors broadcast with numpy's rules, and their gradients are summed back to each
 input's own shape.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,8 +48,9 @@ def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
     except TypeError:
         if isinstance(axes, tuple) or axes is None or isinstance(axes, (int, numpy.integer)):
             raise  # a validation error, not an unhashable argument
-        raise TypeError(f"{what}: axes must be None, an int or a tuple of ints, got "
-                        f"{type(axes).__name__}") from None
+        raise TypeError(
+            f"{what}: axes must be None, an int or a tuple of ints, got {type(axes).__name__}"
+        ) from None
 
 
 def scalar_value(value: object, what: str) -> Union[int, float]:
@@ -71,13 +73,17 @@ def scalar_value(value: object, what: str) -> Union[int, float]:
         value = value.numpy()
     if isinstance(value, numpy.ndarray):
         if value.size != 1:
-            raise TypeError(f"{what} needs a scalar or a one-element array, got an array of shape "
-                            f"{value.shape} (wrap it in a Tensor for an element-wise op)")
+            raise TypeError(
+                f"{what} needs a scalar or a one-element array, got an array of shape "
+                f"{value.shape} (wrap it in a Tensor for an element-wise op)"
+            )
         if value.dtype.kind in "iuf":
             return value.item()
         raise TypeError(f"{what} needs a real number, got an array of dtype {value.dtype}")
-    raise TypeError(f"{what} needs a real number (int, float, numpy scalar or one-element "
-                    f"array), got {type(value).__name__}")
+    raise TypeError(
+        f"{what} needs a real number (int, float, numpy scalar or one-element "
+        f"array), got {type(value).__name__}"
+    )
 
 
 def _sum_to_shape(x: Tensor, shape) -> Tensor:
@@ -88,7 +94,8 @@ def _sum_to_shape(x: Tensor, shape) -> Tensor:
         return x
     lead = len(x_shape) - len(shape)
     axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and x_shape[lead + i] != 1)
+        lead + i for i, d in enumerate(shape) if d == 1 and x_shape[lead + i] != 1
+    )
     if axes:
         x = summation(x, axes)
     return reshape(x, shape) if x.shape != shape else x
@@ -176,7 +183,7 @@ class EWisePow(TensorOp):
     """
 
     def compute(self, a: NDArray, b: NDArray):
-        return a ** b
+        return a**b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
@@ -192,7 +199,7 @@ class PowerScalar(_ScalarOp):
     """a ** scalar; the exponent may be any real number (non-integers need a >= 0)."""
 
     def compute(self, a: NDArray):
-        return a ** self.scalar
+        return a**self.scalar
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a = node.inputs[0]
@@ -444,8 +451,10 @@ class MatMul(TensorOp):
 
     def compute(self, a: NDArray, b: NDArray):
         if a.ndim < 2 or b.ndim < 2:
-            raise ValueError(f"matmul needs operands with at least 2 dimensions, got shapes "
-                             f"{tuple(a.shape)} and {tuple(b.shape)}")
+            raise ValueError(
+                f"matmul needs operands with at least 2 dimensions, got shapes "
+                f"{tuple(a.shape)} and {tuple(b.shape)}"
+            )
         if a.shape[-1] != b.shape[-2]:
             raise ValueError(f"matmul inner sizes differ: {tuple(a.shape)} @ {tuple(b.shape)}")
         return a @ b
@@ -465,9 +474,40 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 __all__ = [
-    "EWiseAdd", "add", "AddScalar", "add_scalar", "EWiseMul", "multiply", "MulScalar",
-    "mul_scalar", "EWisePow", "power", "PowerScalar", "power_scalar", "EWiseDiv", "divide",
-    "DivScalar", "divide_scalar", "Negate", "negate", "Log", "log", "Exp", "exp", "ReLU", "relu",
-    "Tanh", "tanh", "Transpose", "transpose", "Reshape", "reshape", "BroadcastTo", "broadcast_to",
-    "Summation", "summation", "MatMul", "matmul",
+    "EWiseAdd",
+    "add",
+    "AddScalar",
+    "add_scalar",
+    "EWiseMul",
+    "multiply",
+    "MulScalar",
+    "mul_scalar",
+    "EWisePow",
+    "power",
+    "PowerScalar",
+    "power_scalar",
+    "EWiseDiv",
+    "divide",
+    "DivScalar",
+    "divide_scalar",
+    "Negate",
+    "negate",
+    "Log",
+    "log",
+    "Exp",
+    "exp",
+    "ReLU",
+    "relu",
+    "Tanh",
+    "tanh",
+    "Transpose",
+    "transpose",
+    "Reshape",
+    "reshape",
+    "BroadcastTo",
+    "broadcast_to",
+    "Summation",
+    "summation",
+    "MatMul",
+    "matmul",
 ]

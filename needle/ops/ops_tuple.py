@@ -1,9 +1,10 @@
 """Ops on TensorTuples: build one, pick a component, stack/split, a fused example op (hw4)."""
+
 from __future__ import annotations
 
 from typing import cast
 
-from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, zero_adjoints
+from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, zero_adjoints
 from ..backend_selection import array_api
 
 
@@ -15,8 +16,9 @@ class MakeTensorTuple(TensorTupleOp):
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
         if not isinstance(out_grad, TensorTuple):
-            raise TypeError(f"the adjoint of a TensorTuple must be a TensorTuple, got "
-                            f"{type(out_grad).__name__}")
+            raise TypeError(
+                f"the adjoint of a TensorTuple must be a TensorTuple, got {type(out_grad).__name__}"
+            )
         return tuple(out_grad[i] for i in range(len(out_grad)))
 
 
@@ -88,8 +90,10 @@ class Stack(TensorOp):
         shape = tuple(args[0].shape)
         for i, arr in enumerate(args):
             if tuple(arr.shape) != shape:
-                raise ValueError(f"stack needs equal shapes: tensor 0 has shape {shape}, tensor {i} "
-                                 f"has {tuple(arr.shape)}")
+                raise ValueError(
+                    f"stack needs equal shapes: tensor 0 has shape {shape}, tensor {i} "
+                    f"has {tuple(arr.shape)}"
+                )
         ndim = len(shape) + 1
         if not -ndim <= self.axis < ndim:
             raise ValueError(f"stack: axis {self.axis} is out of range for {ndim} dimensions")
@@ -122,10 +126,11 @@ class Split(TensorTupleOp):
         if not -A.ndim <= self.axis < A.ndim:
             raise ValueError(f"split: axis {self.axis} is out of range for shape {tuple(A.shape)}")
         axis = self.axis % A.ndim
-        new_shape = tuple(A.shape[:axis]) + tuple(A.shape[axis + 1:])
+        new_shape = tuple(A.shape[:axis]) + tuple(A.shape[axis + 1 :])
         lead = (slice(None),) * axis
-        return tuple(A[lead + (slice(i, i + 1),)].compact().reshape(new_shape)
-                     for i in range(A.shape[axis]))
+        return tuple(
+            A[lead + (slice(i, i + 1),)].compact().reshape(new_shape) for i in range(A.shape[axis])
+        )
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
         return stack(out_grad, self.axis)
@@ -136,5 +141,15 @@ def split(a: Tensor, axis: int) -> TensorTuple:
     return Split(axis)(a)
 
 
-__all__ = ["MakeTensorTuple", "make_tuple", "TupleGetItem", "tuple_get_item", "FusedAddScalars",
-           "fused_add_scalars", "Stack", "stack", "Split", "split"]
+__all__ = [
+    "MakeTensorTuple",
+    "make_tuple",
+    "TupleGetItem",
+    "tuple_get_item",
+    "FusedAddScalars",
+    "fused_add_scalars",
+    "Stack",
+    "stack",
+    "Split",
+    "split",
+]

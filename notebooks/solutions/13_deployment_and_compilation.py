@@ -33,7 +33,7 @@ def mlp_to_onnx(W1, b1, W2, b2, batch):
 
 
 def linear_relu_compute(X, W, b):
-    """The te.Tensor Y = max(X @ W + b, 0) for te placeholders X, W, b."""
+    """The te.Tensor Y = max(X @ W + b, 0) for te placeholders X, W, b (stages "S", "Y")."""
     n, k_dim = X.shape
     m = W.shape[1]
     k = te.reduce_axis((0, k_dim), name="k")
@@ -41,6 +41,15 @@ def linear_relu_compute(X, W, b):
     return te.compute((n, m), lambda i, j: tvm.tirx.max(S[i, j] + b[j],
                                                         tvm.tirx.const(0.0, "float32")),
                       name="Y")
+
+
+def fuse_linear_relu(sch):
+    """The schedule ``sch`` of linear_relu_compute's program with Y computed inside S's loops."""
+    # S's loops are i, j, k: under j, one element of S is summed over k, then Y reads it at
+    # once, so S shrinks to a single element (under i it would be one row)
+    i, j, k = sch.get_loops(sch.get_sblock("S"))
+    sch.reverse_compute_at(sch.get_sblock("Y"), j)
+    return sch
 
 
 def tile_and_vectorize(sch, ti, tj, tk):

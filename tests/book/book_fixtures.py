@@ -7,6 +7,7 @@ a second conftest.py here would shadow. test_book_site.py imports these fixtures
 The site is built once per test session, even under pytest-xdist: the first worker builds it
 into the session's shared temporary folder under a lock, the others wait and reuse it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -31,8 +32,9 @@ def _build_error() -> str | None:
         try:
             __import__(module)
         except ImportError as err:
-            return (f"{err}: the book extra is not installed; `make book` (or `make test`) "
-                    "installs it")
+            return (
+                f"{err}: the book extra is not installed; `make book` (or `make test`) installs it"
+            )
     return None
 
 
@@ -52,11 +54,18 @@ def site(tmp_path_factory) -> Path:
             shutil.rmtree(out.parent, ignore_errors=True)
             out.parent.mkdir()
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "book.build", str(out)], cwd=ROOT,
-                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-                                  capture_output=True, text=True, check=False)
-            log.write_text(f"exit {done.returncode} after {time.perf_counter() - started:.1f} s\n"
-                           f"{done.stdout}{done.stderr}")
+            done = subprocess.run(
+                [sys.executable, "-m", "book.build", str(out)],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            log.write_text(
+                f"exit {done.returncode} after {time.perf_counter() - started:.1f} s\n"
+                f"{done.stdout}{done.stderr}"
+            )
     if not (out / "index.html").is_file():
         pytest.fail(f"the site did not build:\n{log.read_text()}")
     return out
@@ -72,9 +81,20 @@ def _free_port() -> int:
 def server(site):
     """The site served by ``python -m http.server`` on 127.0.0.1; yields its base URL."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
-                             "127.0.0.1", "--directory", str(site)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(site),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -100,6 +120,7 @@ def browser():
             pytest.fail(message + "; .ci/run installs it before make test")
         pytest.skip(message)
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM))
         yield chromium
@@ -118,13 +139,23 @@ class OfflinePage:
         self.errors: list[str] = []
         self.context.route("**/*", self._route)
         self.page = self.context.new_page()
-        self.page.on("console", lambda msg: msg.type == "error"
-                     and self.errors.append(f"console: {msg.text} ({msg.location.get('url')})"))
+        self.page.on(
+            "console",
+            lambda msg: (
+                msg.type == "error"
+                and self.errors.append(f"console: {msg.text} ({msg.location.get('url')})")
+            ),
+        )
         self.page.on("pageerror", lambda exc: self.errors.append(f"script error: {exc}"))
-        self.page.on("requestfailed", lambda req: self.errors.append(
-            f"failed: {req.url} ({req.failure})"))
-        self.page.on("response", lambda resp: resp.status >= 400 and self.errors.append(
-            f"HTTP {resp.status}: {resp.url}"))
+        self.page.on(
+            "requestfailed", lambda req: self.errors.append(f"failed: {req.url} ({req.failure})")
+        )
+        self.page.on(
+            "response",
+            lambda resp: (
+                resp.status >= 400 and self.errors.append(f"HTTP {resp.status}: {resp.url}")
+            ),
+        )
 
     def _route(self, route):
         url = route.request.url

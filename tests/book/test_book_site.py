@@ -5,50 +5,73 @@ other host blocked, and check what a reader sees: pages load without missing res
 figures decode, math is typeset (no TeX left in the text), internal links and anchors resolve,
 search finds a word.
 """
+
 from __future__ import annotations
 
 import html
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 from book_fixtures import (  # noqa: F401 (the fixtures this module's tests use)
-    browser, new_offline_page, offline_page, server, site)
+    browser,
+    new_offline_page,
+    offline_page,
+    server,
+    site,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # Every page a reader can reach, derived from the sources (the root index.html only forwards).
-PAGES = ["book/index.html", "search.html", "genindex.html",
-         *[f"docs/{md.stem}.html" for md in sorted((ROOT / "docs").glob("*.md"))],
-         *[f"notebooks/{nb.stem}.html" for nb in NOTEBOOKS]]
+PAGES = [
+    "book/index.html",
+    "search.html",
+    "genindex.html",
+    *[f"docs/{md.stem}.html" for md in sorted((ROOT / "docs").glob("*.md"))],
+    *[f"notebooks/{nb.stem}.html" for nb in NOTEBOOKS],
+]
 # TeX that MathJax would have replaced: display/inline delimiters and common commands.
-RAW_TEX = re.compile(r"\$\$|\\[([]|\\(frac|mathbf|mathbb|mathcal|mathrm|sum|nabla|sqrt|theta|"
-                     r"alpha|cdot|top|partial|begin|left|right|log|exp|in)\b")
+RAW_TEX = re.compile(
+    r"\$\$|\\[([]|\\(frac|mathbf|mathbb|mathcal|mathrm|sum|nabla|sqrt|theta|"
+    r"alpha|cdot|top|partial|begin|left|right|log|exp|in)\b"
+)
 
 
 def _pages(site: Path) -> list[str]:
     """Every HTML page of the site, relative to it (theme templates under _static excluded)."""
-    return sorted(str(p.relative_to(site)) for p in site.rglob("*.html")
-                  if p.relative_to(site).parts[0] != "_static")
+    return sorted(
+        str(p.relative_to(site))
+        for p in site.rglob("*.html")
+        if p.relative_to(site).parts[0] != "_static"
+    )
 
 
 # ---- the build ------------------------------------------------------------------------------
 
+
 def test_every_lecture_notebook_has_a_page(site):
     assert NOTEBOOKS
-    missing = [nb.name for nb in NOTEBOOKS
-               if not (site / "notebooks" / f"{nb.stem}.html").is_file()]
+    missing = [
+        nb.name for nb in NOTEBOOKS if not (site / "notebooks" / f"{nb.stem}.html").is_file()
+    ]
     assert not missing, f"no page for {missing}"
 
 
 def test_the_pages_carry_the_committed_outputs_unexecuted(site):
     # The text of a notebook's first stream output is on its page.
     import json
+
     nb = json.loads(NOTEBOOKS[0].read_text(encoding="utf-8"))
-    stream = next(o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]
-                  if o["output_type"] == "stream")
+    stream = next(
+        o
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c["outputs"]
+        if o["output_type"] == "stream"
+    )
     first_line = "".join(stream["text"]).strip().splitlines()[0].strip()
     page = (site / "notebooks" / f"{NOTEBOOKS[0].stem}.html").read_text(encoding="utf-8")
     assert html.escape(first_line, quote=False) in page
@@ -63,12 +86,13 @@ def test_the_site_uses_the_local_mathjax(site):
 
 
 def test_the_root_forwards_to_the_landing_page(site):
-    assert 'url=book/index.html' in (site / "index.html").read_text(encoding="utf-8")
+    assert "url=book/index.html" in (site / "index.html").read_text(encoding="utf-8")
     assert (site / "book" / "index.html").is_file()
 
 
 def test_each_lecture_page_has_its_launch_links(site):
     from book import toc
+
     repo = toc.repository(ROOT)
     for lecture in toc.lectures(ROOT):
         page = (site / "notebooks" / f"{lecture.stem}.html").read_text(encoding="utf-8")
@@ -80,11 +104,13 @@ def test_each_lecture_page_has_its_launch_links(site):
 
 # ---- in the browser -------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+
+@cache
 def _ids(path: Path) -> frozenset[str]:
     """The element ids of an HTML file (the anchors a link may name)."""
-    return frozenset(html.unescape(i) for i in
-                     re.findall(r'\sid="([^"]*)"', path.read_text(encoding="utf-8")))
+    return frozenset(
+        html.unescape(i) for i in re.findall(r'\sid="([^"]*)"', path.read_text(encoding="utf-8"))
+    )
 
 
 def _broken(site: Path, base: str, hrefs: list[str]) -> list[str]:
@@ -94,14 +120,17 @@ def _broken(site: Path, base: str, hrefs: list[str]) -> list[str]:
         parts = urlsplit(href)
         if not href.startswith(base) or parts.scheme not in ("http", "https"):
             continue
-        rel = unquote(parts.path)[len(urlsplit(base).path):]
+        rel = unquote(parts.path)[len(urlsplit(base).path) :]
         target = site / rel
         if rel == "" or rel.endswith("/"):
             target = target / "index.html"
         if not target.is_file():
             broken.append(href)
-        elif parts.fragment and target.suffix == ".html" \
-                and unquote(parts.fragment) not in _ids(target):
+        elif (
+            parts.fragment
+            and target.suffix == ".html"
+            and unquote(parts.fragment) not in _ids(target)
+        ):
             broken.append(href)
     return broken
 
@@ -146,8 +175,10 @@ def test_page_works_offline(which, site, server, offline_page):
     assert not offline_page.errors, f"{which}: " + "\n".join(offline_page.errors)
     assert not offline_page.offsite, f"{which} asked other hosts for {offline_page.offsite}"
 
-    undecoded = page.evaluate("Array.from(document.images)"
-                              ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+    undecoded = page.evaluate(
+        "Array.from(document.images)"
+        ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)"
+    )
     assert not undecoded, f"{which}: images that did not decode: {undecoded}"
 
     text = _visible_text_outside_code(page)
@@ -174,8 +205,9 @@ def test_lecture_page_shows_math_figures_and_outputs(site, server, offline_page)
     assert page.locator("div.cell_output pre").count() >= 1  # text outputs kept
     assert page.locator("a.nb-colab").first.is_visible()
     # Long outputs scroll inside their cell.
-    overflow = page.evaluate("getComputedStyle(document.querySelector('div.cell_output pre'))"
-                             ".overflowY")
+    overflow = page.evaluate(
+        "getComputedStyle(document.querySelector('div.cell_output pre')).overflowY"
+    )
     assert overflow == "auto"
 
 
@@ -201,17 +233,17 @@ def test_the_tex_check_sees_math_that_mathjax_did_not_typeset(site, server, offl
     assert RAW_TEX.search(_visible_text_outside_code(offline_page.page))
 
 
-def test_screenshots_of_the_landing_and_a_lecture_page(new_offline_page, server,
-                                                      tmp_path_factory):
+def test_screenshots_of_the_landing_and_a_lecture_page(new_offline_page, server, tmp_path_factory):
     """Screenshots for a person to look at: the landing page, a lecture's top and its first
     figure at a desktop size, and the lecture's top on a phone."""
     shots = tmp_path_factory.mktemp("book-screenshots")
     lecture = f"notebooks/{NOTEBOOKS[1].stem}.html"
     for name, url, viewport, figure in [
-            ("landing", "book/index.html", {"width": 1280, "height": 900}, False),
-            ("lecture", lecture, {"width": 1280, "height": 900}, False),
-            ("lecture-figure", lecture, {"width": 1280, "height": 900}, True),
-            ("lecture-phone", lecture, {"width": 390, "height": 844}, False)]:
+        ("landing", "book/index.html", {"width": 1280, "height": 900}, False),
+        ("lecture", lecture, {"width": 1280, "height": 900}, False),
+        ("lecture-figure", lecture, {"width": 1280, "height": 900}, True),
+        ("lecture-phone", lecture, {"width": 390, "height": 844}, False),
+    ]:
         offline = new_offline_page(viewport=viewport)
         _open(offline, server + url)
         if figure:

@@ -1,4 +1,5 @@
 """book/toc.py: the lectures' table read from the notebook headers, and the README's copy of it."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ Text that belongs to no field.
 
 
 def _notebook(tmp_path: Path, name: str, *markdown: str) -> Path:
-    cells = [{"cell_type": "code", "source": "x = 1", "outputs": [], "metadata": {},
-              "execution_count": None}]
+    cells = [
+        {
+            "cell_type": "code",
+            "source": "x = 1",
+            "outputs": [],
+            "metadata": {},
+            "execution_count": None,
+        }
+    ]
     cells += [{"cell_type": "markdown", "source": m, "metadata": {}} for m in markdown]
     path = tmp_path / name
     path.write_text(json.dumps({"cells": cells}), encoding="utf-8")
@@ -39,8 +47,9 @@ def _notebook(tmp_path: Path, name: str, *markdown: str) -> Path:
 def test_header_fields_reads_title_and_multi_line_fields():
     number, title, fields = toc.header_fields(HEADER)
     assert (number, title) == ("07", "Convolutions")
-    assert fields["Lecture"] == ('10, "Convolutional Networks", and 14, "Implementing '
-                                 'Convolutions"')
+    assert fields["Lecture"] == (
+        '10, "Convolutional Networks", and 14, "Implementing Convolutions"'
+    )
     assert fields["Run time"] == "about 50 s on a 2-core x86-64 machine"
     assert fields["Student mode"] == "with NEEDLE_IMPL, some cells are skipped."
     assert "Text" not in " ".join(fields.values())
@@ -54,21 +63,31 @@ def test_header_without_a_title_line_is_rejected():
 
 
 def test_read_lecture_uses_the_first_markdown_cell(tmp_path):
-    lecture = toc.read_lecture(_notebook(tmp_path, "07_convolutions.ipynb", HEADER,
-                                         "# 99 · Not the header"))
-    assert (lecture.number, lecture.title, lecture.stem) == ("07", "Convolutions",
-                                                             "07_convolutions")
+    lecture = toc.read_lecture(
+        _notebook(tmp_path, "07_convolutions.ipynb", HEADER, "# 99 · Not the header")
+    )
+    assert (lecture.number, lecture.title, lecture.stem) == (
+        "07",
+        "Convolutions",
+        "07_convolutions",
+    )
     assert lecture.course_lectures == "10, 14"
     assert lecture.run_time == "about 50 s"
 
 
-@pytest.mark.parametrize("name, markdown, message", [
-    ("07_x.ipynb", None, "07_x.ipynb: no markdown cell"),
-    ("08_x.ipynb", HEADER, "08_x.ipynb: the header's number 07 is not the file's"),
-    ("07_x.ipynb", HEADER.replace("**Homework:**", "**Homework**"),
-     "07_x.ipynb: the header has no Homework field"),
-    ("07_x.ipynb", HEADER.replace("# 07 · ", "# "), "07_x.ipynb: the header's first line"),
-])
+@pytest.mark.parametrize(
+    "name, markdown, message",
+    [
+        ("07_x.ipynb", None, "07_x.ipynb: no markdown cell"),
+        ("08_x.ipynb", HEADER, "08_x.ipynb: the header's number 07 is not the file's"),
+        (
+            "07_x.ipynb",
+            HEADER.replace("**Homework:**", "**Homework**"),
+            "07_x.ipynb: the header has no Homework field",
+        ),
+        ("07_x.ipynb", HEADER.replace("# 07 · ", "# "), "07_x.ipynb: the header's first line"),
+    ],
+)
 def test_read_lecture_names_what_is_wrong(tmp_path, name, markdown, message):
     path = _notebook(tmp_path, name, *([markdown] if markdown else []))
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -76,31 +95,43 @@ def test_read_lecture_names_what_is_wrong(tmp_path, name, markdown, message):
 
 
 def test_course_lectures_are_every_numbered_lecture_in_order():
-    lecture = toc.Lecture(Path("03_x.ipynb"), "03", "x", {
-        "Lecture": '8, "NN Library" (with part of lecture 6, "Fully Connected", and of '
-                   'lecture 7, "Abstractions"), and 23-24, "Compilation", 11, "Hardware"'})
+    lecture = toc.Lecture(
+        Path("03_x.ipynb"),
+        "03",
+        "x",
+        {
+            "Lecture": '8, "NN Library" (with part of lecture 6, "Fully Connected", and of '
+            'lecture 7, "Abstractions"), and 23-24, "Compilation", 11, "Hardware"'
+        },
+    )
     assert lecture.course_lectures == "6, 7, 8, 11, 23-24"
 
 
 def test_urls_derive_from_the_repository_url(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n[project.urls]\nRepository = "https://github.com/Some-Owner/'
-        'course-repo/"\n', encoding="utf-8")
+        'course-repo/"\n',
+        encoding="utf-8",
+    )
     repo = toc.repository(tmp_path)
     lecture = toc.Lecture(Path("/r/notebooks/05_ndarray.ipynb"), "05", "The NDArray", {})
     assert repo == "https://github.com/Some-Owner/course-repo"
     assert toc.site_url(repo) == "https://some-owner.github.io/course-repo/"
-    assert toc.colab_url(repo, lecture) == ("https://colab.research.google.com/github/"
-                                            "Some-Owner/course-repo/blob/main/notebooks/"
-                                            "05_ndarray.ipynb")
-    assert toc.source_url(repo, lecture) == ("https://github.com/Some-Owner/course-repo/blob/"
-                                             "main/notebooks/05_ndarray.py")
+    assert toc.colab_url(repo, lecture) == (
+        "https://colab.research.google.com/github/"
+        "Some-Owner/course-repo/blob/main/notebooks/"
+        "05_ndarray.ipynb"
+    )
+    assert toc.source_url(repo, lecture) == (
+        "https://github.com/Some-Owner/course-repo/blob/main/notebooks/05_ndarray.py"
+    )
 
 
 def test_a_repository_url_that_is_not_github_is_rejected(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n[project.urls]\nRepository = "https://example.org/x"\n',
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     with pytest.raises(ValueError, match="not https://github.com/OWNER/REPO"):
         toc.repository(tmp_path)
 
@@ -114,18 +145,23 @@ def test_every_lecture_notebook_is_listed_in_order():
 
 def test_table_cells_escape_the_column_separator():
     _, title, fields = toc.header_fields(HEADER)
-    row = toc.table([toc.Lecture(Path("07_convolutions.ipynb"), "07", title, fields)],
-                    "https://github.com/o/r", page_link=lambda lec: "p.html",
-                    colab=lambda url: "C")[2]
+    row = toc.table(
+        [toc.Lecture(Path("07_convolutions.ipynb"), "07", title, fields)],
+        "https://github.com/o/r",
+        page_link=lambda lec: "p.html",
+        colab=lambda url: "C",
+    )[2]
     assert row.count(" | ") == 5 and "`pad` \\| `flip`" in row
 
 
 # ---- the README's copy ----------------------------------------------------------------------
 
+
 def test_readme_lectures_table_is_what_the_script_generates():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert toc.replace_block(readme, toc.readme_block()) == readme, (
-        "README.md's lectures table is stale: run python -m book.toc --write")
+        "README.md's lectures table is stale: run python -m book.toc --write"
+    )
 
 
 def test_readme_links_each_notebook_to_its_site_page_and_colab():
@@ -134,8 +170,9 @@ def test_readme_links_each_notebook_to_its_site_page_and_colab():
     owner_repo = repo.removeprefix("https://github.com/")
     for nb in NOTEBOOKS:
         assert f"{toc.site_url(repo)}notebooks/{nb.stem}.html" in readme, nb.name
-        assert (f"https://colab.research.google.com/github/{owner_repo}/blob/main/notebooks/"
-                f"{nb.name}") in readme, nb.name
+        assert (
+            f"https://colab.research.google.com/github/{owner_repo}/blob/main/notebooks/{nb.name}"
+        ) in readme, nb.name
 
 
 def test_replace_block_needs_the_markers():

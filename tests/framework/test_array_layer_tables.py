@@ -9,6 +9,7 @@
 * the numpy kernels and the specification import no part of needle, and ``NEEDLE_BACKEND=np``
   never loads the NDArray layer or the compiled modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,9 +45,14 @@ DEVICE_MODULES = _device_modules()
 
 def _enabled_device_modules():
     """The device modules that can run here (the CUDA one needs a GPU)."""
-    return [pytest.param(dev.mod, id=str(dev), marks=[] if dev.enabled() else
-                         [pytest.mark.skip(reason=f"{dev} is not enabled")])
-            for dev in (nd.cpu_numpy(), nd.cpu(), nd.cuda())]
+    return [
+        pytest.param(
+            dev.mod,
+            id=str(dev),
+            marks=[] if dev.enabled() else [pytest.mark.skip(reason=f"{dev} is not enabled")],
+        )
+        for dev in (nd.cpu_numpy(), nd.cpu(), nd.cuda())
+    ]
 
 
 # ---- element-wise ops and reductions ------------------------------------------------------------
@@ -78,15 +84,29 @@ def test_every_device_module_has_the_op_tables(mod):
 
 # numpy oracles, written here: op -> f(x, y) / f(x)
 ORACLE = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "power": lambda x, y: np.abs(x) ** y, "maximum": np.maximum, "minimum": np.minimum,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal,
-    "neg": np.negative, "abs": np.abs, "sqrt": lambda x: np.sqrt(np.abs(x)), "exp": np.exp,
-    "log": lambda x: np.log(np.abs(x)), "tanh": np.tanh,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "power": lambda x, y: np.abs(x) ** y,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "neg": np.negative,
+    "abs": np.abs,
+    "sqrt": lambda x: np.sqrt(np.abs(x)),
+    "exp": np.exp,
+    "log": lambda x: np.log(np.abs(x)),
+    "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x.astype(np.float64))),
     "relu": lambda x: np.where(x > 0, x, 0),
-    "sum": lambda x: x.sum(axis=1), "max": lambda x: x.max(axis=1),
+    "sum": lambda x: x.sum(axis=1),
+    "max": lambda x: x.max(axis=1),
 }
 # the operand given to ops whose domain is x ≥ 0 (power, sqrt, log)
 NON_NEGATIVE = {"power", "sqrt", "log"}
@@ -96,8 +116,13 @@ def _array_types():
     params = [pytest.param((lambda a: np.asarray(a).view(npb.NDArray), np.asarray), id="np")]
     for dev in (nd.cpu_numpy(), nd.cpu()):
         marks = [] if dev.enabled() else [pytest.mark.skip(reason=f"{dev} is not enabled")]
-        params.append(pytest.param((lambda a, d=dev: nd.array(a, device=d), lambda a: a.numpy()),
-                                   id=f"NDArray-{dev}", marks=marks))
+        params.append(
+            pytest.param(
+                (lambda a, d=dev: nd.array(a, device=d), lambda a: a.numpy()),
+                id=f"NDArray-{dev}",
+                marks=marks,
+            )
+        )
     return params
 
 
@@ -115,24 +140,26 @@ def test_every_method_and_module_function_computes_the_op(kind, op):
         want = ORACLE[op](x, y)
         for name in OP_METHODS[op]:
             if name.startswith("__r"):  # the reflected form with a scalar first: 2 - a ...
-                np.testing.assert_allclose(host(getattr(a, name)(2.0)), ORACLE[op](F32(2), x),
-                                           rtol=1e-5, err_msg=name)
+                np.testing.assert_allclose(
+                    host(getattr(a, name)(2.0)), ORACLE[op](F32(2), x), rtol=1e-5, err_msg=name
+                )
                 continue
             got = getattr(a, name)(b)
             np.testing.assert_allclose(host(got), want, rtol=1e-5, atol=1e-6, err_msg=name)
             if not name.startswith("__"):
                 api = npb if isinstance(a, np.ndarray) else nd
-                np.testing.assert_allclose(host(getattr(api, name)(a, b)), want, rtol=1e-5,
-                                           atol=1e-6)
+                np.testing.assert_allclose(
+                    host(getattr(api, name)(a, b)), want, rtol=1e-5, atol=1e-6
+                )
     elif op in UNARY_OPS:
         want = ORACLE[op](x)
         for name in OP_METHODS[op]:
-            np.testing.assert_allclose(host(getattr(a, name)()), want, rtol=1e-5, atol=1e-6,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                host(getattr(a, name)()), want, rtol=1e-5, atol=1e-6, err_msg=name
+            )
             if not name.startswith("__"):
                 api = npb if isinstance(a, np.ndarray) else nd
-                np.testing.assert_allclose(host(getattr(api, name)(a)), want, rtol=1e-5,
-                                           atol=1e-6)
+                np.testing.assert_allclose(host(getattr(api, name)(a)), want, rtol=1e-5, atol=1e-6)
     else:
         api = npb if isinstance(a, np.ndarray) else nd
         for got in (getattr(a, op)(axis=1), getattr(api, op)(a, axis=1)):
@@ -152,8 +179,21 @@ def test_relu_and_sigmoid_edge_values_agree_on_every_path():
 
 
 # ---- fused kernels ------------------------------------------------------------------------------
-SCALARS = {"eps": 1e-5, "scale": 1.0, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0,
-           "beta1": 0.9, "beta2": 0.999, "step": 1}
+SCALARS = {
+    "eps": 1e-5,
+    "scale": 1.0,
+    "lr": 0.1,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "step": 1,
+}
+
+
+def _dims(kernel):
+    """Sizes for ``kernel``: (3, 2) for the matrix kernels, (3, 2, 4) for the embeddings'."""
+    return (3, 2, 4)[: max(2, len(kernel.dims))]
 
 
 def _inputs(kernel, dims):
@@ -162,7 +202,7 @@ def _inputs(kernel, dims):
     for op in kernel.inputs:
         shape = (2, 3) if op.match == "source" else op.shape(*dims)
         value = np.full(shape, 0.5, F32)
-        if op.name == "labels":
+        if op.name in ("labels", "ids"):
             value = np.zeros(shape, F32)
         arrays.append(value)
     return arrays
@@ -172,8 +212,11 @@ def _apis():
     params = [pytest.param((npb, lambda a: a.copy()), id="np")]
     for dev in (nd.cpu_numpy(), nd.cpu()):
         marks = [] if dev.enabled() else [pytest.mark.skip(reason=f"{dev} is not enabled")]
-        params.append(pytest.param((nd, lambda a, d=dev: nd.array(a, device=d)),
-                                   id=f"NDArray-{dev}", marks=marks))
+        params.append(
+            pytest.param(
+                (nd, lambda a, d=dev: nd.array(a, device=d)), id=f"NDArray-{dev}", marks=marks
+            )
+        )
     return params
 
 
@@ -184,26 +227,32 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
     kernel = fused_spec.KERNELS[name]
     function = getattr(module, kernel.api_name)
     scalars = [SCALARS[s] for s in kernel.scalars]
-    dims = (3, 2)
+    dims = _dims(kernel)
+    given = dims[len(dims) - len(kernel.given) :] if kernel.given else ()
     arrays = _inputs(kernel, dims)
-    result = function(*(make(a) for a in arrays), *scalars)
+    result = function(*(make(a) for a in arrays), *given, *scalars)
     if kernel.outputs:
         results = result if isinstance(result, tuple) else (result,)
         assert [tuple(r.shape) for r in results] == list(kernel.output_shapes(dims))
     for i, op in enumerate(kernel.inputs):
-        if op.name == kernel.source:
+        if op.name in kernel.sources:
             continue
         bad = list(arrays)
         bad[i] = np.zeros(np.asarray(arrays[i]).size + 1, F32)
         with pytest.raises(ValueError, match=f"{kernel.api_name}: {op.name} must"):
-            function(*(make(a) for a in bad), *scalars)
+            function(*(make(a) for a in bad), *given, *scalars)
+    if kernel.given:
+        with pytest.raises(ValueError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
+            function(*(make(a) for a in arrays), *(-1 for _ in given), *scalars)
+        with pytest.raises(TypeError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
+            function(*(make(a) for a in arrays), *(2.0 for _ in given), *scalars)
 
 
 @pytest.mark.parametrize("mod", _enabled_device_modules())
 @pytest.mark.parametrize("name", [n for n, k in fused_spec.KERNELS.items() if k.name])
 def test_every_device_module_checks_each_fused_buffer(mod, name):
     kernel = fused_spec.KERNELS[name]
-    dims = (3, 2)
+    dims = _dims(kernel)
     device_dims = dims if kernel.dims else ()
     size_dims = dims if kernel.dims else (6,)
 
@@ -212,14 +261,15 @@ def test_every_device_module_checks_each_fused_buffer(mod, name):
         for op in kernel.inputs + kernel.outputs:
             n = int(np.prod(op.shape(*size_dims))) + (op.name == wrong)
             buf = mod.Array(n)
-            mod.from_numpy(np.full(n, 0.0 if op.name == "labels" else 0.5, F32), buf)
+            mod.from_numpy(np.full(n, 0.0 if op.name in ("labels", "ids") else 0.5, F32), buf)
             out.append(buf)
         return out
 
     def call(bufs):
         n_in = len(kernel.inputs)
-        getattr(mod, kernel.name)(*bufs[:n_in], *device_dims,
-                                  *[SCALARS[s] for s in kernel.scalars], *bufs[n_in:])
+        getattr(mod, kernel.name)(
+            *bufs[:n_in], *device_dims, *[SCALARS[s] for s in kernel.scalars], *bufs[n_in:]
+        )
 
     call(buffers())
     for op in kernel.inputs + kernel.outputs:
@@ -230,10 +280,13 @@ def test_every_device_module_checks_each_fused_buffer(mod, name):
 
 
 # ---- imports ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("module, allowed", [
-    ("numpy_kernels.py", {"__future__", "typing", "numpy"}),
-    ("fused_spec.py", {"__future__", "typing", "functools", "math", "dataclasses"}),
-])
+@pytest.mark.parametrize(
+    "module, allowed",
+    [
+        ("numpy_kernels.py", {"__future__", "typing", "numpy"}),
+        ("fused_spec.py", {"__future__", "typing", "functools", "math", "dataclasses"}),
+    ],
+)
 def test_the_shared_modules_import_no_part_of_needle(module, allowed):
     tree = ast.parse((PACKAGE / module).read_text())
     imported = set()
@@ -260,9 +313,9 @@ def test_the_np_backend_never_loads_the_ndarray_layer():
         "                      'needle.backend_ndarray.ndarray') if m in sys.modules]\n"
         "print('loaded', loaded, type(x.grad.cached_data).__module__)\n"
         "print('lazy', ndl.backend_ndarray.NDArray.__name__, "
-        "'needle.backend_ndarray.ndarray' in sys.modules)\n")
+        "'needle.backend_ndarray.ndarray' in sys.modules)\n"
+    )
     env = dict(os.environ, NEEDLE_BACKEND="np")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["loaded [] needle.backend_numpy", "lazy NDArray True"]

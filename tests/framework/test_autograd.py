@@ -3,6 +3,7 @@ second derivatives, the ``.data`` boundary, memory growth, lazy mode and TensorT
 
 Expected values are derived by hand (stated next to each test) or by finite differences.
 """
+
 from __future__ import annotations
 
 import gc
@@ -10,12 +11,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import backend_dtype, check_gradients, rand, tensor
 
 import needle as ndl
 from needle import autograd
-
-from conftest import DEVICES
-from helpers import backend_dtype, check_gradients, rand, tensor
 
 pytestmark = [pytest.mark.autograd, pytest.mark.both_backends]
 
@@ -53,8 +53,17 @@ def test_topological_order_is_post_order_dfs():
     b = ndl.Tensor(np.asarray([[0.90170084]]))
     c = 3 * a * a + 4 * b * a - a
     order = autograd.find_topo_sort([c])
-    expected = [0.88282157, 2.64846471, 2.33812177, 0.90170084, 3.60680336, 3.1841638,
-                5.52228558, -0.88282157, 4.63946401]
+    expected = [
+        0.88282157,
+        2.64846471,
+        2.33812177,
+        0.90170084,
+        3.60680336,
+        3.1841638,
+        5.52228558,
+        -0.88282157,
+        4.63946401,
+    ]
     np.testing.assert_allclose([float(x.numpy().item()) for x in order], expected, rtol=1e-6)
     assert order[0] is a and order[3] is b and order[-1] is c
     assert len(set(map(id, order))) == len(order)
@@ -114,7 +123,7 @@ def test_intermediate_nodes_get_their_adjoints(device):
     assert w.grad is None
     np.testing.assert_allclose(u.grad.numpy(), av, rtol=1e-6)
     np.testing.assert_allclose(a.grad.numpy(), 2 * av * bv + 2.0, rtol=1e-6)
-    np.testing.assert_allclose(b.grad.numpy(), av ** 2, rtol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), av**2, rtol=1e-6)
     np.testing.assert_allclose(z.grad.numpy(), np.ones(2))
 
 
@@ -151,13 +160,17 @@ def test_compute_gradient_of_variables_directly(device):
 # ---- second-order gradients -----------------------------------------------------------------
 SECOND_ORDER = [
     # (f, f', f'') hand-derived, applied element-wise then summed
-    ("cube", lambda x: x * x * x, lambda x: 3 * x ** 2, lambda x: 6 * x),
+    ("cube", lambda x: x * x * x, lambda x: 3 * x**2, lambda x: 6 * x),
     ("exp", ndl.exp, np.exp, np.exp),
-    ("tanh", ndl.tanh, lambda x: 1 - np.tanh(x) ** 2,
-     lambda x: -2 * np.tanh(x) * (1 - np.tanh(x) ** 2)),
-    ("log", ndl.log, lambda x: 1 / x, lambda x: -1 / x ** 2),
-    ("power_scalar", lambda x: x ** 2.5, lambda x: 2.5 * x ** 1.5, lambda x: 3.75 * x ** 0.5),
-    ("reciprocal", lambda x: 1.0 / x, lambda x: -1 / x ** 2, lambda x: 2 / x ** 3),
+    (
+        "tanh",
+        ndl.tanh,
+        lambda x: 1 - np.tanh(x) ** 2,
+        lambda x: -2 * np.tanh(x) * (1 - np.tanh(x) ** 2),
+    ),
+    ("log", ndl.log, lambda x: 1 / x, lambda x: -1 / x**2),
+    ("power_scalar", lambda x: x**2.5, lambda x: 2.5 * x**1.5, lambda x: 3.75 * x**0.5),
+    ("reciprocal", lambda x: 1.0 / x, lambda x: -1 / x**2, lambda x: 2 / x**3),
 ]
 
 
@@ -264,16 +277,20 @@ def test_data_setter_rejects_another_dtype():
             ndl.Tensor(np.zeros(3), dtype="float64", device=ndl.cpu_numpy())
 
 
-@pytest.mark.skipif(ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
-                    reason="needs two devices: the compiled cpu() and cpu_numpy() (nd backend)")
+@pytest.mark.skipif(
+    ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
+    reason="needs two devices: the compiled cpu() and cpu_numpy() (nd backend)",
+)
 def test_data_setter_rejects_another_device():
     w = ndl.Tensor(np.zeros(3), device=ndl.cpu())
     with pytest.raises(ValueError, match=r"cpu_numpy\(\).*cpu\(\)"):
         w.data = ndl.Tensor(np.ones(3), device=ndl.cpu_numpy())
 
 
-@pytest.mark.skipif(ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
-                    reason="needs two devices: the compiled cpu() and cpu_numpy() (nd backend)")
+@pytest.mark.skipif(
+    ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
+    reason="needs two devices: the compiled cpu() and cpu_numpy() (nd backend)",
+)
 def test_backward_rejects_out_grad_on_another_device():
     """The gradient must not silently land on the out_grad's device."""
     x = ndl.Tensor(np.ones(3), device=ndl.cpu())
@@ -293,12 +310,14 @@ def test_backward_stores_differentiable_gradients_on_leaves_only(device):
     g = x.grad
     assert g.requires_grad and not g.is_leaf()
     assert y.grad is None and z.grad is None
-    np.testing.assert_allclose(g.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        g.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])), rtol=1e-5
+    )
     # d/dx Σ x.grad = e^x (2 + x), with no keyword
     g.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, 2.0]) * (2 + np.array([0.5, 2.0])),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        x.grad.numpy(), np.exp([0.5, 2.0]) * (2 + np.array([0.5, 2.0])), rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -327,8 +346,9 @@ def test_fast_backward_opt_ins_record_no_graph(device):
             with ndl.no_grad():
                 z.backward()
         assert x.grad.is_leaf() and not x.grad.requires_grad, fast
-        np.testing.assert_allclose(x.grad.numpy(),
-                                   np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])), rtol=1e-5)
+        np.testing.assert_allclose(
+            x.grad.numpy(), np.exp([0.5, 2.0]) * (1 + np.array([0.5, 2.0])), rtol=1e-5
+        )
 
 
 def test_grad_mode_context_managers_nest_and_restore():
@@ -356,6 +376,7 @@ def test_grad_mode_is_per_thread():
     """One thread inside no_grad() (or a fast backward pass) does not stop another thread's ops
     from recording their graph."""
     import threading
+
     inside, release = threading.Event(), threading.Event()
     seen = {}
 
@@ -410,8 +431,9 @@ def test_two_training_threads_lose_no_gradient():
         train(*setup(seed), serial, [0])
     results = {0: [], 1: []}
     missing = {0: [0], 1: [0]}
-    threads = [threading.Thread(target=train, args=(*setup(s), results[s], missing[s]))
-               for s in (0, 1)]
+    threads = [
+        threading.Thread(target=train, args=(*setup(s), results[s], missing[s])) for s in (0, 1)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -493,13 +515,16 @@ def test_lazy_mode_defers_computation(device, monkeypatch):
     a = tensor([1.0, 2.0], device)
     b = ndl.exp(a) * a
     assert b.cached_data is None and b.inputs[0].cached_data is None
-    np.testing.assert_allclose(b.realize_cached_data().numpy() if ndl.BACKEND == "nd"
-                               else b.realize_cached_data(), np.exp([1.0, 2.0]) * [1.0, 2.0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        b.realize_cached_data().numpy() if ndl.BACKEND == "nd" else b.realize_cached_data(),
+        np.exp([1.0, 2.0]) * [1.0, 2.0],
+        rtol=1e-6,
+    )
     assert b.inputs[0].cached_data is not None
     b.backward()
-    np.testing.assert_allclose(a.grad.numpy(), np.exp([1.0, 2.0]) * (1 + np.array([1.0, 2.0])),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        a.grad.numpy(), np.exp([1.0, 2.0]) * (1 + np.array([1.0, 2.0])), rtol=1e-5
+    )
 
 
 # ---- tensors and tuples ---------------------------------------------------------------------
@@ -577,8 +602,10 @@ def test_tensor_construction_from_tensor_shares_data(device):
     assert b.cached_data is a.cached_data and b.device == device
 
 
-@pytest.mark.skipif(ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
-                    reason="needs the compiled cpu() and cpu_numpy() (nd backend)")
+@pytest.mark.skipif(
+    ndl.BACKEND != "nd" or not ndl.cpu().enabled(),
+    reason="needs the compiled cpu() and cpu_numpy() (nd backend)",
+)
 def test_tensor_construction_moves_between_devices():
     a = ndl.Tensor([1.0, 2.0], device=ndl.cpu_numpy())
     b = ndl.Tensor(a, device=ndl.cpu())
@@ -603,7 +630,9 @@ def test_check_gradients_through_an_expression_with_reuse(device):
 
     def f(a, b):
         h = ndl.tanh(a @ b)
-        return ndl.logsoftmax(h * h + h) * ndl.broadcast_to(ndl.summation(a, (1,)).reshape((3, 1)), (3, 2))
+        return ndl.logsoftmax(h * h + h) * ndl.broadcast_to(
+            ndl.summation(a, (1,)).reshape((3, 1)), (3, 2)
+        )
 
     check_gradients(f, rand((3, 4), rng), rand((4, 2), rng), device=device)
 

@@ -3,17 +3,16 @@ fewer arrays kept alive between forward and backward.
 
 Oracle: the un-checkpointed model, run from the same parameters and the same random state.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import backend_dtype
 
 import needle as ndl
 import needle.nn as nn
-from needle.checkpoint import (Checkpoint, checkpoint, checkpoint_sequential, graph_bytes,
-                               sqrt_rule)
-
-from helpers import backend_dtype
+from needle.checkpoint import Checkpoint, checkpoint, checkpoint_sequential, graph_bytes, sqrt_rule
 
 pytestmark = pytest.mark.nn
 
@@ -45,8 +44,10 @@ def _grads(model, x_np, y_np, seed=7):
 @pytest.fixture
 def batch():
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((BATCH, WIDTH)).astype(backend_dtype()),
-            rng.integers(0, 3, BATCH).astype(backend_dtype()))
+    return (
+        rng.standard_normal((BATCH, WIDTH)).astype(backend_dtype()),
+        rng.integers(0, 3, BATCH).astype(backend_dtype()),
+    )
 
 
 @pytest.mark.parametrize("every", [1, 2, 3, 5, 100])
@@ -100,6 +101,7 @@ def test_existing_parameter_grads_are_not_clobbered_by_the_recompute(batch):
 def test_checkpointing_keeps_fewer_arrays(batch):
     """Between forward and backward the plain graph holds every activation; the checkpointed
     one holds the segment inputs only (parameters count in both)."""
+
     def held(model):
         x = ndl.Tensor(batch[0], dtype=backend_dtype())
         out = model(x)

@@ -1,12 +1,13 @@
 """CIFAR10Dataset on pickle batches the tests write themselves, and the offline ShapesDataset."""
+
 import pickle
 
 import numpy as np
 import pytest
-
-import needle as ndl
-import companion.data
 from conftest import SHARED_DATA
+
+import companion.data
+import needle as ndl
 
 pytestmark = pytest.mark.data
 
@@ -29,8 +30,12 @@ def fake_batch(n_images, first, label_offset=0):
                 for w in range(32):
                     data[i, c * 1024 + h * 32 + w] = pixel(first + i, c, h, w)
     labels = [(first + i + label_offset) % 10 for i in range(n_images)]
-    return {b"batch_label": b"fake", b"data": data, b"labels": labels,
-            b"filenames": [b"img%d.png" % (first + i) for i in range(n_images)]}
+    return {
+        b"batch_label": b"fake",
+        b"data": data,
+        b"labels": labels,
+        b"filenames": [b"img%d.png" % (first + i) for i in range(n_images)],
+    }
 
 
 def write(path, obj):
@@ -84,8 +89,9 @@ def test_batch_indexing_and_dataloader(cifar_dir):
 
 
 def test_transforms_act_on_image_width(cifar_dir):
-    flip = ndl.data.CIFAR10Dataset(str(cifar_dir), train=True,
-                                   transforms=[ndl.data.RandomFlipHorizontal(p=1.0)])
+    flip = ndl.data.CIFAR10Dataset(
+        str(cifar_dir), train=True, transforms=[ndl.data.RandomFlipHorizontal(p=1.0)]
+    )
     plain = ndl.data.CIFAR10Dataset(str(cifar_dir), train=True)
     np.testing.assert_array_equal(flip[3][0], plain[3][0][:, :, ::-1])
     xb, _ = flip[np.array([0, 1])]
@@ -142,8 +148,10 @@ def test_rejects_non_dict_and_missing_files(cifar_dir, tmp_path):
     _expect_error(tmp_path / "nowhere", FileNotFoundError, r"nowhere.*does not exist")
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "cifar-10-batches-py").is_dir(),
-                    reason="real CIFAR-10 is not in ../shared/data")
+@pytest.mark.skipif(
+    not (SHARED_DATA / "cifar-10-batches-py").is_dir(),
+    reason="real CIFAR-10 is not in ../shared/data",
+)
 def test_real_cifar10():
     ds = ndl.data.CIFAR10Dataset(str(SHARED_DATA / "cifar-10-batches-py"), train=False)
     assert len(ds) == 10000 and ds[0][0].shape == (3, 32, 32)
@@ -181,10 +189,12 @@ def test_shapes_train_test_and_seeds_differ():
 def test_shapes_textures_have_their_orientation():
     ds = companion.data.ShapesDataset(train=True, n=200, seed=5)
     # per channel, then the channel with the most contrast (grey levels of fg/bg may match)
-    along_w = ds.X.std(axis=3).mean(axis=2).max(axis=1)   # variation within each row
-    along_h = ds.X.std(axis=2).mean(axis=2).max(axis=1)   # variation within each column
-    hs, vs = ds.y == companion.data.SHAPES_CLASSES.index("hstripes"), \
-        ds.y == companion.data.SHAPES_CLASSES.index("vstripes")
+    along_w = ds.X.std(axis=3).mean(axis=2).max(axis=1)  # variation within each row
+    along_h = ds.X.std(axis=2).mean(axis=2).max(axis=1)  # variation within each column
+    hs, vs = (
+        ds.y == companion.data.SHAPES_CLASSES.index("hstripes"),
+        ds.y == companion.data.SHAPES_CLASSES.index("vstripes"),
+    )
     # horizontal stripes are constant along a row up to noise; vertical ones along a column
     assert np.all(along_h[hs] > 2 * along_w[hs])
     assert np.all(along_w[vs] > 2 * along_h[vs])

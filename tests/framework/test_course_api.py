@@ -6,17 +6,18 @@ scalars where the course passes them, ``device=``/``dtype=`` where the course pa
 oracles are numpy, finite differences (``helpers.check_gradients``) and values derived by hand.
 Runs under the default backend and again under ``NEEDLE_BACKEND=np``.
 """
+
 import inspect
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import check_gradients, tensor
 
 import needle as ndl
 import needle.nn as nn
 from companion.apps import mlp_resnet, models, simple_ml
 from companion.data import write_idx
-from conftest import DEVICES
-from helpers import backend_dtype, check_gradients, tensor
 
 pytestmark = pytest.mark.both_backends
 
@@ -27,8 +28,7 @@ def defaults(f) -> dict:
 
 
 def is_float_pair(result) -> bool:
-    return (isinstance(result, tuple) and len(result) == 2
-            and all(type(v) is float for v in result))
+    return isinstance(result, tuple) and len(result) == 2 and all(type(v) is float for v in result)
 
 
 # ---- hw0: simple_ml in numpy --------------------------------------------------------------------
@@ -79,8 +79,9 @@ def test_softmax_regression_epoch():
     assert simple_ml.softmax_regression_epoch(X, y, theta, lr=1.0, batch=50) is None
     # one full batch from theta = 0: softmax is uniform, so the step is -X^T (1/3 - I_y) / 50
     onehot = np.eye(3)[y]
-    np.testing.assert_allclose(theta, -X.T.astype(np.float64) @ (1 / 3 - onehot) / 50,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        theta, -X.T.astype(np.float64) @ (1 / 3 - onehot) / 50, rtol=1e-5, atol=1e-6
+    )
     theta_cpp = np.zeros((5, 3), dtype=np.float32)
     assert simple_ml.softmax_regression_epoch_cpp(X, y, theta_cpp, lr=1.0, batch=50) is None
     np.testing.assert_allclose(theta_cpp, theta, rtol=1e-5, atol=1e-6)
@@ -146,9 +147,13 @@ SCALAR_OPS = {
     "power_scalar": (ndl.power_scalar, np.power),
 }
 SCALARS = {
-    "int": lambda: 2, "float": lambda: 1.5, "np.float32": lambda: np.float32(1.5),
-    "np.float64": lambda: np.float64(-0.5), "np.int64": lambda: np.int64(3),
-    "0-d array": lambda: np.array(2.5), "randn(1)": lambda: np.random.randn(1),
+    "int": lambda: 2,
+    "float": lambda: 1.5,
+    "np.float32": lambda: np.float32(1.5),
+    "np.float64": lambda: np.float64(-0.5),
+    "np.int64": lambda: np.int64(3),
+    "0-d array": lambda: np.array(2.5),
+    "randn(1)": lambda: np.random.randn(1),
     "(1, 1) array": lambda: np.full((1, 1), 0.75),
 }
 
@@ -164,14 +169,18 @@ def test_scalar_ops_take_numpy_scalars(op, kind, device):
     x = np.abs(np.random.randn(5, 4)) + 0.5  # positive, so any power is defined
     out = fn(tensor(x, device), scalar=scalar)
     assert out.shape == (5, 4)
-    np.testing.assert_allclose(out.numpy(), np_fn(x, float(np.asarray(scalar).item())),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out.numpy(), np_fn(x, float(np.asarray(scalar).item())), rtol=1e-5, atol=1e-6
+    )
     check_gradients(lambda a: fn(a, scalar=scalar), x, device=device)
 
 
 @pytest.mark.autograd
-@pytest.mark.parametrize("bad", [[1.0, 2.0], np.ones(2), "2", 1 + 2j, None],
-                         ids=["list", "two-element array", "str", "complex", "None"])
+@pytest.mark.parametrize(
+    "bad",
+    [[1.0, 2.0], np.ones(2), "2", 1 + 2j, None],
+    ids=["list", "two-element array", "str", "complex", "None"],
+)
 @pytest.mark.parametrize("op", list(SCALAR_OPS))
 def test_scalar_ops_reject_non_scalars(op, bad):
     with pytest.raises(TypeError):
@@ -180,26 +189,44 @@ def test_scalar_ops_reject_non_scalars(op, bad):
 
 @pytest.mark.autograd
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("scalar", [2, 0.5, np.float32(1.5), np.float64(2.0), np.array([3.0])],
-                         ids=["int", "float", "np.float32", "np.float64", "(1,) array"])
+@pytest.mark.parametrize(
+    "scalar",
+    [2, 0.5, np.float32(1.5), np.float64(2.0), np.array([3.0])],
+    ids=["int", "float", "np.float32", "np.float64", "(1,) array"],
+)
 def test_tensor_operators_with_scalars(device, scalar):
     x = np.abs(np.random.randn(3, 4)) + 0.5
     a = tensor(x, device)
     s = float(np.asarray(scalar).item())
-    cases = {"a + s": (a + scalar, x + s), "s + a": (scalar + a, s + x),
-             "a * s": (a * scalar, x * s), "s * a": (scalar * a, s * x),
-             "a - s": (a - scalar, x - s), "a / s": (a / scalar, x / s),
-             "a ** s": (a ** scalar, x ** s)}
+    cases = {
+        "a + s": (a + scalar, x + s),
+        "s + a": (scalar + a, s + x),
+        "a * s": (a * scalar, x * s),
+        "s * a": (scalar * a, s * x),
+        "a - s": (a - scalar, x - s),
+        "a / s": (a / scalar, x / s),
+        "a ** s": (a**scalar, x**s),
+    }
     for name, (got, want) in cases.items():
         assert isinstance(got, ndl.Tensor), name
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-BROADCAST_PAIRS = [((1, 3), (3,)), ((2, 3), ()), ((2, 3), (2, 1)), ((4, 1), (1, 3)),
-                   ((2, 1, 3), (4, 3)), ((3,), (2, 1, 3))]
-EWISE_OPS = {"add": (ndl.add, np.add), "multiply": (ndl.multiply, np.multiply),
-             "divide": (ndl.divide, np.divide), "power": (ndl.power, np.power),
-             "subtract": (lambda a, b: a - b, np.subtract)}
+BROADCAST_PAIRS = [
+    ((1, 3), (3,)),
+    ((2, 3), ()),
+    ((2, 3), (2, 1)),
+    ((4, 1), (1, 3)),
+    ((2, 1, 3), (4, 3)),
+    ((3,), (2, 1, 3)),
+]
+EWISE_OPS = {
+    "add": (ndl.add, np.add),
+    "multiply": (ndl.multiply, np.multiply),
+    "divide": (ndl.divide, np.divide),
+    "power": (ndl.power, np.power),
+    "subtract": (lambda a, b: a - b, np.subtract),
+}
 
 
 @pytest.mark.autograd
@@ -230,21 +257,34 @@ def test_power():
 
 
 @pytest.mark.autograd
-@pytest.mark.parametrize("make", [
-    lambda: ndl.Tensor([1.0], require_grad=False),
-    lambda: ndl.Tensor([1.0], devcie=None),
-    lambda: nn.Parameter([1.0], require_grad=False),
-    lambda: ndl.init.xavier_uniform(3, 4, require_grad=True),
-    lambda: ndl.init.kaiming_uniform(3, 4, devcie=None),
-    lambda: ndl.init.rand(2, 3, requires_gard=True),
-    lambda: models.LanguageModel(4, 10, 8, seq_model="rnn", nonlinearty="relu"),
-], ids=["Tensor", "Tensor-device", "Parameter", "xavier_uniform", "kaiming_uniform", "rand",
-        "LanguageModel"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ndl.Tensor([1.0], require_grad=False),
+        lambda: ndl.Tensor([1.0], devcie=None),
+        lambda: nn.Parameter([1.0], require_grad=False),
+        lambda: ndl.init.xavier_uniform(3, 4, require_grad=True),
+        lambda: ndl.init.kaiming_uniform(3, 4, devcie=None),
+        lambda: ndl.init.rand(2, 3, requires_gard=True),
+        lambda: models.LanguageModel(4, 10, 8, seq_model="rnn", nonlinearty="relu"),
+    ],
+    ids=[
+        "Tensor",
+        "Tensor-device",
+        "Parameter",
+        "xavier_uniform",
+        "kaiming_uniform",
+        "rand",
+        "LanguageModel",
+    ],
+)
 def test_unknown_keywords_raise_type_error(make):
     with pytest.raises(TypeError) as info:
         make()
-    assert any(name in str(info.value) for name in
-               ("require_grad", "devcie", "requires_gard", "nonlinearty"))
+    assert any(
+        name in str(info.value)
+        for name in ("require_grad", "devcie", "requires_gard", "nonlinearty")
+    )
 
 
 @pytest.mark.autograd
@@ -265,8 +305,10 @@ def test_gradient_check_course_cases(device):
         (lambda a: ndl.transpose(a), [r(3, 5, 4)]),
         (ndl.matmul, [r(6, 6, 5, 4), r(4, 3)]),
         (ndl.matmul, [r(5, 4), r(6, 6, 4, 3)]),
-        (lambda a, b, c: ndl.summation((a @ b + c) * (a @ b), axes=None),
-         [r(10, 9), r(9, 8), r(10, 8)]),
+        (
+            lambda a, b, c: ndl.summation((a @ b + c) * (a @ b), axes=None),
+            [r(10, 9), r(9, 8), r(10, 8)],
+        ),
         (ndl.negate, [r(5, 4)]),
         (lambda a: ndl.logsumexp(a, axes=(0, 2)), [r(3, 4, 5)]),
         (ndl.logsoftmax, [r(3, 5)]),
@@ -332,12 +374,22 @@ def test_init_defaults():
 @pytest.mark.parametrize("device", DEVICES)
 def test_modules_take_device_and_dtype(device):
     kw = dict(device=device, dtype="float32")
-    modules = [nn.Linear(3, 4, **kw), nn.BatchNorm1d(4, **kw), nn.LayerNorm1d(4, **kw),
-               nn.BatchNorm2d(2, **kw), nn.Conv(2, 3, 3, **kw), nn.RNNCell(3, 4, **kw),
-               nn.RNN(3, 4, **kw), nn.LSTMCell(3, 4, **kw), nn.LSTM(3, 4, **kw),
-               nn.Embedding(5, 3, **kw), nn.MultiHeadAttention(**kw),
-               nn.AttentionLayer(4, 2, 3, **kw), nn.TransformerLayer(4, 2, 3, 8, **kw),
-               nn.Transformer(4, 8, 1, num_head=2, dim_head=3, **kw)]
+    modules = [
+        nn.Linear(3, 4, **kw),
+        nn.BatchNorm1d(4, **kw),
+        nn.LayerNorm1d(4, **kw),
+        nn.BatchNorm2d(2, **kw),
+        nn.Conv(2, 3, 3, **kw),
+        nn.RNNCell(3, 4, **kw),
+        nn.RNN(3, 4, **kw),
+        nn.LSTMCell(3, 4, **kw),
+        nn.LSTM(3, 4, **kw),
+        nn.Embedding(5, 3, **kw),
+        nn.MultiHeadAttention(**kw),
+        nn.AttentionLayer(4, 2, 3, **kw),
+        nn.TransformerLayer(4, 2, 3, 8, **kw),
+        nn.Transformer(4, 8, 1, num_head=2, dim_head=3, **kw),
+    ]
     for m in modules:
         for p in m.parameters():
             assert p.device == device and p.dtype == "float32", type(m).__name__
@@ -376,8 +428,10 @@ def test_module_and_optimizer_attribute_names():
     for name in ("weight", "bias", "running_mean", "running_var"):
         assert isinstance(getattr(nn.BatchNorm1d(3), name), ndl.Tensor), name
     for cell in (nn.RNNCell(2, 3), nn.LSTMCell(2, 3)):
-        assert all(isinstance(getattr(cell, k), nn.Parameter)
-                   for k in ("W_ih", "W_hh", "bias_ih", "bias_hh"))
+        assert all(
+            isinstance(getattr(cell, k), nn.Parameter)
+            for k in ("W_ih", "W_hh", "bias_ih", "bias_hh")
+        )
     assert nn.RNNCell(2, 3).W_ih.shape == (2, 3) and nn.LSTMCell(2, 3).W_ih.shape == (2, 12)
     assert len(nn.RNN(2, 3, 2).rnn_cells) == 2 and len(nn.LSTM(2, 3, 2).lstm_cells) == 2
     assert nn.Embedding(5, 3).weight.shape == (5, 3)
@@ -421,11 +475,19 @@ def test_attention_and_transformer_return_pairs():
 
 @pytest.mark.nn
 def test_optimizer_defaults():
-    assert {k: defaults(ndl.optim.SGD.__init__)[k] for k in ("lr", "momentum", "weight_decay")} \
-        == {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.0}
+    assert {k: defaults(ndl.optim.SGD.__init__)[k] for k in ("lr", "momentum", "weight_decay")} == {
+        "lr": 0.01,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+    }
     adam = defaults(ndl.optim.Adam.__init__)
-    assert (adam["lr"], adam["beta1"], adam["beta2"], adam["eps"], adam["weight_decay"]) == \
-        (0.01, 0.9, 0.999, 1e-8, 0.0)
+    assert (adam["lr"], adam["beta1"], adam["beta2"], adam["eps"], adam["weight_decay"]) == (
+        0.01,
+        0.9,
+        0.999,
+        1e-8,
+        0.0,
+    )
     w = nn.Parameter(np.ones((2, 2), dtype=np.float32), device=ndl.cpu())
     opt = ndl.optim.SGD([w], lr=0.5, momentum=0.0, weight_decay=0.0)
     (w * w).sum().backward()
@@ -443,7 +505,7 @@ def test_dataloader_ndarray():
         assert len(batches) == -(-100 // batch_size)
         for i, (bx, by) in enumerate(batches):
             assert isinstance(bx, ndl.Tensor) and isinstance(by, ndl.Tensor)
-            want = dataset[i * batch_size:(i + 1) * batch_size]
+            want = dataset[i * batch_size : (i + 1) * batch_size]
             np.testing.assert_allclose(bx.numpy(), want[0], rtol=1e-6)
             np.testing.assert_array_equal(by.numpy(), want[1])
 
@@ -485,8 +547,9 @@ def test_mlp_epoch_and_train_mnist(tmp_path):
     assert is_float_pair(result) and 0.0 <= result[0] <= 1.0
     result = mlp_resnet.epoch(loader, model, ndl.optim.SGD(model.parameters(), lr=0.01))
     assert is_float_pair(result)
-    out = mlp_resnet.train_mnist(20, 1, ndl.optim.SGD, 0.01, 0.001, 16, data_dir=str(tmp_path),
-                                 progress=False)
+    out = mlp_resnet.train_mnist(
+        20, 1, ndl.optim.SGD, 0.01, 0.001, 16, data_dir=str(tmp_path), progress=False
+    )
     assert isinstance(out, tuple) and len(out) == 4 and all(type(v) is float for v in out)
 
 
@@ -510,11 +573,15 @@ def test_ndarray_course_names():
 # ---- hw4: CIFAR-10, PTB, ResNet9, LanguageModel and their loops ----------------------------------
 def _cifar_folder(tmp_path, n=4):
     import pickle
+
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
-                 b"labels": list(rng.integers(0, 10, size=n)), b"batch_label": b"x",
-                 b"filenames": [b"f.png"] * n}
+        batch = {
+            b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+            b"labels": list(rng.integers(0, 10, size=n)),
+            b"batch_label": b"x",
+            b"filenames": [b"f.png"] * n,
+        }
         batch[b"labels"] = [int(v) for v in batch[b"labels"]]
         with open(tmp_path / name, "wb") as f:
             pickle.dump(batch, f)
@@ -541,10 +608,19 @@ def test_cifar10_loops(tmp_path, device):
     out = model(ndl.Tensor(ds.X, device=device))
     assert out.shape == (2, 10) and out.device == device
     results = [
-        simple_ml.epoch_general_cifar10(loader, model, loss_fn=nn.SoftmaxLoss(), opt=None,
-                                        progress=False),
-        simple_ml.train_cifar10(model, loader, n_epochs=1, optimizer=ndl.optim.Adam, lr=0.001,
-                                weight_decay=0.001, loss_fn=nn.SoftmaxLoss, progress=False),
+        simple_ml.epoch_general_cifar10(
+            loader, model, loss_fn=nn.SoftmaxLoss(), opt=None, progress=False
+        ),
+        simple_ml.train_cifar10(
+            model,
+            loader,
+            n_epochs=1,
+            optimizer=ndl.optim.Adam,
+            lr=0.001,
+            weight_decay=0.001,
+            loss_fn=nn.SoftmaxLoss,
+            progress=False,
+        ),
         simple_ml.evaluate_cifar10(model, loader, loss_fn=nn.SoftmaxLoss, progress=False),
     ]
     for r in results:
@@ -570,8 +646,9 @@ def test_ptb_dataset(tmp_path, device):
 @pytest.mark.parametrize("seq_model", ["rnn", "lstm", "transformer"])
 def test_language_model_and_ptb_loops(device, seq_model):
     data = np.random.randint(0, 12, size=(9, 2)).astype(np.float32)
-    model = models.LanguageModel(8, 12, 10, num_layers=2, seq_model=seq_model, seq_len=4,
-                                 device=device)
+    model = models.LanguageModel(
+        8, 12, 10, num_layers=2, seq_model=seq_model, seq_len=4, device=device
+    )
     X, _ = ndl.data.get_batch(data, 0, 4, device=device, dtype="float32")
     out, h = model(X)
     assert out.shape == (4 * 2, 12)
@@ -580,13 +657,40 @@ def test_language_model_and_ptb_loops(device, seq_model):
     elif seq_model == "lstm":
         assert h[0].shape == (2, 2, 10) and h[1].shape == (2, 2, 10)
     results = [
-        simple_ml.epoch_general_ptb(data, model, seq_len=4, loss_fn=nn.SoftmaxLoss(), opt=None,
-                                    clip=None, device=device, dtype="float32", progress=False),
-        simple_ml.train_ptb(model, data, seq_len=4, n_epochs=1, optimizer=ndl.optim.SGD, lr=0.1,
-                            weight_decay=0.0, loss_fn=nn.SoftmaxLoss, clip=0.25, device=device,
-                            dtype="float32", progress=False),
-        simple_ml.evaluate_ptb(model, data, seq_len=4, loss_fn=nn.SoftmaxLoss, device=device,
-                               dtype="float32", progress=False),
+        simple_ml.epoch_general_ptb(
+            data,
+            model,
+            seq_len=4,
+            loss_fn=nn.SoftmaxLoss(),
+            opt=None,
+            clip=None,
+            device=device,
+            dtype="float32",
+            progress=False,
+        ),
+        simple_ml.train_ptb(
+            model,
+            data,
+            seq_len=4,
+            n_epochs=1,
+            optimizer=ndl.optim.SGD,
+            lr=0.1,
+            weight_decay=0.0,
+            loss_fn=nn.SoftmaxLoss,
+            clip=0.25,
+            device=device,
+            dtype="float32",
+            progress=False,
+        ),
+        simple_ml.evaluate_ptb(
+            model,
+            data,
+            seq_len=4,
+            loss_fn=nn.SoftmaxLoss,
+            device=device,
+            dtype="float32",
+            progress=False,
+        ),
     ]
     for r in results:
         assert is_float_pair(r) and 0.0 <= r[0] <= 1.0 and r[1] > 0
@@ -596,19 +700,45 @@ def test_language_model_and_ptb_loops(device, seq_model):
 def test_apps_signatures_follow_the_course():
     """Defaults of the hw2/hw4 app functions, as the course's skeleton declares them."""
     assert {k: v for k, v in defaults(mlp_resnet.train_mnist).items() if k != "progress"} == {
-        "batch_size": 100, "epochs": 10, "optimizer": ndl.optim.Adam, "lr": 0.001,
-        "weight_decay": 0.001, "hidden_dim": 100, "data_dir": "data"}
+        "batch_size": 100,
+        "epochs": 10,
+        "optimizer": ndl.optim.Adam,
+        "lr": 0.001,
+        "weight_decay": 0.001,
+        "hidden_dim": 100,
+        "data_dir": "data",
+    }
     assert defaults(mlp_resnet.MLPResNet)["norm"] is nn.BatchNorm1d
     assert defaults(mlp_resnet.ResidualBlock)["drop_prob"] == 0.1
     t = defaults(simple_ml.train_cifar10)
-    assert (t["n_epochs"], t["optimizer"], t["lr"], t["weight_decay"], t["loss_fn"]) == \
-        (1, ndl.optim.Adam, 0.001, 0.001, nn.SoftmaxLoss)
+    assert (t["n_epochs"], t["optimizer"], t["lr"], t["weight_decay"], t["loss_fn"]) == (
+        1,
+        ndl.optim.Adam,
+        0.001,
+        0.001,
+        nn.SoftmaxLoss,
+    )
     p = defaults(simple_ml.train_ptb)
-    assert (p["seq_len"], p["n_epochs"], p["optimizer"], p["lr"], p["weight_decay"],
-            p["loss_fn"], p["clip"], p["device"], p["dtype"]) == \
-        (40, 1, ndl.optim.SGD, 4.0, 0.0, nn.SoftmaxLoss, None, None, "float32")
+    assert (
+        p["seq_len"],
+        p["n_epochs"],
+        p["optimizer"],
+        p["lr"],
+        p["weight_decay"],
+        p["loss_fn"],
+        p["clip"],
+        p["device"],
+        p["dtype"],
+    ) == (40, 1, ndl.optim.SGD, 4.0, 0.0, nn.SoftmaxLoss, None, None, "float32")
     lm = defaults(models.LanguageModel.__init__)
-    assert (lm["num_layers"], lm["seq_model"], lm["seq_len"], lm["device"], lm["dtype"]) == \
-        (1, "rnn", 40, None, "float32")
-    assert defaults(simple_ml.nn_epoch)["lr"] == 0.1 and defaults(simple_ml.nn_epoch)["batch"] == 100
+    assert (lm["num_layers"], lm["seq_model"], lm["seq_len"], lm["device"], lm["dtype"]) == (
+        1,
+        "rnn",
+        40,
+        None,
+        "float32",
+    )
+    assert (
+        defaults(simple_ml.nn_epoch)["lr"] == 0.1 and defaults(simple_ml.nn_epoch)["batch"] == 100
+    )
     assert defaults(simple_ml.train_nn)["hidden_dim"] == 500

@@ -7,20 +7,22 @@ process) against numpy at awkward sizes and layouts, the direct / blocked / thre
 paths, the tiled lecture exhibit, the buffer cache and allocation counters, and hostile
 arguments, which must raise and never crash.
 """
+
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import numpy as np
 import pytest
 
 from needle import backend_ndarray as nd
 
-pytestmark = [pytest.mark.ndarray,
-              pytest.mark.skipif(not nd.cpu().enabled(), reason="cpu() is not built here")]
+pytestmark = [
+    pytest.mark.ndarray,
+    pytest.mark.skipif(not nd.cpu().enabled(), reason="cpu() is not built here"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +38,29 @@ def put(mod, x: np.ndarray):
     return buf
 
 
-def strided_product(mod, a_base, a_strides, a_offset, b_base, b_strides, b_offset, batch, m, n,
-                    p):
+def strided_product(mod, a_base, a_strides, a_offset, b_base, b_strides, b_offset, batch, m, n, p):
     """matmul_strided on views of the flat numpy buffers a_base and b_base; returns the result
     and numpy's product of the same views."""
-    A = np.lib.stride_tricks.as_strided(a_base[a_offset:], (batch, m, n),
-                                        [4 * s for s in a_strides])
-    B = np.lib.stride_tricks.as_strided(b_base[b_offset:], (batch, n, p),
-                                        [4 * s for s in b_strides])
+    A = np.lib.stride_tricks.as_strided(
+        a_base[a_offset:], (batch, m, n), [4 * s for s in a_strides]
+    )
+    B = np.lib.stride_tricks.as_strided(
+        b_base[b_offset:], (batch, n, p), [4 * s for s in b_strides]
+    )
     out = mod.Array(batch * m * p)
-    mod.matmul_strided(put(mod, a_base), a_strides, a_offset, put(mod, b_base), b_strides,
-                       b_offset, out, batch, m, n, p)
+    mod.matmul_strided(
+        put(mod, a_base),
+        a_strides,
+        a_offset,
+        put(mod, b_base),
+        b_strides,
+        b_offset,
+        out,
+        batch,
+        m,
+        n,
+        p,
+    )
     got = mod.to_numpy(out, (batch, m, p), (m * p, p, 1), 0)
     return got, np.matmul(A.astype(np.float64), B.astype(np.float64))
 
@@ -56,15 +70,24 @@ def layouts(batch, r, c):
     return {
         "compact": ((r * c, c, 1), 0, batch * r * c),
         "transposed": ((r * c, 1, r), 0, batch * r * c),
-        "shared": ((0, c, 1), 0, r * c),                      # one matrix for the whole batch
+        "shared": ((0, c, 1), 0, r * c),  # one matrix for the whole batch
         "padded rows": ((r * (c + 3), c + 3, 1), 2, batch * r * (c + 3) + 2),
         "flipped": ((r * c, -c, 1), (r - 1) * c, batch * r * c),  # rows in reverse order
         "column stride 2": ((r * c * 2, c * 2, 2), 1, batch * r * c * 2 + 1),
     }
 
 
-SIZES = [(1, 1, 1, 1), (2, 3, 5, 7), (1, 13, 1, 17), (3, 1, 33, 40), (2, 40, 29, 1),
-         (1, 47, 48, 48), (1, 49, 48, 48), (2, 97, 130, 65), (1, 200, 300, 37)]
+SIZES = [
+    (1, 1, 1, 1),
+    (2, 3, 5, 7),
+    (1, 13, 1, 17),
+    (3, 1, 33, 40),
+    (2, 40, 29, 1),
+    (1, 47, 48, 48),
+    (1, 49, 48, 48),
+    (2, 97, 130, 65),
+    (1, 200, 300, 37),
+]
 
 
 def check_product(got, expected, n):
@@ -93,16 +116,30 @@ def test_matmul_threads_and_batches(mod):
     g = mod.__gemm__
     assert g["direct_flops"] < g["split_flops"] < g["parallel_flops"]
     rng = np.random.default_rng(7)
-    for batch, m, n, p in [(1, 300, 400, 500), (300, 20, 20, 20), (4, 130, 140, 150),
-                           (1, 1, 3000, 2000), (1, 2000, 3000, 1), (1, 5, 400, 1100),
-                           (1, 30, 300, 2100), (1, 72, 73, 74), (1, 64, 64, 64),
-                           (1, 37, 130, 90), (1, 13, 200, 150), (1, 16, 128, 512),
-                           (1, 20, 150, 97), (3, 100, 101, 102), (40, 90, 100, 110),
-                           (1, 250, 260, 270), (1, 12, 1000, 2100)]:
+    for batch, m, n, p in [
+        (1, 300, 400, 500),
+        (300, 20, 20, 20),
+        (4, 130, 140, 150),
+        (1, 1, 3000, 2000),
+        (1, 2000, 3000, 1),
+        (1, 5, 400, 1100),
+        (1, 30, 300, 2100),
+        (1, 72, 73, 74),
+        (1, 64, 64, 64),
+        (1, 37, 130, 90),
+        (1, 13, 200, 150),
+        (1, 16, 128, 512),
+        (1, 20, 150, 97),
+        (3, 100, 101, 102),
+        (40, 90, 100, 110),
+        (1, 250, 260, 270),
+        (1, 12, 1000, 2100),
+    ]:
         a = rng.standard_normal(batch * m * n).astype(np.float32)
         b = rng.standard_normal(batch * n * p).astype(np.float32)
-        got, expected = strided_product(mod, a, (m * n, n, 1), 0, b, (n * p, p, 1), 0,
-                                        batch, m, n, p)
+        got, expected = strided_product(
+            mod, a, (m * n, n, 1), 0, b, (n * p, p, 1), 0, batch, m, n, p
+        )
         check_product(got, expected, n)
 
 
@@ -183,8 +220,9 @@ ISA_SCRIPT = textwrap.dedent("""
 
 def run_with_isa(isa: str) -> dict:
     env = dict(os.environ, NEEDLE_CPU_ISA=isa)
-    res = subprocess.run([sys.executable, "-c", ISA_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", ISA_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -226,24 +264,27 @@ def test_broadcast_and_permuted_operands_on_threads(mod):
     mod.ewise_binary(add, X, (700, 1), 0, R, (0, 1), 0, out, (600, 700))
     np.testing.assert_array_equal(mod.to_numpy(out, (600, 700), (700, 1), 0), x + row)
     mod.ewise_binary(mx, X, (700, 1), 0, C, (1, 0), 0, out, (600, 700))
-    np.testing.assert_array_equal(mod.to_numpy(out, (600, 700), (700, 1), 0),
-                                  np.maximum(x, col[:, None]))
+    np.testing.assert_array_equal(
+        mod.to_numpy(out, (600, 700), (700, 1), 0), np.maximum(x, col[:, None])
+    )
     y = rng.standard_normal((700, 600)).astype(np.float32)
     mod.ewise_binary(add, X, (1, 700), 0, put(mod, y), (600, 1), 0, out, (700, 600))  # x.T + y
     np.testing.assert_array_equal(mod.to_numpy(out, (700, 600), (600, 1), 0), x.T + y)
     exp = mod.__unary_ops__.index("exp")
     mod.ewise_unary(exp, X, (1, 700), 0, out, (700, 600))
-    np.testing.assert_allclose(mod.to_numpy(out, (700, 600), (600, 1), 0), np.exp(x.T),
-                               rtol=1e-6)
+    np.testing.assert_allclose(mod.to_numpy(out, (700, 600), (600, 1), 0), np.exp(x.T), rtol=1e-6)
     for op, ref in ((0, np.sum), (1, np.max)):
         o = mod.Array(700)
         mod.reduce(op, X, (700, 600), (1, 700), 0, 1, o)  # over axis 0 of x
-        np.testing.assert_allclose(mod.to_numpy(o, (700,), (1,), 0),
-                                   ref(x.astype(np.float64), axis=0), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(
+            mod.to_numpy(o, (700,), (1,), 0),
+            ref(x.astype(np.float64), axis=0),
+            rtol=1e-5,
+            atol=1e-4,
+        )
         o = mod.Array(1)
         mod.reduce(op, X, (600, 700), (700, 1), 0, 0, o)
-        np.testing.assert_allclose(mod.to_numpy(o, (), (), 0), ref(x.astype(np.float64)),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(mod.to_numpy(o, (), (), 0), ref(x.astype(np.float64)), rtol=1e-5)
 
 
 def test_buffer_cache_reports_and_empties(mod):
@@ -277,31 +318,44 @@ def test_memory_stats_follow_allocations(mod):
     assert stats["live_bytes"] == before and stats["peak_bytes"] >= live
 
 
-HUGE = 2 ** 40
+HUGE = 2**40
 
 
 def hostile_calls(mod) -> dict:
     """Calls that must raise ValueError, by what is wrong with them."""
     a, b, out = mod.Array(16), mod.Array(16), mod.Array(16)
     return {
-        "negative m": lambda: mod.matmul_strided(a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, 1, -1, 4, 4),
-        "negative batch": lambda: mod.matmul_strided(a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, -2, 4, 4, 4),
+        "negative m": lambda: mod.matmul_strided(
+            a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, 1, -1, 4, 4
+        ),
+        "negative batch": lambda: mod.matmul_strided(
+            a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, -2, 4, 4, 4
+        ),
         "huge m": lambda: mod.matmul_strided(a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, 1, HUGE, 4, 4),
-        "huge batch, stride 0": lambda: mod.matmul_strided(a, (0, 4, 1), 0, b, (0, 4, 1), 0, out,
-                                                           HUGE, 4, 4, 4),
+        "huge batch, stride 0": lambda: mod.matmul_strided(
+            a, (0, 4, 1), 0, b, (0, 4, 1), 0, out, HUGE, 4, 4, 4
+        ),
         "two strides": lambda: mod.matmul_strided(a, (4, 1), 0, b, (0, 4, 1), 0, out, 1, 4, 4, 4),
-        "view past the end": lambda: mod.matmul_strided(a, (0, 4, 1), 1, b, (0, 4, 1), 0, out, 1, 4, 4, 4),
-        "out too small": lambda: mod.matmul_strided(a, (0, 4, 1), 0, b, (0, 4, 1), 0, mod.Array(3), 1, 4, 4, 4),
+        "view past the end": lambda: mod.matmul_strided(
+            a, (0, 4, 1), 1, b, (0, 4, 1), 0, out, 1, 4, 4, 4
+        ),
+        "out too small": lambda: mod.matmul_strided(
+            a, (0, 4, 1), 0, b, (0, 4, 1), 0, mod.Array(3), 1, 4, 4, 4
+        ),
         "matmul huge": lambda: mod.matmul(a, b, out, HUGE, HUGE, HUGE),
         "matmul negative": lambda: mod.matmul(a, b, out, 4, -4, 4),
         "tiled negative": lambda: mod.matmul_tiled(a, b, out, -8, 8, 8),
-        "ewise huge shape": lambda: mod.ewise_binary(0, a, (0, 0), 0, b, (0, 0), 0, out, (HUGE, HUGE)),
+        "ewise huge shape": lambda: mod.ewise_binary(
+            0, a, (0, 0), 0, b, (0, 0), 0, out, (HUGE, HUGE)
+        ),
         "ewise negative dim": lambda: mod.ewise_unary(0, a, (1,), 0, out, (-16,)),
         "ewise strides length": lambda: mod.ewise_unary(0, a, (1, 1), 0, out, (16,)),
         "ewise negative offset": lambda: mod.ewise_unary(0, a, (1,), -1, out, (16,)),
         "ewise bad op": lambda: mod.ewise_binary(99, a, (1,), 0, b, (1,), 0, out, (16,)),
         "unary bad op": lambda: mod.ewise_unary(-1, a, (1,), 0, out, (16,)),
-        "scalar out size": lambda: mod.ewise_scalar(0, a, (1,), 0, 1.0, mod.Array(15), (16,), False),
+        "scalar out size": lambda: mod.ewise_scalar(
+            0, a, (1,), 0, 1.0, mod.Array(15), (16,), False
+        ),
         "reduce keep": lambda: mod.reduce(0, a, (4, 4), (4, 1), 0, 3, out),
         "reduce negative keep": lambda: mod.reduce(0, a, (4, 4), (4, 1), 0, -1, out),
         "reduce bad op": lambda: mod.reduce(2, a, (4, 4), (4, 1), 0, 1, mod.Array(4)),
@@ -310,8 +364,9 @@ def hostile_calls(mod) -> dict:
         "course reduce size": lambda: mod.reduce_sum(a, out, HUGE),
         "compact huge": lambda: mod.compact(a, out, (HUGE, HUGE, HUGE), (0, 0, 0), 0),
         "setitem negative stride": lambda: mod.ewise_setitem(a, out, (16,), (-1,), 0),
-        "softmax label": lambda: mod.softmax_xent(a, put(mod, np.full(4, 4.0)), 4, 4, mod.Array(4),
-                                                  mod.Array(16)),
+        "softmax label": lambda: mod.softmax_xent(
+            a, put(mod, np.full(4, 4.0)), 4, 4, mod.Array(4), mod.Array(16)
+        ),
         "softmax sizes": lambda: mod.softmax_xent(a, mod.Array(4), HUGE, HUGE, mod.Array(4), out),
         "layernorm sizes": lambda: mod.layernorm_fwd(a, b, b, 4, 4, 1e-5, out, out, mod.Array(3)),
         "batchnorm no rows": lambda: mod.batchnorm_fwd(a, b, b, 0, 16, 1e-5, out, out, b, b, b),
@@ -342,11 +397,13 @@ def test_labels_are_checked_before_anything_is_written(mod):
 
 def test_none_and_wrong_kinds_are_type_errors(mod):
     a = mod.Array(4)
-    for call in (lambda: mod.matmul(a, None, a, 2, 2, 1),
-                 lambda: mod.reduce(0, a, (4,), (1,), 0, 0, None),
-                 lambda: mod.softmax_xent(a, a, 2, 2, None, a),
-                 lambda: mod.ewise_binary(0, a, (1,), 0, a, (1.5,), 0, a, (4,)),
-                 lambda: mod.matmul_strided(a, "abc", 0, a, (0, 2, 1), 0, a, 1, 2, 2, 2)):
+    for call in (
+        lambda: mod.matmul(a, None, a, 2, 2, 1),
+        lambda: mod.reduce(0, a, (4,), (1,), 0, 0, None),
+        lambda: mod.softmax_xent(a, a, 2, 2, None, a),
+        lambda: mod.ewise_binary(0, a, (1,), 0, a, (1.5,), 0, a, (4,)),
+        lambda: mod.matmul_strided(a, "abc", 0, a, (0, 2, 1), 0, a, 1, 2, 2, 2),
+    ):
         with pytest.raises(TypeError):
             call()
 
@@ -355,6 +412,7 @@ def test_small_calls_keep_working_from_threads(mod):
     """Kernels called from several Python threads at once (small ones keep the GIL, large ones
     release it) give the same results as alone."""
     import threading
+
     rng = np.random.default_rng(12)
     x = rng.standard_normal((256, 256)).astype(np.float32)
     X = put(mod, x)
@@ -369,8 +427,11 @@ def test_small_calls_keep_working_from_threads(mod):
             mod.matmul_strided(X, (0, 256, 1), 0, X, (0, 256, 1), 0, small, 1, 2, 2, 2)
             try:
                 check_product(mod.to_numpy(out, (256, 256), (256, 1), 0), expected, 256)
-                check_product(mod.to_numpy(small, (2, 2), (2, 1), 0),
-                              x[:2, :2].astype(np.float64) @ x[:2, :2], 2)
+                check_product(
+                    mod.to_numpy(small, (2, 2), (2, 1), 0),
+                    x[:2, :2].astype(np.float64) @ x[:2, :2],
+                    2,
+                )
             except AssertionError as e:  # pragma: no cover - reported below
                 errors.append(e)
 

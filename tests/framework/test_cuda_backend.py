@@ -11,6 +11,7 @@ Two groups:
   matmul at tile and non-tile sizes; reductions over short and very long rows; bad arguments
   raising ValueError at the border.
 """
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,20 +29,44 @@ GPU = mod is not None and nd.cuda().enabled()
 needs_module = pytest.mark.skipif(mod is None, reason="the CUDA module is not built (no nvcc)")
 needs_gpu = pytest.mark.skipif(not GPU, reason="no GPU: cuda() is not enabled here")
 
-SETTINGS = settings(deadline=None, max_examples=25,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+SETTINGS = settings(
+    deadline=None,
+    max_examples=25,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 SEEDS = st.integers(0, 2**32 - 1)
 
 PROTOCOL = [
-    "Array", "to_numpy", "from_numpy", "fill", "compact", "ewise_setitem", "scalar_setitem",
-    "ewise_add", "scalar_add", "ewise_mul", "scalar_mul", "ewise_div", "scalar_div",
-    "scalar_power", "ewise_maximum", "scalar_maximum", "ewise_eq", "scalar_eq", "ewise_ge",
-    "scalar_ge", "ewise_log", "ewise_exp", "ewise_tanh", "matmul", "reduce_max", "reduce_sum",
+    "Array",
+    "to_numpy",
+    "from_numpy",
+    "fill",
+    "compact",
+    "ewise_setitem",
+    "scalar_setitem",
+    "ewise_add",
+    "scalar_add",
+    "ewise_mul",
+    "scalar_mul",
+    "ewise_div",
+    "scalar_div",
+    "scalar_power",
+    "ewise_maximum",
+    "scalar_maximum",
+    "ewise_eq",
+    "scalar_eq",
+    "ewise_ge",
+    "scalar_ge",
+    "ewise_log",
+    "ewise_exp",
+    "ewise_tanh",
+    "matmul",
+    "reduce_max",
+    "reduce_sum",
 ]
 
 
-# ---- everywhere the module is built ---------------------------------------------------------------
+# ---- everywhere the module is built --------------------------------------------------------------
 @needs_module
 def test_module_has_the_device_protocol():
     assert mod.__device_name__ == "cuda"
@@ -82,7 +107,7 @@ def test_ndarray_on_cuda_without_gpu_raises():
         nd.array([1.0, 2.0], device=nd.cuda())
 
 
-# ---- helpers for the GPU tests -----------------------------------------------------------------------
+# ---- helpers for the GPU tests -------------------------------------------------------------------
 def upload(x) -> "mod.Array":
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     a = mod.Array(x.size)
@@ -122,7 +147,7 @@ def injective_view(draw, max_ndim=4):
     compact base: every element is a distinct buffer position, so scatters are deterministic."""
     ndim = draw(st.integers(0, max_ndim))
     base = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
-    base_strides = [int(np.prod(base[k + 1:])) for k in range(ndim)]
+    base_strides = [int(np.prod(base[k + 1 :])) for k in range(ndim)]
     shape, strides, offset = [], [], 0
     for n, s in zip(base, base_strides):
         step = draw(st.sampled_from([-3, -2, -1, 1, 2, 3]))
@@ -141,7 +166,7 @@ def rand(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-# ---- memory and strided copies -------------------------------------------------------------------------
+# ---- memory and strided copies -------------------------------------------------------------------
 @needs_gpu
 @pytest.mark.parametrize("size", [0, 1, 5, 1000, 100_003])
 def test_round_trip_and_fill(size):
@@ -220,13 +245,15 @@ def test_strided_copies_at_max_dims_and_over_a_large_view():
     offset = 45
     buf = rand(0, 200)
     a = upload(buf)
-    np.testing.assert_array_equal(mod.to_numpy(a, shape, strides, offset),
-                                  buf[view_indices(shape, strides, offset)])
+    np.testing.assert_array_equal(
+        mod.to_numpy(a, shape, strides, offset), buf[view_indices(shape, strides, offset)]
+    )
     # size-1 dimensions drop out and contiguous neighbours merge; 17 that cannot is too many
     mod.compact(a, mod.Array(1), (1,) * 17, (1,) * 17, 0)
     with pytest.raises(ValueError, match="more than 16 dimensions"):
-        mod.compact(upload(np.zeros(9)), mod.Array(2**17), (2,) * 17,
-                    tuple(k % 2 for k in range(17)), 0)
+        mod.compact(
+            upload(np.zeros(9)), mod.Array(2**17), (2,) * 17, tuple(k % 2 for k in range(17)), 0
+        )
     # a transposed view with more elements than one grid covers (grid-stride loop)
     rows, cols = 4099, 4097
     big = rand(1, rows * cols)
@@ -244,7 +271,7 @@ def test_empty_views_are_no_ops():
     np.testing.assert_array_equal(download(a), np.arange(4, dtype=np.float32))
 
 
-# ---- element-wise ------------------------------------------------------------------------------------
+# ---- element-wise --------------------------------------------------------------------------------
 EWISE = ["ewise_add", "ewise_mul", "ewise_div", "ewise_maximum", "ewise_eq", "ewise_ge"]
 SCALAR = ["scalar_add", "scalar_mul", "scalar_div", "scalar_maximum", "scalar_eq", "scalar_ge"]
 
@@ -278,22 +305,27 @@ def test_ewise_ops_match_the_numpy_module(name, size):
 @pytest.mark.parametrize("val", [-2.0, 0.5, 1.0])
 def test_scalar_ops_match_the_numpy_module(name, val):
     a = np.random.default_rng(7).integers(-4, 5, 1000).astype(np.float32) / 2
-    np.testing.assert_allclose(_run(mod, name, a, scalar=val), _run(ref, name, a, scalar=val),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        _run(mod, name, a, scalar=val), _run(ref, name, a, scalar=val), rtol=1e-6
+    )
 
 
 @needs_gpu
 @pytest.mark.parametrize("val", [2.0, 3.0, 0.5, -1.0, -0.5, 0.0, 1.7])
 def test_scalar_power_matches_the_numpy_module(val):
     a = np.abs(rand(int(abs(val) * 10), 777)) + 0.1
-    np.testing.assert_allclose(_run(mod, "scalar_power", a, scalar=val),
-                               _run(ref, "scalar_power", a, scalar=val), rtol=2e-6)
+    np.testing.assert_allclose(
+        _run(mod, "scalar_power", a, scalar=val),
+        _run(ref, "scalar_power", a, scalar=val),
+        rtol=2e-6,
+    )
     signed = np.array([-2.0, -1.0, 0.0, 1.0, 3.0], np.float32)
     if float(val).is_integer():  # negative bases: defined for integer exponents only
         with np.errstate(divide="ignore"):
             expected = _run(ref, "scalar_power", signed, scalar=val)
-        np.testing.assert_allclose(_run(mod, "scalar_power", signed, scalar=val), expected,
-                                   rtol=2e-6)
+        np.testing.assert_allclose(
+            _run(mod, "scalar_power", signed, scalar=val), expected, rtol=2e-6
+        )
 
 
 @needs_gpu
@@ -314,11 +346,14 @@ def test_special_values_follow_numpy():
         with np.errstate(invalid="ignore"):
             expected = _run(ref, name, a, b)
         np.testing.assert_array_equal(_run(mod, name, a, b), expected, err_msg=name)
-    np.testing.assert_array_equal(_run(mod, "scalar_maximum", a, scalar=0.5),
-                                  np.maximum(a, np.float32(0.5)))
+    np.testing.assert_array_equal(
+        _run(mod, "scalar_maximum", a, scalar=0.5), np.maximum(a, np.float32(0.5))
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
-        np.testing.assert_array_equal(_run(mod, "ewise_log", np.array([0.0, -1.0], np.float32)),
-                                      np.log(np.array([0.0, -1.0], np.float32)))
+        np.testing.assert_array_equal(
+            _run(mod, "ewise_log", np.array([0.0, -1.0], np.float32)),
+            np.log(np.array([0.0, -1.0], np.float32)),
+        )
 
 
 @needs_gpu
@@ -329,10 +364,20 @@ def test_ewise_over_more_elements_than_one_grid_covers():
     np.testing.assert_array_equal(out, a + 1)
 
 
-# ---- matmul --------------------------------------------------------------------------------------------
+# ---- matmul --------------------------------------------------------------------------------------
 MATMUL_SIZES = [
-    (1, 1, 1), (4, 4, 4), (8, 8, 8), (16, 16, 16), (64, 64, 64), (128, 128, 128),  # tile multiples
-    (5, 7, 3), (1, 300, 1), (65, 33, 130), (129, 1, 257), (3, 1000, 2), (100, 9, 100),
+    (1, 1, 1),
+    (4, 4, 4),
+    (8, 8, 8),
+    (16, 16, 16),
+    (64, 64, 64),
+    (128, 128, 128),  # tile multiples
+    (5, 7, 3),
+    (1, 300, 1),
+    (65, 33, 130),
+    (129, 1, 257),
+    (3, 1000, 2),
+    (100, 9, 100),
     (2100, 40, 2100),  # enough output tiles for the 128x128-tile kernel on any GPU
 ]
 
@@ -344,8 +389,9 @@ def test_matmul_matches_numpy(m, n, p):
     out = mod.Array(m * p)
     mod.matmul(upload(a), upload(b), out, m, n, p)
     expected = a.astype(np.float64) @ b.astype(np.float64)
-    np.testing.assert_allclose(download(out).reshape(m, p), expected, rtol=1e-4,
-                               atol=1e-5 * np.sqrt(n) * 4)
+    np.testing.assert_allclose(
+        download(out).reshape(m, p), expected, rtol=1e-4, atol=1e-5 * np.sqrt(n) * 4
+    )
 
 
 @needs_gpu
@@ -362,17 +408,31 @@ def test_ndarray_matmul_and_views_on_cuda():
     dev = nd.cuda()
     x, y = rand(1, (37, 20)), rand(2, (45, 37))
     a, b = nd.array(x, device=dev), nd.array(y, device=dev)
-    np.testing.assert_allclose((a.permute((1, 0)) @ b.permute((1, 0))).numpy(), x.T @ y.T,
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        (a.permute((1, 0)) @ b.permute((1, 0))).numpy(), x.T @ y.T, rtol=1e-4, atol=1e-4
+    )
     np.testing.assert_array_equal(a.flip((0, 1)).numpy(), x[::-1, ::-1])
     np.testing.assert_array_equal(a.pad(((1, 2), (0, 1))).numpy(), np.pad(x, ((1, 2), (0, 1))))
     np.testing.assert_allclose(a.sum(axis=0).numpy(), x.sum(axis=0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(a.max(axis=1, keepdims=True).numpy(), x.max(axis=1, keepdims=True))
+    np.testing.assert_array_equal(
+        a.max(axis=1, keepdims=True).numpy(), x.max(axis=1, keepdims=True)
+    )
 
 
-# ---- reductions ------------------------------------------------------------------------------------------
-REDUCE_SHAPES = [(1, 1), (7, 1), (3, 33), (5, 1000), (4, 1024), (4, 1025), (2, 5000),
-                 (3, 100_003), (1, 1 << 20), (1000, 3), (200, 2000)]
+# ---- reductions ----------------------------------------------------------------------------------
+REDUCE_SHAPES = [
+    (1, 1),
+    (7, 1),
+    (3, 33),
+    (5, 1000),
+    (4, 1024),
+    (4, 1025),
+    (2, 5000),
+    (3, 100_003),
+    (1, 1 << 20),
+    (1000, 3),
+    (200, 2000),
+]
 
 
 @needs_gpu
@@ -387,8 +447,9 @@ def test_reductions_match_numpy(rows, length):
     expected = x.astype(np.float64).sum(axis=1)
     # float32 accumulation error stays far below one element's magnitude, so a dropped or
     # doubled element fails
-    np.testing.assert_allclose(download(out), expected, rtol=1e-5,
-                               atol=1e-7 * np.abs(x).sum(axis=1).max())
+    np.testing.assert_allclose(
+        download(out), expected, rtol=1e-5, atol=1e-7 * np.abs(x).sum(axis=1).max()
+    )
 
 
 @needs_gpu
@@ -420,7 +481,7 @@ def test_reductions_special_cases():
         mod.reduce(mod.__reduce_ops__.index("max"), mod.Array(0), (2, 0), (0, 1), 0, 1, out)
 
 
-# ---- the border: bad arguments raise ValueError, CUDA failures RuntimeError -----------------------------
+# ---- the border: bad arguments raise ValueError, CUDA failures RuntimeError ----------------------
 @needs_gpu
 def test_bad_arguments_raise_value_errors():
     a, out = upload(np.arange(12)), mod.Array(12)

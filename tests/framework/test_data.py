@@ -1,18 +1,18 @@
-"""needle.data: transforms, DataLoader, NDArrayDataset, the IDX/MNIST reader and the offline digits."""
+"""needle.data: transforms, DataLoader, NDArrayDataset, the IDX/MNIST reader, the offline digits."""
+
 import gzip
 import struct
 
 import numpy as np
 import pytest
+from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import needle as ndl
-from needle.data.datasets import mnist_dataset as md
 import companion.data
 import companion.data.digits
-
-from conftest import SHARED_DATA
+import needle as ndl
+from needle.data.datasets import mnist_dataset as md
 
 pytestmark = [pytest.mark.data, pytest.mark.both_backends]
 
@@ -22,6 +22,7 @@ MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 
 # ---- transforms --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.hw2_flip_horizontal
@@ -43,8 +44,13 @@ def test_flip_extremes():
 
 
 @settings(max_examples=30, deadline=None)
-@given(h=st.integers(1, 6), w=st.integers(1, 6), c=st.integers(1, 3), pad=st.integers(0, 4),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    h=st.integers(1, 6),
+    w=st.integers(1, 6),
+    c=st.integers(1, 3),
+    pad=st.integers(0, 4),
+    seed=st.integers(0, 2**31 - 1),
+)
 @pytest.mark.hw2_random_crop
 def test_crop_matches_a_shift_loop(h, w, c, pad, seed):
     img = np.random.RandomState(seed).rand(h, w, c)
@@ -72,6 +78,7 @@ def test_transforms_reject_bad_input():
 
 
 # ---- NDArrayDataset and DataLoader -------------------------------------------------------------
+
 
 def test_ndarray_dataset_indexing_and_validation():
     a, b = np.arange(10.0).reshape(5, 2), np.arange(5)
@@ -144,8 +151,11 @@ def test_loader_over_a_dataset_that_takes_only_int_indices_says_why():
         def __getitem__(self, i):
             return self.rows[i]  # a list: an index array is a TypeError
 
-    with pytest.raises(TypeError, match=r"dataset\[indices\] with indices a 1-D int array "
-                                        r"\(here \[0, 1\]\).*IntOnly.__getitem__ failed"):
+    with pytest.raises(
+        TypeError,
+        match=r"dataset\[indices\] with indices a 1-D int array "
+        r"\(here \[0, 1\]\).*IntOnly.__getitem__ failed",
+    ):
         next(iter(ndl.data.DataLoader(IntOnly(), batch_size=2)))
 
 
@@ -157,6 +167,7 @@ def test_loader_device_keyword():
 
 
 # ---- IDX files and MNISTDataset ----------------------------------------------------------------
+
 
 def _idx_bytes(magic, dims, payload: bytes) -> bytes:
     """An IDX file assembled by hand with struct (independent of write_idx)."""
@@ -186,9 +197,17 @@ def test_parse_mnist_hand_built_file(tmp_path, gz):
     np.testing.assert_array_equal(y, labels)
 
 
-@pytest.mark.parametrize("dtype,shape", [(np.uint8, (5, 2, 3)), (np.int32, (4,)),
-                                         (np.float32, (2, 2)), (np.float64, (3, 1, 1, 2)),
-                                         (np.int16, (6,)), (np.int8, (2, 3))])
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [
+        (np.uint8, (5, 2, 3)),
+        (np.int32, (4,)),
+        (np.float32, (2, 2)),
+        (np.float64, (3, 1, 1, 2)),
+        (np.int16, (6,)),
+        (np.int8, (2, 3)),
+    ],
+)
 def test_write_idx_read_idx_roundtrip(tmp_path, dtype, shape):
     a = (np.random.randn(*shape) * 50).astype(dtype)
     for name in ("a.idx", "a.idx.gz"):
@@ -217,7 +236,9 @@ def test_truncated_files(tmp_path):
     raw = _idx_bytes(2051, (4, 5, 5), images.astype(np.uint8).tobytes())
     lp = _write_mnist(tmp_path, images, np.zeros(4))[1]
     (tmp_path / "short.gz").write_bytes(gzip.compress(raw[:-7]))
-    with pytest.raises(ValueError, match="truncated: shape \\(4, 5, 5\\) needs 100 bytes of data, found 93"):
+    with pytest.raises(
+        ValueError, match="truncated: shape \\(4, 5, 5\\) needs 100 bytes of data, found 93"
+    ):
         ndl.data.parse_mnist(tmp_path / "short.gz", lp)
     (tmp_path / "cut.gz").write_bytes(gzip.compress(raw)[:-30])  # the gzip stream itself is cut
     with pytest.raises(ValueError, match="not a valid gzip file"):
@@ -254,7 +275,9 @@ def test_mnist_dataset_indexing_and_transforms(tmp_path):
     np.testing.assert_array_equal(ys, [1, 4, 1])
     xs, ys = ds[np.array([5, 0])]
     np.testing.assert_allclose(xs, images[[5, 0]].reshape(2, 20) / 255.0, rtol=1e-6)
-    flipped = ndl.data.MNISTDataset(str(ip), str(lp), transforms=[ndl.data.RandomFlipHorizontal(1.0)])
+    flipped = ndl.data.MNISTDataset(
+        str(ip), str(lp), transforms=[ndl.data.RandomFlipHorizontal(1.0)]
+    )
     x, _ = flipped[0]
     np.testing.assert_allclose(x, images[0][:, ::-1].ravel() / 255.0, rtol=1e-6)
     xs, _ = flipped[np.array([1, 2])]
@@ -274,8 +297,9 @@ def test_loader_over_mnist_dataset(tmp_path):
 
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="no real MNIST beside the checkout")
 def test_real_mnist_test_set():
-    ds = ndl.data.MNISTDataset(str(MNIST_DIR / "t10k-images-idx3-ubyte.gz"),
-                               str(MNIST_DIR / "t10k-labels-idx1-ubyte.gz"))
+    ds = ndl.data.MNISTDataset(
+        str(MNIST_DIR / "t10k-images-idx3-ubyte.gz"), str(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")
+    )
     assert len(ds) == 10000
     X, y = ds[np.arange(10000)]
     assert X.shape == (10000, 784) and X.dtype == np.float32
@@ -285,8 +309,10 @@ def test_real_mnist_test_set():
 
 # ---- the offline digits ------------------------------------------------------------------------
 
+
 def test_digits_match_scikit_learn():
     from sklearn.datasets import load_digits
+
     ref = load_digits()
     X, y = companion.data.load_digits_mnist_like()
     assert X.shape == (1797, 64) and X.dtype == np.float32 and y.dtype == np.uint8
@@ -294,7 +320,9 @@ def test_digits_match_scikit_learn():
     np.testing.assert_array_equal(np.bincount(y), np.bincount(ref.target))
     # the same scans, in another order: match the samples as (label, pixel bytes) multisets
     ours = sorted((int(t), row.tobytes()) for t, row in zip(y, (X * 16).round().astype(np.uint8)))
-    theirs = sorted((int(t), row.tobytes()) for t, row in zip(ref.target, ref.data.astype(np.uint8)))
+    theirs = sorted(
+        (int(t), row.tobytes()) for t, row in zip(ref.target, ref.data.astype(np.uint8))
+    )
     assert ours == theirs
 
 

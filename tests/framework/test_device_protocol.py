@@ -5,6 +5,7 @@ GPU is visible) the CUDA module: every function's values against numpy, over com
 permuted, sliced, negative-stride and broadcast (stride-0) views and special values, and the
 errors the protocol promises (ValueError for wrong values, TypeError for wrong kinds).
 """
+
 import itertools
 
 import numpy as np
@@ -30,25 +31,55 @@ def _module_params():
 
 
 MODULES = _module_params()
-SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -2.5],
-                   dtype=np.float32)
+SPECIAL = np.array(
+    [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -2.5], dtype=np.float32
+)
 
 # The oracle: numpy float32 semantics for every op, written here independently of any module.
 BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "power": np.power, "maximum": np.maximum,
-    "minimum": np.minimum, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
-    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "power": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b,
 }
 UNARY = {
-    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
-    "tanh": np.tanh, "sigmoid": lambda a: 1 / (1 + np.exp(-a.astype(np.float64))),
+    "neg": np.negative,
+    "abs": np.abs,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sigmoid": lambda a: 1 / (1 + np.exp(-a.astype(np.float64))),
     "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0)),
 }
 REDUCE = {"sum": np.sum, "max": np.max}
-EXACT = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-         "neg", "abs", "relu", "sqrt"}
+EXACT = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "neg",
+    "abs",
+    "relu",
+    "sqrt",
+}
 
 
 def oracle(fn, *args) -> np.ndarray:
@@ -60,8 +91,9 @@ def check(got, expected, name: str) -> None:
     if name in EXACT:
         np.testing.assert_array_equal(got, expected, err_msg=name)
     else:
-        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6, equal_nan=True,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            got, expected, rtol=2e-5, atol=1e-6, equal_nan=True, err_msg=name
+        )
 
 
 # ---- buffers and views ------------------------------------------------------------------------
@@ -94,7 +126,7 @@ def make_view(rng, shape, kind: str, special: bool = False):
     shape = tuple(shape)
     n = int(np.prod(shape))
     ndim = len(shape)
-    flat = rng.standard_normal(n * max(4, 2 ** ndim) + 16).astype(np.float32)
+    flat = rng.standard_normal(n * max(4, 2**ndim) + 16).astype(np.float32)
     if special:
         flat = rng.choice(SPECIAL, flat.size).astype(np.float32)
     if kind == "compact" or ndim == 0:
@@ -103,16 +135,17 @@ def make_view(rng, shape, kind: str, special: bool = False):
         perm = rng.permutation(ndim)
         view = flat[:n].reshape(tuple(shape[p] for p in perm)).transpose(np.argsort(perm))
     elif kind == "sliced":  # step 2 over a larger array, starting at an offset
-        big = flat[3:3 + n * 2 ** ndim].reshape(tuple(2 * s for s in shape))
+        big = flat[3 : 3 + n * 2**ndim].reshape(tuple(2 * s for s in shape))
         view = big[tuple(slice(1 if s else 0, None, 2) for s in shape)][
-            tuple(slice(0, s) for s in shape)]
+            tuple(slice(0, s) for s in shape)
+        ]
     elif kind == "flipped":
-        base = flat[5:5 + n].reshape(shape)
+        base = flat[5 : 5 + n].reshape(shape)
         axes = [d for d in range(ndim) if rng.random() < 0.7] or [0]
         view = np.flip(base, axes)
     elif kind == "broadcast":
         small = tuple(1 if rng.random() < 0.5 else s for s in shape[1:])
-        view = np.broadcast_to(flat[:int(np.prod(small))].reshape(small), shape)
+        view = np.broadcast_to(flat[: int(np.prod(small))].reshape(small), shape)
     else:
         raise AssertionError(kind)
     assert view.shape == shape
@@ -178,13 +211,15 @@ def test_setitem(mod, kind):
         flat, strides, offset, _ = make_view(rng, shape, kind)
         src = rng.standard_normal(shape).astype(np.float32)
         expected = flat.copy()
-        np.lib.stride_tricks.as_strided(expected[offset:], shape,
-                                        tuple(4 * s for s in strides))[...] = src
+        np.lib.stride_tricks.as_strided(expected[offset:], shape, tuple(4 * s for s in strides))[
+            ...
+        ] = src
         out = buffer(mod, flat)
         mod.ewise_setitem(buffer(mod, src.ravel()), out, shape, strides, offset)
         np.testing.assert_array_equal(read(mod, out), expected)
-        np.lib.stride_tricks.as_strided(expected[offset:], shape,
-                                        tuple(4 * s for s in strides))[...] = -7.5
+        np.lib.stride_tricks.as_strided(expected[offset:], shape, tuple(4 * s for s in strides))[
+            ...
+        ] = -7.5
         mod.scalar_setitem(int(np.prod(shape)), -7.5, out, shape, strides, offset)
         np.testing.assert_array_equal(read(mod, out), expected)
 
@@ -208,8 +243,15 @@ def test_ewise_binary(mod, name):
     op = protocol.BINARY_OPS.index(name)
     rng = np.random.default_rng(op)
     for shape, (ka, kb), special in itertools.product(
-            SHAPES, [("compact", "compact"), ("permuted", "broadcast"), ("flipped", "sliced"),
-                     ("broadcast", "flipped")], (False, True)):
+        SHAPES,
+        [
+            ("compact", "compact"),
+            ("permuted", "broadcast"),
+            ("flipped", "sliced"),
+            ("broadcast", "flipped"),
+        ],
+        (False, True),
+    ):
         fa, sa, oa, xa = make_view(rng, shape, ka, special)
         fb, sb, ob, xb = make_view(rng, shape, kb, special)
         if name == "power" and not special:
@@ -227,8 +269,11 @@ def test_ewise_scalar(mod, name):
     op = protocol.BINARY_OPS.index(name)
     rng = np.random.default_rng(100 + op)
     for shape, kind, val, reverse in itertools.product(
-            [(5,), (3, 4), (2, 3, 5)], ("compact", "flipped", "broadcast"),
-            [2.5, -0.0, 3.0, float("nan"), float("inf")], (False, True)):
+        [(5,), (3, 4), (2, 3, 5)],
+        ("compact", "flipped", "broadcast"),
+        [2.5, -0.0, 3.0, float("nan"), float("inf")],
+        (False, True),
+    ):
         flat, strides, offset, x = make_view(rng, shape, kind, special=True)
         out = mod.Array(x.size)
         mod.ewise_scalar(op, buffer(mod, flat), strides, offset, val, out, shape, reverse)
@@ -271,8 +316,14 @@ def test_course_compact_functions(mod):
     x, y = rng.standard_normal(10).astype(np.float32), rng.standard_normal(10).astype(np.float32)
     y[3] = x[3]
     a, b, out = buffer(mod, x), buffer(mod, y), mod.Array(10)
-    for name, fn in [("add", np.add), ("mul", np.multiply), ("div", np.divide),
-                     ("maximum", np.maximum), ("eq", np.equal), ("ge", np.greater_equal)]:
+    for name, fn in [
+        ("add", np.add),
+        ("mul", np.multiply),
+        ("div", np.divide),
+        ("maximum", np.maximum),
+        ("eq", np.equal),
+        ("ge", np.greater_equal),
+    ]:
         getattr(mod, "ewise_" + name)(a, b, out)
         check(read(mod, out), oracle(fn, x, y), name)
         getattr(mod, "scalar_" + name)(a, 0.5, out)
@@ -300,7 +351,8 @@ def test_reduce(mod, name):
     op = protocol.REDUCE_OPS.index(name)
     rng = np.random.default_rng(300 + op)
     for shape, kind, special in itertools.product(
-            [(7,), (3, 4), (2, 3, 5), (2, 1, 3, 4), (5, 67), (3, 1000)], KINDS, (False, True)):
+        [(7,), (3, 4), (2, 3, 5), (2, 1, 3, 4), (5, 67), (3, 1000)], KINDS, (False, True)
+    ):
         flat, strides, offset, x = make_view(rng, shape, kind, special)
         for keep in range(len(shape) + 1):
             out = mod.Array(int(np.prod(shape[:keep])))
@@ -334,16 +386,27 @@ def test_reduce_empty_extents(mod):
 
 
 # ---- matrix products -------------------------------------------------------------------------
-MATMUL_SIZES = [(1, 1, 1), (2, 3, 4), (5, 1, 7), (7, 0, 3), (0, 4, 5), (17, 33, 9),
-                (64, 64, 64), (65, 31, 66), (1, 300, 1), (129, 7, 130)]
+MATMUL_SIZES = [
+    (1, 1, 1),
+    (2, 3, 4),
+    (5, 1, 7),
+    (7, 0, 3),
+    (0, 4, 5),
+    (17, 33, 9),
+    (64, 64, 64),
+    (65, 31, 66),
+    (1, 300, 1),
+    (129, 7, 130),
+]
 
 
 @pytest.mark.parametrize("mod", MODULES)
 @pytest.mark.parametrize("m,n,p", MATMUL_SIZES)
 def test_matmul_strided(mod, m, n, p):
     rng = np.random.default_rng(m * 10_000 + n * 100 + p)
-    for batch, trans_a, trans_b, shared in itertools.product((1, 3), (False, True), (False, True),
-                                                            ("none", "a", "b")):
+    for batch, trans_a, trans_b, shared in itertools.product(
+        (1, 3), (False, True), (False, True), ("none", "a", "b")
+    ):
         if shared != "none" and batch == 1:
             continue
         nb_a = 1 if shared == "a" else batch
@@ -369,10 +432,12 @@ def test_matmul_strided(mod, m, n, p):
         if out.size:
             mod.fill(out, np.nan)  # n == 0 must write zeros, not leave garbage
         mod.matmul_strided(buffer(mod, fa), sa, oa, buffer(mod, fb), sb, ob, out, batch, m, n, p)
-        expected = np.matmul(np.broadcast_to(A, (batch, m, n)).astype(np.float64),
-                             np.broadcast_to(B, (batch, n, p)))
-        np.testing.assert_allclose(read(mod, out, (batch, m, p)), expected, rtol=1e-4,
-                                   atol=1e-4 * max(1, n) ** 0.5)
+        expected = np.matmul(
+            np.broadcast_to(A, (batch, m, n)).astype(np.float64), np.broadcast_to(B, (batch, n, p))
+        )
+        np.testing.assert_allclose(
+            read(mod, out, (batch, m, p)), expected, rtol=1e-4, atol=1e-4 * max(1, n) ** 0.5
+        )
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -388,17 +453,21 @@ def test_views_outside_the_buffer_are_value_errors(mod):
         "compact negative": lambda: mod.compact(a, mod.Array(3), (3,), (-1,), 1),
         "ewise_setitem": lambda: mod.ewise_setitem(out, a, (2, 3), (3, 1), 0),
         "scalar_setitem": lambda: mod.scalar_setitem(3, 1.0, a, (3,), (1,), 2),
-        "ewise_binary a": lambda: mod.ewise_binary(BIN_ADD, a, (3, 1), 0, out, (3, 1), 0, out,
-                                                   (2, 3)),
-        "ewise_binary b": lambda: mod.ewise_binary(BIN_ADD, out, (3, 1), 0, a, (0, 1), 2, out,
-                                                   (2, 3)),
-        "ewise_scalar": lambda: mod.ewise_scalar(BIN_ADD, a, (1,), 5, 1.0, mod.Array(1), (1,),
-                                                 False),
+        "ewise_binary a": lambda: mod.ewise_binary(
+            BIN_ADD, a, (3, 1), 0, out, (3, 1), 0, out, (2, 3)
+        ),
+        "ewise_binary b": lambda: mod.ewise_binary(
+            BIN_ADD, out, (3, 1), 0, a, (0, 1), 2, out, (2, 3)
+        ),
+        "ewise_scalar": lambda: mod.ewise_scalar(
+            BIN_ADD, a, (1,), 5, 1.0, mod.Array(1), (1,), False
+        ),
         "ewise_unary": lambda: mod.ewise_unary(0, a, (2,), 0, mod.Array(3), (3,)),
         "reduce": lambda: mod.reduce(0, a, (2, 3), (3, 1), 0, 1, mod.Array(2)),
-        "matmul_strided": lambda: mod.matmul_strided(a, (0, 2, 1), 0, out, (0, 3, 1), 0,
-                                                     mod.Array(9), 1, 3, 2, 3),
-        "huge stride": lambda: mod.to_numpy(a, (2,), (2 ** 62,), 0),
+        "matmul_strided": lambda: mod.matmul_strided(
+            a, (0, 2, 1), 0, out, (0, 3, 1), 0, mod.Array(9), 1, 3, 2, 3
+        ),
+        "huge stride": lambda: mod.to_numpy(a, (2,), (2**62,), 0),
     }
     for what, call in calls.items():
         with pytest.raises(ValueError, match="outside the buffer|too many|elements"):
@@ -410,18 +479,22 @@ def test_views_outside_the_buffer_are_value_errors(mod):
 def test_size_mismatches_are_value_errors(mod):
     a, b3, out = mod.Array(6), mod.Array(3), mod.Array(5)
     calls = {
-        "ewise_binary out": lambda: mod.ewise_binary(BIN_ADD, a, (3, 1), 0, a, (3, 1), 0, out,
-                                                     (2, 3)),
-        "ewise_scalar out": lambda: mod.ewise_scalar(BIN_ADD, a, (3, 1), 0, 1.0, out, (2, 3),
-                                                     False),
+        "ewise_binary out": lambda: mod.ewise_binary(
+            BIN_ADD, a, (3, 1), 0, a, (3, 1), 0, out, (2, 3)
+        ),
+        "ewise_scalar out": lambda: mod.ewise_scalar(
+            BIN_ADD, a, (3, 1), 0, 1.0, out, (2, 3), False
+        ),
         "ewise_unary out": lambda: mod.ewise_unary(0, a, (3, 1), 0, out, (2, 3)),
         "reduce out": lambda: mod.reduce(0, a, (2, 3), (3, 1), 0, 1, b3),
         "reduce keep": lambda: mod.reduce(0, a, (2, 3), (3, 1), 0, 3, b3),
         "reduce keep<0": lambda: mod.reduce(0, a, (2, 3), (3, 1), 0, -1, b3),
-        "matmul_strided out": lambda: mod.matmul_strided(a, (0, 3, 1), 0, a, (0, 2, 1), 0, out,
-                                                         1, 2, 3, 2),
-        "matmul_strided negative": lambda: mod.matmul_strided(a, (0, 3, 1), 0, a, (0, 2, 1), 0,
-                                                              out, 1, -2, 3, 2),
+        "matmul_strided out": lambda: mod.matmul_strided(
+            a, (0, 3, 1), 0, a, (0, 2, 1), 0, out, 1, 2, 3, 2
+        ),
+        "matmul_strided negative": lambda: mod.matmul_strided(
+            a, (0, 3, 1), 0, a, (0, 2, 1), 0, out, 1, -2, 3, 2
+        ),
         "matmul negative": lambda: mod.matmul(a, a, out, -1, 2, 3),
         "compact out": lambda: mod.compact(a, out, (2, 3), (3, 1), 0),
         "shape/strides": lambda: mod.compact(a, a, (2, 3), (1,), 0),
@@ -436,10 +509,15 @@ def test_size_mismatches_are_value_errors(mod):
 
 
 @pytest.mark.parametrize("mod", MODULES)
-@pytest.mark.parametrize("fn,table", [("ewise_binary", protocol.BINARY_OPS),
-                                      ("ewise_scalar", protocol.BINARY_OPS),
-                                      ("ewise_unary", protocol.UNARY_OPS),
-                                      ("reduce", protocol.REDUCE_OPS)])
+@pytest.mark.parametrize(
+    "fn,table",
+    [
+        ("ewise_binary", protocol.BINARY_OPS),
+        ("ewise_scalar", protocol.BINARY_OPS),
+        ("ewise_unary", protocol.UNARY_OPS),
+        ("reduce", protocol.REDUCE_OPS),
+    ],
+)
 def test_unknown_op_codes_are_value_errors(mod, fn, table):
     a, out = mod.Array(4), mod.Array(4)
     for op in (-1, len(table), 1000):
@@ -475,6 +553,89 @@ def test_wrong_kinds_are_type_errors(mod):
 
 @pytest.mark.parametrize("mod", MODULES)
 def test_huge_allocations(mod):
-    for size in (2 ** 50 + 1, 2 ** 62):
+    for size in (2**50 + 1, 2**62):
         with pytest.raises((ValueError, MemoryError)):
             mod.Array(size)
+
+
+# ---- the embedding kernels ---------------------------------------------------------------------
+def _ids(rng, rows: int, vocab: int) -> np.ndarray:
+    """``rows`` ids in [0, vocab) with repeats, the first and the last row of the table."""
+    ids = rng.integers(0, vocab, rows).astype(np.float32)
+    ids[: min(rows, 3)] = [0, vocab - 1, 0][: min(rows, 3)]
+    return ids
+
+
+def _scatter_in_order(grad: np.ndarray, ids: np.ndarray, vocab: int) -> np.ndarray:
+    """The scatter-add oracle: float32 zeros, then each row added in row order."""
+    out = np.zeros((vocab, grad.shape[1]), np.float32)
+    for r, i in enumerate(ids.astype(int)):
+        out[i] += grad[r]
+    return out
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize(
+    "vocab, cols, rows", [(1, 1, 1), (7, 5, 11), (7, 0, 4), (7, 5, 0), (300, 64, 5000)]
+)  # last: threaded rows
+def test_embedding_gather(mod, vocab, cols, rows):
+    rng = np.random.default_rng(vocab + cols + rows)
+    weight = rng.standard_normal((vocab, cols)).astype(np.float32)
+    ids = _ids(rng, rows, vocab)
+    out = mod.Array(rows * cols)
+    mod.embedding_gather(buffer(mod, weight.ravel()), buffer(mod, ids), vocab, cols, rows, out)
+    np.testing.assert_array_equal(read(mod, out, (rows, cols)), weight[ids.astype(int)])
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize(
+    "rows, cols, vocab", [(1, 1, 1), (11, 5, 7), (4, 0, 7), (0, 5, 7), (5000, 64, 300)]
+)
+def test_embedding_scatter_add_accumulates_duplicates(mod, rows, cols, vocab):
+    rng = np.random.default_rng(rows + cols + vocab)
+    grad = rng.standard_normal((rows, cols)).astype(np.float32)
+    ids = _ids(rng, rows, vocab)
+    out = buffer(mod, np.full(vocab * cols, np.nan, np.float32))  # every element is written
+    mod.embedding_scatter_add(buffer(mod, grad.ravel()), buffer(mod, ids), rows, cols, vocab, out)
+    got = read(mod, out, (vocab, cols))
+    exact = np.zeros((vocab, cols))
+    np.add.at(exact, ids.astype(int), grad.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * max(1, rows / vocab))
+    if mod is not nd.ndarray_backend_cuda:  # the CPU modules add in row order: deterministic
+        np.testing.assert_array_equal(got, _scatter_in_order(grad, ids, vocab))
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize(
+    "bad, shown", [(5.0, "5"), (-1.0, "-1"), (1.5, "1.5"), (np.nan, "nan"), (np.inf, "inf")]
+)
+def test_embedding_kernels_name_a_bad_id(mod, bad, shown):
+    vocab, cols = 5, 3
+    ids = np.array([0, 4, bad, 2], np.float32)
+    table = buffer(mod, np.ones(vocab * cols, np.float32))
+    rows = buffer(mod, np.ones(12, np.float32))
+    message = rf"ids must be whole numbers \(integers\) in \[0, 5\), got {shown} at position 2"
+    with pytest.raises(IndexError, match="embedding_gather: " + message):
+        mod.embedding_gather(table, buffer(mod, ids), vocab, cols, 4, mod.Array(12))
+    with pytest.raises(IndexError, match="embedding_scatter_add: " + message):
+        mod.embedding_scatter_add(rows, buffer(mod, ids), 4, cols, vocab, mod.Array(vocab * cols))
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_embedding_kernels_check_their_sizes(mod):
+    ids = buffer(mod, np.array([0.0, 1.0], np.float32))
+    w, g, out = mod.Array(6), mod.Array(4), mod.Array(4)
+    calls = {  # (vocab, cols, rows) = (3, 2, 2) for the gather, (2, 2, 3) for the scatter-add
+        "gather weight": lambda: mod.embedding_gather(mod.Array(5), ids, 3, 2, 2, out),
+        "gather ids": lambda: mod.embedding_gather(w, ids, 3, 2, 3, mod.Array(6)),
+        "gather out": lambda: mod.embedding_gather(w, ids, 3, 2, 2, mod.Array(5)),
+        "gather negative": lambda: mod.embedding_gather(w, ids, -3, -2, 2, out),
+        "scatter grad": lambda: mod.embedding_scatter_add(mod.Array(5), ids, 2, 2, 3, w),
+        "scatter ids": lambda: mod.embedding_scatter_add(mod.Array(6), ids, 3, 2, 3, w),
+        "scatter out": lambda: mod.embedding_scatter_add(g, ids, 2, 2, 3, mod.Array(5)),
+        "scatter negative": lambda: mod.embedding_scatter_add(g, ids, 2, -2, -3, w),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match="embedding_"):
+            call()
+            pytest.fail(f"{what} did not raise")

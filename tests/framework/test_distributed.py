@@ -6,6 +6,7 @@ A job whose ranks disagree (one raises, one lacks a gradient, parameters in anot
 shape) must end quickly with an error, never hang or sum unrelated numbers.
 Needs the lectures extra (mpi4py and the mpich wheel, which puts mpiexec beside python).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 # The lectures extra (installed by `make test`) provides mpi4py and mpiexec.
 import mpi4py  # noqa: E402,F401
+import numpy as np
+import pytest
 
 import needle as ndl  # noqa: E402
 from needle import distributed as dist  # noqa: E402
@@ -50,9 +50,14 @@ def _run_job(script: str, timeout: float = 60):
     after ``timeout`` seconds is killed with all its processes (no rank left spinning) and the
     test fails."""
     start = time.perf_counter()
-    job = subprocess.Popen([_mpiexec(), "-n", "2", sys.executable, "-c", textwrap.dedent(script)],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        [_mpiexec(), "-n", "2", sys.executable, "-c", textwrap.dedent(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -76,12 +81,15 @@ SETUP = """
 
 def test_a_failing_rank_ends_the_job():
     """Rank 1 raises while rank 0 waits in allreduce_gradients: the job must abort, not hang."""
-    code, out, seconds = _run_job(SETUP + """
+    code, out, seconds = _run_job(
+        SETUP
+        + """
     if r == 1:
         raise RuntimeError("rank 1 breaks down")
     dist.allreduce_gradients([a, b])
     print("rank 0 got past the allreduce")
-    """)
+    """
+    )
     assert code != 0, out
     assert "RuntimeError: rank 1 breaks down" in out, out
     assert "rank 0 got past" not in out, out
@@ -101,19 +109,32 @@ REPORT = """
 
 # case: (what the script does on each rank, the call, the error every rank must raise)
 DISAGREE = {
-    "missing gradient": ("if r == 1: b.grad = None", "allreduce_gradients([a, b])",
-                         "parameter 1 \\(\\(4,\\) float32\\) has no gradient on rank 1"),
-    "other order": ("params = [a, b] if r == 0 else [b, a]", "allreduce_gradients(params)",
-                    "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(4,\\) float32 on rank 1"),
+    "missing gradient": (
+        "if r == 1: b.grad = None",
+        "allreduce_gradients([a, b])",
+        "parameter 1 \\(\\(4,\\) float32\\) has no gradient on rank 1",
+    ),
+    "other order": (
+        "params = [a, b] if r == 0 else [b, a]",
+        "allreduce_gradients(params)",
+        "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(4,\\) float32 on rank 1",
+    ),
     "same size, other shape": (
         "if r == 1: a = ndl.Tensor(np.zeros((3, 2)), dtype='float32'); "
-        "a.grad = ndl.Tensor(np.ones((3, 2)), dtype='float32')", "allreduce_gradients([a, b])",
-        "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(3, 2\\) float32 on rank 1"),
-    "fewer parameters": ("params = [a, b] if r == 0 else [a]", "allreduce_gradients(params)",
-                         "rank 0 passes 2 parameters, rank 1 passes 1"),
-    "broadcast, other order": ("params = [a, b] if r == 0 else [b, a]",
-                               "broadcast_parameters(params)",
-                               "broadcast_parameters: parameter 0 is \\(2, 3\\)"),
+        "a.grad = ndl.Tensor(np.ones((3, 2)), dtype='float32')",
+        "allreduce_gradients([a, b])",
+        "parameter 0 is \\(2, 3\\) float32 on rank 0 but \\(3, 2\\) float32 on rank 1",
+    ),
+    "fewer parameters": (
+        "params = [a, b] if r == 0 else [a]",
+        "allreduce_gradients(params)",
+        "rank 0 passes 2 parameters, rank 1 passes 1",
+    ),
+    "broadcast, other order": (
+        "params = [a, b] if r == 0 else [b, a]",
+        "broadcast_parameters(params)",
+        "broadcast_parameters: parameter 0 is \\(2, 3\\)",
+    ),
 }
 
 
@@ -179,12 +200,16 @@ def test_single_process_world_and_errors():
     dist.allreduce_gradients([p])
     np.testing.assert_array_equal(p.grad.numpy(), [1.0, 2.0, 3.0])
     q = ndl.Tensor(np.ones(2), dtype="float32")
-    with pytest.raises(ValueError, match="parameter 1 \\(\\(2,\\) float32\\) has no gradient on "
-                                         "rank 0"):
+    with pytest.raises(
+        ValueError, match="parameter 1 \\(\\(2,\\) float32\\) has no gradient on rank 0"
+    ):
         dist.allreduce_gradients([p, q])
     q.grad = ndl.Tensor(np.ones(3), dtype="float32")
-    with pytest.raises(ValueError, match="gradient of parameter 1 is \\(3,\\) float32 on rank 0, "
-                                         "the parameter \\(2,\\) float32"):
+    with pytest.raises(
+        ValueError,
+        match="gradient of parameter 1 is \\(3,\\) float32 on rank 0, "
+        "the parameter \\(2,\\) float32",
+    ):
         dist.allreduce_gradients([p, q])
     with pytest.raises(TypeError, match="parameter 1 is a ndarray, not a Tensor"):
         dist.allreduce_gradients([p, np.ones(2)])

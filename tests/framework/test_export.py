@@ -5,14 +5,15 @@ models whose export would ignore their input are refused.
 onnxruntime is the oracle: an independent implementation of each ONNX operator. Needs the
 lectures extra (onnx, onnxruntime).
 """
+
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 # The lectures extra (installed by `make test`) provides onnx and onnxruntime.
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
+import pytest
 
 import needle as ndl  # noqa: E402
 import needle.nn as nn  # noqa: E402
@@ -114,9 +115,15 @@ def test_mlp_resnet_matches_onnxruntime(tmp_path):
 
 def test_conv_net_matches_onnxruntime():
     np.random.seed(2)
-    model = nn.Sequential(nn.Conv(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
-                          nn.Conv(8, 16, 3, stride=2), nn.ReLU(), nn.Flatten(),
-                          nn.Linear(16 * 4 * 4, 10))
+    model = nn.Sequential(
+        nn.Conv(3, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv(8, 16, 3, stride=2),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 4 * 4, 10),
+    )
     _train_then_eval(model, (4, 3, 8, 8))
     x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
     got, want = run_both(model, x)
@@ -177,14 +184,22 @@ def test_embedding_model_follows_its_input(seq_model):
 W53 = const(5, 3)
 FOLDED = {  # models whose trace holds a value read from the input outside needle's ops
     "detach": (lambda t: t.detach() @ W53 + t @ W53, "constant of shape \\(4, 5\\)"),
-    "numpy_read": (lambda t: ndl.Tensor(t.numpy() * 2.0) @ W53 + t @ W53,
-                   "constant of shape \\(4, 5\\).*changes with the input"),
-    "scalar_from_numpy": (lambda t: t * float(t.numpy().max()),
-                          "attribute scalar of MulScalar changes"),
-    "output_is_constant": (lambda t: ndl.Tensor(t.numpy()) @ W53,
-                           "output does not depend on its input"),
-    "control_flow": (lambda t: t * 2.0 if float(t.numpy()[0, 0]) > 0 else ops.exp(t),
-                     "traced graph changes with the input"),
+    "numpy_read": (
+        lambda t: ndl.Tensor(t.numpy() * 2.0) @ W53 + t @ W53,
+        "constant of shape \\(4, 5\\).*changes with the input",
+    ),
+    "scalar_from_numpy": (
+        lambda t: t * float(t.numpy().max()),
+        "attribute scalar of MulScalar changes",
+    ),
+    "output_is_constant": (
+        lambda t: ndl.Tensor(t.numpy()) @ W53,
+        "output does not depend on its input",
+    ),
+    "control_flow": (
+        lambda t: t * 2.0 if float(t.numpy()[0, 0]) > 0 else ops.exp(t),
+        "traced graph changes with the input",
+    ),
 }
 
 
@@ -200,8 +215,9 @@ def test_refuses_training_mode():
     np.random.seed(4)
     model = nn.Sequential(nn.Linear(5, 4), nn.Dropout(0.5))
     x = RNG.standard_normal((3, 5)).astype(np.float32)
-    with pytest.raises(ValueError, match="training mode \\(Dropout, Linear, Sequential\\).*"
-                                         "model.eval\\(\\)"):
+    with pytest.raises(
+        ValueError, match="training mode \\(Dropout, Linear, Sequential\\).*model.eval\\(\\)"
+    ):
         to_onnx(model, x)
     # behind a lambda the mode is invisible, but the mask differs between the two traces
     with pytest.raises(ValueError, match="constant of shape \\(3, 4\\).*changes with the input"):
@@ -214,8 +230,9 @@ def test_refuses_training_mode():
 def test_check_catches_a_wrong_translation(monkeypatch):
     """The second-input check runs onnxruntime: a mistranslated op is caught before returning."""
     monkeypatch.setitem(export._UNARY, ops.Tanh, "Sigmoid")
-    with pytest.raises(ValueError, match="disagrees with needle on a second input: 12 of 12 "
-                                         "entries differ"):
+    with pytest.raises(
+        ValueError, match="disagrees with needle on a second input: 12 of 12 entries differ"
+    ):
         to_onnx(lambda t: ops.tanh(t), RNG.standard_normal((3, 4)).astype(np.float32))
     proto = to_onnx(lambda t: ops.tanh(t), np.ones((3, 4), np.float32), check=False)
     assert [node.op_type for node in proto.graph.node] == ["Sigmoid", "Identity"]
@@ -227,6 +244,7 @@ def test_check_input_errors():
     with pytest.raises(ValueError, match="failed on the second \\(check\\) input.*whole numbers"):
         to_onnx(emb, zeros)
     to_onnx(emb, zeros, check_input=zeros + 3.0)
-    with pytest.raises(ValueError, match="check_input must be a numpy array of the example's "
-                                         "shape \\(2, 3\\)"):
+    with pytest.raises(
+        ValueError, match="check_input must be a numpy array of the example's shape \\(2, 3\\)"
+    ):
         to_onnx(emb, zeros, check_input=np.ones((3, 2), np.float32))

@@ -9,18 +9,19 @@ Three layers are checked against oracles that do not share their code:
 * the fused ops and modules against the unfused composition of the course's ops (values and
   gradients) and against finite differences, on every enabled device.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import central_difference, check_gradients, float32_tensor
 
 import needle as ndl
 from needle import backend_ndarray as nd
 from needle import backend_numpy as npf
 from needle import nn, ops
 from needle.ops import ops_fused
-from conftest import DEVICES
-from helpers import central_difference, check_gradients, float32_tensor
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
@@ -50,8 +51,12 @@ def sig64(x):
 def lstm64(gates, c_prev):
     H = c_prev.shape[1]
     g = gates.astype(np.float64)
-    i, f, gg, o = sig64(g[:, :H]), sig64(g[:, H:2 * H]), np.tanh(g[:, 2 * H:3 * H]), \
-        sig64(g[:, 3 * H:])
+    i, f, gg, o = (
+        sig64(g[:, :H]),
+        sig64(g[:, H : 2 * H]),
+        np.tanh(g[:, 2 * H : 3 * H]),
+        sig64(g[:, 3 * H :]),
+    )
     c = f * c_prev + i * gg
     return o * np.tanh(c), c, np.concatenate([i, f, gg, o], axis=1), np.tanh(c)
 
@@ -118,8 +123,9 @@ def test_kernel_softmax_xent_special_values(dev):
     loss, probs = mod.Array(3), mod.Array(9)
     kernel(_buf(mod, z), _buf(mod, y), 3, 3, loss, probs)
     # hand-derived: log(1 + e) - 0 = 1.3133, 0, log 2
-    np.testing.assert_allclose(_read(mod, loss, (3,)), [np.log1p(np.e), 0.0, np.log(2)],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        _read(mod, loss, (3,)), [np.log1p(np.e), 0.0, np.log(2)], rtol=1e-5, atol=1e-6
+    )
     p = _read(mod, probs, (3, 3))
     np.testing.assert_allclose(p[0], [0, 1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-5)
     np.testing.assert_allclose(p[2], [0.5, 0.5, 0], atol=1e-6)
@@ -201,9 +207,14 @@ def test_row_kernels_on_threads_match_the_numpy_module():
         mod.layernorm_fwd(_buf(mod, z), w, b, rows, cols, 1e-5, *ln)
         grads = [mod.Array(rows * cols), mod.Array(cols), mod.Array(cols)]
         mod.layernorm_bwd(_buf(mod, z[::-1].copy()), ln[1], ln[2], w, rows, cols, *grads)
-        out[mod] = [_read(mod, loss, (rows,)), _read(mod, probs, (rows, cols)),
-                    _read(mod, ln[0], (rows, cols)), _read(mod, ln[2], (rows,)),
-                    _read(mod, grads[0], (rows, cols)), _read(mod, grads[1], (cols,))]
+        out[mod] = [
+            _read(mod, loss, (rows,)),
+            _read(mod, probs, (rows, cols)),
+            _read(mod, ln[0], (rows, cols)),
+            _read(mod, ln[2], (rows,)),
+            _read(mod, grads[0], (rows, cols)),
+            _read(mod, grads[1], (cols,)),
+        ]
     for got, want in zip(out[cpu.mod], out[ref]):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * (np.abs(want).max() + 1))
 
@@ -213,12 +224,32 @@ def test_kernel_norms_reject_bad_sizes(dev):
     mod, fwd = _kernel(dev, "layernorm_fwd")
     x = _buf(mod, np.zeros((2, 3)))
     with pytest.raises(ValueError):  # w has 2 elements, cols is 3
-        fwd(x, _buf(mod, [1, 1]), _buf(mod, [0, 0, 0]), 2, 3, 1e-5, mod.Array(6), mod.Array(6),
-            mod.Array(2))
+        fwd(
+            x,
+            _buf(mod, [1, 1]),
+            _buf(mod, [0, 0, 0]),
+            2,
+            3,
+            1e-5,
+            mod.Array(6),
+            mod.Array(6),
+            mod.Array(2),
+        )
     _, bfwd = _kernel(dev, "batchnorm_fwd")
     with pytest.raises(ValueError):  # rstd must have cols elements
-        bfwd(x, _buf(mod, [1, 1, 1]), _buf(mod, [0, 0, 0]), 2, 3, 1e-5, mod.Array(6),
-             mod.Array(6), mod.Array(2), mod.Array(3), mod.Array(3))
+        bfwd(
+            x,
+            _buf(mod, [1, 1, 1]),
+            _buf(mod, [0, 0, 0]),
+            2,
+            3,
+            1e-5,
+            mod.Array(6),
+            mod.Array(6),
+            mod.Array(2),
+            mod.Array(3),
+            mod.Array(3),
+        )
 
 
 @pytest.mark.parametrize("dev", MODULES)
@@ -233,15 +264,17 @@ def test_kernel_lstm_cell(dev, batch, hidden):
     h, c, act, tanh_c = mod.Array(n), mod.Array(n), mod.Array(4 * n), mod.Array(n)
     fwd(_buf(mod, gates), _buf(mod, c_prev), batch, hidden, h, c, act, tanh_c)
     want = lstm64(gates, c_prev.astype(np.float64))
-    for got, shape, expected in zip((h, c, act, tanh_c), ((batch, hidden),) * 2 +
-                                    ((batch, 4 * hidden), (batch, hidden)), want):
+    for got, shape, expected in zip(
+        (h, c, act, tanh_c), ((batch, hidden),) * 2 + ((batch, 4 * hidden), (batch, hidden)), want
+    ):
         np.testing.assert_allclose(_read(mod, got, shape), expected, rtol=1e-5, atol=1e-6)
 
     dh = rng.standard_normal((batch, hidden)).astype(F32)
     dc = rng.standard_normal((batch, hidden)).astype(F32)
     dgates, dc_prev = mod.Array(4 * n), mod.Array(n)
-    bwd(_buf(mod, dh), _buf(mod, dc), act, _buf(mod, c_prev), tanh_c, batch, hidden, dgates,
-        dc_prev)
+    bwd(
+        _buf(mod, dh), _buf(mod, dc), act, _buf(mod, c_prev), tanh_c, batch, hidden, dgates, dc_prev
+    )
     g64, c64 = gates.astype(np.float64), c_prev.astype(np.float64)
 
     def objective(out):
@@ -274,7 +307,7 @@ def adam64(p, g, m, v, lr, b1, b2, eps, wd, t):
     g = g + wd * p
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
-    return p - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps), m, v
+    return p - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps), m, v
 
 
 @pytest.mark.parametrize("dev", MODULES)
@@ -315,14 +348,19 @@ def test_kernel_optimizer_updates(dev, size):
 # ---- the array-level functions (NDArray on every device; numpy) ---------------------------------
 def _array_apis():
     """(name, to_array, from_array, functions): NDArray on each enabled device, and numpy."""
-    params = [pytest.param((lambda a: np.array(a, F32), np.asarray, npf), id="numpy-f32"),
-              pytest.param((lambda a: np.array(a, np.float64), np.asarray, npf),
-                           id="numpy-f64")]
+    params = [
+        pytest.param((lambda a: np.array(a, F32), np.asarray, npf), id="numpy-f32"),
+        pytest.param((lambda a: np.array(a, np.float64), np.asarray, npf), id="numpy-f64"),
+    ]
     for p in _modules():
         dev = p.values[0]
-        params.append(pytest.param((lambda a, d=dev: nd.array(np.asarray(a, F32), device=d),
-                                    lambda a: a.numpy(), nd), id=f"NDArray-{p.id}",
-                                   marks=p.marks))
+        params.append(
+            pytest.param(
+                (lambda a, d=dev: nd.array(np.asarray(a, F32), device=d), lambda a: a.numpy(), nd),
+                id=f"NDArray-{p.id}",
+                marks=p.marks,
+            )
+        )
     return params
 
 
@@ -340,11 +378,14 @@ def test_array_functions_match_the_oracles(api):
     np.testing.assert_allclose(host(loss), want_loss, rtol=1e-5)
     one_hot = np.eye(4)[y]
     dloss = rng.standard_normal(5)
-    np.testing.assert_allclose(host(fns.softmax_xent_bwd(probs, make(y), make(dloss))),
-                               (want_probs - one_hot) * dloss[:, None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        host(fns.softmax_xent_bwd(probs, make(y), make(dloss))),
+        (want_probs - one_hot) * dloss[:, None],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     shared = fns.softmax_xent_bwd(probs, make(y), make(np.array(0.5)), 0.25)
-    np.testing.assert_allclose(host(shared), (want_probs - one_hot) * 0.125, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(host(shared), (want_probs - one_hot) * 0.125, rtol=1e-5, atol=1e-6)
 
     x, w, b = rng.standard_normal((5, 4)), rng.standard_normal(4), rng.standard_normal(4)
     yl, xhat, rstd = fns.layernorm_fwd(make(x), make(w), make(b), 1e-5)
@@ -442,10 +483,11 @@ def unfused_norm(x, w, b, eps, axis):
     keep = (1, x.shape[1]) if axis == 0 else (x.shape[0], 1)
     mean = (ops.summation(x, axes=(axis,)) / n).reshape(keep).broadcast_to(x.shape)
     centred = x - mean
-    var = (ops.summation(centred ** 2, axes=(axis,)) / n).reshape(keep).broadcast_to(x.shape)
+    var = (ops.summation(centred**2, axes=(axis,)) / n).reshape(keep).broadcast_to(x.shape)
     row = (1, x.shape[1])
-    return w.reshape(row).broadcast_to(x.shape) * (centred / (var + eps) ** 0.5) + \
-        b.reshape(row).broadcast_to(x.shape)
+    return w.reshape(row).broadcast_to(x.shape) * (centred / (var + eps) ** 0.5) + b.reshape(
+        row
+    ).broadcast_to(x.shape)
 
 
 def unfused_lstm(gates, c_prev):
@@ -465,8 +507,11 @@ def _compare(fused_fn, unfused_fn, arrays, device, rtol=1e-4, atol=1e-5):
         inputs = [float32_tensor(a, device) for a in arrays]
         out = fn(*inputs)
         outs = out if isinstance(out, tuple) else (out,)
-        weights = [rng.standard_normal(o.shape).astype(F32) for o in outs] if not results else \
-            results[0][2]
+        weights = (
+            [rng.standard_normal(o.shape).astype(F32) for o in outs]
+            if not results
+            else results[0][2]
+        )
         total = None
         for o, w in zip(outs, weights):
             term = (o * ndl.Tensor(w, device=device, requires_grad=False)).sum()
@@ -486,8 +531,12 @@ def test_softmax_loss_matches_the_unfused_composition(device):
     z = rng.standard_normal((6, 5)) * 3
     y = rng.integers(0, 5, 6)
     labels = ndl.Tensor(y.astype(F32), device=device, requires_grad=False)
-    _compare(lambda t: nn.SoftmaxLoss()(t, labels), lambda t: unfused_softmax_loss(t, y, device),
-             [z], device)
+    _compare(
+        lambda t: nn.SoftmaxLoss()(t, labels),
+        lambda t: unfused_softmax_loss(t, y, device),
+        [z],
+        device,
+    )
     check_gradients(lambda t: ops_fused.softmax_cross_entropy(t, labels), z, device=device)
 
 
@@ -498,8 +547,7 @@ def test_softmax_last_axis_matches_numpy_finite_differences_and_twice(device):
     z[0, 1, 2] = -np.finfo(np.float32).max  # a masked logit (the causal mask) gets weight 0
     e = np.exp(z - z.max(axis=-1, keepdims=True))
     out = ops_fused.softmax_last_axis(float32_tensor(z, device))
-    np.testing.assert_allclose(out.numpy(), e / e.sum(axis=-1, keepdims=True), rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(out.numpy(), e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
     check_gradients(ops_fused.softmax_last_axis, rng.standard_normal((3, 4)), device=device)
     # its gradient is built from needle ops: d/dz Σ_j (∂/∂z_j Σ w·softmax(z)) by differences
     w = rng.standard_normal((1, 4))
@@ -508,14 +556,13 @@ def test_softmax_last_axis_matches_numpy_finite_differences_and_twice(device):
     def first(v):
         s = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
         return (s * (w - (w * s).sum())).sum()
+
     zt = float32_tensor(x, device)
-    (ops_fused.softmax_last_axis(zt) * float32_tensor(w, device)).sum().backward(
-        create_graph=True)
+    (ops_fused.softmax_last_axis(zt) * float32_tensor(w, device)).sum().backward(create_graph=True)
     grad = zt.grad
     zt.grad = None
     grad.sum().backward()
-    np.testing.assert_allclose(zt.grad.numpy(), central_difference(first, x), rtol=2e-3,
-                               atol=2e-4)
+    np.testing.assert_allclose(zt.grad.numpy(), central_difference(first, x), rtol=2e-3, atol=2e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -621,8 +668,13 @@ def test_lstm_gradient_through_time_matches_the_unfused_composition(device):
         h = c = ndl.init.zeros(2, 4, device=device)
         outputs = []
         for x_t in ndl.split(layer_input, 0):
-            h, c = unfused_lstm(x_t @ cell.W_ih + cell.bias_ih.reshape((1, 16)).broadcast_to(
-                (2, 16)) + cell.bias_hh.reshape((1, 16)).broadcast_to((2, 16)) + h @ cell.W_hh, c)
+            h, c = unfused_lstm(
+                x_t @ cell.W_ih
+                + cell.bias_ih.reshape((1, 16)).broadcast_to((2, 16))
+                + cell.bias_hh.reshape((1, 16)).broadcast_to((2, 16))
+                + h @ cell.W_hh,
+                c,
+            )
             outputs.append(h)
         h_n.append(h)
         c_n.append(c)
@@ -649,7 +701,7 @@ def test_batchnorm_op_returns_its_statistics_with_exact_gradients(device):
     def unfused(xt, wt, bt):
         mean = ops.summation(xt, axes=(0,)) / 6
         centred = xt - mean.reshape((1, 3)).broadcast_to(xt.shape)
-        return unfused_norm(xt, wt, bt, 1e-3, 0), mean, ops.summation(centred ** 2, axes=(0,)) / 6
+        return unfused_norm(xt, wt, bt, 1e-3, 0), mean, ops.summation(centred**2, axes=(0,)) / 6
 
     _compare(fused, unfused, [x, w, b], device)
 
@@ -670,8 +722,9 @@ def test_second_derivative_of_a_fused_op_raises(device, which):
         w_hh = float32_tensor(rng.standard_normal((1, 4)), device)
         out = ops_fused.lstm_layer(x.reshape((1, 3, 4)), state, state, w_hh)[0]
     else:
-        out = getattr(ops_fused, which + "_rows" if which == "layernorm" else which +
-                      "_columns")(x, w, b, 1e-5)
+        out = getattr(ops_fused, which + "_rows" if which == "layernorm" else which + "_columns")(
+            x, w, b, 1e-5
+        )
     (out * out).sum().backward(create_graph=True)
     with pytest.raises(NotImplementedError, match="second derivative"):
         x.grad.sum().backward()
@@ -697,9 +750,121 @@ def test_norms_of_huge_values_match_float64(device, scale):
 
     def normalised(axis):
         centred = x64 - x64.mean(axis=axis, keepdims=True)
-        return centred / np.sqrt((centred ** 2).mean(axis=axis, keepdims=True) + 1e-5)
+        return centred / np.sqrt((centred**2).mean(axis=axis, keepdims=True) + 1e-5)
 
     layer = nn.LayerNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
     batch = nn.BatchNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
     np.testing.assert_allclose(layer, normalised(1), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(batch, normalised(0), rtol=1e-4, atol=1e-4)
+
+
+# ---- the embedding lookup: a gather forward, a scatter-add backward ------------------------------
+def unfused_embedding(ids_np, w, device):
+    """The course's formula: one_hot(ids) @ weight, the one-hot matrix a constant."""
+    vocab = w.shape[0]
+    one_hot = ndl.Tensor(
+        np.eye(vocab)[ids_np.reshape(-1)], device=device, dtype=w.dtype, requires_grad=False
+    )
+    return (one_hot @ w).reshape(ids_np.shape + (w.shape[1],))
+
+
+IDS = np.array([[0, 6, 2, 2], [1, 2, 6, 5], [2, 2, 0, 3]]).T  # (4, 3): rows 2 and 6 repeat
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_matches_the_one_hot_formula(device):
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((7, 5))
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    _compare(
+        lambda t: ops_fused.embedding(ids, t),
+        lambda t: unfused_embedding(IDS, t, device),
+        [w],
+        device,
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    emb = nn.Embedding(7, 5, device=device)
+    out = emb(ids)
+    assert out.shape == (4, 3, 5) and out.dtype == emb.weight.dtype and out.device == device
+    np.testing.assert_array_equal(out.numpy(), emb.weight.numpy()[IDS])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_gradient_matches_finite_differences(device):
+    rng = np.random.default_rng(6)
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    (grad,) = check_gradients(
+        lambda t: ops_fused.embedding(ids, t), rng.standard_normal((7, 5)), device=device
+    )
+    assert not grad[4].any()  # row 4 is never used: exactly zero
+    # the scatter-add is linear too: its gradient (a gather) against differences
+    add = ops_fused.EmbeddingScatterAdd(ids.realize_cached_data(), 7)
+    check_gradients(lambda g: add(g), rng.standard_normal((4, 3, 5)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_differentiates_twice(device):
+    """d/dW Σ R·dW where dW = scatter-add of the adjoint G: zero; d/dG = R[ids] (a gather)."""
+    rng = np.random.default_rng(7)
+    w = float32_tensor(rng.standard_normal((7, 5)), device)
+    g = float32_tensor(rng.standard_normal((4, 3, 5)), device)
+    r = rng.standard_normal((7, 5)).astype(F32)
+    ids = ndl.Tensor(IDS.astype(F32), device=device, requires_grad=False)
+    (ops_fused.embedding(ids, w) * g).sum().backward(create_graph=True)
+    dw = w.grad
+    w.grad = g.grad = None
+    (dw * ndl.Tensor(r, device=device, requires_grad=False)).sum().backward()
+    np.testing.assert_allclose(g.grad.numpy(), r[IDS], rtol=1e-6)
+    assert w.grad is None or not w.grad.numpy().any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_ids_on_another_device_get_no_gradient_and_are_checked(device):
+    emb = nn.Embedding(5, 2, device=device)
+    ids = ndl.Tensor(np.array([[4.0, 0.0]]), requires_grad=True)  # default device
+    out = emb(ids)
+    out.sum().backward()
+    assert ids.grad is None
+    np.testing.assert_array_equal(emb.weight.grad.numpy()[[0, 4]], np.ones((2, 2)))
+    for bad, shown in (
+        (5.0, "got 5 at position 1"),
+        (0.5, "got 0.5 at position 1"),
+        (-1.0, "got -1 at position 1"),
+    ):
+        with pytest.raises(IndexError, match=r"whole numbers \(integers\) in \[0, 5\), " + shown):
+            emb(ndl.Tensor(np.array([[1.0, bad]]), device=device))
+    empty = emb(ndl.Tensor(np.zeros((0, 3)), device=device))
+    assert empty.shape == (0, 3, 2)
+
+
+def test_embedding_array_functions_agree_on_every_path():
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((6, 4)).astype(F32)
+    g = rng.standard_normal((9, 4)).astype(F32)
+    ids = rng.integers(0, 6, 9).astype(F32)
+    paths = [(npf, lambda a: a)] + [
+        (nd, lambda a, d=d: nd.array(a, device=d))
+        for d in (nd.cpu_numpy(), nd.cpu(), nd.cuda())
+        if d.enabled()
+    ]
+    for module, make in paths:
+        np.testing.assert_array_equal(
+            np.asarray(_host(module.embedding_gather(make(w), make(ids)))), w[ids.astype(int)]
+        )
+        want = np.zeros((6, 4), F32)
+        np.add.at(want, ids.astype(int), g)
+        np.testing.assert_allclose(
+            np.asarray(_host(module.embedding_scatter_add(make(g), make(ids), 6))),
+            want,
+            rtol=1e-6,
+            atol=1e-6,
+        )
+        with pytest.raises(ValueError, match="embedding_scatter_add: vocab must be >= 0"):
+            module.embedding_scatter_add(make(g), make(ids), -1)
+        with pytest.raises(ValueError, match="embedding_gather: weight must be 2-D"):
+            module.embedding_gather(make(ids), make(ids))
+
+
+def _host(a):
+    return a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else a

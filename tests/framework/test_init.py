@@ -3,14 +3,15 @@
 Oracle: the course's formulas evaluated with numpy on the same global-RNG draws (one
 ``np.random.rand``/``randn`` call per tensor), plus sample statistics on large tensors.
 """
+
 import math
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
 from needle import init, nn
-from conftest import DEVICES
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
@@ -44,8 +45,7 @@ def test_randn_reproduces_seeded_numpy(device):
     np.random.seed(5)
     t = init.randn(3, 7, mean=1.5, std=0.25, device=device)
     np.random.seed(5)
-    np.testing.assert_allclose(t.numpy(), _randn(3, 7) * F32(0.25) + F32(1.5), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(t.numpy(), _randn(3, 7) * F32(0.25) + F32(1.5), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,9 +63,17 @@ def test_factories_default_to_the_tensor_default_device():
     here = ndl.Tensor([1.0]).device
     if ndl.BACKEND == "nd" and ndl.cpu().enabled():
         assert here == ndl.cpu()
-    for t in (init.rand(2), init.randn(2), init.zeros(2), init.ones(2), init.randb(2),
-              init.constant(2, c=3.0), init.xavier_uniform(2, 3), init.kaiming_normal(2, 3),
-              init.one_hot(3, ndl.Tensor([1.0]))):
+    for t in (
+        init.rand(2),
+        init.randn(2),
+        init.zeros(2),
+        init.ones(2),
+        init.randb(2),
+        init.constant(2, c=3.0),
+        init.xavier_uniform(2, 3),
+        init.kaiming_normal(2, 3),
+        init.one_hot(3, ndl.Tensor([1.0])),
+    ):
         assert t.device == here
 
 
@@ -75,10 +83,14 @@ def test_modules_without_device_take_plain_tensors():
     x = np.random.randn(4, 2).astype(F32)
     lin = nn.Linear(2, 3)
     y = lin(ndl.Tensor(x))
-    np.testing.assert_allclose(y.numpy(), x @ lin.weight.numpy() + lin.bias.numpy(), rtol=1e-5,
-                               atol=1e-6)
-    for module, shape in ((nn.BatchNorm1d(3), (4, 3)), (nn.LayerNorm1d(3), (4, 3)),
-                          (nn.LSTMCell(3, 2), (4, 3))):
+    np.testing.assert_allclose(
+        y.numpy(), x @ lin.weight.numpy() + lin.bias.numpy(), rtol=1e-5, atol=1e-6
+    )
+    for module, shape in (
+        (nn.BatchNorm1d(3), (4, 3)),
+        (nn.LayerNorm1d(3), (4, 3)),
+        (nn.LSTMCell(3, 2), (4, 3)),
+    ):
         module(ndl.Tensor(np.random.randn(*shape).astype(F32)))
 
 
@@ -140,8 +152,7 @@ def test_xavier_uniform_formula(device):
     t = init.xavier_uniform(3, 5, gain=1.5, device=device)
     a = 1.5 * math.sqrt(6 / 8)
     np.random.seed(0)
-    np.testing.assert_allclose(t.numpy(), _rand(3, 5) * F32(2 * a) + F32(-a), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(t.numpy(), _rand(3, 5) * F32(2 * a) + F32(-a), rtol=1e-6, atol=1e-6)
     big = init.xavier_uniform(200, 300, device=device).numpy()
     a = math.sqrt(6 / 500)
     assert np.abs(big).max() <= a
@@ -181,8 +192,9 @@ def test_kaiming_uniform_shape_overrides_shape_not_bound(device):
     bound = math.sqrt(2) * math.sqrt(3 / 36)
     np.random.seed(2)
     assert t.shape == (3, 3, 4, 8)
-    np.testing.assert_allclose(t.numpy(), _rand(3, 3, 4, 8) * F32(2 * bound) + F32(-bound),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        t.numpy(), _rand(3, 3, 4, 8) * F32(2 * bound) + F32(-bound), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -191,17 +203,20 @@ def test_kaiming_normal_formula(device):
     np.random.seed(4)
     t = init.kaiming_normal(6, 2, device=device)
     np.random.seed(4)
-    np.testing.assert_allclose(t.numpy(), _randn(6, 2) * F32(math.sqrt(2) / math.sqrt(6)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        t.numpy(), _randn(6, 2) * F32(math.sqrt(2) / math.sqrt(6)), rtol=1e-6, atol=1e-6
+    )
     big = init.kaiming_normal(50, 2000, device=device).numpy()
     assert abs(big.std() - math.sqrt(2 / 50)) < 0.02 * math.sqrt(2 / 50)
 
 
 def test_one_rng_call_per_tensor():
     # After an initialiser, numpy's RNG must sit exactly where one rand/randn call leaves it.
-    for fn, draw in ((lambda: init.kaiming_uniform(3, 5), lambda: np.random.rand(3, 5)),
-                     (lambda: init.xavier_normal(3, 5), lambda: np.random.randn(3, 5)),
-                     (lambda: init.randb(7, p=0.2), lambda: np.random.rand(7))):
+    for fn, draw in (
+        (lambda: init.kaiming_uniform(3, 5), lambda: np.random.rand(3, 5)),
+        (lambda: init.xavier_normal(3, 5), lambda: np.random.randn(3, 5)),
+        (lambda: init.randb(7, p=0.2), lambda: np.random.rand(7)),
+    ):
         np.random.seed(9)
         fn()
         after = np.random.rand()

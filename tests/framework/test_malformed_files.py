@@ -6,6 +6,7 @@ mismatches), CIFAR-10 pickle batches that would run code when loaded, and Penn T
 that is not UTF-8. The oracle for each case is the file's construction: we know what is wrong
 with it, so the error must say which file it is.
 """
+
 import gzip
 import io
 import os
@@ -64,11 +65,13 @@ IDX_CASES = [
     ("surplus-data", IMAGES + b"\x00", "longer than its header"),
     ("surplus-data-gz", gzip.compress(IMAGES + b"\x00"), "longer than its header"),
     # 2^31 * 2^31 * 4 bytes wraps to 0 in int64: a reader using int64 sizes accepts it
-    ("wrapped-size", idx_bytes(2051, (2 ** 31, 2 ** 31, 4)), "18446744073709551616"),
-    ("wrapped-size-gz", gzip.compress(idx_bytes(2051, (2 ** 31, 2 ** 31, 4))),
-     "18446744073709551616"),
-    ("huge-header-gz", gzip.compress(idx_bytes(2051, (60000, 28, 28), bytes(10))),
-     "more than the file can hold"),
+    ("wrapped-size", idx_bytes(2051, (2**31, 2**31, 4)), "18446744073709551616"),
+    ("wrapped-size-gz", gzip.compress(idx_bytes(2051, (2**31, 2**31, 4))), "18446744073709551616"),
+    (
+        "huge-header-gz",
+        gzip.compress(idx_bytes(2051, (60000, 28, 28), bytes(10))),
+        "more than the file can hold",
+    ),
     ("cut-gzip", gzip.compress(IMAGES)[:-30], "not a valid gzip file"),
     ("corrupt-deflate", corrupt_deflate(IMAGES), "not a valid gzip file"),
     ("bad-crc", bad_crc(IMAGES), "not a valid gzip file"),
@@ -93,8 +96,10 @@ def test_malformed_idx_labels_named_in_error(tmp_path, gz):
     pack = gzip.compress if gz else (lambda b: b)
     images = tmp_path / "images"
     images.write_bytes(pack(IMAGES))
-    for name, blob, message in [("short", LABELS[:-1], "truncated"),
-                                ("images-as-labels", IMAGES, "expected 2049")]:
+    for name, blob, message in [
+        ("short", LABELS[:-1], "truncated"),
+        ("images-as-labels", IMAGES, "expected 2049"),
+    ]:
         bad = tmp_path / name
         bad.write_bytes(pack(blob))
         with pytest.raises(ValueError) as info:
@@ -154,9 +159,12 @@ def test_idx_reader_still_reads_what_the_header_declares(tmp_path):
 def cifar_batch(n: int = 2) -> dict:
     """A valid CIFAR-10 batch dict of ``n`` images."""
     data = (np.arange(n * 3072) % 251).astype(np.uint8).reshape(n, 3072)
-    return {b"batch_label": b"testing batch 1 of 1", b"data": data,
-            b"labels": [i % 10 for i in range(n)],
-            b"filenames": [b"img%d.png" % i for i in range(n)]}
+    return {
+        b"batch_label": b"testing batch 1 of 1",
+        b"data": data,
+        b"labels": [i % 10 for i in range(n)],
+        b"filenames": [b"img%d.png" % i for i in range(n)],
+    }
 
 
 class Shell:
@@ -197,8 +205,11 @@ def write_cifar_folder(folder, batch: dict, protocol: int) -> None:
 @pytest.mark.parametrize("payload", ["system", "exec"])
 def test_malicious_cifar_batch_does_not_run_and_raises(tmp_path, protocol, payload):
     marker = tmp_path / "marker"
-    evil = (Shell(f"touch '{marker}'") if payload == "system"
-            else Exec(f"open({str(marker)!r}, 'w').close()"))
+    evil = (
+        Shell(f"touch '{marker}'")
+        if payload == "system"
+        else Exec(f"open({str(marker)!r}, 'w').close()")
+    )
     batch = cifar_batch()
     batch[b"filenames"] = [evil, b"img1.png"]
     folder = tmp_path / "cifar"
@@ -230,8 +241,11 @@ class Py2Pickler(pickle._Pickler):
     def save_str8(self, obj):
         raw = obj.encode("latin1") if isinstance(obj, str) else obj
         n = len(raw)
-        self.write(pickle.SHORT_BINSTRING + bytes([n]) + raw if n < 256
-                   else pickle.BINSTRING + struct.pack("<i", n) + raw)
+        self.write(
+            pickle.SHORT_BINSTRING + bytes([n]) + raw
+            if n < 256
+            else pickle.BINSTRING + struct.pack("<i", n) + raw
+        )
         self.memoize(obj)
 
     dispatch[bytes] = save_str8
@@ -251,17 +265,19 @@ def numpy1_pickle(obj, protocol: int) -> bytes:
     # Frames (protocol >= 4) record their lengths: drop them (they are optional) before
     # renaming; protocol >= 4 stores names as length-prefixed strings, so fix that byte too.
     ops = [(op.name, pos) for op, _, pos in pickletools.genops(raw)] + [("END", len(raw))]
-    raw = b"".join(raw[pos:nxt] for (name, pos), (_, nxt) in zip(ops, ops[1:])
-                   if name != "FRAME")
-    for new, old in ((b"numpy.core.multiarray", b"numpy._core.multiarray"),
-                     (b"numpy.core.numeric", b"numpy._core.numeric")):
+    raw = b"".join(raw[pos:nxt] for (name, pos), (_, nxt) in zip(ops, ops[1:]) if name != "FRAME")
+    for new, old in (
+        (b"numpy.core.multiarray", b"numpy._core.multiarray"),
+        (b"numpy.core.numeric", b"numpy._core.numeric"),
+    ):
         raw = raw.replace(bytes([0x8C, len(old)]) + old, bytes([0x8C, len(new)]) + new)
         raw = raw.replace(b"c" + old + b"\n", b"c" + new + b"\n")
     return raw
 
 
-@pytest.mark.parametrize("writer", ["py2-numpy1", "numpy1-p2", "numpy1-p5", "numpy2-p2",
-                                    "numpy2-p5"])
+@pytest.mark.parametrize(
+    "writer", ["py2-numpy1", "numpy1-p2", "numpy1-p5", "numpy2-p2", "numpy2-p5"]
+)
 def test_cifar_batches_from_every_numpy_load(tmp_path, writer):
     """The admitted globals suffice for the real batches and for numpy 1.x/2.x re-pickles."""
     batch = cifar_batch(3)
@@ -299,5 +315,10 @@ def test_non_utf8_bytes_past_max_lines_are_never_read(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"a b\nc\n" + "caf\u00e9\n".encode("latin-1"))
     (tmp_path / "test.txt").write_bytes(b"d\n")
     corpus = ndl.data.Corpus(str(tmp_path), max_lines=2)
-    assert [corpus.dictionary.idx2word[i] for i in corpus.train] == ["a", "b", "<eos>", "c",
-                                                                     "<eos>"]
+    assert [corpus.dictionary.idx2word[i] for i in corpus.train] == [
+        "a",
+        "b",
+        "<eos>",
+        "c",
+        "<eos>",
+    ]

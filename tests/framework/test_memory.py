@@ -8,6 +8,7 @@ when the gradients are reset (``opt.reset_grad()``, ``x.grad = None``). With
 the cycle collector disabled: the live-Value count (``autograd.TENSOR_COUNTER``) for every op of
 the library, and the resident memory of training loops.
 """
+
 from __future__ import annotations
 
 import gc
@@ -15,19 +16,22 @@ import os
 
 import numpy as np
 import pytest
-
-import needle as ndl
-from needle import autograd
-
 from conftest import DEVICES
 from helpers import rand, tensor
 from test_ops import CASES, Case, _inputs
 
+import needle as ndl
+from needle import autograd
+
 pytestmark = pytest.mark.autograd
 
 MEMORY_CASES = CASES + [
-    Case("conv_strided_padded", lambda x, w: ndl.conv(x, w, stride=2, padding=1), None,
-         lambda rng: [rand((2, 5, 5, 3), rng), rand((3, 3, 3, 4), rng)]),
+    Case(
+        "conv_strided_padded",
+        lambda x, w: ndl.conv(x, w, stride=2, padding=1),
+        None,
+        lambda rng: [rand((2, 5, 5, 3), rng), rand((3, 3, 3, 4), rng)],
+    ),
 ]
 
 
@@ -109,10 +113,14 @@ def _train_mlp_rss(sizes, batch: int, steps: int, check_at: int):
     """
     device = DEVICES[0].values[0]
     rng = np.random.default_rng(0)
-    x = ndl.Tensor(rng.standard_normal((batch, sizes[0])).astype(np.float32), device=device,
-                   requires_grad=False)
-    y = ndl.Tensor(rng.integers(0, sizes[-1], batch).astype(np.float32), device=device,
-                   requires_grad=False)
+    x = ndl.Tensor(
+        rng.standard_normal((batch, sizes[0])).astype(np.float32),
+        device=device,
+        requires_grad=False,
+    )
+    y = ndl.Tensor(
+        rng.integers(0, sizes[-1], batch).astype(np.float32), device=device, requires_grad=False
+    )
     layers = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(ndl.nn.Linear(n_in, n_out, device=device))
@@ -137,8 +145,9 @@ def _train_mlp_rss(sizes, batch: int, steps: int, check_at: int):
     return base, peak, counts
 
 
-pytest_linux = pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
-                                  reason="reads the resident set size from /proc")
+pytest_linux = pytest.mark.skipif(
+    not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc"
+)
 
 
 @pytest_linux
@@ -156,7 +165,6 @@ def test_training_memory_stays_flat_short():
 @pytest.mark.slow
 def test_training_memory_stays_flat_large():
     """The issue's case: 512-1024-1024-10 MLP, batch 256, 1,000 SGD steps, no gc.collect()."""
-    base, peak, counts = _train_mlp_rss((512, 1024, 1024, 10), batch=256, steps=1000,
-                                        check_at=100)
+    base, peak, counts = _train_mlp_rss((512, 1024, 1024, 10), batch=256, steps=1000, check_at=100)
     assert len(set(counts[1:])) == 1, f"live Values grow: {counts[:5]} ... {counts[-5:]}"
     assert peak <= 1.15 * base, f"RSS grew from {base / 2**20:.0f} MiB to {peak / 2**20:.0f} MiB"

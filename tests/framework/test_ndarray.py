@@ -4,21 +4,20 @@ Every view is checked three ways: its values (numpy applies the same view), its 
 offset (numpy's byte strides // 4 and data-pointer difference // 4 over the same C-contiguous
 base), and that it shares the base's buffer (``_handle.ptr()`` is equal).
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 from hypothesis import given
 from hypothesis import strategies as st
+from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 
 import needle as ndl
 from needle import backend_ndarray as nd
 
-from conftest import DEVICES
-from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
-
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
     pytest.skip("the NDArray suite runs with NEEDLE_BACKEND=nd", allow_module_level=True)
-
 
 
 def np_strides(view: np.ndarray) -> tuple:
@@ -28,7 +27,7 @@ def np_strides(view: np.ndarray) -> tuple:
 
 def row_major(shape) -> tuple:
     """Row-major strides in elements: the product of the dimensions to the right."""
-    return tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    return tuple(int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
 
 
 def np_offset(view: np.ndarray, base: np.ndarray) -> int:
@@ -62,8 +61,11 @@ def index_for(draw, shape):
             ours.append(i)
             theirs.append(slice(i % n, i % n + 1))
         else:
-            sl = slice(draw(st.none() | st.integers(-n, n)), draw(st.none() | st.integers(-n, n)),
-                       draw(st.none() | st.integers(1, 3)))
+            sl = slice(
+                draw(st.none() | st.integers(-n, n)),
+                draw(st.none() | st.integers(-n, n)),
+                draw(st.none() | st.integers(1, 3)),
+            )
             ours.append(sl)
             theirs.append(sl)
     if len(ours) == 1 and draw(st.booleans()):
@@ -95,11 +97,18 @@ def test_default_tensor_device_is_the_compiled_cpu_when_built():
 def test_a_device_that_failed_to_import_says_why_and_how_to_rebuild():
     dev = nd.BackendDevice("cpu", None, "ImportError: undefined symbol: _ZN6needle4fill")
     assert not dev.enabled()
-    for call in (dev._check, lambda: dev.ewise_binary, lambda: nd.array([1.0], device=dev),
-                 lambda: nd.empty((2,), device=dev)):
-        with pytest.raises(RuntimeError, match=r"cpu\(\) is not enabled: its compiled module "
-                                               r"failed to import \(ImportError: undefined "
-                                               r"symbol.*make build"):
+    for call in (
+        dev._check,
+        lambda: dev.ewise_binary,
+        lambda: nd.array([1.0], device=dev),
+        lambda: nd.empty((2,), device=dev),
+    ):
+        with pytest.raises(
+            RuntimeError,
+            match=r"cpu\(\) is not enabled: its compiled module "
+            r"failed to import \(ImportError: undefined "
+            r"symbol.*make build",
+        ):
             call()
 
 
@@ -165,14 +174,18 @@ def test_array_from_nested_lists(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("data", [
-    np.arange(-3, 3, dtype=np.int32).reshape(2, 3),
-    np.arange(6, dtype=np.int64),
-    np.array([0.1, 1e-8, 3e38, -2.5]),  # float64: rounded to float32
-    np.array([[True, False], [False, True]]),
-    np.array(2.5),  # 0-d
-    [True, False, True],
-], ids=["int32", "int64", "float64", "bool", "scalar", "bool-list"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        np.arange(-3, 3, dtype=np.int32).reshape(2, 3),
+        np.arange(6, dtype=np.int64),
+        np.array([0.1, 1e-8, 3e38, -2.5]),  # float64: rounded to float32
+        np.array([[True, False], [False, True]]),
+        np.array(2.5),  # 0-d
+        [True, False, True],
+    ],
+    ids=["int32", "int64", "float64", "bool", "scalar", "bool-list"],
+)
 def test_array_from_numpy_dtypes(device, data):
     a = nd.NDArray(data, device=device)
     expected = np.asarray(data).astype(np.float32)
@@ -303,8 +316,9 @@ def test_broadcast_to_is_a_stride_zero_view(device, case, seed):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple),
-       seed=SEEDS)
+@given(
+    data=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), seed=SEEDS
+)
 @SETTINGS
 @pytest.mark.hw3_getitem
 def test_getitem_is_a_view(device, data, shape, seed):
@@ -330,8 +344,9 @@ def test_getitem_strides_and_offset_by_hand():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(data=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
-       seed=SEEDS)
+@given(
+    data=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), seed=SEEDS
+)
 @SETTINGS
 def test_chained_views(device, data, shape, seed):
     """slice → permute → slice → broadcast composes strides and offsets like numpy."""
@@ -410,8 +425,12 @@ def test_compact(device, data, shape, seed):
 
 # ---- __setitem__ ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@given(data=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
-       seed=SEEDS, source=st.sampled_from(["compact", "permuted", "broadcast", "scalar"]))
+@given(
+    data=st.data(),
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
+    seed=SEEDS,
+    source=st.sampled_from(["compact", "permuted", "broadcast", "scalar"]),
+)
 @SETTINGS
 @pytest.mark.hw3_setitem
 def test_setitem(device, data, shape, seed, source):
@@ -442,8 +461,9 @@ def test_setitem(device, data, shape, seed, source):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(data=st.data(), shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple),
-       seed=SEEDS)
+@given(
+    data=st.data(), shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple), seed=SEEDS
+)
 @SETTINGS
 @pytest.mark.hw3_setitem
 def test_setitem_through_a_view_writes_the_base(device, data, shape, seed):
@@ -484,7 +504,8 @@ def test_module_view_functions(device):
     x = rand(5, (2, 1, 3))
     a = nd.array(x, device=device, dtype="float32")
     np.testing.assert_array_equal(nd.reshape(a, (3, 2)).numpy(), x.reshape(3, 2))
-    np.testing.assert_array_equal(nd.broadcast_to(a, (4, 2, 5, 3)).numpy(),
-                                  np.broadcast_to(x, (4, 2, 5, 3)))
+    np.testing.assert_array_equal(
+        nd.broadcast_to(a, (4, 2, 5, 3)).numpy(), np.broadcast_to(x, (4, 2, 5, 3))
+    )
     assert nd.reshape(a, (6,))._handle.ptr() == a._handle.ptr()
     assert ndl.NDArray is nd.NDArray and ndl.array_api is nd

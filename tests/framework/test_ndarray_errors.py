@@ -3,13 +3,13 @@
 Each check runs on every enabled device: validation happens in Python before any kernel runs,
 so no device may crash, corrupt memory or silently broadcast.
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
 from needle import backend_ndarray as nd
-
-from conftest import DEVICES
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
@@ -21,11 +21,21 @@ def arange(shape, device) -> nd.NDArray:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op", [
-    lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b,
-    lambda a, b: a.maximum(b), lambda a, b: a == b, lambda a, b: a >= b, lambda a, b: a != b,
-    lambda a, b: a < b,
-], ids=["add", "sub", "mul", "div", "maximum", "eq", "ge", "ne", "lt"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a - b,
+        lambda a, b: a * b,
+        lambda a, b: a / b,
+        lambda a, b: a.maximum(b),
+        lambda a, b: a == b,
+        lambda a, b: a >= b,
+        lambda a, b: a != b,
+        lambda a, b: a < b,
+    ],
+    ids=["add", "sub", "mul", "div", "maximum", "eq", "ge", "ne", "lt"],
+)
 def test_ewise_shape_mismatch(device, op):
     a, b = arange((2, 3), device), arange((3, 2), device)
     with pytest.raises(ValueError, match=r"shapes \(2, 3\) and \(3, 2\)"):
@@ -163,14 +173,18 @@ def test_max_of_empty_axis(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("data,pattern", [
-    (["a", "b"], "dtype <U1"),
-    (np.array(["1.0", "2.0"]), "dtype <U3"),
-    ([{"x": 1}, 2], "dtype object"),
-    (np.array([None, 1.0], dtype=object), "dtype object"),
-    ([[1.0, 2.0], [3.0]], "cannot convert list"),
-    ([1 + 2j], "dtype complex128"),
-], ids=["str-list", "str-array", "dict", "object-array", "ragged", "complex"])
+@pytest.mark.parametrize(
+    "data,pattern",
+    [
+        (["a", "b"], "dtype <U1"),
+        (np.array(["1.0", "2.0"]), "dtype <U3"),
+        ([{"x": 1}, 2], "dtype object"),
+        (np.array([None, 1.0], dtype=object), "dtype object"),
+        ([[1.0, 2.0], [3.0]], "cannot convert list"),
+        ([1 + 2j], "dtype complex128"),
+    ],
+    ids=["str-list", "str-array", "dict", "object-array", "ragged", "complex"],
+)
 def test_data_that_is_not_float32(device, data, pattern):
     with pytest.raises(TypeError, match=pattern):
         nd.array(data, device=device)
@@ -179,10 +193,13 @@ def test_data_that_is_not_float32(device, data, pattern):
 @pytest.mark.parametrize("device", DEVICES)
 def test_integers_float32_would_round_are_refused(device):
     """Labels or ids above 2**24 used to be rounded to a neighbour without a word."""
-    exact = nd.array(np.array([2 ** 24, -(2 ** 24), 7]), device=device)
-    np.testing.assert_array_equal(exact.numpy(), [2 ** 24, -(2 ** 24), 7])
-    for bad in (np.array([3, 2 ** 24 + 1]), np.array([-(2 ** 24) - 1], dtype=np.int64),
-                np.array([2 ** 32], dtype=np.uint64)):
+    exact = nd.array(np.array([2**24, -(2**24), 7]), device=device)
+    np.testing.assert_array_equal(exact.numpy(), [2**24, -(2**24), 7])
+    for bad in (
+        np.array([3, 2**24 + 1]),
+        np.array([-(2**24) - 1], dtype=np.int64),
+        np.array([2**32], dtype=np.uint64),
+    ):
         with pytest.raises(ValueError, match=r"integer data up to \d+ cannot be held exactly"):
             nd.array(bad, device=device)
     with pytest.raises(ValueError, match="2\\*\\*24"):
@@ -203,14 +220,14 @@ def test_dtype_other_than_float32(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_shapes_too_large_to_hold(device):
-    for shape in [(2 ** 40, 2 ** 40), (2 ** 31, 2 ** 31, 4), (2 ** 63,)]:
+    for shape in [(2**40, 2**40), (2**31, 2**31, 4), (2**63,)]:
         with pytest.raises(ValueError, match=r"elements, more than an array may hold"):
             nd.empty(shape, device=device)
-    huge = nd.array([1.0], device=device).broadcast_to((2 ** 40, 2 ** 40))  # a view: no memory
+    huge = nd.array([1.0], device=device).broadcast_to((2**40, 2**40))  # a view: no memory
     with pytest.raises(ValueError, match=r"more than an array may hold"):
         huge + 1.0
     with pytest.raises(MemoryError):
-        nd.empty((2 ** 25, 2 ** 25), device=device)  # 4 PiB: representable, not allocatable
+        nd.empty((2**25, 2**25), device=device)  # 4 PiB: representable, not allocatable
 
 
 def _device_pairs():
@@ -311,8 +328,9 @@ def test_module_rejects_inconsistent_sizes(device):
 def test_module_rejects_views_outside_the_buffer(device):
     mod = device.mod
     a, out = mod.Array(4), mod.Array(6)
-    with pytest.raises(OUTSIDE_BUFFER,
-                       match=r"compact.*view with shape \(2, 3\).*outside the buffer of 4"):
+    with pytest.raises(
+        OUTSIDE_BUFFER, match=r"compact.*view with shape \(2, 3\).*outside the buffer of 4"
+    ):
         mod.compact(a, out, (2, 3), (3, 1), 0)
     with pytest.raises(OUTSIDE_BUFFER, match=r"to_numpy: .*offset 2.*outside the buffer of 4"):
         mod.to_numpy(a, (3,), (1,), 2)

@@ -10,6 +10,7 @@ The hostile-argument test calls the raw device modules with huge, negative and i
 sizes, strides and offsets, in a subprocess so that a crash is a failure rather than the end of
 the run: every call must return or raise TypeError, ValueError or MemoryError.
 """
+
 import os
 import subprocess
 import sys
@@ -17,10 +18,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
-
-from conftest import DEVICES
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":
@@ -47,8 +47,9 @@ def random_data(rng, shape) -> np.ndarray:
 
 def random_shape(rng, ndim=None, max_dim: int = 5):
     ndim = int(rng.integers(0, 5)) if ndim is None else ndim
-    return tuple(int(rng.integers(0 if rng.random() < 0.05 else 1, max_dim + 1))
-                 for _ in range(ndim))
+    return tuple(
+        int(rng.integers(0 if rng.random() < 0.05 else 1, max_dim + 1)) for _ in range(ndim)
+    )
 
 
 def random_view(rng, x: np.ndarray, a: nd.NDArray, steps: int = 2):
@@ -69,8 +70,12 @@ def random_view(rng, x: np.ndarray, a: nd.NDArray, steps: int = 2):
             i = int(rng.integers(-x.shape[dim], x.shape[dim]))
             idx = tuple(i if d == dim else slice(None) for d in range(x.ndim))
             # NDArray keeps the dimension (size 1); numpy's equivalent is a length-1 slice
-            x = x[tuple(slice(i, i + 1 if i != -1 else None) if d == dim else slice(None)
-                        for d in range(x.ndim))]
+            x = x[
+                tuple(
+                    slice(i, i + 1 if i != -1 else None) if d == dim else slice(None)
+                    for d in range(x.ndim)
+                )
+            ]
             a = a[idx]
         elif kind == "permute" and x.ndim:
             perm = tuple(int(p) for p in rng.permutation(x.ndim))
@@ -130,8 +135,9 @@ def compare(got: nd.NDArray, expected, what, exact: bool = True, rtol=1e-5, atol
     if exact:
         np.testing.assert_array_equal(got.numpy(), expected, err_msg=what)
     else:
-        np.testing.assert_allclose(got.numpy(), expected, rtol=rtol, atol=atol, equal_nan=True,
-                                   err_msg=what)
+        np.testing.assert_allclose(
+            got.numpy(), expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=what
+        )
 
 
 # ---- one case of each kind ------------------------------------------------------------------
@@ -142,21 +148,31 @@ def _either(a, b, nd_fn, np_fn):
     return nd_fn(a, b) if isinstance(a, nd.NDArray) else np_fn(a, b)
 
 
-BINARY = [("add", lambda a, b: a + b, True), ("sub", lambda a, b: a - b, True),
-          ("mul", lambda a, b: a * b, True), ("div", lambda a, b: a / b, True),
-          ("pow", lambda a, b: a ** b, False),
-          ("maximum", lambda a, b: _either(a, b, nd.maximum, np.maximum), True),
-          ("minimum", lambda a, b: _either(a, b, nd.minimum, np.minimum), True),
-          ("eq", lambda a, b: a == b, True), ("ne", lambda a, b: a != b, True),
-          ("lt", lambda a, b: a < b, True), ("le", lambda a, b: a <= b, True),
-          ("gt", lambda a, b: a > b, True), ("ge", lambda a, b: a >= b, True)]
-UNARY = [("neg", lambda a: -a, lambda x: -x, True),
-         ("abs", lambda a: a.abs(), np.abs, True),
-         ("sqrt", nd.sqrt, np.sqrt, True),
-         ("exp", nd.exp, np.exp, False), ("log", nd.log, np.log, False),
-         ("tanh", nd.tanh, np.tanh, False),
-         ("sigmoid", nd.sigmoid, lambda x: 1 / (1 + np.exp(-x.astype(np.float64))), False),
-         ("relu", nd.relu, lambda x: np.where(np.isnan(x), x, np.maximum(x, 0)), True)]
+BINARY = [
+    ("add", lambda a, b: a + b, True),
+    ("sub", lambda a, b: a - b, True),
+    ("mul", lambda a, b: a * b, True),
+    ("div", lambda a, b: a / b, True),
+    ("pow", lambda a, b: a**b, False),
+    ("maximum", lambda a, b: _either(a, b, nd.maximum, np.maximum), True),
+    ("minimum", lambda a, b: _either(a, b, nd.minimum, np.minimum), True),
+    ("eq", lambda a, b: a == b, True),
+    ("ne", lambda a, b: a != b, True),
+    ("lt", lambda a, b: a < b, True),
+    ("le", lambda a, b: a <= b, True),
+    ("gt", lambda a, b: a > b, True),
+    ("ge", lambda a, b: a >= b, True),
+]
+UNARY = [
+    ("neg", lambda a: -a, lambda x: -x, True),
+    ("abs", lambda a: a.abs(), np.abs, True),
+    ("sqrt", nd.sqrt, np.sqrt, True),
+    ("exp", nd.exp, np.exp, False),
+    ("log", nd.log, np.log, False),
+    ("tanh", nd.tanh, np.tanh, False),
+    ("sigmoid", nd.sigmoid, lambda x: 1 / (1 + np.exp(-x.astype(np.float64))), False),
+    ("relu", nd.relu, lambda x: np.where(np.isnan(x), x, np.maximum(x, 0)), True),
+]
 
 
 def case_views(rng, device):
@@ -213,16 +229,22 @@ def case_reduce(rng, device):
     what = f"{op} axis={axis} keepdims={keepdims} of {x.shape} {log}"
     reduced = range(x.ndim) if axis is None else np.atleast_1d(np.array(axis)) % x.ndim
     empty = any(x.shape[d] == 0 for d in reduced) or (axis is None and x.size == 0)
-    out_size = 1 if axis is None else int(np.prod([n for d, n in enumerate(x.shape)
-                                                    if d not in set(reduced)]))
+    out_size = (
+        1
+        if axis is None
+        else int(np.prod([n for d, n in enumerate(x.shape) if d not in set(reduced)]))
+    )
     if op == "max" and empty and out_size:
         with pytest.raises(ValueError, match="max of an empty axis"):
             a.max(axis=axis, keepdims=keepdims)
         return
     got = getattr(a, op)(axis=axis, keepdims=keepdims)
     with np.errstate(all="ignore"):
-        expected = getattr(x.astype(np.float64), op)(axis=axis, keepdims=keepdims) \
-            if not (op == "max" and empty) else np.zeros(got.shape)
+        expected = (
+            getattr(x.astype(np.float64), op)(axis=axis, keepdims=keepdims)
+            if not (op == "max" and empty)
+            else np.zeros(got.shape)
+        )
     if axis is None and not keepdims:
         expected = np.reshape(expected, (1,))
     compare(got, expected, what, exact=op == "max", rtol=1e-5, atol=5e-4)
@@ -247,16 +269,23 @@ def case_matmul(rng, device):
     y, b = operand(batch_b, n, p)
     if x.ndim < 2 or y.ndim < 2:
         return
-    compare(a @ b, np.matmul(x.astype(np.float64), y), f"matmul {x.shape} @ {y.shape}",
-            exact=False, rtol=1e-4, atol=1e-4)
+    compare(
+        a @ b,
+        np.matmul(x.astype(np.float64), y),
+        f"matmul {x.shape} @ {y.shape}",
+        exact=False,
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def case_setitem(rng, device):
     x = random_data(rng, random_shape(rng, ndim=int(rng.integers(1, 4)), max_dim=6))
     a = nd.array(x, device=device)
     x = x.copy()
-    idx = tuple(slice(int(rng.integers(0, n // 2 + 1)), None, int(rng.integers(1, 3)))
-                for n in x.shape)
+    idx = tuple(
+        slice(int(rng.integers(0, n // 2 + 1)), None, int(rng.integers(1, 3))) for n in x.shape
+    )
     target = x[idx]
     if rng.random() < 0.3:
         v = float(rng.standard_normal())
@@ -264,8 +293,10 @@ def case_setitem(rng, device):
         a[idx] = v
     else:
         # a source that overlaps the target: another view of the same buffer, same shape
-        src_idx = tuple(slice(int(rng.integers(0, n - t + 1)) if n - t >= 0 else 0, None)
-                        for n, t in zip(x.shape, target.shape))
+        src_idx = tuple(
+            slice(int(rng.integers(0, n - t + 1)) if n - t >= 0 else 0, None)
+            for n, t in zip(x.shape, target.shape)
+        )
         src_idx = tuple(slice(s.start, s.start + t) for s, t in zip(src_idx, target.shape))
         if rng.random() < 0.5 and target.ndim:
             src_np, src_nd = np.flip(x[src_idx], 0), a[src_idx].flip(0)  # a copy
@@ -282,8 +313,17 @@ def case_pad(rng, device):
     compare(a.pad(pads), np.pad(x, pads) if pads else x, f"pad {pads} {log}")
 
 
-CASE_KINDS = [case_views, case_binary, case_binary, case_unary, case_reduce, case_reduce,
-              case_matmul, case_setitem, case_pad]
+CASE_KINDS = [
+    case_views,
+    case_binary,
+    case_binary,
+    case_unary,
+    case_reduce,
+    case_reduce,
+    case_matmul,
+    case_setitem,
+    case_pad,
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -296,9 +336,10 @@ def test_fuzz_against_numpy(device):
         try:
             case(rng, device)
         except Exception as exc:
-            raise AssertionError(f"fuzz case seed {seed} ({case.__name__}) on {device}: "
-                                 f"replay with NEEDLE_FUZZ_SEED={seed} NEEDLE_FUZZ_CASES=1") \
-                from exc
+            raise AssertionError(
+                f"fuzz case seed {seed} ({case.__name__}) on {device}: "
+                f"replay with NEEDLE_FUZZ_SEED={seed} NEEDLE_FUZZ_CASES=1"
+            ) from exc
         counts[case.__name__] = counts.get(case.__name__, 0) + 1
     assert sum(counts.values()) == CASES and len(counts) == len(set(CASE_KINDS))
 
@@ -409,9 +450,15 @@ def _module_names():
 @pytest.mark.parametrize("module", _module_names())
 def test_hostile_arguments_to_device_modules(module):
     calls = max(CASES * 4, 400)
-    proc = subprocess.run([sys.executable, "-c", HOSTILE, module, str(calls), str(SEED)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (f"{module} exited with {proc.returncode} (a negative code is "
-                                  f"a signal: the interpreter crashed)\n{proc.stdout}\n"
-                                  f"{proc.stderr[-3000:]}")
+    proc = subprocess.run(
+        [sys.executable, "-c", HOSTILE, module, str(calls), str(SEED)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (
+        f"{module} exited with {proc.returncode} (a negative code is "
+        f"a signal: the interpreter crashed)\n{proc.stdout}\n"
+        f"{proc.stderr[-3000:]}"
+    )
     assert proc.stdout.splitlines()[-1].startswith(f"ok {calls} calls"), proc.stdout

@@ -3,16 +3,16 @@
 Inputs come in three memory layouts (compact, a permuted view, a strided slice with an offset)
 so every op is also checked on the ``compact()`` path it takes before calling a kernel.
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 
 import needle as ndl
 from needle import backend_ndarray as nd
-
-from conftest import DEVICES
-from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
@@ -105,8 +105,12 @@ SCALAR = {
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(SCALAR))
-@given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
-       scalar=st.sampled_from([-2, -1, 0, 1, 3]) | st.floats(-3, 3, width=32))
+@given(
+    shape=SHAPES,
+    seed=SEEDS,
+    layout=LAYOUTS,
+    scalar=st.sampled_from([-2, -1, 0, 1, 3]) | st.floats(-3, 3, width=32),
+)
 @settings(SETTINGS, max_examples=15)
 @pytest.mark.hw3_scalar_ops
 def test_scalar_ops(device, name, shape, seed, layout, scalar):
@@ -120,13 +124,18 @@ def test_scalar_ops(device, name, shape, seed, layout, scalar):
         x = np.where(x == 0, 1.5, x).astype(np.float32)
     out = ours(make(x, device, layout), scalar)
     assert out.shape == x.shape and out.is_compact()
-    np.testing.assert_allclose(out.numpy(), np.asarray(theirs(x, np.float32(scalar)),
-                                                      dtype=np.float32), **TOL)
+    np.testing.assert_allclose(
+        out.numpy(), np.asarray(theirs(x, np.float32(scalar)), dtype=np.float32), **TOL
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@given(shape=SHAPES, seed=SEEDS, layout=LAYOUTS,
-       exponent=st.sampled_from([0, 1, 2, 3, 0.5, -1, 1.5, -2.0]))
+@given(
+    shape=SHAPES,
+    seed=SEEDS,
+    layout=LAYOUTS,
+    exponent=st.sampled_from([0, 1, 2, 3, 0.5, -1, 1.5, -2.0]),
+)
 @SETTINGS
 @pytest.mark.hw3_scalar_ops
 def test_scalar_power(device, shape, seed, layout, exponent):
@@ -171,7 +180,7 @@ def test_ops_by_hand(device):
     np.testing.assert_array_equal((8 / b).numpy(), np.float32([[8 / 3, -4], [8, 4]]))
     np.testing.assert_array_equal((a == b).numpy(), [[0, 1], [0, 0]])
     np.testing.assert_array_equal((a > b).numpy(), [[0, 0], [0, 1]])
-    np.testing.assert_array_equal((a ** 2).numpy(), [[1, 4], [0, 16]])
+    np.testing.assert_array_equal((a**2).numpy(), [[1, 4], [0, 16]])
     np.testing.assert_array_equal(a.maximum(0).numpy(), [[1, 0], [0, 4]])
 
 
@@ -223,8 +232,9 @@ def test_reductions_by_hand(device):
     assert a.sum().shape == (1,) and a.sum().numpy()[0] == 276
     assert a.sum(keepdims=True).shape == (1, 1, 1)
     np.testing.assert_array_equal(a.sum(axis=1).numpy(), [[12, 15, 18, 21], [48, 51, 54, 57]])
-    np.testing.assert_array_equal(a.max(axis=2, keepdims=True).numpy().reshape(-1),
-                                  [3, 7, 11, 15, 19, 23])
+    np.testing.assert_array_equal(
+        a.max(axis=2, keepdims=True).numpy().reshape(-1), [3, 7, 11, 15, 19, 23]
+    )
     np.testing.assert_array_equal(a.max(axis=(0, 2)).numpy(), [15, 19, 23])
     np.testing.assert_array_equal(a.sum(axis=-1).numpy(), [[6, 22, 38], [54, 70, 86]])
     z = nd.empty((2, 0), device=device)
@@ -240,8 +250,11 @@ def tile_of(device) -> int:
 @st.composite
 def matmul_sizes(draw, tile: int):
     def size():
-        return draw(st.sampled_from([1, tile - 1, tile, tile + 1, 2 * tile, 3 * tile])
-                    | st.integers(1, 3 * tile + 1))
+        return draw(
+            st.sampled_from([1, tile - 1, tile, tile + 1, 2 * tile, 3 * tile])
+            | st.integers(1, 3 * tile + 1)
+        )
+
     if draw(st.booleans()):  # every size a multiple of the tile: the tiled path where it exists
         return tuple(tile * draw(st.integers(1, 4)) for _ in range(3))
     return size(), size(), size()
@@ -260,9 +273,21 @@ def test_matmul(device, data, seed, layouts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m,n,p", [(1, 7, 1), (7, 1, 5), (1, 1, 1), (1, 16, 8), (16, 1, 16),
-                                   (8, 8, 8), (32, 64, 16), (64, 64, 64), (33, 17, 9),
-                                   (3, 0, 4)])
+@pytest.mark.parametrize(
+    "m,n,p",
+    [
+        (1, 7, 1),
+        (7, 1, 5),
+        (1, 1, 1),
+        (1, 16, 8),
+        (16, 1, 16),
+        (8, 8, 8),
+        (32, 64, 16),
+        (64, 64, 64),
+        (33, 17, 9),
+        (3, 0, 4),
+    ],
+)
 @pytest.mark.hw3_matmul
 def test_matmul_shapes(device, m, n, p):
     x, y = rand(0, (m, n)), rand(1, (n, p))
@@ -307,8 +332,11 @@ class RecordingModule:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (1, 1, 0), (2, 0, 2)],
-                         ids=["1-1-1", "2-3-1", "3-2-4", "p-off", "n-off"])
+@pytest.mark.parametrize(
+    "mult",
+    [(1, 1, 1), (2, 3, 1), (3, 2, 4), (1, 1, 0), (2, 0, 2)],
+    ids=["1-1-1", "2-3-1", "3-2-4", "p-off", "n-off"],
+)
 def test_matmul_is_one_strided_call_on_the_operands_own_buffers(device, mult):
     spy = RecordingModule(device.mod)
     dev = nd.BackendDevice(device.name, spy)
@@ -335,7 +363,9 @@ def test_matmul_tiled_exhibit(device, mult):
     dev = nd.BackendDevice(device.name, spy)
     if not hasattr(spy, "matmul_tiled"):
         with pytest.raises(RuntimeError, match="no tiled matmul"):
-            nd.array(np.ones((4, 4)), device=dev).matmul_tiled(nd.array(np.ones((4, 4)), device=dev))
+            nd.array(np.ones((4, 4)), device=dev).matmul_tiled(
+                nd.array(np.ones((4, 4)), device=dev)
+            )
         return
     t = spy.__tile_size__
     m, n, p = (t * k for k in mult)
@@ -406,9 +436,9 @@ def test_reversed_scalar_forms_and_array_exponent(device):
     a, b = nd.array(x, device=device), nd.array(y, device=device)
     np.testing.assert_array_equal((2 - a).numpy(), np.float32(2) - x)
     np.testing.assert_array_equal((2 / a).numpy(), np.float32(2) / x)
-    np.testing.assert_allclose((2 ** a).numpy(), np.float32(2) ** x, rtol=2e-6)
-    np.testing.assert_allclose((a ** b).numpy(), x ** y, rtol=2e-6)
-    np.testing.assert_allclose((a ** 0.5).numpy(), np.sqrt(x), rtol=2e-6)
+    np.testing.assert_allclose((2**a).numpy(), np.float32(2) ** x, rtol=2e-6)
+    np.testing.assert_allclose((a**b).numpy(), x**y, rtol=2e-6)
+    np.testing.assert_allclose((a**0.5).numpy(), np.sqrt(x), rtol=2e-6)
     np.testing.assert_array_equal((3 + a).numpy(), x + np.float32(3))
     np.testing.assert_array_equal((3 * a).numpy(), x * np.float32(3))
 
@@ -419,8 +449,14 @@ def test_comparisons_follow_ieee_with_nan(device):
     y = np.array([1.0, np.nan, 2.0, np.nan, np.inf, -0.0], dtype=np.float32)
     a, b = nd.array(x, device=device), nd.array(y, device=device)
     with np.errstate(invalid="ignore"):
-        for f in (lambda p, q: p == q, lambda p, q: p != q, lambda p, q: p < q,
-                  lambda p, q: p <= q, lambda p, q: p > q, lambda p, q: p >= q):
+        for f in (
+            lambda p, q: p == q,
+            lambda p, q: p != q,
+            lambda p, q: p < q,
+            lambda p, q: p <= q,
+            lambda p, q: p > q,
+            lambda p, q: p >= q,
+        ):
             np.testing.assert_array_equal(f(a, b).numpy(), f(x, y).astype(np.float32))
             np.testing.assert_array_equal(f(a, np.nan).numpy(), f(x, np.nan).astype(np.float32))
             np.testing.assert_array_equal(f(1.0, a).numpy(), f(1.0, x).astype(np.float32))
@@ -439,16 +475,25 @@ def test_unary_methods(device):
     np.testing.assert_array_equal(a.relu().numpy(), np.maximum(x, 0))
     np.testing.assert_array_equal(nd.relu(a).numpy(), np.maximum(x, 0))
     np.testing.assert_allclose(nd.sqrt(abs(a)).numpy(), np.sqrt(np.abs(x)), rtol=1e-6)
-    np.testing.assert_allclose(a.sigmoid().numpy(), 1 / (1 + np.exp(-x.astype(np.float64))),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        a.sigmoid().numpy(), 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6, atol=1e-7
+    )
     np.testing.assert_allclose(nd.minimum(a, 0.5).numpy(), np.minimum(x, 0.5))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("sa,sb", [((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)),
-                                   ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4, 2)),
-                                   ((1, 3, 4), (3, 4, 2)), ((2, 0, 4), (2, 4, 3)),
-                                   ((3, 1, 4), (1, 4, 2))])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((2, 3, 4), (2, 4, 5)),
+        ((3, 4), (2, 4, 5)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((2, 3, 4), (4, 2)),
+        ((1, 3, 4), (3, 4, 2)),
+        ((2, 0, 4), (2, 4, 3)),
+        ((3, 1, 4), (1, 4, 2)),
+    ],
+)
 def test_batched_matmul_follows_numpy(device, sa, sb):
     x, y = rand(7, sa), rand(8, sb)
     a, b = nd.array(x, device=device), nd.array(y, device=device)

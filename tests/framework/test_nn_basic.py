@@ -4,15 +4,16 @@ Oracles: float64 numpy re-implementations of each layer; gradients are compared 
 finite differences of those references (for a random weighting w of the output, the gradient
 of sum(w * f(x))); RNG-dependent weights are recomputed from the same seeded numpy draws.
 """
+
 import math
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import central_difference, float32_tensor
 
 import needle as ndl
 from needle import nn
-from conftest import DEVICES
-from helpers import central_difference, float32_tensor
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
@@ -53,8 +54,7 @@ def test_linear_rng_order_shapes_forward_backward(device):
     w = np.random.randn(5, 3)
     backward_weighted(out, w, device)
     np.testing.assert_allclose(lin.weight.grad.numpy(), X.T @ w, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(lin.bias.grad.numpy(), w.sum(0, keepdims=True), rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(lin.bias.grad.numpy(), w.sum(0, keepdims=True), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(x.grad.numpy(), w @ W.T, rtol=1e-4, atol=1e-4)
 
 
@@ -77,13 +77,16 @@ def test_linear_rejects_wrong_features():
 
 # ---- element-wise modules ----------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("module, f, df", [
-    (nn.ReLU, lambda x: np.maximum(x, 0), lambda x: (x > 0).astype(float)),
-    (nn.Tanh, np.tanh, lambda x: 1 - np.tanh(x) ** 2),
-    (nn.Sigmoid, lambda x: 1 / (1 + np.exp(-x)),
-     lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2),
-    (nn.Identity, lambda x: x, lambda x: np.ones_like(x)),
-], ids=["relu", "tanh", "sigmoid", "identity"])
+@pytest.mark.parametrize(
+    "module, f, df",
+    [
+        (nn.ReLU, lambda x: np.maximum(x, 0), lambda x: (x > 0).astype(float)),
+        (nn.Tanh, np.tanh, lambda x: 1 - np.tanh(x) ** 2),
+        (nn.Sigmoid, lambda x: 1 / (1 + np.exp(-x)), lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2),
+        (nn.Identity, lambda x: x, lambda x: np.ones_like(x)),
+    ],
+    ids=["relu", "tanh", "sigmoid", "identity"],
+)
 @pytest.mark.hw2_relu
 def test_elementwise_modules(device, module, f, df):
     X = np.random.randn(3, 4) * 3
@@ -134,8 +137,12 @@ def test_sequential_and_residual(device):
     np.testing.assert_allclose(seq(T(X, device)).numpy(), ref, rtol=1e-5, atol=1e-5)
     res = nn.Residual(seq)
     np.testing.assert_allclose(res(T(X, device)).numpy(), ref + X, rtol=1e-5, atol=1e-5)
-    assert [id(p) for p in res.parameters()] == [id(l1.weight), id(l1.bias), id(l2.weight),
-                                                   id(l2.bias)]
+    assert [id(p) for p in res.parameters()] == [
+        id(l1.weight),
+        id(l1.bias),
+        id(l2.weight),
+        id(l2.bias),
+    ]
     with pytest.raises(TypeError, match="not a Module"):
         nn.Sequential(l1, lambda x: x)
 
@@ -157,8 +164,9 @@ def test_softmax_loss_value_and_gradient(device):
     assert loss.shape in ((), (1,))
     np.testing.assert_allclose(float(loss.numpy()), softmax_loss_ref(Z, y), rtol=1e-5)
     loss.backward()
-    np.testing.assert_allclose(z.grad.numpy(), fd_grad(lambda a: softmax_loss_ref(a, y), Z),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        z.grad.numpy(), fd_grad(lambda a: softmax_loss_ref(a, y), Z), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -203,11 +211,15 @@ def test_batchnorm1d_train_forward_backward(device):
     w = np.random.randn(5, 3)
     backward_weighted(out, w, device)
     loss = lambda f: lambda a: float(np.sum(w * f(a)))
-    np.testing.assert_allclose(x.grad.numpy(), fd_grad(loss(lambda a: bn_ref(a, wv, bv, 1e-5)), X),
-                               rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(bn.weight.grad.numpy(),
-                               fd_grad(loss(lambda a: bn_ref(X, a, bv, 1e-5)), wv), rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        x.grad.numpy(), fd_grad(loss(lambda a: bn_ref(a, wv, bv, 1e-5)), X), rtol=1e-3, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        bn.weight.grad.numpy(),
+        fd_grad(loss(lambda a: bn_ref(X, a, bv, 1e-5)), wv),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     np.testing.assert_allclose(bn.bias.grad.numpy(), w.sum(0), rtol=1e-4, atol=1e-4)
 
 
@@ -227,8 +239,9 @@ def test_batchnorm1d_running_stats_and_eval(device):
     assert not bn.running_mean.requires_grad and bn.running_mean.is_leaf()
     bn.eval()
     X = np.random.randn(2, 4)
-    np.testing.assert_allclose(bn(T(X, device)).numpy(), (X - rm) / np.sqrt(rv + 1e-5),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        bn(T(X, device)).numpy(), (X - rm) / np.sqrt(rv + 1e-5), rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-5, atol=1e-5)  # unchanged
 
 
@@ -241,29 +254,33 @@ def test_batchnorm2d_nchw(device):
     mean = X.mean((0, 2, 3), keepdims=True)
     var = X.var((0, 2, 3), keepdims=True)
     assert out.shape == (2, 3, 4, 5)
-    np.testing.assert_allclose(out.numpy(), (X - mean) / np.sqrt(var + 1e-5), rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(out.numpy(), (X - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(bn.running_mean.numpy(), 0.1 * mean.ravel(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(bn.running_var.numpy(), 0.9 + 0.1 * var.ravel(), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        bn.running_var.numpy(), 0.9 + 0.1 * var.ravel(), rtol=1e-5, atol=1e-5
+    )
     w = np.random.randn(*X.shape)
     backward_weighted(out, w, device)
 
     def ref(a):
-        return (a - a.mean((0, 2, 3), keepdims=True)) / np.sqrt(a.var((0, 2, 3), keepdims=True)
-                                                                + 1e-5)
+        return (a - a.mean((0, 2, 3), keepdims=True)) / np.sqrt(
+            a.var((0, 2, 3), keepdims=True) + 1e-5
+        )
+
     Xs = X[:1, :, :2, :3]  # finite differences on a small slice of the same layer
     xs = T(Xs, device)
     ws = w[:1, :, :2, :3]
     backward_weighted(nn.BatchNorm2d(3, device=device)(xs), ws, device)
-    np.testing.assert_allclose(xs.grad.numpy(), fd_grad(lambda a: float(np.sum(ws * ref(a))), Xs),
-                               rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(
+        xs.grad.numpy(), fd_grad(lambda a: float(np.sum(ws * ref(a))), Xs), rtol=1e-3, atol=1e-3
+    )
     bn.eval()
     X2 = np.random.randn(1, 3, 2, 2)
     rm = bn.running_mean.numpy().reshape(1, 3, 1, 1)
     rv = bn.running_var.numpy().reshape(1, 3, 1, 1)
-    np.testing.assert_allclose(bn(T(X2, device)).numpy(), (X2 - rm) / np.sqrt(rv + 1e-5),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        bn(T(X2, device)).numpy(), (X2 - rm) / np.sqrt(rv + 1e-5), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,19 +297,26 @@ def test_layernorm1d_forward_backward(device):
     w = np.random.randn(3, 4)
     backward_weighted(out, w, device)
     np.testing.assert_allclose(
-        x.grad.numpy(), fd_grad(lambda a: float(np.sum(w * ln_ref(a, wv, bv, 1e-3))), X),
-        rtol=1e-3, atol=1e-4)
+        x.grad.numpy(),
+        fd_grad(lambda a: float(np.sum(w * ln_ref(a, wv, bv, 1e-3))), X),
+        rtol=1e-3,
+        atol=1e-4,
+    )
     np.testing.assert_allclose(
-        ln.weight.grad.numpy(), fd_grad(lambda a: float(np.sum(w * ln_ref(X, a, bv, 1e-3))), wv),
-        rtol=1e-4, atol=1e-4)
+        ln.weight.grad.numpy(),
+        fd_grad(lambda a: float(np.sum(w * ln_ref(X, a, bv, 1e-3))), wv),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_layernorm1d_three_dims(device):
     ln = nn.LayerNorm1d(5, device=device)
     X = np.random.randn(2, 3, 5)
-    np.testing.assert_allclose(ln(T(X, device)).numpy(), ln_ref(X, 1.0, 0.0, 1e-5), rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        ln(T(X, device)).numpy(), ln_ref(X, 1.0, 0.0, 1e-5), rtol=1e-4, atol=1e-5
+    )
     with pytest.raises(ValueError, match="5"):
         ln(T(np.zeros((2, 4)), device))
 
@@ -378,13 +402,21 @@ def ids(params):
 def test_parameters_two_branches_in_attributes_list_tuple_dict():
     a, b = ScaleAdd(), ScaleAdd()
     expected = [id(a.s), id(a.b), id(b.s), id(b.b)]
-    for model in (Holder(p0=a, p1=b), Holder(parts=[a, b]), Holder(parts=(a, b)),
-                  Holder(parts={"left": a, "right": b})):
+    for model in (
+        Holder(p0=a, p1=b),
+        Holder(parts=[a, b]),
+        Holder(parts=(a, b)),
+        Holder(parts={"left": a, "right": b}),
+    ):
         assert ids(model.parameters()) == expected
     named = dict(Holder(parts={"left": a, "right": b}).named_parameters())
     assert list(named) == ["parts.left.s", "parts.left.b", "parts.right.s", "parts.right.b"]
     assert [n for n, _ in Holder(layers=[a, b]).named_parameters()] == [
-        "layers.0.s", "layers.0.b", "layers.1.s", "layers.1.b"]
+        "layers.0.s",
+        "layers.0.b",
+        "layers.1.s",
+        "layers.1.b",
+    ]
 
 
 def test_parameters_nested_containers_and_plain_parameters():
@@ -394,8 +426,14 @@ def test_parameters_nested_containers_and_plain_parameters():
     model = Holder(deep={"x": [a, (b, {"y": loose})]}, extra=plain, tail=[[c]])
     assert ids(model.parameters()) == ids([a.s, a.b, b.s, b.b, loose, c.s, c.b])
     assert [n for n, _ in model.named_parameters()] == [
-        "deep.x.0.s", "deep.x.0.b", "deep.x.1.0.s", "deep.x.1.0.b", "deep.x.1.1.y",
-        "tail.0.0.s", "tail.0.0.b"]
+        "deep.x.0.s",
+        "deep.x.0.b",
+        "deep.x.1.0.s",
+        "deep.x.1.0.b",
+        "deep.x.1.1.y",
+        "tail.0.0.s",
+        "tail.0.0.b",
+    ]
 
 
 def test_shared_parameter_and_module_are_listed_once():
@@ -403,8 +441,11 @@ def test_shared_parameter_and_module_are_listed_once():
     b.s = a.s  # tie the scales
     model = Holder(branches=[a, b])
     assert ids(model.parameters()) == [id(a.s), id(a.b), id(b.b)]
-    assert [n for n, _ in model.named_parameters()] == ["branches.0.s", "branches.0.b",
-                                                        "branches.1.b"]
+    assert [n for n, _ in model.named_parameters()] == [
+        "branches.0.s",
+        "branches.0.b",
+        "branches.1.b",
+    ]
     twice = Holder(first=a, again=a, also=[a])
     assert ids(twice.parameters()) == [id(a.s), id(a.b)]
 

@@ -1,9 +1,10 @@
 """nn.Conv (hw4) against a direct-loop numpy convolution, with gradients by finite differences."""
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
-from conftest import DEVICES
 
 pytestmark = [pytest.mark.conv, pytest.mark.both_backends]
 
@@ -23,7 +24,7 @@ def conv_loop(x, w, b, stride):
     out = np.zeros((n, o, ho, wo))
     for i in range(ho):
         for j in range(wo):
-            patch = xp[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+            patch = xp[:, :, i * stride : i * stride + k, j * stride : j * stride + k]
             for di in range(k):
                 for dj in range(k):
                     out[:, :, i, j] += patch[:, :, di, dj] @ w[di, dj]
@@ -44,9 +45,19 @@ def fd_grad(f, arr, idx_list, eps=1e-3):
 
 
 # (image size s, C_in, C_out, k, stride); the first five are the course's hw4 forward cases
-FORWARD_CASES = [(4, 8, 16, 3, 1), (32, 8, 16, 3, 2), (32, 8, 8, 3, 2), (32, 16, 8, 3, 1),
-                 (32, 16, 8, 3, 2), (7, 3, 5, 1, 1), (7, 3, 5, 1, 2), (9, 2, 3, 5, 1),
-                 (9, 2, 3, 5, 2), (6, 4, 2, 2, 1), (1, 3, 4, 3, 1)]
+FORWARD_CASES = [
+    (4, 8, 16, 3, 1),
+    (32, 8, 16, 3, 2),
+    (32, 8, 8, 3, 2),
+    (32, 16, 8, 3, 1),
+    (32, 16, 8, 3, 2),
+    (7, 3, 5, 1, 1),
+    (7, 3, 5, 1, 2),
+    (9, 2, 3, 5, 1),
+    (9, 2, 3, 5, 2),
+    (6, 4, 2, 2, 1),
+    (1, 3, 4, 3, 1),
+]
 
 
 @pytest.mark.parametrize("s,cin,cout,k,stride", FORWARD_CASES)
@@ -79,14 +90,22 @@ def test_conv_no_bias(device):
     assert f.bias is None
     assert len(f.parameters()) == 1
     x = ndl.init.randn(2, 3, 5, 5, device=device)
-    np.testing.assert_allclose(f(x).numpy(), conv_loop(x.numpy(), f.weight.numpy(), None, 2),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        f(x).numpy(), conv_loop(x.numpy(), f.weight.numpy(), None, 2), rtol=1e-4, atol=1e-4
+    )
 
 
 # (batch, image size, C_in, C_out, k, stride)
-BACKWARD_CASES = [(2, 4, 1, 1, 3, 1), (2, 5, 3, 4, 3, 1), (2, 5, 3, 4, 3, 2), (1, 6, 2, 3, 5, 2),
-                  (2, 4, 2, 2, 1, 1), (1, 6, 2, 2, 1, 2), (1, 8, 8, 16, 3, 2),
-                  (1, 12, 3, 2, 7, 4)]  # the last: ResNet-9's first layer, smaller
+BACKWARD_CASES = [
+    (2, 4, 1, 1, 3, 1),
+    (2, 5, 3, 4, 3, 1),
+    (2, 5, 3, 4, 3, 2),
+    (1, 6, 2, 3, 5, 2),
+    (2, 4, 2, 2, 1, 1),
+    (1, 6, 2, 2, 1, 2),
+    (1, 8, 8, 16, 3, 2),
+    (1, 12, 3, 2, 7, 4),
+]  # the last: ResNet-9's first layer, smaller
 
 
 @pytest.mark.parametrize("n,s,cin,cout,k,stride", BACKWARD_CASES)
@@ -115,8 +134,13 @@ def test_conv_backward_finite_differences(n, s, cin, cout, k, stride, device):
         a64 = arr.astype(np.float64)
         idx = np.arange(a64.size) if a64.size <= 64 else rng.choice(a64.size, 40, replace=False)
         expected = fd_grad(fn, a64, idx)
-        np.testing.assert_allclose(grad.numpy().reshape(-1)[idx], expected, rtol=1e-3,
-                                   atol=1e-3, err_msg=f"gradient of {name}")
+        np.testing.assert_allclose(
+            grad.numpy().reshape(-1)[idx],
+            expected,
+            rtol=1e-3,
+            atol=1e-3,
+            err_msg=f"gradient of {name}",
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -126,7 +150,7 @@ def test_conv_init_draws_weight_then_bias(device):
     np.random.seed(7)
     f = ndl.nn.Conv(cin, cout, k, device=device)
     np.random.seed(7)
-    wb = np.sqrt(2) * np.sqrt(3 / (cin * k * k))   # kaiming_uniform bound, fan_in = C_in·k²
+    wb = np.sqrt(2) * np.sqrt(3 / (cin * k * k))  # kaiming_uniform bound, fan_in = C_in·k²
     w = np.random.rand(k, k, cin, cout) * 2 * wb - wb
     bb = 1 / np.sqrt(cin * k * k)
     b = np.random.rand(cout) * 2 * bb - bb

@@ -5,15 +5,16 @@ LSTM's i, f, g, o gates, c' = f c + i g, h' = o tanh(c')), evaluated with the mo
 parameter values; gradients are central finite differences of those references for a random
 weighting of every output; initial values are recomputed from the same seeded numpy draws.
 """
+
 import math
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import central_difference, float32_tensor
 
 import needle as ndl
 from needle import nn
-from conftest import DEVICES
-from helpers import central_difference, float32_tensor
 
 pytestmark = [pytest.mark.sequence, pytest.mark.both_backends]
 
@@ -54,8 +55,8 @@ def lstm_cell_ref(x, h, c, p):
     if "bias_ih" in p:
         z = z + p["bias_ih"] + p["bias_hh"]
     H = h.shape[1]
-    i, f = sigmoid(z[:, :H]), sigmoid(z[:, H:2 * H])
-    g, o = np.tanh(z[:, 2 * H:3 * H]), sigmoid(z[:, 3 * H:])
+    i, f = sigmoid(z[:, :H]), sigmoid(z[:, H : 2 * H])
+    g, o = np.tanh(z[:, 2 * H : 3 * H]), sigmoid(z[:, 3 * H :])
     c = f * c + i * g
     return o * np.tanh(c), c
 
@@ -78,17 +79,23 @@ NAMES = ("W_ih", "W_hh", "bias_ih", "bias_hh")
 
 def cell_params(cell):
     """The cell's parameters as float64 numpy arrays, keyed by name (biases only if present)."""
-    return {n: getattr(cell, n).numpy().astype(np.float64) for n in NAMES
-            if getattr(cell, n) is not None}
+    return {
+        n: getattr(cell, n).numpy().astype(np.float64)
+        for n in NAMES
+        if getattr(cell, n) is not None
+    }
 
 
 def check_fd(loss_ref, arrays, grads, rtol=2e-3, atol=2e-4):
     """For each (name, array) compare needle's grad with finite differences of loss_ref."""
     for name, value in arrays.items():
+
         def f(v, name=name):
             return loss_ref({**arrays, name: v})
-        np.testing.assert_allclose(grads[name], fd_grad(f, value), rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of {name}")
+
+        np.testing.assert_allclose(
+            grads[name], fd_grad(f, value), rtol=rtol, atol=atol, err_msg=f"gradient of {name}"
+        )
 
 
 # ---- initialisation ----------------------------------------------------------------------------
@@ -102,8 +109,12 @@ def test_cell_init_order_bounds_and_shapes(device, cls, gates):
     cell = cls(I, H, device=device)
     np.random.seed(7)
     k = math.sqrt(1 / H)
-    expected = [np.random.rand(I, gates * H), np.random.rand(H, gates * H),
-                np.random.rand(gates * H), np.random.rand(gates * H)]
+    expected = [
+        np.random.rand(I, gates * H),
+        np.random.rand(H, gates * H),
+        np.random.rand(gates * H),
+        np.random.rand(gates * H),
+    ]
     for name, e in zip(NAMES, expected):
         p = getattr(cell, name)
         assert isinstance(p, nn.Parameter), name
@@ -139,8 +150,9 @@ def test_rnn_cell_forward_backward(device, nonlinearity, bias, given_h):
     h_t = T(h, device) if given_h else None
     out = cell(x_t, h_t)
     p = cell_params(cell)
-    np.testing.assert_allclose(out.numpy(), rnn_cell_ref(X, h, p, nonlinearity),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out.numpy(), rnn_cell_ref(X, h, p, nonlinearity), rtol=1e-5, atol=1e-5
+    )
     assert out.shape == (B, H) and out.device == device
     w = np.random.randn(B, H)
     (out * T(w, device, False)).sum().backward()
@@ -151,6 +163,7 @@ def test_rnn_cell_forward_backward(device, nonlinearity, bias, given_h):
 
     def loss(a):
         return np.sum(w * rnn_cell_ref(a["X"], a.get("h", h), a, nonlinearity))
+
     check_fd(loss, arrays, grads)
 
 
@@ -187,6 +200,7 @@ def test_rnn_forward_backward(device, num_layers, nonlinearity, given_h):
         ls = [{n: a[f"{k}.{n}"] for n in NAMES} for k in range(L)]
         o, hn = rnn_ref(a["X"], a.get("h0", h0), ls, nonlinearity)
         return np.sum(w1 * o) + np.sum(w2 * hn)
+
     check_fd(loss, arrays, grads)
 
 
@@ -219,6 +233,7 @@ def test_lstm_cell_forward_backward(device, bias, given_h):
     def loss(a):
         hh, cc = lstm_cell_ref(a["X"], a.get("h", h), a.get("c", c), a)
         return np.sum(w1 * hh) + np.sum(w2 * cc)
+
     check_fd(loss, arrays, grads)
 
 
@@ -234,16 +249,15 @@ def test_lstm_gate_order_is_i_f_g_o(device):
         p.data = T(np.zeros(p.shape), device, False)
     big = 30.0  # sigmoid(30) = 1 and tanh(30) = 1 to float32 precision; sigmoid(0) = 0.5
     bias = np.zeros(4 * H)
-    bias[0:H] = big          # i = 1
-    bias[H:2 * H] = -big     # f = 0
-    bias[2 * H:3 * H] = 0.5  # g = tanh(0.5)
-    bias[3 * H:] = 0.0       # o = 0.5
+    bias[0:H] = big  # i = 1
+    bias[H : 2 * H] = -big  # f = 0
+    bias[2 * H : 3 * H] = 0.5  # g = tanh(0.5)
+    bias[3 * H :] = 0.0  # o = 0.5
     cell.bias_ih.data = T(bias, device, False)
     c0 = np.full((1, H), 3.0)
     h1, c1 = cell(T(np.zeros((1, 1)), device), (T(np.zeros((1, H)), device), T(c0, device)))
     np.testing.assert_allclose(c1.numpy(), np.full((1, H), np.tanh(0.5)), rtol=1e-6)
-    np.testing.assert_allclose(h1.numpy(), 0.5 * np.tanh(np.tanh(0.5)) * np.ones((1, H)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(h1.numpy(), 0.5 * np.tanh(np.tanh(0.5)) * np.ones((1, H)), rtol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -281,6 +295,7 @@ def test_lstm_forward_backward(device, num_layers, given_h):
         ls = [{n: a[f"{k}.{n}"] for n in NAMES} for k in range(L)]
         res = lstm_ref(a["X"], a.get("h0", h0), a.get("c0", c0), ls)
         return sum(np.sum(w * r) for w, r in zip(ws, res))
+
     check_fd(loss, arrays, grads)
 
 
@@ -328,8 +343,10 @@ def test_bad_input_raises_clear_errors(device):
     with pytest.raises(TypeError, match=r"\(h0, c0\)"):
         lstm(T(np.zeros((5, 2, 3)), device), T(np.zeros((1, 2, 4)), device))
     with pytest.raises(ValueError, match="c0"):
-        lstm(T(np.zeros((5, 2, 3)), device),
-             (T(np.zeros((1, 2, 4)), device), T(np.zeros((1, 3, 4)), device)))
+        lstm(
+            T(np.zeros((5, 2, 3)), device),
+            (T(np.zeros((1, 2, 4)), device), T(np.zeros((1, 3, 4)), device)),
+        )
     other = ndl.cpu_numpy() if device != ndl.cpu_numpy() else ndl.cpu()
     if other.enabled() and ndl.BACKEND == "nd":
         with pytest.raises(ValueError, match="parameters are on"):

@@ -6,13 +6,14 @@ with the modules' own parameter values; gradients by central finite differences 
 references; causality by perturbing a later position and watching earlier outputs (with a
 non-causal control that must change).
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import central_difference, float32_tensor
 
 import needle as ndl
 from needle import nn
-from conftest import DEVICES
-from helpers import central_difference, float32_tensor
 
 pytestmark = [pytest.mark.sequence, pytest.mark.both_backends]
 
@@ -25,10 +26,13 @@ fd_grad = central_difference
 
 def check_fd(loss_ref, arrays, grads, rtol=2e-3, atol=2e-4):
     for name, value in arrays.items():
+
         def f(v, name=name):
             return loss_ref({**arrays, name: v})
-        np.testing.assert_allclose(grads[name], fd_grad(f, value), rtol=rtol, atol=atol,
-                                   err_msg=f"gradient of {name}")
+
+        np.testing.assert_allclose(
+            grads[name], fd_grad(f, value), rtol=rtol, atol=atol, err_msg=f"gradient of {name}"
+        )
 
 
 # ---- numpy references --------------------------------------------------------------------------
@@ -60,6 +64,7 @@ def attention_layer_ref(q, k, v, p, H, D, causal):
         b, t, _ = x.shape
         y = layernorm_ref(x, p[f"{n}.w"], p[f"{n}.b"]) @ p[proj]
         return y.reshape(b, t, H, D).transpose(0, 2, 1, 3)
+
     out, _ = mha_ref(heads(q, "nq", "Wq"), heads(k, "nk", "Wk"), heads(v, "nv", "Wv"), causal)
     b, _, t, _ = out.shape
     return out.transpose(0, 2, 1, 3).reshape(b, t, H * D) @ p["Wo"]
@@ -68,27 +73,48 @@ def attention_layer_ref(q, k, v, p, H, D, causal):
 def layer_params(layer):
     """AttentionLayer's parameters as float64 numpy, keyed for attention_layer_ref."""
     g = lambda t: t.numpy().astype(np.float64)  # noqa: E731
-    return {"nq.w": g(layer.prenorm_q.weight), "nq.b": g(layer.prenorm_q.bias),
-            "nk.w": g(layer.prenorm_k.weight), "nk.b": g(layer.prenorm_k.bias),
-            "nv.w": g(layer.prenorm_v.weight), "nv.b": g(layer.prenorm_v.bias),
-            "Wq": g(layer.q_projection.weight), "Wk": g(layer.k_projection.weight),
-            "Wv": g(layer.v_projection.weight), "Wo": g(layer.out_projection.weight)}
+    return {
+        "nq.w": g(layer.prenorm_q.weight),
+        "nq.b": g(layer.prenorm_q.bias),
+        "nk.w": g(layer.prenorm_k.weight),
+        "nk.b": g(layer.prenorm_k.bias),
+        "nv.w": g(layer.prenorm_v.weight),
+        "nv.b": g(layer.prenorm_v.bias),
+        "Wq": g(layer.q_projection.weight),
+        "Wk": g(layer.k_projection.weight),
+        "Wv": g(layer.v_projection.weight),
+        "Wo": g(layer.out_projection.weight),
+    }
 
 
 def layer_tensors(layer):
-    return {"nq.w": layer.prenorm_q.weight, "nq.b": layer.prenorm_q.bias,
-            "nk.w": layer.prenorm_k.weight, "nk.b": layer.prenorm_k.bias,
-            "nv.w": layer.prenorm_v.weight, "nv.b": layer.prenorm_v.bias,
-            "Wq": layer.q_projection.weight, "Wk": layer.k_projection.weight,
-            "Wv": layer.v_projection.weight, "Wo": layer.out_projection.weight}
+    return {
+        "nq.w": layer.prenorm_q.weight,
+        "nq.b": layer.prenorm_q.bias,
+        "nk.w": layer.prenorm_k.weight,
+        "nk.b": layer.prenorm_k.bias,
+        "nv.w": layer.prenorm_v.weight,
+        "nv.b": layer.prenorm_v.bias,
+        "Wq": layer.q_projection.weight,
+        "Wk": layer.k_projection.weight,
+        "Wv": layer.v_projection.weight,
+        "Wo": layer.out_projection.weight,
+    }
 
 
 def block_params(block):
     g = lambda t: t.numpy().astype(np.float64)  # noqa: E731
     p = {f"attn.{k}": v for k, v in layer_params(block.attn).items()}
-    p.update({"ln.w": g(block.layernorm.weight), "ln.b": g(block.layernorm.bias),
-              "W1": g(block.linear1.weight), "b1": g(block.linear1.bias),
-              "W2": g(block.linear2.weight), "b2": g(block.linear2.bias)})
+    p.update(
+        {
+            "ln.w": g(block.layernorm.weight),
+            "ln.b": g(block.layernorm.bias),
+            "W1": g(block.linear1.weight),
+            "b1": g(block.linear1.bias),
+            "W2": g(block.linear2.weight),
+            "b2": g(block.linear2.bias),
+        }
+    )
     return p
 
 
@@ -140,8 +166,12 @@ def test_multihead_attention_forward_backward(device, causal, tq, tk):
 
     def loss(a):
         return np.sum(w * mha_ref(a["q"], a["k"], a["v"], causal)[0])
-    check_fd(loss, {"q": q, "k": k, "v": v},
-             {"q": qt.grad.numpy(), "k": kt.grad.numpy(), "v": vt.grad.numpy()})
+
+    check_fd(
+        loss,
+        {"q": q, "k": k, "v": v},
+        {"q": qt.grad.numpy(), "k": kt.grad.numpy(), "v": vt.grad.numpy()},
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -181,8 +211,9 @@ def test_attention_layer_self_attention_forward_backward(device, causal):
     out = layer(xt)
     p = layer_params(layer)
     assert out.shape == (B, S, F)
-    np.testing.assert_allclose(out.numpy(), attention_layer_ref(x, x, x, p, H, D, causal),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        out.numpy(), attention_layer_ref(x, x, x, p, H, D, causal), rtol=1e-4, atol=1e-5
+    )
     assert layer.probs.shape == (B, H, S, S)
     w = np.random.randn(B, S, F)
     (out * T(w, device, False)).sum().backward()
@@ -191,6 +222,7 @@ def test_attention_layer_self_attention_forward_backward(device, causal):
 
     def loss(a):
         return np.sum(w * attention_layer_ref(a["x"], a["x"], a["x"], a, H, D, causal))
+
     check_fd(loss, {"x": x, **p}, grads, rtol=5e-3, atol=5e-4)
 
 
@@ -198,8 +230,9 @@ def test_attention_layer_self_attention_forward_backward(device, causal):
 @pytest.mark.hw4_extra_attention_layer
 def test_attention_layer_cross_attention_feature_sizes(device):
     B, Tq, Tk, H, D = 2, 3, 5, 2, 2
-    layer = nn.AttentionLayer(4, H, D, k_features=3, v_features=6, out_features=5,
-                              causal=False, device=device)
+    layer = nn.AttentionLayer(
+        4, H, D, k_features=3, v_features=6, out_features=5, causal=False, device=device
+    )
     q, k, v = np.random.randn(B, Tq, 4), np.random.randn(B, Tk, 3), np.random.randn(B, Tk, 6)
     out = layer(T(q, device), T(k, device), T(v, device))
     assert out.shape == (B, Tq, 5)
@@ -235,8 +268,20 @@ def test_no_position_attends_to_a_later_one(device, causal):
     models = [
         (nn.AttentionLayer(F, 2, 4, causal=causal, device=device), 1),
         (nn.TransformerLayer(F, 2, 4, 16, causal=causal, device=device), 1),
-        (nn.Transformer(F, 16, 2, num_head=2, dim_head=4, causal=causal, device=device,
-                        batch_first=True, sequence_len=S), 1),
+        (
+            nn.Transformer(
+                F,
+                16,
+                2,
+                num_head=2,
+                dim_head=4,
+                causal=causal,
+                device=device,
+                batch_first=True,
+                sequence_len=S,
+            ),
+            1,
+        ),
     ]
     for model, axis in models:
         for t0 in (1, 3, 5):
@@ -267,14 +312,22 @@ def test_transformer_layer_forward_backward(device):
     w = np.random.randn(B, S, F)
     (out * T(w, device, False)).sum().backward()
     tensors = {f"attn.{k}": t for k, t in layer_tensors(layer.attn).items()}
-    tensors.update({"ln.w": layer.layernorm.weight, "ln.b": layer.layernorm.bias,
-                    "W1": layer.linear1.weight, "b1": layer.linear1.bias,
-                    "W2": layer.linear2.weight, "b2": layer.linear2.bias})
+    tensors.update(
+        {
+            "ln.w": layer.layernorm.weight,
+            "ln.b": layer.layernorm.bias,
+            "W1": layer.linear1.weight,
+            "b1": layer.linear1.bias,
+            "W2": layer.linear2.weight,
+            "b2": layer.linear2.bias,
+        }
+    )
     grads = {n: t.grad.numpy().reshape(p[n].shape) for n, t in tensors.items()}
     grads["x"] = xt.grad.numpy()
 
     def loss(a):
         return np.sum(w * block_ref(a["x"], a, H, D))
+
     check_fd(loss, {"x": x, **p}, grads, rtol=5e-3, atol=5e-4)
 
 
@@ -283,8 +336,9 @@ def test_transformer_layer_forward_backward(device):
 @pytest.mark.hw4_extra_transformer
 def test_transformer_forward_matches_reference(device, batch_first):
     B, S, E, HID, L, H, D = 2, 4, 6, 8, 2, 2, 3
-    model = nn.Transformer(E, HID, L, num_head=H, dim_head=D, device=device,
-                           batch_first=batch_first, sequence_len=10)
+    model = nn.Transformer(
+        E, HID, L, num_head=H, dim_head=D, device=device, batch_first=batch_first, sequence_len=10
+    )
     assert model.positional_embedding.weight.shape == (10, E)
     assert len(model.layers.modules) == L
     x = np.random.randn(*((B, S, E) if batch_first else (S, B, E)))
@@ -315,5 +369,8 @@ def test_transformer_bad_input(device):
     with pytest.raises(ValueError, match="4-D"):
         attn(*(T(np.zeros((2, 3, 4)), device) for _ in range(3)))
     with pytest.raises(ValueError, match="dim_head"):
-        attn(T(np.zeros((1, 1, 2, 3)), device), T(np.zeros((1, 1, 2, 4)), device),
-             T(np.zeros((1, 1, 2, 4)), device))
+        attn(
+            T(np.zeros((1, 1, 2, 3)), device),
+            T(np.zeros((1, 1, 2, 4)), device),
+            T(np.zeros((1, 1, 2, 4)), device),
+        )

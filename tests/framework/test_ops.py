@@ -1,4 +1,5 @@
-"""Every op of the course's op library: forward against numpy, gradient against central finite differences.
+"""Every op of the course's op library: forward against numpy, gradient against central finite
+differences.
 
 One table row per case: the needle expression, the numpy oracle and a generator of
 random inputs (random shapes drawn from a seeded RNG). Each row runs on every enabled device of
@@ -6,6 +7,7 @@ the current backend (run once with ``NEEDLE_BACKEND=np`` and once with the defau
 Convolution has its own file (test_ops_conv.py), numerical edge cases theirs
 (test_ops_numerics.py).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -14,13 +16,12 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from conftest import DEVICES
+from helpers import away_from_zero, backend_dtype, check_gradients, rand, tensor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import needle as ndl
-
-from conftest import DEVICES
-from helpers import away_from_zero, backend_dtype, check_gradients, rand, tensor
 
 pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
@@ -44,6 +45,7 @@ def _same(n, ndim=3, maker=rand):
     def gen(rng):
         shape = _shape(rng, ndim)
         return [maker(shape, rng) for _ in range(n)]
+
     return gen
 
 
@@ -76,6 +78,7 @@ def _gen_matmul(batch_a, batch_b):
     def gen(rng):
         m, n, p = _shape(rng, 3, 1, 4)
         return [rand(tuple(batch_a) + (m, n), rng), rand(tuple(batch_b) + (n, p), rng)]
+
     return gen
 
 
@@ -88,23 +91,46 @@ CASES = [
     Case("multiply", lambda a, b: ndl.multiply(a, b), np.multiply, _same(2)),
     Case("mul_scalar", lambda a: ndl.mul_scalar(a, -3.0), lambda a: a * -3.0, _same(1)),
     Case("rmul_scalar", lambda a: 0.5 * a, lambda a: 0.5 * a, _same(1)),
-    Case("power", lambda a, b: ndl.power(a, b), np.power,
-         lambda rng: [_positive(s := _shape(rng, 2), rng), rand(s, rng)]),
-    Case("pow_operator", lambda a, b: a ** b, np.power,
-         lambda rng: [_positive(s := _shape(rng, 2), rng), rand(s, rng)]),
-    Case("power_scalar_int", lambda a: ndl.power_scalar(a, 3), lambda a: a ** 3, _same(1)),
-    Case("power_scalar_half", lambda a: a ** 0.5, np.sqrt, _same(1, maker=_positive)),
-    Case("power_scalar_frac", lambda a: ndl.power_scalar(a, 2.7), lambda a: a ** 2.7,
-         _same(1, maker=_positive)),
-    Case("power_scalar_negative", lambda a: a ** -1.5, lambda a: a ** -1.5,
-         _same(1, maker=_positive)),
-    Case("divide", lambda a, b: ndl.divide(a, b), np.divide,
-         lambda rng: [rand(s := _shape(rng, 3), rng), away_from_zero(s, rng, 0.5)]),
-    Case("div_operator", lambda a, b: a / b, np.divide,
-         lambda rng: [rand(s := _shape(rng, 2), rng), away_from_zero(s, rng, 0.5)]),
+    Case(
+        "power",
+        lambda a, b: ndl.power(a, b),
+        np.power,
+        lambda rng: [_positive(s := _shape(rng, 2), rng), rand(s, rng)],
+    ),
+    Case(
+        "pow_operator",
+        lambda a, b: a**b,
+        np.power,
+        lambda rng: [_positive(s := _shape(rng, 2), rng), rand(s, rng)],
+    ),
+    Case("power_scalar_int", lambda a: ndl.power_scalar(a, 3), lambda a: a**3, _same(1)),
+    Case("power_scalar_half", lambda a: a**0.5, np.sqrt, _same(1, maker=_positive)),
+    Case(
+        "power_scalar_frac",
+        lambda a: ndl.power_scalar(a, 2.7),
+        lambda a: a**2.7,
+        _same(1, maker=_positive),
+    ),
+    Case("power_scalar_negative", lambda a: a**-1.5, lambda a: a**-1.5, _same(1, maker=_positive)),
+    Case(
+        "divide",
+        lambda a, b: ndl.divide(a, b),
+        np.divide,
+        lambda rng: [rand(s := _shape(rng, 3), rng), away_from_zero(s, rng, 0.5)],
+    ),
+    Case(
+        "div_operator",
+        lambda a, b: a / b,
+        np.divide,
+        lambda rng: [rand(s := _shape(rng, 2), rng), away_from_zero(s, rng, 0.5)],
+    ),
     Case("divide_scalar", lambda a: ndl.divide_scalar(a, 4.0), lambda a: a / 4.0, _same(1)),
-    Case("rdiv_scalar", lambda a: 2.0 / a, lambda a: 2.0 / a,
-         lambda rng: [away_from_zero(_shape(rng, 2), rng, 0.5)]),
+    Case(
+        "rdiv_scalar",
+        lambda a: 2.0 / a,
+        lambda a: 2.0 / a,
+        lambda rng: [away_from_zero(_shape(rng, 2), rng, 0.5)],
+    ),
     Case("sub_operator", lambda a, b: a - b, np.subtract, _same(2)),
     Case("sub_scalar", lambda a: a - 0.25, lambda a: a - 0.25, _same(1)),
     Case("rsub_scalar", lambda a: 1.0 - a, lambda a: 1.0 - a, _same(1)),
@@ -112,34 +138,77 @@ CASES = [
     Case("neg_operator", lambda a: -a, np.negative, _same(1)),
     Case("log", lambda a: ndl.log(a), np.log, _same(1, maker=_positive)),
     Case("exp", lambda a: ndl.exp(a), np.exp, _same(1)),
-    Case("relu", lambda a: ndl.relu(a), lambda a: np.maximum(a, 0),
-         _same(1, maker=away_from_zero)),
+    Case("relu", lambda a: ndl.relu(a), lambda a: np.maximum(a, 0), _same(1, maker=away_from_zero)),
     Case("tanh", lambda a: ndl.tanh(a), np.tanh, _same(1)),
     # shapes
-    Case("transpose_default", lambda a: ndl.transpose(a), lambda a: np.swapaxes(a, -1, -2),
-         _same(1, ndim=3)),
-    Case("transpose_0_2", lambda a: ndl.transpose(a, (0, 2)), lambda a: np.swapaxes(a, 0, 2),
-         _same(1, ndim=3)),
-    Case("transpose_method_neg", lambda a: a.transpose((1, -1)), lambda a: np.swapaxes(a, 1, -1),
-         _same(1, ndim=4)),
-    Case("reshape", lambda a: ndl.reshape(a, (3, 2, 2)), lambda a: a.reshape(3, 2, 2),
-         _gen_shapes((2, 6))),
-    Case("reshape_infer", lambda a: a.reshape((-1, 4)), lambda a: a.reshape(-1, 4),
-         _gen_shapes((2, 3, 4))),
-    Case("reshape_of_transpose", lambda a: ndl.reshape(ndl.transpose(a), (6,)),
-         lambda a: a.T.reshape(6), _gen_shapes((2, 3))),
-    Case("broadcast_to_new_dims", lambda a: ndl.broadcast_to(a, (2, 3, 4)),
-         lambda a: np.broadcast_to(a, (2, 3, 4)), _gen_shapes((4,))),
-    Case("broadcast_to_size1", lambda a: ndl.broadcast_to(a, (2, 3, 4)),
-         lambda a: np.broadcast_to(a, (2, 3, 4)), _gen_shapes((3, 1))),
-    Case("broadcast_to_mixed", lambda a: a.broadcast_to((3, 2, 4)),
-         lambda a: np.broadcast_to(a, (3, 2, 4)), _gen_shapes((1, 2, 1))),
-    Case("broadcast_to_scalar", lambda a: ndl.broadcast_to(a, (2, 3)),
-         lambda a: np.broadcast_to(a, (2, 3)), _gen_shapes((1,))),
+    Case(
+        "transpose_default",
+        lambda a: ndl.transpose(a),
+        lambda a: np.swapaxes(a, -1, -2),
+        _same(1, ndim=3),
+    ),
+    Case(
+        "transpose_0_2",
+        lambda a: ndl.transpose(a, (0, 2)),
+        lambda a: np.swapaxes(a, 0, 2),
+        _same(1, ndim=3),
+    ),
+    Case(
+        "transpose_method_neg",
+        lambda a: a.transpose((1, -1)),
+        lambda a: np.swapaxes(a, 1, -1),
+        _same(1, ndim=4),
+    ),
+    Case(
+        "reshape",
+        lambda a: ndl.reshape(a, (3, 2, 2)),
+        lambda a: a.reshape(3, 2, 2),
+        _gen_shapes((2, 6)),
+    ),
+    Case(
+        "reshape_infer",
+        lambda a: a.reshape((-1, 4)),
+        lambda a: a.reshape(-1, 4),
+        _gen_shapes((2, 3, 4)),
+    ),
+    Case(
+        "reshape_of_transpose",
+        lambda a: ndl.reshape(ndl.transpose(a), (6,)),
+        lambda a: a.T.reshape(6),
+        _gen_shapes((2, 3)),
+    ),
+    Case(
+        "broadcast_to_new_dims",
+        lambda a: ndl.broadcast_to(a, (2, 3, 4)),
+        lambda a: np.broadcast_to(a, (2, 3, 4)),
+        _gen_shapes((4,)),
+    ),
+    Case(
+        "broadcast_to_size1",
+        lambda a: ndl.broadcast_to(a, (2, 3, 4)),
+        lambda a: np.broadcast_to(a, (2, 3, 4)),
+        _gen_shapes((3, 1)),
+    ),
+    Case(
+        "broadcast_to_mixed",
+        lambda a: a.broadcast_to((3, 2, 4)),
+        lambda a: np.broadcast_to(a, (3, 2, 4)),
+        _gen_shapes((1, 2, 1)),
+    ),
+    Case(
+        "broadcast_to_scalar",
+        lambda a: ndl.broadcast_to(a, (2, 3)),
+        lambda a: np.broadcast_to(a, (2, 3)),
+        _gen_shapes((1,)),
+    ),
     Case("summation_all", lambda a: ndl.summation(a), np.sum, _same(1)),
     Case("summation_int", lambda a: ndl.summation(a, 1), lambda a: a.sum(axis=1), _same(1)),
-    Case("summation_tuple", lambda a: ndl.summation(a, (0, 2)), lambda a: a.sum(axis=(0, 2)),
-         _same(1)),
+    Case(
+        "summation_tuple",
+        lambda a: ndl.summation(a, (0, 2)),
+        lambda a: a.sum(axis=(0, 2)),
+        _same(1),
+    ),
     Case("summation_negative", lambda a: a.sum((-1,)), lambda a: a.sum(axis=-1), _same(1)),
     Case("summation_every_axis_tuple", lambda a: a.sum((0, 1)), np.sum, _same(1, ndim=2)),
     # matmul: 2-D, batched, broadcast batches on either side
@@ -153,45 +222,99 @@ CASES = [
     # log-sum-exp family
     Case("logsoftmax", lambda a: ndl.logsoftmax(a), _np_logsoftmax, _same(1, ndim=2)),
     Case("logsumexp_all", lambda a: ndl.logsumexp(a), _np_logsumexp, _same(1)),
-    Case("logsumexp_axis1", lambda a: ndl.logsumexp(a, axes=(1,)),
-         lambda a: _np_logsumexp(a, (1,)), _same(1)),
+    Case(
+        "logsumexp_axis1",
+        lambda a: ndl.logsumexp(a, axes=(1,)),
+        lambda a: _np_logsumexp(a, (1,)),
+        _same(1),
+    ),
     Case("logsumexp_int", lambda a: ndl.logsumexp(a, 0), lambda a: _np_logsumexp(a, 0), _same(1)),
-    Case("logsumexp_two_axes", lambda a: ndl.logsumexp(a, (0, 2)),
-         lambda a: _np_logsumexp(a, (0, 2)), _same(1)),
-    Case("logsumexp_scaled", lambda a: ndl.logsumexp(a * 20.0, (1,)),
-         lambda a: _np_logsumexp(a * 20.0, (1,)), _same(1, ndim=2)),
+    Case(
+        "logsumexp_two_axes",
+        lambda a: ndl.logsumexp(a, (0, 2)),
+        lambda a: _np_logsumexp(a, (0, 2)),
+        _same(1),
+    ),
+    Case(
+        "logsumexp_scaled",
+        lambda a: ndl.logsumexp(a * 20.0, (1,)),
+        lambda a: _np_logsumexp(a * 20.0, (1,)),
+        _same(1, ndim=2),
+    ),
     # stack, split, flip, dilate
-    Case("stack_axis0", lambda a, b, c: ndl.stack([a, b, c], 0), lambda *x: np.stack(x, 0),
-         _same(3, ndim=2)),
+    Case(
+        "stack_axis0",
+        lambda a, b, c: ndl.stack([a, b, c], 0),
+        lambda *x: np.stack(x, 0),
+        _same(3, ndim=2),
+    ),
     Case("stack_axis1", lambda a, b: ndl.stack((a, b), 1), lambda *x: np.stack(x, 1), _same(2)),
-    Case("stack_axis_last", lambda a, b: ndl.stack([a, b], -1), lambda *x: np.stack(x, -1),
-         _same(2, ndim=2)),
-    Case("split_then_combine", lambda a: _combine(ndl.split(a, 1)),
-         lambda a: sum((i + 1) * a[:, i] ** 2 for i in range(a.shape[1])), _gen_shapes((2, 3, 2))),
-    Case("split_stack_roundtrip", lambda a: ndl.stack(list(ndl.split(a, 0)), 1),
-         lambda a: np.stack(list(a), 1), _same(1)),
+    Case(
+        "stack_axis_last",
+        lambda a, b: ndl.stack([a, b], -1),
+        lambda *x: np.stack(x, -1),
+        _same(2, ndim=2),
+    ),
+    Case(
+        "split_then_combine",
+        lambda a: _combine(ndl.split(a, 1)),
+        lambda a: sum((i + 1) * a[:, i] ** 2 for i in range(a.shape[1])),
+        _gen_shapes((2, 3, 2)),
+    ),
+    Case(
+        "split_stack_roundtrip",
+        lambda a: ndl.stack(list(ndl.split(a, 0)), 1),
+        lambda a: np.stack(list(a), 1),
+        _same(1),
+    ),
     Case("flip_one", lambda a: ndl.flip(a, (0,)), lambda a: np.flip(a, 0), _same(1)),
-    Case("flip_two", lambda a: ndl.flip(a, (1, 2)), lambda a: np.flip(a, (1, 2)),
-         _same(1, ndim=4)),
+    Case("flip_two", lambda a: ndl.flip(a, (1, 2)), lambda a: np.flip(a, (1, 2)), _same(1, ndim=4)),
     Case("dilate", lambda a: ndl.dilate(a, (0,), 1), lambda a: _np_dilate(a, (0,), 1), _same(1)),
-    Case("dilate_two_axes", lambda a: ndl.dilate(a, (1, 2), 2),
-         lambda a: _np_dilate(a, (1, 2), 2), _same(1, ndim=4, maker=rand)),
+    Case(
+        "dilate_two_axes",
+        lambda a: ndl.dilate(a, (1, 2), 2),
+        lambda a: _np_dilate(a, (1, 2), 2),
+        _same(1, ndim=4, maker=rand),
+    ),
     Case("dilate_zero", lambda a: ndl.dilate(a, (1,), 0), lambda a: a, _same(1)),
-    Case("undilate", lambda a: ndl.undilate(a, (0, 1), 1), lambda a: a[::2, ::2],
-         _gen_shapes((4, 6, 2))),
-    Case("undilate_odd_length", lambda a: ndl.undilate(a, (1,), 2), lambda a: a[:, ::3],
-         _gen_shapes((2, 7))),
+    Case(
+        "undilate",
+        lambda a: ndl.undilate(a, (0, 1), 1),
+        lambda a: a[::2, ::2],
+        _gen_shapes((4, 6, 2)),
+    ),
+    Case(
+        "undilate_odd_length",
+        lambda a: ndl.undilate(a, (1,), 2),
+        lambda a: a[:, ::3],
+        _gen_shapes((2, 7)),
+    ),
     # tuples
-    Case("fused_add_scalars", lambda a: _combine(ndl.fused_add_scalars(a, 1.0, -2.0)),
-         lambda a: (a + 1.0) ** 2 + 2 * (a - 2.0) ** 2, _same(1)),
-    Case("make_tuple_get_item", lambda a, b: ndl.tuple_get_item(ndl.make_tuple(a, b), 1) * a,
-         lambda a, b: b * a, _same(2)),
+    Case(
+        "fused_add_scalars",
+        lambda a: _combine(ndl.fused_add_scalars(a, 1.0, -2.0)),
+        lambda a: (a + 1.0) ** 2 + 2 * (a - 2.0) ** 2,
+        _same(1),
+    ),
+    Case(
+        "make_tuple_get_item",
+        lambda a, b: ndl.tuple_get_item(ndl.make_tuple(a, b), 1) * a,
+        lambda a, b: b * a,
+        _same(2),
+    ),
     # composite expressions: several paths into one input
-    Case("composite_shared_input", lambda a: ndl.exp(a) * a + ndl.tanh(a * a) / (a * a + 1.0),
-         lambda a: np.exp(a) * a + np.tanh(a * a) / (a * a + 1.0), _same(1)),
-    Case("composite_mlp", lambda x, w, b: ndl.relu(x @ w + ndl.broadcast_to(b, (4, 3))).sum((1,)),
-         lambda x, w, b: np.maximum(x @ w + b, 0).sum(1),
-         _gen_shapes((4, 5), (5, 3), (1, 3), maker=away_from_zero)),
+    Case(
+        "composite_shared_input",
+        lambda a: ndl.exp(a) * a + ndl.tanh(a * a) / (a * a + 1.0),
+        lambda a: np.exp(a) * a + np.tanh(a * a) / (a * a + 1.0),
+        _same(1),
+    ),
+    Case(
+        "composite_mlp",
+        lambda x, w, b: ndl.relu(x @ w + ndl.broadcast_to(b, (4, 3))).sum((1,)),
+        lambda x, w, b: np.maximum(x @ w + b, 0).sum(1),
+        _gen_shapes((4, 5), (5, 3), (1, 3), maker=away_from_zero),
+    ),
 ]
 
 
@@ -204,18 +327,18 @@ HW1_MARKS = {
     "multiply": (pytest.mark.hw1_multiply_forward, pytest.mark.hw1_multiply_backward),
     "mul_scalar": (pytest.mark.hw1_mul_scalar_forward, pytest.mark.hw1_mul_scalar_backward),
     "rmul_scalar": (pytest.mark.hw1_mul_scalar_forward, pytest.mark.hw1_mul_scalar_backward),
-    "power_scalar": (pytest.mark.hw1_power_scalar_forward,
-                     pytest.mark.hw1_power_scalar_backward),
+    "power_scalar": (pytest.mark.hw1_power_scalar_forward, pytest.mark.hw1_power_scalar_backward),
     "power": (pytest.mark.hw1_power_forward, pytest.mark.hw1_power_backward),
     "pow_operator": (pytest.mark.hw1_power_forward, pytest.mark.hw1_power_backward),
-    "divide_scalar": (pytest.mark.hw1_divide_scalar_forward,
-                      pytest.mark.hw1_divide_scalar_backward),
+    "divide_scalar": (
+        pytest.mark.hw1_divide_scalar_forward,
+        pytest.mark.hw1_divide_scalar_backward,
+    ),
     "divide": (pytest.mark.hw1_divide_forward, pytest.mark.hw1_divide_backward),
     "div_operator": (pytest.mark.hw1_divide_forward, pytest.mark.hw1_divide_backward),
     "matmul": (pytest.mark.hw1_matmul_forward, pytest.mark.hw1_matmul_backward),
     "summation": (pytest.mark.hw1_summation_forward, pytest.mark.hw1_summation_backward),
-    "broadcast_to": (pytest.mark.hw1_broadcast_to_forward,
-                     pytest.mark.hw1_broadcast_to_backward),
+    "broadcast_to": (pytest.mark.hw1_broadcast_to_forward, pytest.mark.hw1_broadcast_to_backward),
     "reshape": (pytest.mark.hw1_reshape_forward, pytest.mark.hw1_reshape_backward),
     "negate": (pytest.mark.hw1_negate_forward, pytest.mark.hw1_negate_backward),
     "neg_operator": (pytest.mark.hw1_negate_forward, pytest.mark.hw1_negate_backward),
@@ -226,17 +349,23 @@ HW1_MARKS = {
 }
 # Later homeworks check an op's forward and backward as one question.
 OTHER_MARKS = {
-    "logsumexp": pytest.mark.hw2_logsumexp, "tanh": pytest.mark.hw4_tanh,
-    "stack": pytest.mark.hw4_stack, "split_stack": (pytest.mark.hw4_split, pytest.mark.hw4_stack),
-    "split": pytest.mark.hw4_split, "flip": pytest.mark.hw4_flip,
-    "dilate": pytest.mark.hw4_dilate, "undilate": pytest.mark.hw4_dilate,
+    "logsumexp": pytest.mark.hw2_logsumexp,
+    "tanh": pytest.mark.hw4_tanh,
+    "stack": pytest.mark.hw4_stack,
+    "split_stack": (pytest.mark.hw4_split, pytest.mark.hw4_stack),
+    "split": pytest.mark.hw4_split,
+    "flip": pytest.mark.hw4_flip,
+    "dilate": pytest.mark.hw4_dilate,
+    "undilate": pytest.mark.hw4_dilate,
 }
 
 
 def _marks(case_id: str, backward: bool) -> list:
     """The question markers of a case: the longest table key its id starts with."""
-    for table, pick in ((HW1_MARKS, lambda m: [m[1] if backward else m[0]]),
-                        (OTHER_MARKS, lambda m: list(m) if isinstance(m, tuple) else [m])):
+    for table, pick in (
+        (HW1_MARKS, lambda m: [m[1] if backward else m[0]]),
+        (OTHER_MARKS, lambda m: list(m) if isinstance(m, tuple) else [m]),
+    ):
         keys = [k for k in table if case_id == k or case_id.startswith(k + "_")]
         if keys:
             return pick(table[max(keys, key=len)])
@@ -303,9 +432,11 @@ def test_nd_ops_never_round_trip_through_numpy(case: Case, device, monkeypatch):
 
 
 # ---- property tests over random shapes ----------------------------------------------------
-SETTINGS = settings(deadline=None, max_examples=12,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+SETTINGS = settings(
+    deadline=None,
+    max_examples=12,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 DIMS = st.integers(1, 3)
 
 
@@ -314,7 +445,7 @@ def broadcast_pairs(draw):
     """(source shape, target shape) with numpy broadcasting from source to target."""
     target = tuple(draw(st.lists(DIMS, min_size=1, max_size=3)))
     keep = draw(st.integers(0, len(target)))
-    source = tuple(d if draw(st.booleans()) else 1 for d in target[len(target) - keep:])
+    source = tuple(d if draw(st.booleans()) else 1 for d in target[len(target) - keep :])
     return source, target
 
 
@@ -322,8 +453,8 @@ def broadcast_pairs(draw):
 def matmul_shapes(draw):
     """Batch shapes that broadcast against each other, plus m, n, p."""
     batch = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
-    ba = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
-    bb = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
+    ba = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))) :]
+    bb = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))) :]
     m, n, p = (draw(st.integers(1, 3)) for _ in range(3))
     return ba + (m, n), bb + (n, p)
 
@@ -343,10 +474,13 @@ def test_broadcast_to_random_shapes(device, shapes, seed):
 @SETTINGS
 @given(shape=st.lists(DIMS, min_size=1, max_size=4).map(tuple), data=st.data())
 def test_summation_random_axes(device, shape, data):
-    axes = data.draw(st.one_of(
-        st.none(),
-        st.integers(-len(shape), len(shape) - 1),
-        st.sets(st.integers(0, len(shape) - 1), min_size=1).map(tuple)))
+    axes = data.draw(
+        st.one_of(
+            st.none(),
+            st.integers(-len(shape), len(shape) - 1),
+            st.sets(st.integers(0, len(shape) - 1), min_size=1).map(tuple),
+        )
+    )
     x = rand(shape, np.random.default_rng(len(shape)))
     out = ndl.summation(tensor(x, device), axes)
     expected = np.sum(x, axis=axes)

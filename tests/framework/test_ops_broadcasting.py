@@ -6,29 +6,29 @@ the broadcasting pairs a newcomer writes: scalar-like, row, column, leading 1s, 
 Each test is named after the course function it exercises and runs on every enabled device of
 the current backend (once with ``NEEDLE_BACKEND=np``, once with ``nd``).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import needle as ndl
-
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, tensor
+
+import needle as ndl
 
 pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
 # (left shape, right shape): every way numpy lines two shapes up
 PAIRS = [
-    ((2, 3), (1, 1)),        # scalar-like
-    ((1,), (2, 3)),          # scalar-like, lower rank, on the left
-    ((2, 3), (3,)),          # row, rank mismatch
-    ((2, 3), (1, 3)),        # row
-    ((2, 3), (2, 1)),        # column
-    ((3, 1), (1, 4)),        # outer: both sides broadcast
-    ((2, 1, 3), (4, 1)),     # leading 1s and a rank mismatch, both sides broadcast
-    ((1, 2, 3), (2, 3)),     # leading 1
-    ((2, 3), (2, 3)),        # equal shapes (the course's case)
+    ((2, 3), (1, 1)),  # scalar-like
+    ((1,), (2, 3)),  # scalar-like, lower rank, on the left
+    ((2, 3), (3,)),  # row, rank mismatch
+    ((2, 3), (1, 3)),  # row
+    ((2, 3), (2, 1)),  # column
+    ((3, 1), (1, 4)),  # outer: both sides broadcast
+    ((2, 1, 3), (4, 1)),  # leading 1s and a rank mismatch, both sides broadcast
+    ((1, 2, 3), (2, 3)),  # leading 1
+    ((2, 3), (2, 3)),  # equal shapes (the course's case)
 ]
 PAIR_IDS = ["x".join(map(str, a)) + "-" + "x".join(map(str, b)) for a, b in PAIRS]
 
@@ -82,17 +82,23 @@ def test_power_course_example_broadcasts(device):
     out.sum().backward()
     assert x.grad.shape == (1, 3) and y.grad.shape == (3,)
     np.testing.assert_allclose(x.grad.numpy(), [[2.0, 4.0, 6.0]], rtol=1e-5)
-    np.testing.assert_allclose(y.grad.numpy(), np.log([1.0, 2.0, 3.0]) * [1.0, 4.0, 9.0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        y.grad.numpy(), np.log([1.0, 2.0, 3.0]) * [1.0, 4.0, 9.0], rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_broadcasting_gradient_through_a_chain(device):
     """A bias added to a matmul and scaled by a column: the usual layer, without broadcast_to."""
     rng = np.random.default_rng(3)
-    check_gradients(lambda x, w, b, s: ndl.tanh((x @ w + b) * s),
-                    rng.uniform(-1, 1, (4, 3)), rng.uniform(-1, 1, (3, 2)),
-                    rng.uniform(-1, 1, (2,)), rng.uniform(-1, 1, (4, 1)), device=device)
+    check_gradients(
+        lambda x, w, b, s: ndl.tanh((x @ w + b) * s),
+        rng.uniform(-1, 1, (4, 3)),
+        rng.uniform(-1, 1, (3, 2)),
+        rng.uniform(-1, 1, (2,)),
+        rng.uniform(-1, 1, (4, 1)),
+        device=device,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,7 +112,7 @@ SCALAR_OPS = {
     "add_scalar": (ndl.add_scalar, lambda a, s: a + s),
     "mul_scalar": (ndl.mul_scalar, lambda a, s: a * s),
     "divide_scalar": (ndl.divide_scalar, lambda a, s: a / s),
-    "power_scalar": (ndl.power_scalar, lambda a, s: a ** s),
+    "power_scalar": (ndl.power_scalar, lambda a, s: a**s),
     "add_operator": (lambda t, s: t + s, lambda a, s: a + s),
     "radd_operator": (lambda t, s: s + t, lambda a, s: s + a),
     "sub_operator": (lambda t, s: t - s, lambda a, s: a - s),
@@ -115,7 +121,7 @@ SCALAR_OPS = {
     "rmul_operator": (lambda t, s: s * t, lambda a, s: s * a),
     "truediv_operator": (lambda t, s: t / s, lambda a, s: a / s),
     "rtruediv_operator": (lambda t, s: s / t, lambda a, s: s / a),
-    "pow_operator": (lambda t, s: t ** s, lambda a, s: a ** s),
+    "pow_operator": (lambda t, s: t**s, lambda a, s: a**s),
 }
 GOOD_SCALARS = {
     "int": 2,
@@ -157,10 +163,10 @@ def test_scalar_ops_accept_real_scalars(name, scalar, device):
 def test_divide_scalar_course_gradient_check(device):
     """The course passes ``scalar=np.random.randn(1)``; the gradient is 1/scalar."""
     s = np.random.randn(1)
-    check_gradients(lambda a: ndl.divide_scalar(a, scalar=s), np.random.randn(5, 4),
-                    device=device)
-    check_gradients(lambda a: ndl.power_scalar(a, scalar=np.int64(2)), np.random.randn(5, 4),
-                    device=device)
+    check_gradients(lambda a: ndl.divide_scalar(a, scalar=s), np.random.randn(5, 4), device=device)
+    check_gradients(
+        lambda a: ndl.power_scalar(a, scalar=np.int64(2)), np.random.randn(5, 4), device=device
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,30 +4,30 @@ The oracle is a plain numpy loop over output pixels; gradients are checked by fi
 differences for strides 1 and 2 (and 3), kernel sizes 1 to 3 and padding 0 to 2, on
 non-square inputs too. The gradient of the gradient is checked as well.
 """
+
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
 import pytest
-
-import needle as ndl
-
 from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, numerical_gradients, rand, tensor, tolerances
+
+import needle as ndl
 
 pytestmark = [pytest.mark.ops, pytest.mark.conv, pytest.mark.both_backends]
 
 
 def conv_loop(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> np.ndarray:
-    """Direct definition: out[n, i, j, o] = Σ_{a,b,c} xpad[n, i·s + a, j·s + b, c] · w[a, b, c, o]."""
+    """By definition: out[n, i, j, o] = Σ_{a,b,c} xpad[n, i·s + a, j·s + b, c] · w[a, b, c, o]."""
     x = np.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
     N, H, W, C = x.shape
     KH, KW, _, O = w.shape
     Ho, Wo = (H - KH) // stride + 1, (W - KW) // stride + 1
     out = np.zeros((N, Ho, Wo, O))
     for n, i, j, o in itertools.product(range(N), range(Ho), range(Wo), range(O)):
-        patch = x[n, i * stride:i * stride + KH, j * stride:j * stride + KW, :]
+        patch = x[n, i * stride : i * stride + KH, j * stride : j * stride + KW, :]
         out[n, i, j, o] = np.sum(patch * w[:, :, :, o])
     return out
 
@@ -53,8 +53,9 @@ def test_conv_forward_matches_loop(device, k, stride, padding):
 def test_conv_gradient_matches_finite_differences(device, k, stride, padding):
     rng = np.random.default_rng(k * 100 + stride * 10 + padding + 7)
     x, w = rand((2, 5, 4, 2), rng), rand((k, k, 2, 3), rng)
-    check_gradients(lambda a, b: ndl.conv(a, b, stride=stride, padding=padding), x, w,
-                    device=device)
+    check_gradients(
+        lambda a, b: ndl.conv(a, b, stride=stride, padding=padding), x, w, device=device
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,15 +93,22 @@ def test_conv_second_order(device, stride, padding):
     directional.backward()
     tol = tolerances()
     expected = conv_loop(S.astype(dtype), w.astype(dtype), stride, padding)
-    np.testing.assert_allclose(Rt.grad.numpy(), expected, rtol=tol["rtol"],
-                               atol=tol["atol"] * np.abs(expected).max())
+    np.testing.assert_allclose(
+        Rt.grad.numpy(), expected, rtol=tol["rtol"], atol=tol["atol"] * np.abs(expected).max()
+    )
     Sd = S.astype(dtype)
     numeric = numerical_gradients(
-        lambda wv: ndl.conv(tensor(Sd, device, requires_grad=False), wv, stride=stride,
-                            padding=padding),
-        [w.astype(dtype)], device, R, tol["eps"])[0]
-    np.testing.assert_allclose(wt.grad.numpy(), numeric, rtol=tol["rtol"],
-                               atol=tol["atol"] * np.abs(numeric).max())
+        lambda wv: ndl.conv(
+            tensor(Sd, device, requires_grad=False), wv, stride=stride, padding=padding
+        ),
+        [w.astype(dtype)],
+        device,
+        R,
+        tol["eps"],
+    )[0]
+    np.testing.assert_allclose(
+        wt.grad.numpy(), numeric, rtol=tol["rtol"], atol=tol["atol"] * np.abs(numeric).max()
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -126,14 +134,21 @@ def test_conv_weight_gradient_second_order(device, k, stride, padding):
     directional.backward()
     tol = tolerances()
     numeric = numerical_gradients(
-        lambda xv: ndl.conv(xv, tensor(V, device, requires_grad=False), stride=stride,
-                            padding=padding),
-        [x.astype(dtype)], device, R, tol["eps"])[0]
-    np.testing.assert_allclose(xt.grad.numpy(), numeric, rtol=tol["rtol"],
-                               atol=tol["atol"] * np.abs(numeric).max())
+        lambda xv: ndl.conv(
+            xv, tensor(V, device, requires_grad=False), stride=stride, padding=padding
+        ),
+        [x.astype(dtype)],
+        device,
+        R,
+        tol["eps"],
+    )[0]
+    np.testing.assert_allclose(
+        xt.grad.numpy(), numeric, rtol=tol["rtol"], atol=tol["atol"] * np.abs(numeric).max()
+    )
     expected = conv_loop(x.astype(dtype), V, stride, padding)
-    np.testing.assert_allclose(Rt.grad.numpy(), expected, rtol=tol["rtol"],
-                               atol=tol["atol"] * np.abs(expected).max())
+    np.testing.assert_allclose(
+        Rt.grad.numpy(), expected, rtol=tol["rtol"], atol=tol["atol"] * np.abs(expected).max()
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -152,12 +167,18 @@ def test_conv_weight_gradient_twice_from_one_graph(device):
     loss.backward()
     tol = tolerances()
     numeric = numerical_gradients(
-        lambda wv: ndl.conv(tensor(x.astype(backend_dtype()), device, requires_grad=False), wv,
-                            stride=2, padding=1),
-        [w.astype(backend_dtype())], device, R, tol["eps"])[0]
+        lambda wv: ndl.conv(
+            tensor(x.astype(backend_dtype()), device, requires_grad=False), wv, stride=2, padding=1
+        ),
+        [w.astype(backend_dtype())],
+        device,
+        R,
+        tol["eps"],
+    )[0]
     for grad in (first, wt.grad.numpy()):
-        np.testing.assert_allclose(grad, numeric, rtol=tol["rtol"],
-                                   atol=tol["atol"] * np.abs(numeric).max())
+        np.testing.assert_allclose(
+            grad, numeric, rtol=tol["rtol"], atol=tol["atol"] * np.abs(numeric).max()
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -166,10 +187,15 @@ def test_conv_forward_is_one_strided_view_and_one_matmul(device, monkeypatch):
     if ndl.BACKEND != "nd":
         real = np.lib.stride_tricks.as_strided
         calls = []
-        monkeypatch.setattr(np.lib.stride_tricks, "as_strided",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
-        ndl.conv(tensor(np.ones((2, 6, 6, 3)), device), tensor(np.ones((3, 3, 3, 4)), device),
-                 stride=2, padding=1)
+        monkeypatch.setattr(
+            np.lib.stride_tricks, "as_strided", lambda *a, **k: calls.append(1) or real(*a, **k)
+        )
+        ndl.conv(
+            tensor(np.ones((2, 6, 6, 3)), device),
+            tensor(np.ones((3, 3, 3, 4)), device),
+            stride=2,
+            padding=1,
+        )
         assert len(calls) == 1
         return
     counts = {"as_strided": 0, "matmul": 0}

@@ -3,15 +3,15 @@
 Expected values are worked out by hand in each docstring (log-sum-exp of a row whose max is M
 is M + log Σ exp(z - M)).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import needle as ndl
-
 from conftest import DEVICES
 from helpers import tensor
+
+import needle as ndl
 
 pytestmark = [pytest.mark.ops, pytest.mark.both_backends]
 
@@ -133,8 +133,8 @@ def test_full_summation_is_zero_dimensional(device):
 def test_fractional_powers(device):
     """x^0.5 and x^-0.5 at x = 4: 2 and 0.5; derivatives 0.25 and -1/16."""
     x = tensor([4.0], device)
-    (x ** 0.5 + x ** -0.5).backward()
-    np.testing.assert_allclose((x ** 0.5).numpy(), [2.0])
+    (x**0.5 + x**-0.5).backward()
+    np.testing.assert_allclose((x**0.5).numpy(), [2.0])
     np.testing.assert_allclose(x.grad.numpy(), [0.25 - 1 / 16], rtol=1e-6)
 
 

@@ -4,14 +4,15 @@ The objective is L(θ) = Σ ½·a·θ² + c·θ (element-wise a, c), whose gradi
 numpy reference evaluates by hand; needle gets the same gradient from autograd. Several steps are
 compared, so momentum, weight decay and Adam's bias correction all enter.
 """
+
 import gc
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
 from needle import nn, optim
-from conftest import DEVICES
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
@@ -26,8 +27,9 @@ class Quadratic(nn.Module):
         rng = np.random.default_rng(0)
         self.a = [rng.uniform(0.5, 2.0, s).astype(F32) for s in ((3, 2), (1, 4))]
         self.c = [rng.normal(size=s).astype(F32) for s in ((3, 2), (1, 4))]
-        self.theta = [nn.Parameter(rng.normal(size=s).astype(F32), device=device)
-                      for s in ((3, 2), (1, 4))]
+        self.theta = [
+            nn.Parameter(rng.normal(size=s).astype(F32), device=device) for s in ((3, 2), (1, 4))
+        ]
         self.device = device
 
     def loss(self):
@@ -76,23 +78,30 @@ def adam_reference(thetas, model, lr, b1, b2, eps, wd, steps):
         for i, g in enumerate(grads):
             g = g + wd * thetas[i]
             m[i] = b1 * m[i] + (1 - b1) * g
-            v[i] = b2 * v[i] + (1 - b2) * g ** 2
-            m_hat = m[i] / (1 - b1 ** t)
-            v_hat = v[i] / (1 - b2 ** t)
+            v[i] = b2 * v[i] + (1 - b2) * g**2
+            m_hat = m[i] / (1 - b1**t)
+            v_hat = v[i] / (1 - b2**t)
             thetas[i] = thetas[i] - lr * m_hat / (np.sqrt(v_hat) + eps)
     return thetas
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kwargs", [dict(lr=0.1), dict(lr=0.1, momentum=0.9),
-                                    dict(lr=0.05, weight_decay=0.2),
-                                    dict(lr=0.1, momentum=0.5, weight_decay=0.01)],
-                         ids=["plain", "momentum", "wd", "momentum-wd"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(lr=0.1),
+        dict(lr=0.1, momentum=0.9),
+        dict(lr=0.05, weight_decay=0.2),
+        dict(lr=0.1, momentum=0.5, weight_decay=0.01),
+    ],
+    ids=["plain", "momentum", "wd", "momentum-wd"],
+)
 @pytest.mark.hw2_sgd
 def test_sgd_matches_reference(device, kwargs):
     model, start = run(optim.SGD, kwargs, device, steps=6)
-    ref = sgd_reference(start, model, kwargs["lr"], kwargs.get("momentum", 0.0),
-                        kwargs.get("weight_decay", 0.0), 6)
+    ref = sgd_reference(
+        start, model, kwargs["lr"], kwargs.get("momentum", 0.0), kwargs.get("weight_decay", 0.0), 6
+    )
     for p, r in zip(model.parameters(), ref):
         assert p.dtype == "float32" and p.numpy().dtype == np.float32
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
@@ -108,14 +117,24 @@ def test_sgd_momentum_is_an_average_not_pytorch_form():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kwargs", [dict(lr=0.01), dict(lr=0.05, beta1=0.8, beta2=0.99),
-                                    dict(lr=0.02, weight_decay=0.1)],
-                         ids=["default", "betas", "wd"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(lr=0.01), dict(lr=0.05, beta1=0.8, beta2=0.99), dict(lr=0.02, weight_decay=0.1)],
+    ids=["default", "betas", "wd"],
+)
 @pytest.mark.hw2_adam
 def test_adam_matches_reference(device, kwargs):
     model, start = run(optim.Adam, kwargs, device, steps=6)
-    ref = adam_reference(start, model, kwargs["lr"], kwargs.get("beta1", 0.9),
-                         kwargs.get("beta2", 0.999), 1e-8, kwargs.get("weight_decay", 0.0), 6)
+    ref = adam_reference(
+        start,
+        model,
+        kwargs["lr"],
+        kwargs.get("beta1", 0.9),
+        kwargs.get("beta2", 0.999),
+        1e-8,
+        kwargs.get("weight_decay", 0.0),
+        6,
+    )
     for p, r in zip(model.parameters(), ref):
         assert p.dtype == "float32"
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
@@ -159,12 +178,10 @@ def test_step_does_not_modify_grad(opt_cls, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("opt_cls, kwargs", [(optim.SGD, dict(momentum=0.9)),
-                                             (optim.Adam, dict())])
+@pytest.mark.parametrize("opt_cls, kwargs", [(optim.SGD, dict(momentum=0.9)), (optim.Adam, dict())])
 def test_tensor_counter_stays_flat(opt_cls, kwargs, device):
     np.random.seed(0)
-    model = nn.Sequential(nn.Linear(4, 8, device=device), nn.ReLU(),
-                          nn.Linear(8, 3, device=device))
+    model = nn.Sequential(nn.Linear(4, 8, device=device), nn.ReLU(), nn.Linear(8, 3, device=device))
     opt = opt_cls(model.parameters(), lr=0.01, **kwargs)
     X = ndl.Tensor(np.random.randn(5, 4).astype(F32), device=device, requires_grad=False)
     y = ndl.Tensor(np.array([0, 1, 2, 1, 0]), device=device, requires_grad=False)
@@ -245,15 +262,28 @@ def test_optimizer_rejects_bad_parameter_lists():
     assert [id(p) for p in optim.SGD(p for p in [a, b]).params] == [id(a), id(b)]
 
 
-@pytest.mark.parametrize("opt_cls, name, bad", [
-    (optim.SGD, "lr", float("nan")), (optim.SGD, "lr", float("inf")), (optim.SGD, "lr", -0.1),
-    (optim.SGD, "momentum", 1.0), (optim.SGD, "momentum", -0.5),
-    (optim.SGD, "momentum", float("nan")), (optim.SGD, "weight_decay", -1e-4),
-    (optim.SGD, "weight_decay", float("inf")),
-    (optim.Adam, "lr", float("nan")), (optim.Adam, "lr", -1.0), (optim.Adam, "beta1", 1.0),
-    (optim.Adam, "beta1", -0.1), (optim.Adam, "beta2", 1.5), (optim.Adam, "eps", 0.0),
-    (optim.Adam, "eps", -1e-8), (optim.Adam, "eps", float("nan")),
-    (optim.Adam, "weight_decay", -0.1)])
+@pytest.mark.parametrize(
+    "opt_cls, name, bad",
+    [
+        (optim.SGD, "lr", float("nan")),
+        (optim.SGD, "lr", float("inf")),
+        (optim.SGD, "lr", -0.1),
+        (optim.SGD, "momentum", 1.0),
+        (optim.SGD, "momentum", -0.5),
+        (optim.SGD, "momentum", float("nan")),
+        (optim.SGD, "weight_decay", -1e-4),
+        (optim.SGD, "weight_decay", float("inf")),
+        (optim.Adam, "lr", float("nan")),
+        (optim.Adam, "lr", -1.0),
+        (optim.Adam, "beta1", 1.0),
+        (optim.Adam, "beta1", -0.1),
+        (optim.Adam, "beta2", 1.5),
+        (optim.Adam, "eps", 0.0),
+        (optim.Adam, "eps", -1e-8),
+        (optim.Adam, "eps", float("nan")),
+        (optim.Adam, "weight_decay", -0.1),
+    ],
+)
 def test_optimizers_reject_out_of_range_hyperparameters(opt_cls, name, bad):
     p = nn.Parameter(np.ones(2, F32))
     with pytest.raises(ValueError, match=name):

@@ -4,18 +4,23 @@ Oracles: files the tests write with hand-computed ids; the real PTB text (where
 ../shared/data/ptb exists) re-tokenised with plain Python; hand-derived entropy rates of tiny
 grammars; a Monte Carlo estimate of the default grammar's entropy rate from its own samples.
 """
+
 import math
 import shutil
 
 import numpy as np
 import pytest
+from conftest import DEVICES, SHARED_DATA
 
 import needle as ndl
+from companion.data.grammar import (
+    StochasticGrammar,
+    default_grammar,
+    grammar_entropy_rate,
+    write_grammar_corpus,
+)
 from needle import backend_ndarray as nd
 from needle.data import Corpus, Dictionary, batchify, get_batch
-from companion.data.grammar import (StochasticGrammar, default_grammar,
-                                     grammar_entropy_rate, write_grammar_corpus)
-from conftest import DEVICES, SHARED_DATA
 
 pytestmark = pytest.mark.data
 
@@ -50,8 +55,17 @@ def test_corpus_tokenises_like_the_course(tmp_path):
     assert Corpus(base, max_lines=0).train == []
 
 
-@pytest.mark.parametrize("text", [b"a b\nc\r\nd\re\n\nf", b"x\r", b"x\r\n\r\ny z",
-                                  b"a\rb\r\rc\n", b"", "na\u00efve caf\u00e9\n".encode()])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"a b\nc\r\nd\re\n\nf",
+        b"x\r",
+        b"x\r\n\r\ny z",
+        b"a\rb\r\rc\n",
+        b"",
+        "na\u00efve caf\u00e9\n".encode(),
+    ],
+)
 def test_corpus_lines_are_those_open_reads(tmp_path, text):
     """Line ends as Python's text mode reads them (\\n, \\r\\n and a lone \\r all end a line)."""
     (tmp_path / "train.txt").write_bytes(text)
@@ -82,8 +96,8 @@ ALPHABET = list(range(26))  # a=0 … z=25
 def test_batchify_columns_are_contiguous_runs(device):
     b = batchify(ALPHABET[:24], 4, device=device, dtype="float32")
     assert isinstance(b, np.ndarray) and b.shape == (6, 4) and b.dtype == np.float32
-    np.testing.assert_array_equal(b[:, 0], range(0, 6))     # a … f
-    np.testing.assert_array_equal(b[:, 3], range(18, 24))   # s … x
+    np.testing.assert_array_equal(b[:, 0], range(0, 6))  # a … f
+    np.testing.assert_array_equal(b[:, 3], range(18, 24))  # s … x
     b = batchify(ALPHABET, 4, device=device, dtype="float32")  # y, z dropped
     assert b.shape == (6, 4) and b.max() == 23
     with pytest.raises(ValueError, match="batch_size"):
@@ -99,9 +113,9 @@ def test_get_batch_targets_are_the_next_rows(device):
     X, y = get_batch(b, 0, 2, device=device, dtype="float32")
     assert isinstance(X, ndl.Tensor) and X.shape == (2, 4) and y.shape == (8,)
     assert X.device == device and X.dtype == "float32" and not X.requires_grad
-    np.testing.assert_array_equal(X.numpy(), [[0, 6, 12, 18], [1, 7, 13, 19]])   # a g m s / b h n t
-    np.testing.assert_array_equal(y.numpy(), [1, 7, 13, 19, 2, 8, 14, 20])       # b h n t c i o u
-    X, y = get_batch(b, 4, 3, device=device)   # only one row (f l r x as targets) is left
+    np.testing.assert_array_equal(X.numpy(), [[0, 6, 12, 18], [1, 7, 13, 19]])  # a g m s / b h n t
+    np.testing.assert_array_equal(y.numpy(), [1, 7, 13, 19, 2, 8, 14, 20])  # b h n t c i o u
+    X, y = get_batch(b, 4, 3, device=device)  # only one row (f l r x as targets) is left
     assert X.shape == (1, 4) and y.shape == (4,)
     np.testing.assert_array_equal(y.numpy(), [5, 11, 17, 23])
     with pytest.raises(IndexError, match="out of range"):
@@ -111,8 +125,10 @@ def test_get_batch_targets_are_the_next_rows(device):
 
 
 # ---- the real Penn Treebank text ---------------------------------------------------------------
-needs_ptb = pytest.mark.skipif(not (PTB / "valid.txt").exists() or not (PTB / "test.txt").exists(),
-                               reason="../shared/data/ptb (valid.txt, test.txt) not present")
+needs_ptb = pytest.mark.skipif(
+    not (PTB / "valid.txt").exists() or not (PTB / "test.txt").exists(),
+    reason="../shared/data/ptb (valid.txt, test.txt) not present",
+)
 
 
 def plain_tokens(path, max_lines=None):
@@ -168,8 +184,9 @@ def test_tiny_grammars_have_hand_derived_entropy_rates():
     g = StochasticGrammar({"S": [("AB", 0.5, "S"), ("EOS", 0.5, "S")]}, words)
     assert g.entropy_rate() == pytest.approx(0.5 * math.log(4) + 0.5 * math.log(2), abs=1e-12)
     # S: x (1/2) → T, <eos> (1/2) → S;  T: y → S.  π = (2/3, 1/3); only S is uncertain.
-    g = StochasticGrammar({"S": [("X", 0.5, "T"), ("EOS", 0.5, "S")], "T": [("Y", 1.0, "S")]},
-                          words)
+    g = StochasticGrammar(
+        {"S": [("X", 0.5, "T"), ("EOS", 0.5, "S")], "T": [("Y", 1.0, "S")]}, words
+    )
     np.testing.assert_allclose(g.stationary(), [2 / 3, 1 / 3], atol=1e-12)
     assert g.entropy_rate() == pytest.approx(2 / 3 * math.log(2), abs=1e-12)
     lines = g.sample_lines(5, seed=0)
@@ -197,11 +214,31 @@ def test_default_grammar_entropy_rate_matches_its_samples():
     assert abs(nll - H) < 0.03, (nll, H)
 
 
-VERBS_SG = {"sees", "likes", "follows", "helps", "chases", "finds", "runs", "sleeps", "sings",
-            "waits"}
+VERBS_SG = {
+    "sees",
+    "likes",
+    "follows",
+    "helps",
+    "chases",
+    "finds",
+    "runs",
+    "sleeps",
+    "sings",
+    "waits",
+}
 VERBS_PL = {"see", "like", "follow", "help", "chase", "find", "run", "sleep", "sing", "wait"}
-NOUNS_PL = {"dogs", "cats", "birds", "children", "teachers", "farmers", "robots", "horses",
-            "students", "doctors"}
+NOUNS_PL = {
+    "dogs",
+    "cats",
+    "birds",
+    "children",
+    "teachers",
+    "farmers",
+    "robots",
+    "horses",
+    "students",
+    "doctors",
+}
 
 
 def test_default_grammar_needs_memory_for_agreement():

@@ -118,9 +118,11 @@ def code_cells(text: str) -> list[list[str]]:
 
 def student_mode_problems(text: str) -> list[str]:
     """A notebook with ``# companion-only:`` cells must say so in its header (a Student mode line)
-    and call ``lecture.setup()`` in its first code cell; one without must do neither."""
+    and call ``lecture.setup()`` in its first code cell (after the Colab set-up cell); one
+    without must do neither."""
+    from companion.colab import SETUP_MARK
     from companion.lecture import companion_only_reason
-    cells = code_cells(text)
+    cells = [c for c in code_cells(text) if not (c and c[0].startswith(SETUP_MARK))]
     marked = sum(companion_only_reason(c) is not None for c in cells)
     header = [line.strip() for line in first_markdown_cell(text)]
     claims = any(line.startswith(STUDENT_MODE) for line in header)

@@ -10,6 +10,7 @@ comparisons), and nothing hangs or misleads (an import that never returns, exits
 error, a worker's children, a slow build, a file named build, bad time limits). The named
 mistakes are in test_checker_mistakes.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,10 +40,12 @@ def skeleton(tmp_path: Path, hw: str) -> Path:
         (root / "src").mkdir(parents=True)
         (root / "src" / "simple_ml.py").write_text(
             "from companion.apps.simple_ml import (add, parse_mnist, softmax_loss,\n"
-            "                                   softmax_regression_epoch, nn_epoch)\n")
+            "                                   softmax_regression_epoch, nn_epoch)\n"
+        )
         return root
-    shutil.copytree(PACKAGE, root / "python" / "needle",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        PACKAGE, root / "python" / "needle", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (root / "apps").mkdir()
     for app in APPS:
         (root / "apps" / f"{app}.py").write_text(f"from companion.apps.{app} import *\n")
@@ -165,8 +168,10 @@ def test_a_not_implemented_question_is_reported_as_such(tmp_path, capsys):
 def test_a_question_that_never_returns_times_out_and_the_rest_still_run(tmp_path):
     root = skeleton(tmp_path, "hw2")
     nn_basic = root / "python" / "needle" / "nn" / "nn_basic.py"
-    nn_basic.write_text(nn_basic.read_text() + NOT_IMPLEMENTED.replace(
-        "raise NotImplementedError()", "while True:\n        pass"))
+    nn_basic.write_text(
+        nn_basic.read_text()
+        + NOT_IMPLEMENTED.replace("raise NotImplementedError()", "while True:\n        pass")
+    )
     report = check(root, only=["layernorm", "flatten"], timeout=2)
     assert statuses(report) == {"hw2_layernorm": "timeout", "hw2_flatten": "pass"}
 
@@ -218,10 +223,14 @@ def test_layout_errors_name_the_problem(tmp_path):
 
 def test_every_question_has_a_check_function_and_nothing_else_does():
     import importlib
+
     for hw in HOMEWORKS:
         module = importlib.import_module(f"companion.check.{hw}")
-        checks = {name for name in dir(module) if name.startswith(f"{hw}_")
-                  and callable(getattr(module, name))}
+        checks = {
+            name
+            for name in dir(module)
+            if name.startswith(f"{hw}_") and callable(getattr(module, name))
+        }
         if hw == "hw4":  # hw4_extra's ids also start with "hw4_"
             checks = {c for c in checks if not c.startswith("hw4_extra")}
         assert checks == {q.id for q in questions_for(hw)}, hw
@@ -231,8 +240,11 @@ def _markers_in(path: Path) -> set[str]:
     """Names X of every ``pytest.mark.X`` written in a test file."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                and node.value.attr == "mark"):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark"
+        ):
             names.add(node.attr)
     return names
 
@@ -293,12 +305,20 @@ def test_an_op_that_writes_into_its_input_fails(tmp_path):
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", IN_PLACE_OPS)
     report = check(root, only=["add_scalar", "relu", "negate", "exp"])
-    assert failures(report) == {q: "fail" for q in (
-        "hw1_add_scalar_forward", "hw1_add_scalar_backward", "hw1_relu_forward",
-        "hw1_relu_backward", "hw1_negate_backward")}, report.format()
+    assert failures(report) == {
+        q: "fail"
+        for q in (
+            "hw1_add_scalar_forward",
+            "hw1_add_scalar_backward",
+            "hw1_relu_forward",
+            "hw1_relu_backward",
+            "hw1_negate_backward",
+        )
+    }, report.format()
     d = {r.question.id: r.detail for r in report.results}
     assert d["hw1_add_scalar_forward"].startswith(
-        "add_scalar(a, 1.7) (forward) changed its input 'a' in place")
+        "add_scalar(a, 1.7) (forward) changed its input 'a' in place"
+    )
     assert d["hw1_negate_backward"].startswith("negate(a): the gradient changed out_grad in place")
     # the composite expressions of compute_gradient catch it too
     report = check(root, only=["compute_gradient"])
@@ -389,6 +409,7 @@ def test_student_code_cannot_change_the_verdict(tmp_path):
 def test_the_guard_names_and_undoes_a_rewritten_checker_function():
     """Replacing a function's code keeps its identity; the guard notices that too."""
     from companion.check import diagnose
+
     guard = diagnose.NumpyGuard()
     original = diagnose.mismatch.__code__
     try:
@@ -405,14 +426,15 @@ def test_the_runner_recomputes_a_passing_verdict():
     """A worker that claims a pass over values that differ is overruled by the runner."""
     from companion.check.diagnose import Recorder, record
     from companion.check.runner import _result
+
     with Recorder() as log:
-        record("multiply(a, b) (forward)", np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1e-5,
-               1e-6)
+        record("multiply(a, b) (forward)", np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1e-5, 1e-6)
     event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": log}
     result = _result(BY_ID["hw1_multiply_forward"], event, "hw1", [], [])
     assert result.status == "fail"
-    assert result.detail.startswith("multiply(a, b) (forward) is wrong (compared again in the "
-                                    "checker's own process")
+    assert result.detail.startswith(
+        "multiply(a, b) (forward) is wrong (compared again in the checker's own process"
+    )
 
 
 # ---- never hang or mislead ---------------------------------------------------------------------
@@ -466,13 +488,18 @@ def test_exits_and_interrupts_in_student_code_are_named(tmp_path):
     root = skeleton(tmp_path, "hw2")
     plant(root, "nn/nn_basic.py", EXITS)
     report = check(root, only=["relu", "flatten", "residual", "dropout"])
-    assert statuses(report) == {"hw2_relu": "crashed", "hw2_flatten": "fail",
-                                "hw2_dropout": "pass", "hw2_residual": "fail"}, report.format()
+    assert statuses(report) == {
+        "hw2_relu": "crashed",
+        "hw2_flatten": "fail",
+        "hw2_dropout": "pass",
+        "hw2_residual": "fail",
+    }, report.format()
     d = {r.question.id: r.detail for r in report.results}
     assert d["hw2_flatten"].startswith("your code called sys.exit(3) (SystemExit) at ")
     assert "nn_basic.py" in d["hw2_flatten"]
-    assert d["hw2_relu"].startswith("the process exited with status 4 during hw2_relu without "
-                                    "raising an exception: os._exit()")
+    assert d["hw2_relu"].startswith(
+        "the process exited with status 4 during hw2_relu without raising an exception: os._exit()"
+    )
     assert "compiled code: look for" not in d["hw2_relu"]
     assert d["hw2_residual"].startswith("KeyboardInterrupt raised at ")
 
@@ -488,7 +515,10 @@ def _alive(pid: int) -> bool:
 def test_a_timed_out_worker_is_stopped_with_its_children(tmp_path):
     root = skeleton(tmp_path, "hw2")
     pid_file = tmp_path / "child.pid"
-    plant(root, "nn/nn_basic.py", f"""
+    plant(
+        root,
+        "nn/nn_basic.py",
+        f"""
 import subprocess as _subprocess
 
 
@@ -500,7 +530,8 @@ def _spawn_and_hang(self, x):
 
 
 Flatten.forward = _spawn_and_hang
-""")
+""",
+    )
     report = check(root, only=["flatten"], timeout=3)
     assert statuses(report) == {"hw2_flatten": "timeout"}, report.format()
     pid = int(pid_file.read_text())
@@ -514,13 +545,17 @@ Flatten.forward = _spawn_and_hang
 
 
 def test_the_build_has_a_time_limit(tmp_path):
-    if shutil.which("cmake", path=str(Path(sys.executable).parent)) is None \
-            and shutil.which("cmake") is None:
+    if (
+        shutil.which("cmake", path=str(Path(sys.executable).parent)) is None
+        and shutil.which("cmake") is None
+    ):
         pytest.skip("no cmake")
     root = skeleton(tmp_path, "hw2")
-    (root / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.5)\n"
-                                         "project(slow NONE)\n"
-                                         "execute_process(COMMAND sleep 120)\n")
+    (root / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.5)\n"
+        "project(slow NONE)\n"
+        "execute_process(COMMAND sleep 120)\n"
+    )
     started = time.monotonic()
     report = check(root, only=["flatten"], build_timeout=3)
     assert time.monotonic() - started < 30
@@ -558,9 +593,14 @@ def test_the_homework_hint_can_be_followed_through_make(tmp_path):
     if make is None:
         pytest.skip("no make")
     import subprocess
-    done = subprocess.run([make, "-s", "check", f"HW={tmp_path / 'mywork'}", "HWNUM=hw2",
-                           "ARGS=--list --timeout 5"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+
+    done = subprocess.run(
+        [make, "-s", "check", f"HW={tmp_path / 'mywork'}", "HWNUM=hw2", "ARGS=--list --timeout 5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "hw2_linear" in done.stdout and "hw1_add_forward" not in done.stdout
 
@@ -611,8 +651,12 @@ def test_an_answer_that_equals_everything_does_not_pass(tmp_path):
     """Verdicts compare numbers, never with the student's own ``==``."""
     root = skeleton(tmp_path, "hw0")
     simple_ml = root / "src" / "simple_ml.py"
-    simple_ml.write_text(simple_ml.read_text() + (
-        "\n\nclass _Anything:\n    def __eq__(self, other):\n        return True\n\n\n"
-        "def add(x, y):\n    return _Anything()\n"))
+    simple_ml.write_text(
+        simple_ml.read_text()
+        + (
+            "\n\nclass _Anything:\n    def __eq__(self, other):\n        return True\n\n\n"
+            "def add(x, y):\n    return _Anything()\n"
+        )
+    )
     report = check(root, only=["add"])
     assert statuses(report) == {"hw0_add": "fail"}, report.format()

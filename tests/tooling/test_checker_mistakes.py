@@ -5,16 +5,15 @@ Several mistakes go into one copy when they fall in different questions, and ``o
 each run to the questions that hold them. The generators themselves (``mistakes.py``) are also
 checked directly against hand-made wrong answers.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from companion.check import check
-from companion.check import mistakes
-from companion.check.diagnose import CheckFailure, check_adjoints, name_mistake
-
 from test_checker import failures, skeleton
+
+from companion.check import check, mistakes
+from companion.check.diagnose import CheckFailure, check_adjoints, name_mistake
 
 
 def plant(root, relative: str, code: str) -> None:
@@ -74,27 +73,45 @@ MatMul.gradient = _batch_not_summed
 def test_hw1_gradient_mistakes_are_named(tmp_path):
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", HW1_GRADIENT_MISTAKES)
-    report = check(root, only=["divide_backward", "multiply_backward", "broadcast_to_backward",
-                               "summation_backward", "matmul_backward"])
-    assert failures(report) == {q: "fail" for q in (
-        "hw1_multiply_backward", "hw1_divide_backward", "hw1_matmul_backward",
-        "hw1_summation_backward", "hw1_broadcast_to_backward")}, report.format()
+    report = check(
+        root,
+        only=[
+            "divide_backward",
+            "multiply_backward",
+            "broadcast_to_backward",
+            "summation_backward",
+            "matmul_backward",
+        ],
+    )
+    assert failures(report) == {
+        q: "fail"
+        for q in (
+            "hw1_multiply_backward",
+            "hw1_divide_backward",
+            "hw1_matmul_backward",
+            "hw1_summation_backward",
+            "hw1_broadcast_to_backward",
+        )
+    }, report.format()
     d = details(report)
     assert first_line_after_header(d["hw1_divide_backward"]) == (
-        "your adjoint of b equals the correct one times -1: check the sign of "
-        "∂(divide(a, b))/∂b")
+        "your adjoint of b equals the correct one times -1: check the sign of ∂(divide(a, b))/∂b"
+    )
     assert first_line_after_header(d["hw1_multiply_backward"]).startswith(
-        "your adjoint of a equals the correct adjoint of b: the adjoints are swapped")
+        "your adjoint of a equals the correct adjoint of b: the adjoints are swapped"
+    )
     assert first_line_after_header(d["hw1_broadcast_to_backward"]).startswith(
-        "your adjoint of a has the right values in the wrong shape: it must have a's shape "
-        "(3, 1)")
+        "your adjoint of a has the right values in the wrong shape: it must have a's shape (3, 1)"
+    )
     assert first_line_after_header(d["hw1_summation_backward"]).startswith(
         "your adjoint of a broadcasts out_grad (4,) to (4, 4) without first putting the summed "
-        "axes back as size 1")
+        "axes back as size 1"
+    )
     assert "broadcasting b over a's batch" in d["hw1_matmul_backward"]
     assert first_line_after_header(d["hw1_matmul_backward"]).startswith(
         "your adjoint of b keeps the batch axes (shape (2, 4, 2)): sum it over the axes b was "
-        "broadcast along")
+        "broadcast along"
+    )
     # the numbers still follow the named mistake
     assert "finite difference:" in d["hw1_divide_backward"]
 
@@ -125,14 +142,18 @@ def test_a_transposed_matmul_adjoint_and_a_missing_sum_are_named(tmp_path):
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", TRANSPOSED_MATMUL)
     report = check(root, only=["matmul_backward", "broadcast_to_backward"])
-    assert failures(report) == {"hw1_matmul_backward": "fail",
-                                "hw1_broadcast_to_backward": "fail"}, report.format()
+    assert failures(report) == {
+        "hw1_matmul_backward": "fail",
+        "hw1_broadcast_to_backward": "fail",
+    }, report.format()
     d = details(report)
     assert first_line_after_header(d["hw1_matmul_backward"]).startswith(
-        "your adjoint of a is the transpose of the correct one: ∂(a @ b)/∂a = out_grad @ bᵀ")
+        "your adjoint of a is the transpose of the correct one: ∂(a @ b)/∂a = out_grad @ bᵀ"
+    )
     assert first_line_after_header(d["hw1_broadcast_to_backward"]) == (
         "your adjoint of a has the output's shape (3, 4): sum it over the broadcast axes down "
-        "to a's shape (3, 1)")
+        "to a's shape (3, 1)"
+    )
 
 
 HW3_MISTAKES = """
@@ -178,16 +199,22 @@ def test_ndarray_mistakes_are_named(tmp_path):
     root = skeleton(tmp_path, "hw3")
     plant(root, "backend_ndarray/ndarray.py", HW3_MISTAKES)
     report = check(root, only=["compact", "reductions", "matmul"])
-    assert failures(report) == {"hw3_compact": "fail", "hw3_reductions": "fail",
-                                "hw3_matmul": "fail"}, report.format()
+    assert failures(report) == {
+        "hw3_compact": "fail",
+        "hw3_reductions": "fail",
+        "hw3_matmul": "fail",
+    }, report.format()
     d = details(report)
     assert "A[1:4:2, 1:5, ::3].compact()" in d["hw3_compact"].splitlines()[0]
     assert first_line_after_header(d["hw3_compact"]).startswith(
-        "your compact ignores the view's offset (36)")
+        "your compact ignores the view's offset (36)"
+    )
     assert first_line_after_header(d["hw3_reductions"]).startswith(
-        "your sum over axis 0 reduces runs of 3 consecutive elements in memory")
+        "your sum over axis 0 reduces runs of 3 consecutive elements in memory"
+    )
     assert first_line_after_header(d["hw3_matmul"]).startswith(
-        "your tiled matmul's result is in tile order (m/T, p/T, T, T) read as (m, p) (T = 8)")
+        "your tiled matmul's result is in tile order (m/T, p/T, T, T) read as (m, p) (T = 8)"
+    )
 
 
 HW4_FORWARD_MISTAKES = """
@@ -225,13 +252,14 @@ def test_conv_and_dilation_off_by_one_are_named(tmp_path):
     forward = skeleton(tmp_path / "a", "hw4")
     plant(forward, "ops/ops_conv.py", HW4_FORWARD_MISTAKES)
     report = check(forward, only=["dilate", "conv_forward"])
-    assert failures(report) == {"hw4_dilate": "fail", "hw4_conv_forward": "fail"}, \
-        report.format()
+    assert failures(report) == {"hw4_dilate": "fail", "hw4_conv_forward": "fail"}, report.format()
     d = details(report)
     assert first_line_after_header(d["hw4_dilate"]).startswith(
-        "your dilate inserts 2 zero(s) between elements instead of 1")
+        "your dilate inserts 2 zero(s) between elements instead of 1"
+    )
     assert first_line_after_header(d["hw4_conv_forward"]) == (
-        "your conv pads by 1 instead of the padding 0: one too many")
+        "your conv pads by 1 instead of the padding 0: one too many"
+    )
 
     backward = skeleton(tmp_path / "b", "hw4")
     plant(backward, "ops/ops_conv.py", HW4_CONV_BACKWARD_MISTAKE)
@@ -239,7 +267,8 @@ def test_conv_and_dilation_off_by_one_are_named(tmp_path):
     assert failures(report) == {"hw4_conv_backward": "fail"}, report.format()
     assert first_line_after_header(details(report)["hw4_conv_backward"]).startswith(
         "your adjoint of x matches the course's formula with dilation 1 of out_grad (the "
-        "stride is 1: dilate by stride - 1 = 0)")
+        "stride is 1: dilate by stride - 1 = 0)"
+    )
 
 
 HW3_MORE_MISTAKES = """
@@ -268,13 +297,14 @@ def test_an_ignored_stride_and_a_reduction_over_the_wrong_axis_are_named(tmp_pat
     root = skeleton(tmp_path, "hw3")
     plant(root, "backend_ndarray/ndarray.py", HW3_MORE_MISTAKES)
     report = check(root, only=["compact", "reductions"])
-    assert failures(report) == {"hw3_compact": "fail", "hw3_reductions": "fail"}, \
-        report.format()
+    assert failures(report) == {"hw3_compact": "fail", "hw3_reductions": "fail"}, report.format()
     d = details(report)
     assert first_line_after_header(d["hw3_compact"]) == (
-        "your compact ignores the stride of axis 2 (6, used as 1)")
+        "your compact ignores the stride of axis 2 (6, used as 1)"
+    )
     assert first_line_after_header(d["hw3_reductions"]) == (
-        "your sum reduced axis 1 instead of axis 0")
+        "your sum reduced axis 1 instead of axis 0"
+    )
 
 
 # ---- the generators on their own -------------------------------------------------------------
@@ -284,8 +314,8 @@ def test_a_sum_over_the_wrong_axes_is_named():
     found = mistakes.adjoint_variants(["a"], [np.zeros((4, 1))], g, [correct], op="(bcast)")
     wrong = g.sum(axis=0).reshape(4, 1)
     assert name_mistake(wrong, found[0], rtol=1e-6, atol=1e-6).startswith(
-        "your adjoint of a sums out_grad over axes (0,), which are not the axes that were "
-        "broadcast")
+        "your adjoint of a sums out_grad over axes (0,), which are not the axes that were broadcast"
+    )
     assert name_mistake(correct, found[0], rtol=1e-6, atol=1e-6) is None
 
 
@@ -297,15 +327,23 @@ def test_compact_variants_name_an_ignored_stride():
     assert mistakes.read_strided(a.ravel(), shape, strides, offset).tolist() == view.tolist()
     ignored = mistakes.read_strided(a.ravel(), shape, (60, 6, 1), offset)
     assert name_mistake(ignored, found, rtol=0, atol=0) == (
-        "your compact ignores the stride of axis 2 (3, used as 1)")
+        "your compact ignores the stride of axis 2 (3, used as 1)"
+    )
 
 
 def test_unknown_wrong_answers_are_not_given_a_name():
     """A wrong adjoint that matches no variant keeps the plain finite-difference report."""
     x = np.array([[1.0, 2.0], [3.0, 4.0]])
     with pytest.raises(CheckFailure) as info:
-        check_adjoints("negate(a) backward", [x * 0 + 0.5], [-np.ones((2, 2))], ["a"],
-                       inputs={"a": x}, out_grad=np.ones((2, 2)), op="(negate(a))")
+        check_adjoints(
+            "negate(a) backward",
+            [x * 0 + 0.5],
+            [-np.ones((2, 2))],
+            ["a"],
+            inputs={"a": x},
+            out_grad=np.ones((2, 2)),
+            op="(negate(a))",
+        )
     text = str(info.value)
     assert "your adjoint" not in text and "finite difference:" in text
 
@@ -314,15 +352,25 @@ def test_a_wrong_parameter_adjoint_is_reported_and_named():
     """Adjoints of parameters (not among the shown inputs) are compared and named as well."""
     x = np.ones((2, 2))
     with pytest.raises(CheckFailure) as info:
-        check_adjoints("layer(x) backward", [np.ones((2, 2)), -np.full((3,), 2.0)],
-                       [np.ones((2, 2)), np.full((3,), 2.0)], ["x", "weight"],
-                       inputs={"x": x}, out_grad=np.ones((2, 2)))
-    assert str(info.value).splitlines()[1].strip().startswith(
-        "your adjoint of weight equals the correct one times -1")
+        check_adjoints(
+            "layer(x) backward",
+            [np.ones((2, 2)), -np.full((3,), 2.0)],
+            [np.ones((2, 2)), np.full((3,), 2.0)],
+            ["x", "weight"],
+            inputs={"x": x},
+            out_grad=np.ones((2, 2)),
+        )
+    assert (
+        str(info.value)
+        .splitlines()[1]
+        .strip()
+        .startswith("your adjoint of weight equals the correct one times -1")
+    )
 
 
 def test_conv_backward_padding_off_by_one_is_named():
     from companion.check.hw4 import _conv_adjoints, _conv_backward_variants, conv_ref
+
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((2, 6, 6, 2)), rng.standard_normal((3, 3, 2, 3))
     g = rng.standard_normal(conv_ref(x, w, 2, 1).shape)
@@ -331,7 +379,8 @@ def test_conv_backward_padding_off_by_one_is_named():
     found = _conv_backward_variants(2, 1)([x, w], g, list(correct))
     assert name_mistake(wrong_gx, found[0], rtol=1e-6, atol=1e-6).startswith(
         "your adjoint of x matches the course's formula with padding off by +1 (x̄ needs "
-        "padding K - 1 - p = 1")
+        "padding K - 1 - p = 1"
+    )
 
 
 def test_view_mistakes_are_named():
@@ -339,10 +388,13 @@ def test_view_mistakes_are_named():
     found = mistakes.permute_variants(a, (1, 0, 2))
     unpermuted_strides = a.reshape(5, 4, 6)  # the shape permuted, not the strides
     assert name_mistake(unpermuted_strides, found, rtol=0, atol=0).startswith(
-        "your permute reorders the shape but not the strides")
+        "your permute reorders the shape but not the strides"
+    )
     found = mistakes.permute_variants(a, (2, 0, 1))
-    assert name_mistake(np.transpose(a, (1, 2, 0)).copy().reshape(6, 4, 5), found, rtol=0,
-                        atol=0) is None  # some other wrong answer: no name
+    assert (
+        name_mistake(np.transpose(a, (1, 2, 0)).copy().reshape(6, 4, 5), found, rtol=0, atol=0)
+        is None
+    )  # some other wrong answer: no name
     # a slice of a permuted view: A.permute((2, 1, 0))[1:5, 2:4, ::2]
     at = np.transpose(a, (2, 1, 0))
     view = at[1:5, 2:4, ::2]
@@ -350,8 +402,10 @@ def test_view_mistakes_are_named():
     found = mistakes.getitem_variants(a, view, [1, 2, 0], [1, 1, 2], base)
     no_steps = mistakes.read_strided(a.ravel(), view.shape, (1, 6, 30), 1 + 12)
     assert name_mistake(no_steps, found, rtol=0, atol=0).startswith(
-        "your getitem ignores the slice steps")
+        "your getitem ignores the slice steps"
+    )
     no_starts = at[0:4, 0:2, ::2]
     assert name_mistake(no_starts, found, rtol=0, atol=0).startswith(
-        "your getitem ignores the slice starts")
+        "your getitem ignores the slice starts"
+    )
     assert name_mistake(view, found, rtol=0, atol=0) is None

@@ -1,4 +1,6 @@
-"""companion.data.download, offline: files the tests write, served over file:// and a local HTTP server."""
+"""companion.data.download, offline: files the tests write, served over file:// and a local HTTP
+server."""
+
 import hashlib
 import http.server
 import io
@@ -7,10 +9,9 @@ import tarfile
 import threading
 
 import pytest
+from conftest import SHARED_DATA
 
 from companion.data import download as dl
-
-from conftest import SHARED_DATA
 
 pytestmark = pytest.mark.data
 
@@ -75,8 +76,9 @@ def _quiet(*args):
 def test_http_download_verifies_and_renames(server, tmp_path):
     body = _payload()
     server.files["/f.bin"] = body
-    out = dl.download_file([server.url + "/f.bin"], tmp_path / "sub" / "f.bin", _md5(body),
-                           progress=False, log=_quiet)
+    out = dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "sub" / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert out.read_bytes() == body
     assert not (tmp_path / "sub" / "f.bin.part").exists()
 
@@ -85,8 +87,9 @@ def test_http_resume_sends_range_and_fetches_only_the_rest(server, tmp_path):
     body = _payload()
     server.files["/f.bin"] = body
     (tmp_path / "f.bin.part").write_bytes(body[:123_456])
-    dl.download_file([server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False,
-                     log=_quiet)
+    dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert (tmp_path / "f.bin").read_bytes() == body
     assert server.requests == [("/f.bin", "bytes=123456-")]
     assert server.bytes_sent == len(body) - 123_456
@@ -97,8 +100,9 @@ def test_http_resume_when_server_ignores_range(server, tmp_path):
     server.files["/f.bin"] = body
     server.honour_range = False
     (tmp_path / "f.bin.part").write_bytes(b"stale bytes")
-    dl.download_file([server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False,
-                     log=_quiet)
+    dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert (tmp_path / "f.bin").read_bytes() == body
 
 
@@ -106,8 +110,9 @@ def test_complete_part_gets_416_then_verifies(server, tmp_path):
     body = _payload(1000)
     server.files["/f.bin"] = body
     (tmp_path / "f.bin.part").write_bytes(body)
-    dl.download_file([server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False,
-                     log=_quiet)
+    dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert (tmp_path / "f.bin").read_bytes() == body and server.bytes_sent == 0
 
 
@@ -115,8 +120,9 @@ def test_corrupt_part_is_refetched_whole(server, tmp_path):
     body = _payload(5000)
     server.files["/f.bin"] = body
     (tmp_path / "f.bin.part").write_bytes(b"X" * 100)  # wrong prefix: resumed file fails the MD5
-    dl.download_file([server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False,
-                     log=_quiet)
+    dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert (tmp_path / "f.bin").read_bytes() == body
     assert [r[1] for r in server.requests] == ["bytes=100-", None]
 
@@ -134,8 +140,13 @@ def test_mirror_fallback(server, tmp_path):
 def test_all_mirrors_fail_with_checksum_error(server, tmp_path):
     server.files["/f.bin"] = b"corrupted"
     with pytest.raises(dl.DownloadError) as err:
-        dl.download_file([server.url + "/f.bin", server.url + "/g.bin"], tmp_path / "f.bin",
-                         "0" * 32, progress=False, log=_quiet)
+        dl.download_file(
+            [server.url + "/f.bin", server.url + "/g.bin"],
+            tmp_path / "f.bin",
+            "0" * 32,
+            progress=False,
+            log=_quiet,
+        )
     msg = str(err.value)
     assert "MD5 mismatch" in msg and "HTTP 404" in msg and "0" * 32 in msg
     assert not (tmp_path / "f.bin").exists() and not (tmp_path / "f.bin.part").exists()
@@ -147,8 +158,14 @@ def test_offline_error_is_clear(tmp_path):
     port = sock.getsockname()[1]
     sock.close()  # nothing listens on this port now
     with pytest.raises(dl.DownloadError, match="cannot reach the host.*offline") as err:
-        dl.download_file([f"http://127.0.0.1:{port}/x.gz"], tmp_path / "x.gz", "0" * 32,
-                         progress=False, timeout=5, log=_quiet)
+        dl.download_file(
+            [f"http://127.0.0.1:{port}/x.gz"],
+            tmp_path / "x.gz",
+            "0" * 32,
+            progress=False,
+            timeout=5,
+            log=_quiet,
+        )
     assert "place it at" in str(err.value)
 
 
@@ -166,39 +183,52 @@ def test_unknown_md5_is_reported_unverified(tmp_path):
     src = tmp_path / "t.txt"
     src.write_bytes(body)
     lines = []
-    dl.download_file([src.as_uri()], tmp_path / "out" / "t.txt", None, progress=False,
-                     log=lines.append)
+    dl.download_file(
+        [src.as_uri()], tmp_path / "out" / "t.txt", None, progress=False, log=lines.append
+    )
     assert _md5(body) in lines[0] and "NOT verified" in lines[0]
 
 
 def test_present_file_with_right_md5_is_not_fetched(server, tmp_path):
     body = _payload(100)
     (tmp_path / "f.bin").write_bytes(body)
-    dl.download_file([server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False,
-                     log=_quiet)
+    dl.download_file(
+        [server.url + "/f.bin"], tmp_path / "f.bin", _md5(body), progress=False, log=_quiet
+    )
     assert server.requests == []
 
 
 def test_progress_bar_shows(tmp_path, capsys):
     body = _payload(10_000)
     (tmp_path / "s.bin").write_bytes(body)
-    dl.download_file([(tmp_path / "s.bin").as_uri()], tmp_path / "d.bin", _md5(body),
-                     progress=True, log=_quiet)
+    dl.download_file(
+        [(tmp_path / "s.bin").as_uri()], tmp_path / "d.bin", _md5(body), progress=True, log=_quiet
+    )
     assert "d.bin" in capsys.readouterr().err
 
 
 # ---- the registry and the command line ---------------------------------------------------------
 
+
 def test_registry_matches_the_course_layout():
     mnist = {r.filename: r.md5 for r in dl.DATASETS["mnist"]}
-    assert mnist == {"train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-                     "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
-                     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
-                     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}
+    assert mnist == {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }
     (cifar,) = dl.DATASETS["cifar10"]
     assert (cifar.filename, cifar.md5, cifar.extract_to) == (
-        "cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", "cifar-10-batches-py")
-    assert [r.filename for r in dl.DATASETS["ptb"]] == ["ptb/train.txt", "ptb/valid.txt", "ptb/test.txt"]
+        "cifar-10-python.tar.gz",
+        "c58f30108f718f92721af3b95e74349a",
+        "cifar-10-batches-py",
+    )
+    assert [r.filename for r in dl.DATASETS["ptb"]] == [
+        "ptb/train.txt",
+        "ptb/valid.txt",
+        "ptb/test.txt",
+    ]
     for resources in dl.DATASETS.values():
         for r in resources:
             assert len(r.urls) >= 2, f"{r.filename} needs a fallback mirror"
@@ -226,14 +256,22 @@ def _tar_gz(members: dict) -> bytes:
 def _fake_cifar(monkeypatch, server, members):
     archive = _tar_gz(members)
     server.files["/cifar-10-python.tar.gz"] = archive
-    res = dl.Resource("cifar-10-python.tar.gz", _md5(archive), (server.url + "/cifar-10-python.tar.gz",),
-                      extract_to="cifar-10-batches-py", expected_members=("data_batch_1", "test_batch"))
+    res = dl.Resource(
+        "cifar-10-python.tar.gz",
+        _md5(archive),
+        (server.url + "/cifar-10-python.tar.gz",),
+        extract_to="cifar-10-batches-py",
+        expected_members=("data_batch_1", "test_batch"),
+    )
     monkeypatch.setitem(dl.DATASETS, "cifar10", [res])
 
 
 def test_cli_downloads_and_extracts(server, tmp_path, monkeypatch, capsys):
-    _fake_cifar(monkeypatch, server, {"cifar-10-batches-py/data_batch_1": b"a",
-                                      "cifar-10-batches-py/test_batch": b"b"})
+    _fake_cifar(
+        monkeypatch,
+        server,
+        {"cifar-10-batches-py/data_batch_1": b"a", "cifar-10-batches-py/test_batch": b"b"},
+    )
     root = tmp_path / "data"
     assert dl.main(["cifar10", "--root", str(root), "--no-progress"]) == 0
     assert (root / "cifar-10-batches-py" / "test_batch").read_bytes() == b"b"
@@ -254,11 +292,14 @@ def test_cli_mirror_option_and_failure_exit_code(server, tmp_path, monkeypatch, 
     server.files["/m/ptb.valid.txt"] = body
     res = dl.Resource("ptb/valid.txt", _md5(body), ("http://127.0.0.1:9/ptb.valid.txt",))
     monkeypatch.setitem(dl.DATASETS, "ptb", [res])
-    assert dl.main(["ptb", "--root", str(tmp_path), "--mirror", server.url + "/m",
-                    "--no-progress"]) == 0
+    assert (
+        dl.main(["ptb", "--root", str(tmp_path), "--mirror", server.url + "/m", "--no-progress"])
+        == 0
+    )
     assert (tmp_path / "ptb" / "valid.txt").read_bytes() == body
-    monkeypatch.setitem(dl.DATASETS, "ptb", [dl.Resource("ptb/x.txt", "0" * 32,
-                                                         (server.url + "/none",))])
+    monkeypatch.setitem(
+        dl.DATASETS, "ptb", [dl.Resource("ptb/x.txt", "0" * 32, (server.url + "/none",))]
+    )
     assert dl.main(["ptb", "--root", str(tmp_path), "--no-progress"]) == 1
     assert "could not download x.txt" in capsys.readouterr().err
 

@@ -3,12 +3,13 @@
 The oracle walks ``inputs`` (and, for the backward extension, each ``.grad``) by itself and
 counts; the drawing is checked by counting the figure's node boxes and arrows.
 """
+
 import numpy as np
 import pytest
 
 import needle as ndl
-from needle import autograd
 from companion.viz import draw_graph, figure_png
+from needle import autograd
 
 
 def reachable(roots):
@@ -53,7 +54,7 @@ def test_forward_graph_counts():
 
 def test_a_shared_node_is_drawn_once_with_an_edge_per_use():
     x = tensor([[1.0, 2.0], [3.0, 4.0]])
-    h = ndl.ops.exp(x)            # used three times: twice by one op, once by another
+    h = ndl.ops.exp(x)  # used three times: twice by one op, once by another
     y = (h * h + h).sum()
     layout = draw_graph(y, names={"x": x, "h": h, "y": y}, grads=False)
     nodes, edges = reachable([y])
@@ -76,16 +77,19 @@ def test_the_backward_extension_reaches_back_into_the_forward_graph():
     assert len(layout.nodes) == len(nodes) and len(layout.edges) == edges
     assert counted_in_figure(layout) == (len(nodes), edges)
     backward = [n for n in layout.nodes if n.kind == "backward"]
-    assert len(backward) == sum(v.op is not None for k, v in nodes.items()
-                                if k not in forward_ids) > 0
+    assert (
+        len(backward) == sum(v.op is not None for k, v in nodes.items() if k not in forward_ids) > 0
+    )
     # the gradient graph uses forward values (x2 in d(x1 x2)/dx1, exp(x2) in d exp/dx2)
     kinds = [n.kind for n in layout.nodes]
-    assert any(kinds[a] in ("forward", "parameter") and kinds[b] == "backward"
-               for a, b in layout.edges)
+    assert any(
+        kinds[a] in ("forward", "parameter") and kinds[b] == "backward" for a, b in layout.edges
+    )
     kept = {owner: n for n in layout.nodes for owner in n.grad_of}
     assert sorted(kept) == ["x1", "x2"]
-    assert sorted((layout.nodes[a].name, layout.nodes[b].name) for a, b in layout.grad_links) == \
-        sorted((g, kept[g].name) for g in kept)
+    assert sorted(
+        (layout.nodes[a].name, layout.nodes[b].name) for a, b in layout.grad_links
+    ) == sorted((g, kept[g].name) for g in kept)
     # gradients passed explicitly: only x1's is drawn
     layout = draw_graph(y, names={"x1": x1}, grads={x1: x1.grad})
     nodes, edges = reachable([y, x1.grad])
@@ -150,11 +154,13 @@ def test_layers_run_left_to_right_and_nodes_do_not_overlap():
     places = [(n.depth, n.row) for n in layout.nodes] + [b for bends in layout.bends for b in bends]
     assert len(set(places)) == len(places)
     for (a, b), bends in zip(layout.edges, layout.bends):
-        assert [d for d, _ in bends] == list(range(layout.nodes[a].depth + 1,
-                                                   layout.nodes[b].depth))
+        assert [d for d, _ in bends] == list(
+            range(layout.nodes[a].depth + 1, layout.nodes[b].depth)
+        )
     assert any(layout.bends)
-    assert list(layout.heights) == [sum(d == column for d, _ in places)
-                                    for column in range(len(layout.heights))]
+    assert list(layout.heights) == [
+        sum(d == column for d, _ in places) for column in range(len(layout.heights))
+    ]
 
 
 def test_the_drawing_is_deterministic():
@@ -162,6 +168,7 @@ def test_the_drawing_is_deterministic():
         x1, x2, y = lecture_graph()
         y.backward()
         return draw_graph(y, names={"x1": x1, "x2": x2, "y": y}, title="example")
+
     first, second = build(), build()
     assert first == second  # same nodes, labels, places and edges for a graph built again
     assert figure_png(first.figure()) == figure_png(second.figure())
@@ -169,7 +176,8 @@ def test_the_drawing_is_deterministic():
     assert repr(first) == (
         f"GraphLayout({len(kinds)} nodes: {kinds.count('constant')} constant, "
         f"{kinds.count('parameter')} parameter, {kinds.count('forward')} forward, "
-        f"{kinds.count('backward')} backward; {len(first.edges)} edges; 2 kept gradients)")
+        f"{kinds.count('backward')} backward; {len(first.edges)} edges; 2 kept gradients)"
+    )
 
 
 def test_bad_arguments_are_named():

@@ -5,14 +5,15 @@ layer); cross-entropy and accuracy re-computed in numpy over the whole stream; t
 of a stateful evaluation to the BPTT chunk length; step/clip counts derived from the number of
 chunks; and learning a deterministic sequence that an untrained model cannot predict.
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
 from companion.apps.language_model import LanguageModel
 from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb, train_ptb
 from needle.data import batchify
-from conftest import DEVICES
 
 pytestmark = [pytest.mark.apps, pytest.mark.sequence]
 
@@ -22,8 +23,9 @@ def sigmoid(z):
 
 
 def np_params(cell):
-    return [getattr(cell, n).numpy().astype(np.float64)
-            for n in ("W_ih", "W_hh", "bias_ih", "bias_hh")]
+    return [
+        getattr(cell, n).numpy().astype(np.float64) for n in ("W_ih", "W_hh", "bias_ih", "bias_hh")
+    ]
 
 
 def model_ref(model, ids, h=None):
@@ -42,7 +44,7 @@ def model_ref(model, ids, h=None):
         for t in range(S):
             z = x[t] @ W_ih + b_ih + hk @ W_hh + b_hh
             if lstm:
-                i, f, g, o = (z[:, j * H:(j + 1) * H] for j in range(4))
+                i, f, g, o = (z[:, j * H : (j + 1) * H] for j in range(4))
                 ck = sigmoid(f) * ck + sigmoid(i) * np.tanh(g)
                 hk = sigmoid(o) * np.tanh(ck)
             else:
@@ -84,16 +86,29 @@ def test_recurrent_language_model_matches_numpy(device, seq_model, num_layers):
         assert h.shape == (num_layers, B, H)
     n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
     k = 4 if seq_model == "lstm" else 1
-    expected = V * E + sum((E if l == 0 else H) * k * H + H * k * H + 2 * k * H
-                           for l in range(num_layers)) + H * V + V
+    expected = (
+        V * E
+        + sum((E if l == 0 else H) * k * H + H * k * H + 2 * k * H for l in range(num_layers))
+        + H * V
+        + V
+    )
     assert n_params == expected
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_transformer_language_model_shapes_and_causality(device):
     V, E, HID, S, B = 13, 8, 16, 6, 3
-    model = LanguageModel(E, V, HID, num_layers=2, seq_model="transformer", seq_len=S,
-                          device=device, num_head=2, dim_head=4)
+    model = LanguageModel(
+        E,
+        V,
+        HID,
+        num_layers=2,
+        seq_model="transformer",
+        seq_len=S,
+        device=device,
+        num_head=2,
+        dim_head=4,
+    )
     assert model.linear.weight.shape == (E, V)
     assert model.seq_model.positional_embedding.weight.shape == (S, E)
     ids = np.random.randint(0, V, (S, B)).astype(np.float32)
@@ -169,11 +184,14 @@ def test_epoch_seeds_numpy_and_counts_steps_and_clips(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("seq_model,optimizer,lr,epochs", [
-    ("lstm", ndl.optim.SGD, 4.0, 8),
-    ("rnn", ndl.optim.Adam, 0.05, 6),
-    ("transformer", ndl.optim.Adam, 0.05, 6),
-])
+@pytest.mark.parametrize(
+    "seq_model,optimizer,lr,epochs",
+    [
+        ("lstm", ndl.optim.SGD, 4.0, 8),
+        ("rnn", ndl.optim.Adam, 0.05, 6),
+        ("transformer", ndl.optim.Adam, 0.05, 6),
+    ],
+)
 def test_training_learns_a_deterministic_sequence(device, seq_model, optimizer, lr, epochs):
     V = 6
     data = cyclic_data(V=V)
@@ -181,8 +199,17 @@ def test_training_learns_a_deterministic_sequence(device, seq_model, optimizer, 
     np.random.seed(0)
     model = LanguageModel(8, V, 12, seq_model=seq_model, seq_len=10, device=device, **kw)
     acc0, loss0 = evaluate_ptb(model, data, seq_len=10, device=device, progress=False)
-    acc, loss = train_ptb(model, data, seq_len=10, n_epochs=epochs, optimizer=optimizer, lr=lr,
-                          clip=1.0, device=device, progress=False)
+    acc, loss = train_ptb(
+        model,
+        data,
+        seq_len=10,
+        n_epochs=epochs,
+        optimizer=optimizer,
+        lr=lr,
+        clip=1.0,
+        device=device,
+        progress=False,
+    )
     acc1, loss1 = evaluate_ptb(model, data, seq_len=10, device=device, progress=False)
     assert loss0 > 1.2 and acc0 < 0.6  # untrained: near log 6 = 1.79
     assert loss1 < 0.2 * loss0 and acc1 > 0.95, (loss0, loss1, acc1)

@@ -3,6 +3,7 @@
 The notebook path is checked twice: with a fake display (a fake clock decides when redraws are
 due) and once in a real Jupyter kernel (nbclient), whose saved cell must hold one PNG output.
 """
+
 import base64
 
 import numpy as np
@@ -98,11 +99,13 @@ def test_bad_input_is_named():
 def test_in_a_real_kernel_the_cell_keeps_one_png_output():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    code = ("from companion.viz import LiveCurves\n"
-            "with LiveCurves(min_interval=0) as curves:\n"
-            "    for i in range(4):\n"
-            "        curves.add(i, loss=1 / (i + 1))\n"
-            "print('done', curves.redraws)")
+    code = (
+        "from companion.viz import LiveCurves\n"
+        "with LiveCurves(min_interval=0) as curves:\n"
+        "    for i in range(4):\n"
+        "        curves.add(i, loss=1 / (i + 1))\n"
+        "print('done', curves.redraws)"
+    )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     outputs = nb.cells[0].outputs

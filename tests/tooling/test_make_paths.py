@@ -5,6 +5,7 @@ runs those commands with ``sh`` where make would (the checkout; variables given 
 line are in the environment, as make exports them). So the commands are the Makefile's own, and
 what they do is checked, not their text.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,14 +21,20 @@ PACKAGE = Path(needle.__file__).resolve().parent
 VENV = Path(sys.executable).parent.parent
 
 
-def recipe(target: str, markers: tuple[str, ...], variables: dict[str, str],
-           cwd: Path = ROOT) -> list[str]:
+def recipe(
+    target: str, markers: tuple[str, ...], variables: dict[str, str], cwd: Path = ROOT
+) -> list[str]:
     """The commands ``make -n target`` prints that contain one of ``markers`` (the target's
     own; a prerequisite that is out of date would add its own lines, which are left out). A
     command continued with backslash-newline is one command."""
     args = [f"{k}={v}" for k, v in variables.items()]
-    done = subprocess.run(["make", "-n", "-s", "--no-print-directory", target, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["make", "-n", "-s", "--no-print-directory", target, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     commands = done.stdout.replace("\\\n", "\x00").splitlines()
     lines = [c.replace("\x00", "\\\n") for c in commands if any(m in c for m in markers)]
@@ -35,10 +42,15 @@ def recipe(target: str, markers: tuple[str, ...], variables: dict[str, str],
     return lines
 
 
-def run_recipe(target: str, markers: tuple[str, ...], variables: dict[str, str],
-               cwd: Path = ROOT,
-               env: dict[str, str] | None = None, timeout: float = 300,
-               replace: tuple[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_recipe(
+    target: str,
+    markers: tuple[str, ...],
+    variables: dict[str, str],
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    replace: tuple[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run :func:`recipe`'s lines with sh in ``cwd``, the variables in the environment (as make
     exports them); ``replace`` = (old, new) edits the commands first (a stand-in program)."""
     lines = recipe(target, markers, variables, cwd)
@@ -46,11 +58,15 @@ def run_recipe(target: str, markers: tuple[str, ...], variables: dict[str, str],
     if replace:
         assert replace[0] in script, (replace[0], script)
         script = script.replace(*replace)
-    full = {k: v for k, v in (env or os.environ).items()
-            if k not in ("NEEDLE_IMPL", "PYTHONPATH", "HW", "NB", "Q")}
+    full = {
+        k: v
+        for k, v in (env or os.environ).items()
+        if k not in ("NEEDLE_IMPL", "PYTHONPATH", "HW", "NB", "Q")
+    }
     full.update(variables)
-    return subprocess.run(["sh", "-c", script], cwd=cwd, env=full, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["sh", "-c", script], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def student_copy(folder: Path) -> Path:
@@ -62,20 +78,29 @@ def student_copy(folder: Path) -> Path:
 
 # ---- user paths: NEEDLE_IMPL and HW with spaces and quotes ---------------------------------------
 
+
 def test_make_lab_passes_a_needle_impl_with_spaces(tmp_path):
     home = tmp_path / "home"
     student = student_copy(home / "CMU 10-714" / "hw2")
     env = {**os.environ, "HOME": str(home)}
     # as typed: NEEDLE_IMPL="~/CMU 10-714/hw2/python" make lab
-    done = run_recipe("lab", ("jupyter lab",), {"NEEDLE_IMPL": "~/CMU 10-714/hw2/python",
-                                             "PY": sys.executable},
-                      env=env, replace=(".venv/bin/jupyter lab", f"{sys.executable} -c "
-                                        "'import os, needle; print(os.environ[\"NEEDLE_IMPL\"]); "
-                                        "print(needle.__file__)' #"))
+    done = run_recipe(
+        "lab",
+        ("jupyter lab",),
+        {"NEEDLE_IMPL": "~/CMU 10-714/hw2/python", "PY": sys.executable},
+        env=env,
+        replace=(
+            ".venv/bin/jupyter lab",
+            f"{sys.executable} -c "
+            '\'import os, needle; print(os.environ["NEEDLE_IMPL"]); '
+            "print(needle.__file__)' #",
+        ),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == ("Starting JupyterLab on notebooks/ (Ctrl-C to stop), with "
-                        f"NEEDLE_IMPL={student}")
+    assert lines[0] == (
+        f"Starting JupyterLab on notebooks/ (Ctrl-C to stop), with NEEDLE_IMPL={student}"
+    )
     assert lines[1:] == [str(student), str(student / "needle" / "__init__.py")]
 
 
@@ -83,9 +108,18 @@ def test_a_relative_needle_impl_with_spaces_imports_from_any_folder(tmp_path):
     student = student_copy(tmp_path / "my hw" / "hw2")
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
     env["NEEDLE_IMPL"] = "my hw/hw2/python"
-    done = subprocess.run([sys.executable, "-c", "import os, needle; print(needle.__file__); "
-                           "print(os.environ['NEEDLE_IMPL'])"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, needle; print(needle.__file__); print(os.environ['NEEDLE_IMPL'])",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [str(student / "needle" / "__init__.py"), str(student)]
 
@@ -93,8 +127,11 @@ def test_a_relative_needle_impl_with_spaces_imports_from_any_folder(tmp_path):
 def test_make_check_takes_a_homework_path_with_a_quote_and_spaces(tmp_path):
     root = tmp_path / 'my "hw" folder' / "hw1"
     root.mkdir(parents=True)
-    done = run_recipe("check", ("usage: make check", "companion.check"),
-                      {"HW": str(root), "Q": "add", "PY": sys.executable})
+    done = run_recipe(
+        "check",
+        ("usage: make check", "companion.check"),
+        {"HW": str(root), "Q": "add", "PY": sys.executable},
+    )
     # the checker itself ran and got the path whole: it reports the missing layout of that path
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{root / 'python' / 'needle' / '__init__.py'} is missing" in done.stderr
@@ -117,8 +154,13 @@ def spaced_checkout(tmp_path: Path) -> Path:
     folder with one tiny notebook, and .venv linked to the environment running the tests."""
     root = tmp_path / "my course" / "companion"
     root.mkdir(parents=True)
-    for name in ("Makefile", "pyproject.toml", "environment.yml", "CMakeLists.txt",
-                 "jupytext.toml"):
+    for name in (
+        "Makefile",
+        "pyproject.toml",
+        "environment.yml",
+        "CMakeLists.txt",
+        "jupytext.toml",
+    ):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, root / name)
     shutil.copytree(ROOT / "src", root / "src", copy_function=shutil.copy2)
@@ -138,8 +180,9 @@ def _ran(root: Path) -> str:
 
 def test_make_notebook_and_notebooks_from_a_path_with_a_space(tmp_path):
     root = spaced_checkout(tmp_path)
-    done = run_recipe("notebook", ("jupytext", "nbconvert"), {"NB": "notebooks/00_tiny.py"},
-                      cwd=root)
+    done = run_recipe(
+        "notebook", ("jupytext", "nbconvert"), {"NB": "notebooks/00_tiny.py"}, cwd=root
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # the environment's bin/ comes first on PATH, as the Makefile arranges
     ran = f"tiny ran with PATH {root / '.venv' / 'bin'}\n"
@@ -154,9 +197,14 @@ def test_make_figures_from_a_path_with_a_space(tmp_path):
     root = spaced_checkout(tmp_path)
     (root / "notebooks" / "00_tiny.py").write_text(
         TINY + "# %%\nimport os\nos.makedirs('../figures', exist_ok=True)\n"
-        "open('../figures/tiny.png', 'w').write(os.environ['NEEDLE_WRITE_FIGURES'])\n")
-    subprocess.run([str(VENV / "bin" / "jupytext"), "--to", "ipynb", "-q",
-                    "notebooks/00_tiny.py"], cwd=root, check=True, timeout=120)
+        "open('../figures/tiny.png', 'w').write(os.environ['NEEDLE_WRITE_FIGURES'])\n"
+    )
+    subprocess.run(
+        [str(VENV / "bin" / "jupytext"), "--to", "ipynb", "-q", "notebooks/00_tiny.py"],
+        cwd=root,
+        check=True,
+        timeout=120,
+    )
     done = run_recipe("figures", ("for nb in",), {}, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (root / "figures" / "tiny.png").read_text() == "1"

@@ -1,9 +1,11 @@
-"""companion.apps.mlp_resnet (hw2): the architecture, a forward pass against numpy, epoch(), train_mnist()."""
+"""companion.apps.mlp_resnet (hw2): the architecture, a forward pass against numpy, epoch(),
+train_mnist()."""
+
 import numpy as np
 import pytest
 
-import needle as ndl
 import companion.data
+import needle as ndl
 import needle.nn as nn
 from companion.apps import mlp_resnet as mr
 
@@ -20,7 +22,14 @@ def test_residual_block_structure():
     block = mr.ResidualBlock(6, 4, norm=nn.LayerNorm1d, drop_prob=0.3)
     assert _types(block) == [nn.Residual, nn.ReLU]
     inner = block.modules[0].fn
-    assert _types(inner) == [nn.Linear, nn.LayerNorm1d, nn.ReLU, nn.Dropout, nn.Linear, nn.LayerNorm1d]
+    assert _types(inner) == [
+        nn.Linear,
+        nn.LayerNorm1d,
+        nn.ReLU,
+        nn.Dropout,
+        nn.Linear,
+        nn.LayerNorm1d,
+    ]
     assert inner.modules[0].weight.shape == (6, 4) and inner.modules[4].weight.shape == (4, 6)
     assert inner.modules[3].p == 0.3
 
@@ -34,7 +43,10 @@ def test_mlp_resnet_structure_and_parameter_count():
     per_block = (hidden * half + half) + 2 * half + (half * hidden + hidden) + 2 * hidden
     expected = (dim * hidden + hidden) + blocks * per_block + (hidden * classes + classes)
     assert sum(int(np.prod(p.shape)) for p in model.parameters()) == expected
-    assert model(ndl.Tensor(np.random.randn(3, dim).astype(np.float32), device=CPU)).shape == (3, classes)
+    assert model(ndl.Tensor(np.random.randn(3, dim).astype(np.float32), device=CPU)).shape == (
+        3,
+        classes,
+    )
 
 
 def _linear(lin, x):
@@ -59,7 +71,9 @@ def test_residual_block_eval_forward_matches_numpy(norm):
     l1, n1, _, _, l2, n2 = block.modules[0].fn.modules
     h = np.maximum(_norm_eval(n1, _linear(l1, x)), 0)  # Dropout is the identity in eval mode
     expected = np.maximum(x + _norm_eval(n2, _linear(l2, h)), 0)
-    np.testing.assert_allclose(block(ndl.Tensor(x, device=CPU)).numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        block(ndl.Tensor(x, device=CPU)).numpy(), expected, rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +123,16 @@ def test_train_epochs_learn(digit_loaders):
 
 def test_train_mnist_on_digit_idx_files(tmp_path):
     companion.data.write_digits_idx(tmp_path, image_size=8)
-    kw = dict(batch_size=100, epochs=3, optimizer=ndl.optim.Adam, lr=0.01, weight_decay=0.001,
-              hidden_dim=32, data_dir=str(tmp_path), progress=False)
+    kw = dict(
+        batch_size=100,
+        epochs=3,
+        optimizer=ndl.optim.Adam,
+        lr=0.01,
+        weight_decay=0.001,
+        hidden_dim=32,
+        data_dir=str(tmp_path),
+        progress=False,
+    )
     result = mr.train_mnist(**kw)
     assert len(result) == 4 and all(isinstance(v, float) for v in result)
     train_err, train_loss, test_err, test_loss = result

@@ -5,6 +5,7 @@ course-layout ``hw4/python/needle`` in tmp_path, then imports ``needle`` in a su
 ``NEEDLE_IMPL`` pointing at it; ``companion.*`` comes from this project and builds on whichever
 needle is imported.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_make_paths import run_recipe
 
 import companion
 import needle
 from companion import lecture
-from test_make_paths import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
@@ -71,8 +72,14 @@ def run(code: str, impl, cwd: Path | None = None) -> subprocess.CompletedProcess
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
     if impl is not None:
         env["NEEDLE_IMPL"] = str(impl)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 WHERE = """
@@ -84,16 +91,40 @@ print(json.dumps(mods))
 
 
 # The course's own modules: they always come from the student's folder.
-COURSE_MODULES = ("autograd", "backend_ndarray", "backend_numpy", "backend_selection", "data",
-                  "init", "nn", "ops", "optim")
+COURSE_MODULES = (
+    "autograd",
+    "backend_ndarray",
+    "backend_numpy",
+    "backend_selection",
+    "data",
+    "init",
+    "nn",
+    "ops",
+    "optim",
+)
 
 
 def test_the_students_package_and_its_submodules_are_imported(student):
-    course = ["needle"] + [f"needle.{m}" for m in COURSE_MODULES] + [
-        "needle.ops.ops_mathematic", "needle.nn.nn_basic", "needle.backend_ndarray.ndarray",
-        "needle.data.data_basic", "needle.init.init_basic"]
-    tools = ["companion.viz", "companion.timing", "companion.lecture", "companion.data",
-             "companion.check.exercises", "companion.apps.simple_ml", "companion.apps.mlp_resnet"]
+    course = (
+        ["needle"]
+        + [f"needle.{m}" for m in COURSE_MODULES]
+        + [
+            "needle.ops.ops_mathematic",
+            "needle.nn.nn_basic",
+            "needle.backend_ndarray.ndarray",
+            "needle.data.data_basic",
+            "needle.init.init_basic",
+        ]
+    )
+    tools = [
+        "companion.viz",
+        "companion.timing",
+        "companion.lecture",
+        "companion.data",
+        "companion.check.exercises",
+        "companion.apps.simple_ml",
+        "companion.apps.mlp_resnet",
+    ]
     done = run(f"MODULES = {course + tools!r}" + WHERE, student, cwd=student.parents[1])
     assert done.returncode == 0, done.stderr
     where = {m: Path(f).resolve() for m, f in json.loads(done.stdout).items()}
@@ -106,14 +137,21 @@ def test_the_students_package_and_its_submodules_are_imported(student):
 
 def test_the_students_package_wins_inside_this_checkout(student):
     """From the checkout (``''`` on sys.path, the editable finder) it is still the student's."""
-    done = run("import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
-               student, cwd=ROOT)
+    done = run(
+        "import needle, needle.ops; print(needle.__file__); print(needle.ops.__file__)",
+        student,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
-    assert [Path(p) for p in done.stdout.split()] == [student / "needle" / "__init__.py",
-                                                      student / "needle" / "ops" / "__init__.py"]
+    assert [Path(p) for p in done.stdout.split()] == [
+        student / "needle" / "__init__.py",
+        student / "needle" / "ops" / "__init__.py",
+    ]
 
 
-IMPORTED_TOOLS = "import needle, sys; print(sorted(m for m in sys.modules if m.startswith('companion')))"
+IMPORTED_TOOLS = (
+    "import needle, sys; print(sorted(m for m in sys.modules if m.startswith('companion')))"
+)
 
 
 def test_import_needle_imports_no_tooling(student):
@@ -127,31 +165,39 @@ def test_import_needle_imports_no_tooling(student):
 
 
 def test_a_relative_path_is_made_absolute_for_subprocesses(student):
-    done = run("""
+    done = run(
+        """
         import os, needle
         print(os.environ["NEEDLE_IMPL"])
         print(needle.__file__)
-        """, "hw4/python", cwd=student.parents[1])
+        """,
+        "hw4/python",
+        cwd=student.parents[1],
+    )
     assert done.returncode == 0, done.stderr
     env, file = done.stdout.split()
     assert Path(env) == student and Path(file) == student / "needle" / "__init__.py"
 
 
 def test_extensions_are_not_taken_from_this_project(course_student):
-    done = run("""
+    done = run(
+        """
         import needle as ndl
         for name in EXTENSIONS:
             try:
                 __import__("needle." + name)
             except ModuleNotFoundError as exc:
                 print(exc)
-        """.replace("EXTENSIONS", repr(EXTENSIONS)), course_student)
+        """.replace("EXTENSIONS", repr(EXTENSIONS)),
+        course_student,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"No module named 'needle.{m}'" for m in EXTENSIONS]
 
 
 def test_the_offline_data_sets_are_built_on_the_students_dataset(student):
-    done = run("""
+    done = run(
+        """
         import needle as ndl
         import companion.data
         from companion.data.grammar import default_grammar
@@ -160,7 +206,9 @@ def test_the_offline_data_sets_are_built_on_the_students_dataset(student):
         print(isinstance(ds, base), base.__module__, len(ds), ds[0][0].shape)
         print(issubclass(companion.data.ShapesDataset, base), len(default_grammar().vocab))
         import sys; print(sys.modules[base.__module__].__file__)
-        """, student)
+        """,
+        student,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:2] == ["True needle.data.data_basic 297 (64,)", "True 69"]
@@ -201,9 +249,14 @@ def test_a_bug_in_the_students_init_propagates(student):
     assert str(init) in done.stderr
 
 
-@pytest.mark.parametrize("case, missing", [("absent", "is not a folder"),
-                                           ("empty", "has no needle/ "),
-                                           ("no_init", "has no needle/__init__.py")])
+@pytest.mark.parametrize(
+    "case, missing",
+    [
+        ("absent", "is not a folder"),
+        ("empty", "has no needle/ "),
+        ("no_init", "has no needle/__init__.py"),
+    ],
+)
 def test_a_bad_path_raises_an_import_error_naming_it(tmp_path, case, missing):
     folder = tmp_path / case
     if case != "absent":
@@ -227,16 +280,20 @@ def test_the_transformer_turns_a_marked_cell_into_one_skip_line(capsys):
     exec(compile("".join(out), "<cell>", "exec"), {})
     assert capsys.readouterr().out == (
         "companion-only cell skipped: it uses fused kernels (ndl.ops.layernorm_rows), which the "
-        "course's needle (from /hw/python, NEEDLE_IMPL) does not have\n")
+        "course's needle (from /hw/python, NEEDLE_IMPL) does not have\n"
+    )
 
 
-@pytest.mark.parametrize("cell", [
-    ["x = 1\n"],
-    ["x = 1  # companion-only: not the first line\n"],
-    ["x = 1\n", "# companion-only: a later line\n"],
-    ["# companion-only:\n", "x = 1\n"],  # no reason given: not a marker
-    [],
-])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        ["x = 1\n"],
+        ["x = 1  # companion-only: not the first line\n"],
+        ["x = 1\n", "# companion-only: a later line\n"],
+        ["# companion-only:\n", "x = 1\n"],  # no reason given: not a marker
+        [],
+    ],
+)
 def test_the_transformer_leaves_other_cells_alone(cell):
     assert lecture.skip_companion_only(cell, "/hw/python") == cell
 
@@ -257,7 +314,8 @@ def test_setup_registers_the_transformer_only_in_student_mode(student):
         "True",
         f"companion-only cell skipped: it uses create_graph=True, which the course's needle "
         f"(from {student}, NEEDLE_IMPL) does not have",
-        "plain cell ran"]
+        "plain cell ran",
+    ]
     done = run(IPYTHON, None)  # this project's needle: the marked cell runs as written
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "marked cell ran", "plain cell ran"]
@@ -296,8 +354,13 @@ def test_a_notebook_runs_on_the_students_needle(course_student, name):
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "MPLBACKEND")}
     env["NEEDLE_IMPL"] = str(student)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    done = subprocess.run([sys.executable, "-c", EXECUTE, str(notebook), str(notebook.parent)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", EXECUTE, str(notebook), str(notebook.parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["errors"] == []
@@ -330,12 +393,20 @@ def test_a_failed_import_fails_again_then_imports_the_fixed_package(student):
     init = student / "needle" / "__init__.py"
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
     env["NEEDLE_IMPL"] = str(student)
-    done = subprocess.run([sys.executable, "-c", RETRY, str(init)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", RETRY, str(init)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "1 raised half-written", "2 raised half-written",
-        f"3 imported {init} {student / 'needle' / 'ops' / '__init__.py'}"]
+        "1 raised half-written",
+        "2 raised half-written",
+        f"3 imported {init} {student / 'needle' / 'ops' / '__init__.py'}",
+    ]
 
 
 GONE = """
@@ -358,8 +429,14 @@ def test_a_package_that_disappears_after_a_failed_import_is_not_replaced(student
     init.write_text(init.read_text() + "\nraise NotImplementedError('half-written')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "PYTHONPATH")}
     env["NEEDLE_IMPL"] = str(student)
-    done = subprocess.run([sys.executable, "-c", GONE, str(student / "needle")], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", GONE, str(student / "needle")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "raised half-written"
@@ -373,8 +450,9 @@ def test_a_blank_or_own_value_is_ignored_in_one_line(value):
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == PACKAGE / "__init__.py"
     lines = [line for line in done.stderr.splitlines() if "NEEDLE_IMPL" in line]
-    assert len(lines) == 1 and lines[0].endswith("ignored" if value == "ROOT" else
-                                                 "ignored, this project's needle is imported")
+    assert len(lines) == 1 and lines[0].endswith(
+        "ignored" if value == "ROOT" else "ignored, this project's needle is imported"
+    )
     assert lines[0].startswith(f"NEEDLE_IMPL={str(ROOT) if value == 'ROOT' else repr(value)} is ")
 
 
@@ -405,9 +483,12 @@ def test_make_bench_names_a_naive_matmul(student):
     ndarray = student / "needle" / "backend_ndarray" / "ndarray.py"
     ndarray.write_text(ndarray.read_text() + NAIVE_MATMUL)
     # the command `make bench NEEDLE_IMPL=...` runs (see test_make_paths), quick: tiny sizes
-    done = run_recipe("bench", ("benchmarks",), {"NEEDLE_IMPL": str(student),
-                                                 "NEEDLE_BENCH_QUICK": "1",
-                                                 "PY": sys.executable}, timeout=600)
+    done = run_recipe(
+        "bench",
+        ("benchmarks",),
+        {"NEEDLE_IMPL": str(student), "NEEDLE_BENCH_QUICK": "1", "PY": sys.executable},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert f"your needle: {student / 'needle'}" in out and f"this project's: {PACKAGE}" in out
@@ -441,42 +522,58 @@ def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, 
     ops.write_text(ops.read_text() + PLANTED_ADD)
     name = "02_automatic_differentiation"
     cards = tmp_path / "cards.json"
-    done = run_recipe("lecture-report", ("companion.report_card",),
-                      {"NEEDLE_IMPL": str(course_student), "NB": f"notebooks/{name}.py",
-                       "PY": sys.executable}, timeout=600,
-                      replace=("companion.report_card", f"companion.report_card --json {cards}"))
+    done = run_recipe(
+        "lecture-report",
+        ("companion.report_card",),
+        {"NEEDLE_IMPL": str(course_student), "NB": f"notebooks/{name}.py", "PY": sys.executable},
+        timeout=600,
+        replace=("companion.report_card", f"companion.report_card --json {cards}"),
+    )
     assert done.returncode == 1, done.stdout + done.stderr  # a cell failed
-    card, = json.loads(cards.read_text())
+    (card,) = json.loads(cards.read_text())
     import nbformat
+
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
-    marked = len(re.findall(r"^# %%.*\n# companion-only: ", (ROOT / "notebooks" / f"{name}.py")
-                            .read_text(), flags=re.M))
+    marked = len(
+        re.findall(
+            r"^# %%.*\n# companion-only: ",
+            (ROOT / "notebooks" / f"{name}.py").read_text(),
+            flags=re.M,
+        )
+    )
     assert card["notebook"] == name and card["skipped"] == marked and card["not_run"] == 0
     assert card["passed"] + card["failed"] + card["skipped"] == sum(1 for s in code if s.strip())
     first = card["first_failure"]
     assert first["error"] == "RuntimeError: planted add bug"
-    assert first["first_line"] == next(line.strip() for line in
-                                       code[first["cell"] - 1].splitlines() if line.strip())
+    assert first["first_line"] == next(
+        line.strip() for line in code[first["cell"] - 1].splitlines() if line.strip()
+    )
     # the cells before it ran on the student's needle and passed
     assert card["passed"] >= first["cell"] - 1 - marked
     row = next(line for line in done.stdout.splitlines() if line.startswith(name))
     assert row.split()[1:4] == [str(card["passed"]), str(card["failed"]), str(card["skipped"])]
-    assert (f"cell {first['cell']}: `{first['first_line'][:50]}`: "
-            "RuntimeError: planted add bug") in row
+    assert (
+        f"cell {first['cell']}: `{first['first_line'][:50]}`: RuntimeError: planted add bug"
+    ) in row
     assert f"needle from {course_student} (NEEDLE_IMPL)" in done.stdout
 
 
 # IPYTHON's three cells (setup, a marked one, a plain one), then a failing one and the card
-TALLY = IPYTHON + """
+TALLY = (
+    IPYTHON
+    + """
 shell.run_cell("1 / 0")
 shell.run_cell("lecture.report_card()")
 """
+)
 
 
 def test_a_notebook_kernel_prints_its_own_report_card(student):
     done = run(TALLY, student)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[-2:] == ["report card: 2 cells passed, 1 failed, 1 skipped (companion-only)",
-                          "  failed: `1 / 0`: ZeroDivisionError: division by zero"]
+    assert lines[-2:] == [
+        "report card: 2 cells passed, 1 failed, 1 skipped (companion-only)",
+        "  failed: `1 / 0`: ZeroDivisionError: division by zero",
+    ]

@@ -4,6 +4,7 @@ Runs are recorded from Report objects built here (statuses chosen by the test), 
 the test's own table; one test goes end to end through ``python -m companion.check`` and
 ``make progress`` on a course-layout copy (see test_checker.py's ``skeleton``).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -14,13 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_checker import skeleton
 
 from companion.check import progress, questions_for
 from companion.check.questions import HOMEWORKS, QUESTIONS
 from companion.check.runner import Report, Result
-from companion.check.sections import (NOTEBOOKS, SECTIONS, lecture_section, matching_headers,
-                                      section_entry)
-from test_checker import skeleton
+from companion.check.sections import (
+    NOTEBOOKS,
+    SECTIONS,
+    lecture_section,
+    matching_headers,
+    section_entry,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
@@ -34,8 +40,12 @@ def report(root: Path, hw: str, statuses: dict[str, str], default: str = "pass")
 
 
 def record(root, hw, statuses, minutes, default="pass", only=None):
-    assert progress.record(report(root, hw, statuses, default), only,
-                           now=T0 + datetime.timedelta(minutes=minutes)) is None
+    assert (
+        progress.record(
+            report(root, hw, statuses, default), only, now=T0 + datetime.timedelta(minutes=minutes)
+        )
+        is None
+    )
 
 
 def test_a_run_is_recorded_in_the_homework_folder(tmp_path):
@@ -48,7 +58,9 @@ def test_a_run_is_recorded_in_the_homework_folder(tmp_path):
     assert run["time"] == "2026-11-30T12:00:00+00:00" and run["only"] is None
     assert list(run["results"]) == [q.id for q in questions_for("hw1")]
     assert {q: s for q, s in run["results"].items() if s != "pass"} == {
-        "hw1_add_backward": "fail", "hw1_log_forward": "crashed"}
+        "hw1_add_backward": "fail",
+        "hw1_log_forward": "crashed",
+    }
     # the student's own git ignores the folder
     assert (root / ".needle-check" / ".gitignore").read_text().splitlines()[-1] == "*"
     record(root, "hw1", {}, 5)
@@ -71,8 +83,9 @@ def test_changes_next_question_and_partial_runs(tmp_path):
     record(root, "hw2", {order[1]: "fail"}, 1, only=["x"])
     history = progress.load_history(root)
     history[-1]["results"] = {order[0]: "pass", order[1]: "fail"}
-    (root / ".needle-check" / "history.json").write_text(json.dumps(
-        {"version": 1, "homework": "hw2", "runs": history}))
+    (root / ".needle-check" / "history.json").write_text(
+        json.dumps({"version": 1, "homework": "hw2", "runs": history})
+    )
     item = progress.Progress("hw2", root, progress.load_history(root))
     assert progress.changes(item.runs) == ([order[0]], [order[1]])
     # questions the partial run left out keep their earlier status
@@ -90,8 +103,10 @@ def test_every_question_passing_and_no_change(tmp_path):
     record(root, "hw4_extra", {}, 0)
     record(root, "hw4_extra", {}, 1)
     lines = progress.Progress("hw4_extra", root, progress.load_history(root)).format()
-    assert lines[-2:] == [" " * 11 + "no change since the run before",
-                          " " * 11 + "every question passes"]
+    assert lines[-2:] == [
+        " " * 11 + "no change since the run before",
+        " " * 11 + "every question passes",
+    ]
 
 
 def test_homework_folders_are_found_beside_and_inside(tmp_path):
@@ -99,8 +114,12 @@ def test_homework_folders_are_found_beside_and_inside(tmp_path):
     for name in ("hw0", "hw1", "hw3-main", "hw4_extra", "notes"):
         (course / name).mkdir(parents=True)
     (course / "hw2.zip").write_text("not a folder")
-    want = [("hw0", course / "hw0"), ("hw1", course / "hw1"), ("hw3", course / "hw3-main"),
-            ("hw4_extra", course / "hw4_extra")]
+    want = [
+        ("hw0", course / "hw0"),
+        ("hw1", course / "hw1"),
+        ("hw3", course / "hw3-main"),
+        ("hw4_extra", course / "hw4_extra"),
+    ]
     assert progress.find_homeworks([course]) == want
     assert progress.find_homeworks([course / "hw1"]) == want
     with pytest.raises(ValueError, match="no homework folder"):
@@ -142,10 +161,12 @@ def test_every_table_row_is_used():
 def test_sections_come_from_the_notebook_headers(tmp_path):
     (tmp_path / "05_ndarray.py").write_text("# ## 1. Shape, strides and offset, renamed\n")
     assert lecture_section("hw3_reshape", tmp_path) == (
-        "notebooks/05_ndarray, § 1. Shape, strides and offset, renamed")
+        "notebooks/05_ndarray, § 1. Shape, strides and offset, renamed"
+    )
     # without the notebook (a wheel install) the table's own words
     assert lecture_section("hw3_reshape", tmp_path / "none") == (
-        "notebooks/05_ndarray, § Shape, strides and offset")
+        "notebooks/05_ndarray, § Shape, strides and offset"
+    )
 
 
 # ---- end to end ----------------------------------------------------------------------------------
@@ -165,11 +186,27 @@ def test_make_check_records_and_make_progress_reports(tmp_path):
     assert "newly passing: hw1_add_forward" in second.stdout
     runs = progress.load_history(root)
     assert [r["only"] for r in runs] == [["hw1_add_"], ["hw1_add_"]]
-    assert set(runs[1]["results"]) == {"hw1_add_forward", "hw1_add_backward",
-                                       "hw1_add_scalar_forward", "hw1_add_scalar_backward"}
-    done = subprocess.run(["make", "-s", "--no-print-directory", "progress", f"HW={tmp_path}",
-                           f"PY={sys.executable}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert set(runs[1]["results"]) == {
+        "hw1_add_forward",
+        "hw1_add_backward",
+        "hw1_add_scalar_forward",
+        "hw1_add_scalar_backward",
+    }
+    done = subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "progress",
+            f"HW={tmp_path}",
+            f"PY={sys.executable}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     n = len(questions_for("hw1"))
     assert f"hw1          4/{n:<3} passed  ({root})" in done.stdout

@@ -1,10 +1,11 @@
 """ResNet-9 (hw4) and the CIFAR-10 training loops, on the offline ShapesDataset."""
+
 import numpy as np
 import pytest
-
-import needle as ndl
-import companion.data
 from conftest import DEVICES
+
+import companion.data
+import needle as ndl
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
 from companion.apps.models import ConvBN, ResNet9
 
@@ -19,9 +20,18 @@ def n_params(model):
 def test_resnet9_has_431946_parameters():
     # counted by hand: conv k*k*a*b + bias b + BatchNorm 2b per ConvBN, then the two Linears
     convbn = lambda a, b, k: k * k * a * b + b + 2 * b  # noqa: E731
-    expected = (convbn(3, 16, 7) + convbn(16, 32, 3) + 2 * convbn(32, 32, 3)
-                + convbn(32, 64, 3) + convbn(64, 128, 3) + 2 * convbn(128, 128, 3)
-                + 128 * 128 + 128 + 128 * 10 + 10)
+    expected = (
+        convbn(3, 16, 7)
+        + convbn(16, 32, 3)
+        + 2 * convbn(32, 32, 3)
+        + convbn(32, 64, 3)
+        + convbn(64, 128, 3)
+        + 2 * convbn(128, 128, 3)
+        + 128 * 128
+        + 128
+        + 128 * 10
+        + 10
+    )
     assert expected == 431946
     assert n_params(ResNet9()) == 431946
     assert n_params(ConvBN(3, 16, 7, 4)) == convbn(3, 16, 7)
@@ -128,7 +138,7 @@ def _softmax_loss_np(logits, y):
 def test_evaluate_cifar10_matches_numpy(device):
     np.random.seed(2)
     model = ResNet9(device=device)
-    ds, loader = _loader(10, 4)          # batches of 4, 4, 2: averages weight by batch size
+    ds, loader = _loader(10, 4)  # batches of 4, 4, 2: averages weight by batch size
     before = [p.numpy().copy() for p in model.parameters()]
     acc, loss = evaluate_cifar10(model, loader, progress=False)
     assert not model.training
@@ -138,8 +148,7 @@ def test_evaluate_cifar10_matches_numpy(device):
     assert acc == pytest.approx(np.mean(np.argmax(logits, axis=1) == ds.y))
     assert loss == pytest.approx(_softmax_loss_np(logits, ds.y).mean(), rel=1e-4)
     # the course passes a loss class to evaluate_cifar10 and an instance to the epoch function
-    acc2, loss2 = epoch_general_cifar10(loader, model, loss_fn=ndl.nn.SoftmaxLoss(),
-                                        progress=False)
+    acc2, loss2 = epoch_general_cifar10(loader, model, loss_fn=ndl.nn.SoftmaxLoss(), progress=False)
     assert (acc2, loss2) == pytest.approx((acc, loss))
 
 
@@ -150,8 +159,14 @@ def test_train_cifar10_fits_a_small_set_reproducibly(device):
         model = ResNet9(device=device)
         _, loader = _loader(32, 16, shuffle=True)
         log = []
-        result = train_cifar10(model, loader, n_epochs=4, lr=0.01, progress=False,
-                               callback=lambda i, a, l: log.append((i, a, l)))
+        result = train_cifar10(
+            model,
+            loader,
+            n_epochs=4,
+            lr=0.01,
+            progress=False,
+            callback=lambda i, a, l: log.append((i, a, l)),
+        )
         return model, result, log
 
     model, (acc, loss), log = run()

@@ -1,4 +1,5 @@
 """companion.roofline: the arithmetic behind notebook 06's roofline and the student benchmark."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,5 +24,5 @@ def test_bound_and_place():
 
 def test_matmul_intensity_counts_each_operand_once():
     n = 1024
-    assert matmul_intensity(n, n, n) == pytest.approx(2 * n ** 3 / (4 * 3 * n * n))  # n / 6
+    assert matmul_intensity(n, n, n) == pytest.approx(2 * n**3 / (4 * 3 * n * n))  # n / 6
     assert matmul_intensity(2, 3, 4) == pytest.approx(2 * 24 / (4 * (6 + 12 + 8)))

@@ -1,13 +1,15 @@
-"""companion.apps.simple_ml: hw0's numpy and C++ softmax regression and two-layer net, hw1's needle versions.
+"""companion.apps.simple_ml: hw0's numpy and C++ softmax regression and two-layer net, hw1's needle
+versions.
 
 Oracles: central finite differences of an independently written float64 loss, the numpy epoch
 for the C++ one, and the numpy versions for the needle ones.
 """
+
 import numpy as np
 import pytest
 
-import needle as ndl
 import companion.data
+import needle as ndl
 from companion.apps import simple_ml as sm
 from companion.apps import simple_ml_ext
 
@@ -59,7 +61,7 @@ def test_softmax_regression_epoch_is_sgd_on_the_loss(batch):
     expected = theta.copy()
     lr = 0.7
     for s in range(0, 40, batch):  # the course's schedule, each step's gradient by differences
-        Xb, yb = X[s:s + batch], y[s:s + batch]
+        Xb, yb = X[s : s + batch], y[s : s + batch]
         expected -= lr * _fd_grad(lambda: _loss64(Xb @ expected, yb), expected)
     sm.softmax_regression_epoch(X, y, theta, lr=lr, batch=batch)
     np.testing.assert_allclose(theta, expected, atol=1e-7)
@@ -73,10 +75,11 @@ def test_nn_epoch_numpy_is_sgd_on_the_loss(batch):
     E1, E2 = W1.copy(), W2.copy()
     lr = 0.4
     for s in range(0, 40, batch):
-        Xb, yb = X[s:s + batch], y[s:s + batch]
+        Xb, yb = X[s : s + batch], y[s : s + batch]
 
         def loss():
             return _loss64(np.maximum(Xb @ E1, 0) @ E2, yb)
+
         g1, g2 = _fd_grad(loss, E1), _fd_grad(loss, E2)
         E1 -= lr * g1
         E2 -= lr * g2
@@ -156,6 +159,7 @@ def test_numpy_epochs_validate_their_arguments():
 
 # ---- hw1: the needle versions -------------------------------------------------------------------
 
+
 @pytest.mark.hw1_softmax_loss
 def test_softmax_loss_needle_value_and_gradient():
     Z = np.random.randn(6, 4).astype(np.float32)
@@ -199,9 +203,13 @@ def test_loss_err_accepts_tensors_and_arrays():
 
 # ---- whole training runs on the offline digits ------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def digits():
-    return (*companion.data.load_digits_mnist_like(train=True), *companion.data.load_digits_mnist_like(train=False))
+    return (
+        *companion.data.load_digits_mnist_like(train=True),
+        *companion.data.load_digits_mnist_like(train=False),
+    )
 
 
 def test_train_softmax_numpy_and_cpp_agree_and_learn(digits, capsys):
@@ -220,8 +228,9 @@ def test_train_softmax_numpy_and_cpp_agree_and_learn(digits, capsys):
 
 def test_train_nn_numpy_and_needle_agree(digits):
     h_np = sm.train_nn(*digits, hidden_dim=32, epochs=3, lr=0.2, batch=100, verbose=False)
-    h_nd = sm.train_nn(*digits, hidden_dim=32, epochs=3, lr=0.2, batch=100, use_needle=True,
-                       verbose=False)
+    h_nd = sm.train_nn(
+        *digits, hidden_dim=32, epochs=3, lr=0.2, batch=100, use_needle=True, verbose=False
+    )
     for a, b in zip(h_np, h_nd):
         assert abs(a["train_loss"] - b["train_loss"]) < 1e-4
     assert h_np[-1]["test_err"] < 0.2

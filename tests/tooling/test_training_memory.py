@@ -7,6 +7,7 @@ leaves, released when ``opt.reset_grad()`` clears the gradients at the next step
 ``opt.reset_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()``, with the LSTM's
 state detached between chunks. The 1,000-step versions are marked ``slow`` (``NEEDLE_SLOW=1``).
 """
+
 from __future__ import annotations
 
 import gc
@@ -16,14 +17,14 @@ import numpy as np
 import pytest
 
 import needle as ndl
-from needle import autograd
-
 from companion.apps.language_model import LanguageModel
 from companion.apps.models import ResNet9
 from companion.apps.ptb_training import detach_state
+from needle import autograd
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"),
-                                reason="reads the resident set size from /proc")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc"
+)
 
 
 def _rss_bytes() -> int:
@@ -65,6 +66,7 @@ def _mlp_step(batch=64, sizes=(256, 512, 512, 10)):
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -84,6 +86,7 @@ def _lstm_lm_step(seq_len=16, batch=8, vocab=200):
         loss.backward()
         opt.step()
         state["h"] = detach_state(h)
+
     return step
 
 
@@ -92,8 +95,7 @@ def _resnet9_step(batch=4):
     model = ResNet9()
     model.train()
     loss_fn, opt = ndl.nn.SoftmaxLoss(), ndl.optim.SGD(model.parameters(), lr=0.01)
-    x = ndl.Tensor(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32),
-                   requires_grad=False)
+    x = ndl.Tensor(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32), requires_grad=False)
     y = ndl.Tensor(rng.integers(0, 10, batch).astype(np.float32), requires_grad=False)
 
     def step():
@@ -101,6 +103,7 @@ def _resnet9_step(batch=4):
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+
     return step
 
 

@@ -3,6 +3,7 @@
 (3, 32, 32) in [0, 1] with integer labels 0..9. The offline stand-in of procedurally drawn
 images lives with this project's tools, in ``companion.data``.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ class _Refused(pickle.UnpicklingError):
 def _latin1_encode(text: str, encoding: str) -> bytes:
     """``_codecs.encode`` as Python 3 pickles bytes at protocol 2, restricted to latin-1."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise _Refused(f"refused _codecs.encode({type(text).__name__}, {encoding!r}): pickle "
-                       f"stores bytes only as latin-1 text")
+        raise _Refused(
+            f"refused _codecs.encode({type(text).__name__}, {encoding!r}): pickle "
+            f"stores bytes only as latin-1 text"
+        )
     return text.encode("latin1")
 
 
@@ -54,8 +57,11 @@ def _numpy_pickle_globals() -> dict:
     reconstruct = np.zeros(1).__reduce__()[0]
     frombuffer = np.zeros(1).__reduce_ex__(5)[0]
     scalar = np.uint8(0).__reduce__()[0]
-    table = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
-             ("_codecs", "encode"): _latin1_encode}
+    table = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1_encode,
+    }
     for core in ("numpy.core", "numpy._core"):
         table[(f"{core}.multiarray", "_reconstruct")] = reconstruct
         table[(f"{core}.multiarray", "scalar")] = scalar
@@ -82,7 +88,8 @@ class _CifarUnpickler(pickle.Unpickler):
         except KeyError:
             raise _Refused(
                 f"refused global {module}.{name}: a CIFAR-10 batch holds only dicts, lists, "
-                f"str/bytes, ints and numpy arrays") from None
+                f"str/bytes, ints and numpy arrays"
+            ) from None
 
     def persistent_load(self, pid):
         raise _Refused("refused a persistent id: a CIFAR-10 batch has none")
@@ -103,28 +110,38 @@ def _load_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     except _Refused as e:
         raise ValueError(f"CIFAR-10 batch {path!r} is unsafe, not loaded: {e}") from e
     except Exception as e:  # truncated or not a pickle at all: say which file
-        raise ValueError(f"CIFAR-10 batch {path!r} is not a readable python pickle "
-                         f"({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"CIFAR-10 batch {path!r} is not a readable python pickle ({type(e).__name__}: {e})"
+        ) from e
     if not isinstance(batch, dict):
-        raise ValueError(f"CIFAR-10 batch {path!r} holds a {type(batch).__name__}, "
-                         f"expected a dict with b'data' and b'labels'")
+        raise ValueError(
+            f"CIFAR-10 batch {path!r} holds a {type(batch).__name__}, "
+            f"expected a dict with b'data' and b'labels'"
+        )
     missing = [k for k in (b"data", b"labels") if k not in batch and k.decode() not in batch]
     if missing:
-        raise ValueError(f"CIFAR-10 batch {path!r} is missing the key(s) {missing}; "
-                         f"found {sorted(map(repr, batch.keys()))}")
+        raise ValueError(
+            f"CIFAR-10 batch {path!r} is missing the key(s) {missing}; "
+            f"found {sorted(map(repr, batch.keys()))}"
+        )
     data = np.asarray(batch.get(b"data", batch.get("data")))
     labels = np.asarray(batch.get(b"labels", batch.get("labels")))
     if data.ndim != 2 or data.shape[1] != _ROW:
-        raise ValueError(f"CIFAR-10 batch {path!r}: b'data' has shape {data.shape}, "
-                         f"expected (n, {_ROW}) (3 channels x 32 x 32 per row)")
+        raise ValueError(
+            f"CIFAR-10 batch {path!r}: b'data' has shape {data.shape}, "
+            f"expected (n, {_ROW}) (3 channels x 32 x 32 per row)"
+        )
     if data.dtype != np.uint8:
-        raise ValueError(f"CIFAR-10 batch {path!r}: b'data' has dtype {data.dtype}, "
-                         f"expected uint8 pixels")
+        raise ValueError(
+            f"CIFAR-10 batch {path!r}: b'data' has dtype {data.dtype}, expected uint8 pixels"
+        )
     if labels.ndim != 1 or labels.shape[0] != data.shape[0]:
-        raise ValueError(f"CIFAR-10 batch {path!r}: {labels.shape} labels for "
-                         f"{data.shape[0]} images")
+        raise ValueError(
+            f"CIFAR-10 batch {path!r}: {labels.shape} labels for {data.shape[0]} images"
+        )
     if not np.issubdtype(labels.dtype, np.integer) or (
-            labels.size and (labels.min() < 0 or labels.max() > 9)):
+        labels.size and (labels.min() < 0 or labels.max() > 9)
+    ):
         raise ValueError(f"CIFAR-10 batch {path!r}: labels must be integers in 0..9")
     return data, labels.astype(np.int64)
 
@@ -142,13 +159,20 @@ class CIFAR10Dataset(Dataset):
     (code that would run on load) raises ValueError naming the file and that global.
     """
 
-    def __init__(self, base_folder: str, train: bool, p: Optional[float] = 0.5,
-                 transforms: Optional[List] = None):
+    def __init__(
+        self,
+        base_folder: str,
+        train: bool,
+        p: Optional[float] = 0.5,
+        transforms: Optional[List] = None,
+    ):
         super().__init__(transforms)
         names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
         if not os.path.isdir(base_folder):
-            raise FileNotFoundError(f"CIFAR-10 folder {base_folder!r} does not exist "
-                                    f"(run `make data`, or use ShapesDataset offline)")
+            raise FileNotFoundError(
+                f"CIFAR-10 folder {base_folder!r} does not exist "
+                f"(run `make data`, or use ShapesDataset offline)"
+            )
         parts = [_load_batch(os.path.join(base_folder, n)) for n in names]
         data = np.concatenate([d for d, _ in parts])
         self.X = (data.astype(np.float32) / 255.0).reshape((-1,) + _IMAGE_SHAPE)

@@ -7,13 +7,14 @@ N x 28 x 28), its labels magic 2049 (uint8, 1-D: N). Files may be gzipped (detec
 The offline stand-in (scikit-learn's 8x8 digits, written as MNIST-named IDX files) is not part of
 the framework: it lives with this project's tools, in ``companion.data``.
 """
+
 from __future__ import annotations
 
 import gzip
 import math
 import zlib
-from pathlib import Path
 from io import BufferedIOBase
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -48,8 +49,9 @@ def _read_up_to(f: BufferedIOBase, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_idx_stream(f: BufferedIOBase, path: Path, expected_magic: Optional[int],
-                     file_size: int, gzipped: bool) -> np.ndarray:
+def _read_idx_stream(
+    f: BufferedIOBase, path: Path, expected_magic: Optional[int], file_size: int, gzipped: bool
+) -> np.ndarray:
     """Parse an IDX stream: header first, then exactly the data the header declares.
 
     A raw file's data must fill the rest of its ``file_size`` bytes exactly; a gzipped file of
@@ -63,37 +65,52 @@ def _read_idx_stream(f: BufferedIOBase, path: Path, expected_magic: Optional[int
     magic = int.from_bytes(head, "big")
     code, ndim = head[2], head[3]
     if head[:2] != b"\0\0" or code not in _IDX_TYPES or ndim == 0:
-        raise _idx_error(path, f"bad IDX magic number {magic} (0x{magic:08x}); expected 0x0000 "
-                               "followed by a type code and a dimension count")
+        raise _idx_error(
+            path,
+            f"bad IDX magic number {magic} (0x{magic:08x}); expected 0x0000 "
+            "followed by a type code and a dimension count",
+        )
     if expected_magic is not None and magic != expected_magic:
-        raise _idx_error(path, f"magic number {magic}, expected {expected_magic} "
-                               f"({'images' if expected_magic == IMAGES_MAGIC else 'labels'})")
+        raise _idx_error(
+            path,
+            f"magic number {magic}, expected {expected_magic} "
+            f"({'images' if expected_magic == IMAGES_MAGIC else 'labels'})",
+        )
     dims = _read_up_to(f, 4 * ndim)
     if len(dims) < 4 * ndim:
-        raise _idx_error(path, f"truncated header: {ndim} dimension sizes need {4 * ndim} "
-                               f"bytes, found {len(dims)}")
-    shape = tuple(int.from_bytes(dims[4 * i:4 * i + 4], "big") for i in range(ndim))
+        raise _idx_error(
+            path,
+            f"truncated header: {ndim} dimension sizes need {4 * ndim} bytes, found {len(dims)}",
+        )
+    shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_TYPES[code])
     nbytes = math.prod(shape) * dtype.itemsize
     capacity = _GZIP_MAX_RATIO * file_size if gzipped else file_size - 4 - 4 * ndim
     if not gzipped and nbytes != capacity:
         what = "truncated" if nbytes > capacity else "longer than its header says"
-        raise _idx_error(path, f"{what}: shape {shape} needs {nbytes} bytes of data, "
-                               f"found {capacity}")
+        raise _idx_error(
+            path, f"{what}: shape {shape} needs {nbytes} bytes of data, found {capacity}"
+        )
     if nbytes > capacity:
-        raise _idx_error(path, f"header declares shape {shape}, {nbytes} bytes of data, more "
-                               f"than the file can hold ({capacity} bytes at most)")
+        raise _idx_error(
+            path,
+            f"header declares shape {shape}, {nbytes} bytes of data, more "
+            f"than the file can hold ({capacity} bytes at most)",
+        )
     buf = np.empty(nbytes, dtype=np.uint8)
     view, got = buf.data, 0  # a writable memoryview of buf
     while got < nbytes:
-        n = f.readinto(view[got:got + _CHUNK])
+        n = f.readinto(view[got : got + _CHUNK])
         if not n:
-            raise _idx_error(path, f"truncated: shape {shape} needs {nbytes} bytes of data, "
-                                   f"found {got}")
+            raise _idx_error(
+                path, f"truncated: shape {shape} needs {nbytes} bytes of data, found {got}"
+            )
         got += n
     if f.read(1):  # also makes gzip check the stream's CRC and length
-        raise _idx_error(path, f"longer than its header says: data continues past the "
-                               f"{nbytes} bytes of shape {shape}")
+        raise _idx_error(
+            path,
+            f"longer than its header says: data continues past the {nbytes} bytes of shape {shape}",
+        )
     return buf.view(dtype).reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
@@ -119,11 +136,12 @@ def read_idx(filename: str | Path, expected_magic: Optional[int] = None) -> np.n
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
                 return _read_idx_stream(f, path, expected_magic, size, gzipped=True)
         except (EOFError, OSError, zlib.error) as exc:  # truncated or corrupt gzip stream
-            raise _idx_error(path, f"not a valid gzip file (truncated or corrupt): "
-                                   f"{exc}") from exc
+            raise _idx_error(path, f"not a valid gzip file (truncated or corrupt): {exc}") from exc
 
 
-def parse_mnist(image_filename: str | Path, label_filename: str | Path) -> Tuple[np.ndarray, np.ndarray]:
+def parse_mnist(
+    image_filename: str | Path, label_filename: str | Path
+) -> Tuple[np.ndarray, np.ndarray]:
     """Read MNIST-format image and label files (hw0's ``parse_mnist``).
 
     Returns ``X`` float32 (N, rows*cols) scaled by 1/255 into [0, 1], and ``y`` uint8 (N,).
@@ -135,13 +153,17 @@ def parse_mnist(image_filename: str | Path, label_filename: str | Path) -> Tuple
     return X, labels
 
 
-def _read_mnist(image_filename: str | Path, label_filename: str | Path) -> Tuple[np.ndarray, np.ndarray]:
+def _read_mnist(
+    image_filename: str | Path, label_filename: str | Path
+) -> Tuple[np.ndarray, np.ndarray]:
     """uint8 images (N, rows, cols) and uint8 labels (N,), validated as MNIST files."""
     images = read_idx(image_filename, expected_magic=IMAGES_MAGIC)
     labels = read_idx(label_filename, expected_magic=LABELS_MAGIC)
     if images.shape[0] != labels.shape[0]:
-        raise ValueError(f"{image_filename} holds {images.shape[0]} images but {label_filename} "
-                         f"holds {labels.shape[0]} labels")
+        raise ValueError(
+            f"{image_filename} holds {images.shape[0]} images but {label_filename} "
+            f"holds {labels.shape[0]} labels"
+        )
     return images, labels
 
 
@@ -153,7 +175,12 @@ class MNISTDataset(Dataset):
     is flattened back.
     """
 
-    def __init__(self, image_filename: str | Path, label_filename: str | Path, transforms: Optional[List] = None):
+    def __init__(
+        self,
+        image_filename: str | Path,
+        label_filename: str | Path,
+        transforms: Optional[List] = None,
+    ):
         super().__init__(transforms)
         images, self.labels = _read_mnist(image_filename, label_filename)
         self.image_shape = images.shape[1:] + (1,)

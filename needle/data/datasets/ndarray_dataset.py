@@ -1,4 +1,5 @@
 """NDArrayDataset: a dataset over in-memory arrays that share their first dimension (hw4)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,9 +23,13 @@ class NDArrayDataset(Dataset):
         self.arrays = tuple(a if hasattr(a, "shape") else np.asarray(a) for a in arrays)
         lengths = [a.shape[0] if len(a.shape) else None for a in self.arrays]
         if None in lengths:
-            raise ValueError("NDArrayDataset arrays must have at least one dimension; got a 0-d array")
+            raise ValueError(
+                "NDArrayDataset arrays must have at least one dimension; got a 0-d array"
+            )
         if len(set(lengths)) != 1:
-            raise ValueError(f"NDArrayDataset arrays must share their first dimension, got lengths {lengths}")
+            raise ValueError(
+                f"NDArrayDataset arrays must share their first dimension, got lengths {lengths}"
+            )
 
     def __len__(self) -> int:
         return self.arrays[0].shape[0]

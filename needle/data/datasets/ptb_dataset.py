@@ -6,6 +6,7 @@ one sentence per line, ``line.split() + ['<eos>']``), :func:`batchify` and :func
 The offline corpus with a known entropy rate lives with this project's tools, in
 ``companion.data``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -47,8 +48,9 @@ class Corpus:
 
     def __init__(self, base_dir: str, max_lines: Optional[int] = None):
         if not os.path.isdir(base_dir):
-            raise FileNotFoundError(f"Corpus: no such directory {base_dir!r} "
-                                    "(it must hold train.txt and test.txt)")
+            raise FileNotFoundError(
+                f"Corpus: no such directory {base_dir!r} (it must hold train.txt and test.txt)"
+            )
         self.dictionary = Dictionary()
         self.train = self.tokenize(os.path.join(base_dir, "train.txt"), max_lines)
         self.test = self.tokenize(os.path.join(base_dir, "test.txt"), max_lines)
@@ -56,8 +58,11 @@ class Corpus:
     def tokenize(self, path: str, max_lines: Optional[int] = None) -> List[int]:
         """Ids of the words of the first ``max_lines`` lines of ``path`` (all if None), with
         '<eos>' after each line; new words are added to the dictionary."""
-        if max_lines is not None and (isinstance(max_lines, bool) or not isinstance(
-                max_lines, (int, np.integer)) or max_lines < 0):
+        if max_lines is not None and (
+            isinstance(max_lines, bool)
+            or not isinstance(max_lines, (int, np.integer))
+            or max_lines < 0
+        ):
             raise ValueError(f"max_lines must be None or a non-negative integer, got {max_lines!r}")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Corpus: missing file {path!r}")
@@ -80,9 +85,11 @@ def _text_lines(path: str) -> Iterator[str]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                line = lineno + raw[:e.start].replace(b"\r\n", b"\n").count(b"\r") + 1
-                raise ValueError(f"Corpus: {path!r} is not UTF-8 text: line {line} holds "
-                                 f"{raw[e.start:e.end]!r} ({e.reason})") from e
+                line = lineno + raw[: e.start].replace(b"\r\n", b"\n").count(b"\r") + 1
+                raise ValueError(
+                    f"Corpus: {path!r} is not UTF-8 text: line {line} holds "
+                    f"{raw[e.start : e.end]!r} ({e.reason})"
+                ) from e
             pieces = text.replace("\r\n", "\n").split("\r")
             for k, piece in enumerate(pieces):
                 if k < len(pieces) - 1:
@@ -100,8 +107,11 @@ def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32")
     are dropped. E.g. the alphabet with batch_size 4 gives columns a–f, g–l, m–r, s–x.
     ``device`` is accepted for the course's signature; the result stays in numpy.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or batch_size < 1
+    ):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     nbatch = len(data) // batch_size
     if nbatch == 0:
@@ -110,8 +120,9 @@ def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32")
     return np.ascontiguousarray(arr.reshape(batch_size, nbatch).T)
 
 
-def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype=None
-              ) -> Tuple[Tensor, Tensor]:
+def get_batch(
+    batches: np.ndarray, i: int, bptt: int, device=None, dtype=None
+) -> Tuple[Tensor, Tensor]:
     """Rows i … i+L-1 of ``batches`` and, shifted by one, their next tokens.
 
     L = min(bptt, nbatch - 1 - i). Returns ``data`` Tensor (L, bs) and ``target`` Tensor
@@ -119,15 +130,20 @@ def get_batch(batches: np.ndarray, i: int, bptt: int, device=None, dtype=None
     """
     batches = np.asarray(batches)
     if batches.ndim != 2:
-        raise ValueError(f"get_batch expects batchify's (nbatch, bs) array, got shape "
-                         f"{batches.shape}")
+        raise ValueError(
+            f"get_batch expects batchify's (nbatch, bs) array, got shape {batches.shape}"
+        )
     if isinstance(bptt, bool) or not isinstance(bptt, (int, np.integer)) or bptt < 1:
         raise ValueError(f"bptt must be a positive integer, got {bptt!r}")
     if not 0 <= i < len(batches) - 1:
-        raise IndexError(f"get_batch index i={i} out of range: need 0 <= i < {len(batches) - 1} "
-                         f"(the last row has no next token)")
+        raise IndexError(
+            f"get_batch index i={i} out of range: need 0 <= i < {len(batches) - 1} "
+            f"(the last row has no next token)"
+        )
     seq_len = min(bptt, len(batches) - 1 - i)
-    data = batches[i: i + seq_len]
-    target = batches[i + 1: i + 1 + seq_len].reshape(-1)
-    return (Tensor(data, device=device, dtype=dtype, requires_grad=False),
-            Tensor(target, device=device, dtype=dtype, requires_grad=False))
+    data = batches[i : i + seq_len]
+    target = batches[i + 1 : i + 1 + seq_len].reshape(-1)
+    return (
+        Tensor(data, device=device, dtype=dtype, requires_grad=False),
+        Tensor(target, device=device, dtype=dtype, requires_grad=False),
+    )
