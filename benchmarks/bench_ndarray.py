@@ -150,8 +150,11 @@ def bench_transposed_add(device) -> Table:
             rounds[name].append(measure(f, repeats=REPEATS) * 1e3)
     med = {name: float(np.median(ts)) for name, ts in rounds.items()}
     spread = ", ".join(f"{name} {max(ts) - min(ts):.2f}" for name, ts in rounds.items())
-    table = Table(f"add, transposed {n}² operand (median of {TRANSPOSED_ROUNDS} rounds; "
-                  f"spread ms: {spread})", "ms", higher_is_better=False)
+    table = Table(
+        f"add, transposed {n}² operand (median of {TRANSPOSED_ROUNDS} rounds; spread ms: {spread})",
+        "ms",
+        higher_is_better=False,
+    )
     for name in plans:
         table.add(f"add, transposed {n}² operand: needle {name}", med[name], med["numpy"])
     return table

@@ -7,12 +7,12 @@ threshold, permutations of 3-d arrays, broadcast (stride-0) operands beside a tr
 flipped and sliced transposes, and scalar ops on transposed views. Element-wise ops are exact,
 so results must equal numpy's bit for bit (NaN where numpy has NaN).
 """
+
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 import needle as ndl
-
-from conftest import DEVICES
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":
@@ -97,12 +97,12 @@ def test_scalar_ops_on_transposed(device):
     check(1.5 - XT, np.float32(1.5) - x.T)
     check(XT * -3.0, x.T * np.float32(-3.0))
     check(2.0 / P, np.float32(2.0) / pos.T)
-    check(XT ** 2, x.T ** 2)
+    check(XT**2, x.T**2)
     check(XT >= 0.25, (x.T >= np.float32(0.25)).astype(np.float32))
     # A general power is not numpy's to the last bit on any layout: it must equal needle's own
     # result on the compact copy, and numpy's within rounding.
-    check(P ** 1.5, (P.compact() ** 1.5).numpy())
-    np.testing.assert_allclose((P ** 1.5).numpy(), pos.T ** np.float32(1.5), rtol=3e-7)
+    check(P**1.5, (P.compact() ** 1.5).numpy())
+    np.testing.assert_allclose((P**1.5).numpy(), pos.T ** np.float32(1.5), rtol=3e-7)
 
 
 def test_scratch_copy_is_released():
