@@ -10,7 +10,9 @@ graph and second derivatives work.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import types
 from functools import reduce
 from operator import add
 from typing import (
@@ -45,8 +47,10 @@ V = TypeVar("V", bound="Value")
 # What ``gradient`` returns: one adjoint, or one per input (None for an input that needs none).
 Adjoints = Union["Value", Tuple[Optional["Value"], ...], List[Optional["Value"]]]
 
-# When True, ops build the graph without computing; ``realize_cached_data()`` computes.
-LAZY_MODE = False
+# ``autograd.LAZY_MODE`` (the course's switch; see _AutogradModule at the end): when True, ops
+# build the graph without computing and ``realize_cached_data()`` computes. Held per thread.
+if TYPE_CHECKING:
+    LAZY_MODE: bool
 # Number of live Values: +1 when a Value is initialised, -1 in ``Value.__del__`` (a Value whose
 # construction failed is never counted).
 TENSOR_COUNTER = 0
@@ -58,6 +62,7 @@ class _GradMode(threading.local):
     thread's ops from recording theirs."""
 
     enabled = True
+    lazy = False
 
 
 _grad_mode = _GradMode()
@@ -239,7 +244,7 @@ class Value:
                     requires_grad = True
                     break
         value.requires_grad = requires_grad
-        if LAZY_MODE:
+        if _grad_mode.lazy:
             value.cached_data = None
             value.inputs = inputs
             TENSOR_COUNTER += 1
@@ -650,3 +655,20 @@ def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
 def sum_node_list(node_list: List[Value]) -> Value:
     """The sum of the values in ``node_list`` (with needle's ``+``)."""
     return reduce(add, node_list)
+
+
+class _AutogradModule(types.ModuleType):
+    """This module's class: ``autograd.LAZY_MODE`` reads and sets lazy mode for the calling
+    thread, so the course's ``autograd.LAZY_MODE = True`` keeps working while one thread's lazy
+    graph never makes another thread's ops skip their computation."""
+
+    @property
+    def LAZY_MODE(self) -> bool:  # noqa: N802 (the course's name)
+        return bool(_grad_mode.lazy)
+
+    @LAZY_MODE.setter
+    def LAZY_MODE(self, value: bool) -> None:  # noqa: N802
+        _grad_mode.lazy = bool(value)
+
+
+sys.modules[__name__].__class__ = _AutogradModule

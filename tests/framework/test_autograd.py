@@ -651,3 +651,25 @@ def test_matmul_gives_no_adjoint_to_an_input_that_needs_none(device):
     out.backward(tensor(g_np, device, requires_grad=False))
     assert x.grad is None
     np.testing.assert_allclose(w.grad.numpy(), x_np.T @ g_np, rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_mode_is_per_thread(monkeypatch):
+    """autograd.LAZY_MODE = True (the course's switch) defers this thread's ops only: another
+    thread's ops still compute at once."""
+    import threading
+
+    monkeypatch.setattr(autograd, "LAZY_MODE", True)
+    assert autograd.LAZY_MODE is True
+    deferred = ndl.Tensor([1.0]) * 2
+    assert deferred.cached_data is None
+    seen = {}
+
+    def other():
+        seen["lazy"] = autograd.LAZY_MODE
+        seen["computed"] = (ndl.Tensor([1.0]) * 2).cached_data is not None
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    assert seen == {"lazy": False, "computed": True}
+    assert deferred.numpy()[0] == 2
