@@ -1,5 +1,6 @@
 """Two first-time `make` runs at once create the venv and upgrade pip once, not twice: the
 set-up steps run under one lock and re-check their marker inside it."""
+
 from __future__ import annotations
 
 import os
