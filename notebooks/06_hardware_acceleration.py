@@ -292,8 +292,8 @@ assert np.array_equal((t + y).numpy(), expected)
 # on its own costs. The course's route
 # costs the first line plus the third; the last line of the output compares the two routes
 # from the numbers above it. Read through its strides element by element, a transposed
-# operand cost 4-5x the copy-first route in earlier runs of this notebook; so `cpu()`'s
-# element-wise kernels now do the copy themselves when an operand of at least 2^18 elements is
+# operand costs a cache line per element, so `cpu()`'s element-wise kernels do the copy
+# themselves when an operand of at least 2^18 elements is
 # a transpose (into a scratch buffer, with the blocked walk of `compact`), and the strided line
 # above costs about the copy plus the add. The strided read saves memory, not time, for a
 # transposed operand; the kernel spends that memory for a moment to save the time.
