@@ -120,7 +120,7 @@ SAN_ENV  = LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) 
 test-sanitize: $(INSTALLED)
 	CXX=$(SAN_CXX) $(BIN)/cmake -S . -B $(SAN_DIR) $(CMAKE_ARGS_PY) -DNEEDLE_SANITIZE=address,undefined \
 	  -DNEEDLE_OUTPUT_DIR=$(abspath $(SAN_DIR)/out) >/dev/null
-	$(BIN)/cmake --build $(SAN_DIR) --target ndarray_backend_cpu
+	$(BIN)/cmake --build $(SAN_DIR) --target ndarray_backend_cpu_placed
 	$(call run_module_tests,$(SAN_DIR)/out,$(SAN_ENV),-n 2)
 
 # Jupytext's notebook view is the default for .py files, so the lecture sources open as notebooks.
