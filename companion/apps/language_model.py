@@ -41,18 +41,9 @@ class LanguageModel(nn.Module):
         self.seq_model_name = seq_model
         self.seq_len = seq_len
         self.embedding = nn.Embedding(output_size, embedding_size, device=device, dtype=dtype)
-        if seq_model == "rnn":
-            self.seq_model = nn.RNN(
-                embedding_size,
-                hidden_size,
-                num_layers,
-                device=device,
-                dtype=dtype,
-                **seq_model_kwargs,
-            )
-            features = hidden_size
-        elif seq_model == "lstm":
-            self.seq_model = nn.LSTM(
+        if seq_model in ("rnn", "lstm"):
+            recurrent = nn.RNN if seq_model == "rnn" else nn.LSTM
+            self.seq_model = recurrent(
                 embedding_size,
                 hidden_size,
                 num_layers,
