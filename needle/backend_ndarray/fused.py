@@ -11,7 +11,7 @@ for numpy arrays.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -285,6 +285,17 @@ def embedding_scatter_add(grad: NDArray, ids: NDArray, vocab: int) -> NDArray:
     return out
 
 
+def _one_output(
+    kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], given: Tuple[Any, ...]
+) -> NDArray:
+    """The single output of ``kernel`` on ``arrays`` (its inputs) and the ``given`` sizes, after
+    the checks of :func:`_check`: one device call."""
+    device, dims = _check(kernel, arrays, given)
+    (out,) = _new(device, kernel, dims)
+    getattr(device, str(kernel.name))(*_h(*arrays), *dims, *_out(out))
+    return out
+
+
 def _shape(kernel: spec.FusedKernel, name: str, a: object) -> Tuple[int, ...]:
     """The shape of ``a``, the input ``name`` of ``kernel``: TypeError unless an NDArray."""
     if not isinstance(a, NDArray):
@@ -297,10 +308,7 @@ def conv_fwd(x: NDArray, weight: NDArray, stride: int, padding: int) -> NDArray:
     ``padding``, with ``weight`` (KH, KW, C_in, C_out) at ``stride``: (N, H_out, W_out, C_out)
     with H_out = (H + 2·padding - KH) // stride + 1 (likewise W_out). One device call."""
     given = spec.conv_fwd_given(_shape(spec.CONV_FWD, "weight", weight), stride, padding)
-    device, dims = _check(spec.CONV_FWD, (x, weight), given)
-    (out,) = _new(device, spec.CONV_FWD, dims)
-    device.conv_fwd(*_h(x, weight), *dims, *_out(out))
-    return out
+    return _one_output(spec.CONV_FWD, (x, weight), given)
 
 
 def conv_input_grad(
@@ -311,10 +319,7 @@ def conv_input_grad(
     given = spec.conv_input_grad_given(
         _shape(spec.CONV_INPUT_GRAD, "grad", grad), in_hw, stride, padding
     )
-    device, dims = _check(spec.CONV_INPUT_GRAD, (grad, weight), given)
-    (out,) = _new(device, spec.CONV_INPUT_GRAD, dims)
-    device.conv_input_grad(*_h(grad, weight), *dims, *_out(out))
-    return out
+    return _one_output(spec.CONV_INPUT_GRAD, (grad, weight), given)
 
 
 def conv_weight_grad(
@@ -326,7 +331,4 @@ def conv_weight_grad(
     given = spec.conv_weight_grad_given(
         _shape(spec.CONV_WEIGHT_GRAD, "grad", grad), kernel, stride, padding
     )
-    device, dims = _check(spec.CONV_WEIGHT_GRAD, (x, grad), given)
-    (out,) = _new(device, spec.CONV_WEIGHT_GRAD, dims)
-    device.conv_weight_grad(*_h(x, grad), *dims, *_out(out))
-    return out
+    return _one_output(spec.CONV_WEIGHT_GRAD, (x, grad), given)

@@ -313,7 +313,8 @@ def _conv_windows(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) ->
     p = padding
     xp = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0))) if p else x
     windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
-    return windows[:, ::stride, ::stride].transpose(0, 1, 2, 4, 5, 3)
+    strided: np.ndarray = windows[:, ::stride, ::stride].transpose(0, 1, 2, 4, 5, 3)
+    return strided
 
 
 def conv_fwd(
