@@ -62,7 +62,8 @@ $(VENV_READY):
 $(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
 	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
 	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
-	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev,lectures]" && \
+	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
+	  $(PY) -m companion.extras && \
 	  touch $(INSTALLED); }'
 	@echo "needle: environment ready in $(VENV)"
 

@@ -181,6 +181,20 @@ def mpiexec() -> Optional[str]:
     return shutil.which("mpiexec")
 
 
+def require_modules(*modules: str, what: str) -> None:
+    """Raise one ModuleNotFoundError naming every module of ``modules`` (import names such as
+    ``"tvm"``) that this Python cannot import, and the extra that provides them: what a notebook
+    built around the lectures extra says, in one line, where that extra has no wheel."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"{what} needs {', '.join(missing)} (the lectures extra: pip install "
+            f"'needle[lectures]' or python -m companion.extras), which this Python does not have"
+        )
+
+
 def best_device() -> Any:
     """The device a lecture's models and arrays live on: ``cuda()`` where its module is built
     and a GPU is visible (Colab's GPU runtime), else the compiled ``cpu()``, else ``cpu_numpy()``

@@ -70,12 +70,14 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle[lectures] @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
     importlib.invalidate_caches()
+    extra = subprocess.run([sys.executable, "-m", "companion.extras"], capture_output=True,
+                           text=True)  # MPI, ONNX, TVM: each where it installs
+    print(extra.stdout, end="")
     import needle
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
