@@ -26,7 +26,8 @@ def requirements(extra: str = EXTRA, distribution: str = "needle") -> List[str]:
     """The requirement strings (``"onnx>=1.16,<2"``) that ``distribution``'s ``extra`` adds, as
     installed metadata lists them (markers stripped), in their declared order."""
     # Metadata writes an extra's requirement as 'name<spec>; extra == "lectures"'.
-    marker = re.compile(r"""^\s*extra\s*==\s*['"]%s['"]\s*$""" % re.escape(extra))
+    quoted = "['\"]" + re.escape(extra) + "['\"]"
+    marker = re.compile(r"^\s*extra\s*==\s*" + quoted + r"\s*$")
     found = []
     for text in importlib.metadata.requires(distribution) or []:
         req, _, cond = text.partition(";")
