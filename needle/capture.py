@@ -270,6 +270,13 @@ def _state_objects(fn: Callable, extra: Iterable[Any]) -> List[Tuple[Any, Any, A
         elif isinstance(obj, types.MethodType):
             visit(obj.__self__, depth + 1)
             visit(obj.__func__, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (Tensor, type, types.ModuleType)):
+            # a plain object (a dataclass holding step functions): the callables and modules
+            # it holds, not its other attributes
+            seen.add(id(obj))
+            for value in vars(obj).values():
+                if callable(value) or isinstance(value, (Module, Optimizer)):
+                    visit(value, depth + 1)
 
     def visit_value(value: Any, depth: int) -> None:
         if isinstance(value, (list, tuple)):
@@ -706,9 +713,9 @@ class CompiledStep:
 
     def memory_plan(self) -> Dict[str, int]:
         """Counts and bytes of :attr:`program`'s buffers: ``temporaries`` (pooled slots), the
-        ``pool_buffers`` they share and their ``pool_bytes``, ``kept`` temporaries (held by
-        Python after the step) and ``temporary_bytes`` (what the pooled slots would take
-        without sharing)."""
+        ``pool_buffers`` they share and their ``pool_bytes``, ``temporary_bytes`` (what the
+        pooled slots would take without sharing), the ``kept`` temporaries (held by Python
+        after the step, such as ``p.grad``) and their ``kept_bytes``, and the ``kernels``."""
         p = self.program
         if p is None:
             return {}
@@ -722,6 +729,7 @@ class CompiledStep:
             "pool_buffers": len(sizes),
             "pool_bytes": 4 * sum(sizes.values()),
             "kept": sum(1 for d in p.slots if d[0] == "kept"),
+            "kept_bytes": 4 * sum(d[1].size for d in p.slots if d[0] == "kept"),
             "kernels": sum(1 for op in p.ops if op[0] != "read"),
         }
 
