@@ -45,7 +45,11 @@ Limits (stated honestly): Python state that ``fn`` reaches only indirectly (an o
 by ``fn``, a module attribute of another module) is not guarded: pass it in ``watch=``, or call
 :meth:`CompiledStep.reset`; host data (numpy arrays) turned into arrays inside the step is
 captured as a constant when two traced calls gave the same bytes; a step whose kernels keep
-changing after ``max_traces`` traced calls runs eagerly from then on (``stats`` says why).
+changing after ``max_traces`` traced calls runs eagerly from then on (``stats`` says why). A
+device value read in Python is compared exactly, so a step that reads a value that changes every
+call (a loss printed inside the step) re-traces every call and ends up eager. Programs for two
+input shapes that share carried state (batch norm's running averages) re-trace when the other
+shape ran in between, since the state Tensors were rebound. Outputs are detached (no graph).
 Tracing holds every buffer of the traced call until it ends (more memory than eager, three
 times). Only the ``nd`` backend is captured (``NEEDLE_BACKEND=np`` runs ``fn`` eagerly).
 Recording patches the device objects for the tracing thread only; other threads run eagerly.
@@ -361,9 +365,8 @@ class _Program:
     """A captured step: the kernel list with its buffers bound, and the checks before a replay."""
 
     ops: List[tuple]  # ("call", dev, name, fn, args) / ("read", ...) / ("rand", ...) over slots
-    slots: List[
-        tuple
-    ]  # per slot: ("in", j) ("ext", h) ("kept", h) ("carry", h) ("pool", size, dev)
+    # per slot: ("in", j) ("ext", h) ("kept", h) ("carry", h) ("pool", size, dev)
+    slots: List[tuple]
     outputs: Any
     carries: List[Tuple[int, int]]  # (pooled slot computed, carried slot whose buffer gets it)
     counters: List[Tuple[Any, Any, str]]  # (container, key, "attr"/"item") advanced per call
@@ -402,14 +405,13 @@ class _Program:
 
 
 def _plan_memory(ops: List[tuple], slots: List[tuple], live_to_end: set) -> Dict[int, int]:
-    """Pool index of each pooled slot: slots whose lifetimes [allocation, last use] do not
-    overlap share a buffer of the same size and device (greedy, in program order)."""
+    """Pool index of each pooled slot: slots whose lifetimes [first use, last use] do not
+    overlap share a buffer of the same size and device (greedy, in program order); the slots
+    in ``live_to_end`` (outputs, carried state) live until the end of the step."""
     last: Dict[int, int] = {}
-    first: Dict[int, int] = {}
     for i, op in enumerate(ops):
         for s in _op_slots(op):
             if slots[s][0] == "pool":
-                first.setdefault(s, i)
                 last[s] = i
     end = len(ops)
     for s in live_to_end:

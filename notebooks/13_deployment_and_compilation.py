@@ -851,7 +851,8 @@ print(f"temporaries per step: {plan['temporaries']} pooled "
       f"({plan['temporary_bytes'] / 1024:.0f} KB if each had its own buffer) share "
       f"{plan['pool_buffers']} buffers "
       f"({plan['pool_bytes'] / 1024:.0f} KB, allocated once); {plan['kept']} kept "
-      f"({plan['kept_bytes'] / 1024:.0f} KB, the gradients)")
+      f"({plan['kept_bytes'] / 1024:.0f} KB: what Python holds after the step, the .grad of "
+      f"the {len(model_c.parameters())} parameters among them)")
 print(f"allocated during one step: eager {eager_peak / 1024:.0f} KB, replay "
       f"{replay_peak} bytes (the returned loss)")
 assert plan["pool_buffers"] < plan["temporaries"] and replay_peak < eager_peak / 100
