@@ -344,7 +344,7 @@ assert np.array_equal(by_hand.numpy(), f.numpy())
 #    position in the shared op table), each operand's buffer, strides and offset, the output
 #    and the shape — a `BackendDevice` forwards attribute access to its **device module**;
 # 3. for `cpu()` that module is `ndarray_backend_cpu`, a compiled extension built with
-#    **pybind11** from `src/ndarray_backend_cpu*.cc`; pybind11 converts the Python arguments
+#    **pybind11** from `src/cpu/ndarray_backend_cpu*.cc`; pybind11 converts the Python arguments
 #    (the `Array` handles, tuples of ints) to C++ values;
 # 4. the C++ function runs a loop over the buffers and writes the output buffer.
 #
@@ -466,7 +466,7 @@ GEMM = mod.__gemm__
 
 def engine_path(m: int, n: int, p: int) -> str:
     """The path `matmul` takes for a product of compact operands (gemm_one in
-    src/ndarray_backend_cpu_kernels.cc), from the thresholds in __gemm__."""
+    src/cpu/ndarray_backend_cpu_kernels.cc), from the thresholds in __gemm__."""
     madds, threads = m * n * p, mod.num_threads()
     if madds <= GEMM["direct_flops"]:
         return "direct loop, 1 thread"

@@ -54,7 +54,7 @@
 #
 # The CPU block sizes come from the compiled module (`__gemm__`), so the arithmetic always
 # describes the kernels this machine runs. The CUDA launch constants are read by name from
-# `src/ndarray_backend_cuda.cu` (the notebook runs on machines without a GPU).
+# `src/cuda/ndarray_backend_cuda.cu` (the notebook runs on machines without a GPU).
 
 # %% tags=["remove-cell"]
 # Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
@@ -330,7 +330,7 @@ else:
 # blockDim.x`) lets a capped grid still cover any size:
 
 # %%
-cu = source("ndarray_backend_cuda.cu")
+cu = source("cuda/ndarray_backend_cuda.cu")
 BLOCK = named_constant(cu, "BLOCK")
 MAX_BLOCKS = named_constant(cu, "MAX_BLOCKS")
 
@@ -441,7 +441,7 @@ assert np.array_equal(col_sum.numpy(), x2.sum(axis=0))
 
 # %% [markdown]
 # On a GPU a reduction is harder than an element-wise op: many threads must combine their
-# values into one. The CUDA module (`reduce_impl` in `src/ndarray_backend_cuda.cu`) has three
+# values into one. The CUDA module (`reduce_impl` in `src/cuda/ndarray_backend_cuda.cu`) has three
 # kernels and picks one from the shape:
 #
 # * **one thread per output** when the extents are short ($\le 8$) or for a column sum, where
@@ -583,7 +583,7 @@ for name, cfg in CPU_CONFIGS.items():
 #
 # Registers hold one $MR \times NR$ block of $C$; the operands it streams through must come
 # from cache, not from memory. The blocked driver (Goto/BLIS style; `gemm_blocked` in
-# `src/ndarray_backend_cpu_kernels.cc`) runs, on one thread:
+# `src/cpu/ndarray_backend_cpu_kernels.cc`) runs, on one thread:
 #
 # ```
 # pack all of B into NR-wide slivers                       (once)
@@ -827,7 +827,7 @@ assert tile_bytes % line == 0  # a tile is whole cache lines
 # %% [markdown]
 # ## 7. The CUDA matmul kernel
 #
-# `matmul_kernel` in `src/ndarray_backend_cuda.cu` is a template over the tile sizes
+# `matmul_kernel` in `src/cuda/ndarray_backend_cuda.cu` is a template over the tile sizes
 # `<BM, BN, BK, TM, TN>`:
 #
 # * The **grid** has one block per $BM \times BN$ tile of $C$ ($\lceil m/BM \rceil \cdot \lceil

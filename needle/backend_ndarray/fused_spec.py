@@ -10,7 +10,7 @@ off one input, the *source*. Three places use it:
   arrays' shapes (ValueError naming the function, the operand and the shapes) and allocate
   :meth:`FusedKernel.output_shapes`;
 * the numpy device module (``cpu_numpy()``) calls :meth:`FusedKernel.check_buffers` on its flat
-  buffers, the numpy twin of the compiled modules' checks in ``src/ndarray_checks.h``;
+  buffers, the numpy twin of the compiled modules' checks in ``src/common/ndarray_checks.h``;
 * the ops (``needle.ops.ops_fused``) reach the kernels through the array-level functions.
 
 This module imports nothing but the standard library.

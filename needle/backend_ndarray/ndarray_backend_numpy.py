@@ -85,7 +85,7 @@ def reset_peak() -> None:
     _memory["peak_bytes"] = _memory["live_bytes"]
 
 
-# ---- argument checks (the numpy twin of src/ndarray_checks.h) ---------------------------------
+# ---- argument checks (the numpy twin of src/common/ndarray_checks.h) ---------------------------------
 # The checks take any value (that is what they check); Any where numpy or operator then use it.
 def _int(fn: str, what: str, v: Any) -> int:
     if isinstance(v, (bool, np.bool_)):

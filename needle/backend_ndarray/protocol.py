@@ -17,7 +17,7 @@ Conventions
   by the caller. An output never overlaps an input unless a function says so.
 * Op codes index the op tables ``__binary_ops__``, ``__unary_ops__`` and ``__reduce_ops__``,
   which are identical, name for name and in order, in every module (the compiled modules take
-  them from ``src/ndarray_ops.h``).
+  them from ``src/common/ndarray_ops.h``).
 
 Error policy (all layers of needle)
 -----------------------------------
@@ -43,7 +43,7 @@ import numpy as np
 
 # The op tables, in op-code order, with the array types' methods for each op (NDArray and the
 # NEEDLE_BACKEND=np array both have every one; a binary op's second method is the reflected
-# form, ``2 - a``). src/ndarray_ops.h lists the same names in the same order. The array-API
+# form, ``2 - a``). src/common/ndarray_ops.h lists the same names in the same order. The array-API
 # modules generate one module function per method with a plain name (``array_api.exp(a)`` is
 # ``a.exp()``) with :func:`module_functions`.
 BINARY_METHODS: Dict[str, Tuple[str, ...]] = {
@@ -80,7 +80,7 @@ UNARY_OPS: Tuple[str, ...] = tuple(UNARY_METHODS)
 REDUCE_OPS: Tuple[str, ...] = tuple(REDUCE_METHODS)
 OP_METHODS: Dict[str, Tuple[str, ...]] = {**BINARY_METHODS, **UNARY_METHODS, **REDUCE_METHODS}
 
-# The largest element count of any buffer or view (src/ndarray_checks.h: kMaxElements): larger
+# The largest element count of any buffer or view (src/common/ndarray_checks.h: kMaxElements): larger
 # sizes are a ValueError before anything is allocated, and every index product fits in int64.
 MAX_ELEMENTS: int = 1 << 50
 

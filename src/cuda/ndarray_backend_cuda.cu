@@ -1,10 +1,10 @@
 // CUDA kernels and their host launchers for needle's NDArray (the device protocol of
 // needle/backend_ndarray/protocol.py). The pybind11 bindings live in
 // ndarray_backend_cuda_module.cc; they validate every argument before calling in here.
-// Element-wise ops and reductions come from the shared op table src/ndarray_ops.h, so a new op
+// Element-wise ops and reductions come from the shared op table src/common/ndarray_ops.h, so a new op
 // there needs no change here. Every CUDA call is checked and failures are thrown as
 // std::runtime_error carrying cudaGetErrorString.
-#include "ndarray_backend_cuda.h"
+#include "cuda/ndarray_backend_cuda.h"
 
 #include <cuda_runtime.h>
 
@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ndarray_ops.h"
+#include "common/ndarray_ops.h"
 
 namespace needle::cuda {
 namespace {

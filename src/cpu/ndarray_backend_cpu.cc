@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "ndarray_backend_cpu_alloc.h"
-#include "ndarray_backend_cpu_ewise.h"
-#include "ndarray_backend_cpu_fused.h"
-#include "ndarray_backend_cpu_isa.h"
-#include "ndarray_backend_cpu_math.h"
-#include "ndarray_backend_cpu_strided.h"
-#include "ndarray_bindings.h"
-#include "ndarray_checks.h"
-#include "ndarray_ops.h"
+#include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_ewise.h"
+#include "cpu/ndarray_backend_cpu_fused.h"
+#include "cpu/ndarray_backend_cpu_isa.h"
+#include "cpu/ndarray_backend_cpu_math.h"
+#include "cpu/ndarray_backend_cpu_strided.h"
+#include "common/ndarray_bindings.h"
+#include "common/ndarray_checks.h"
+#include "common/ndarray_ops.h"
 
 namespace needle::cpu {
 

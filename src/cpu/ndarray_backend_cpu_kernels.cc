@@ -24,7 +24,7 @@
 
 #include <sched.h>
 
-#include "ndarray_backend_cpu_isa.h"
+#include "cpu/ndarray_backend_cpu_isa.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "ndarray_backend_cpu_threads.h"
+#include "cpu/ndarray_backend_cpu_threads.h"
 
 namespace needle::cpu {
 

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "ndarray_backend_cpu_threads.h"
-#include "ndarray_checks.h"
+#include "cpu/ndarray_backend_cpu_threads.h"
+#include "common/ndarray_checks.h"
 
 namespace needle::cpu {
 

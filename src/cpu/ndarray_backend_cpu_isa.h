@@ -1,7 +1,7 @@
 // The CPU module's instruction-set variants: the named blocking constants of each, and the
 // table of kernels every variant provides.
 //
-// src/ndarray_backend_cpu_kernels.cc holds the kernels once, written with GCC vector
+// src/cpu/ndarray_backend_cpu_kernels.cc holds the kernels once, written with GCC vector
 // extensions over a vector of VW floats; CMake compiles it once per instruction set with that
 // set's flags (AVX-512, AVX2+FMA, and a portable build with none), each copy in its own
 // namespace. At import the module picks the best variant the CPU supports (cpuid), or the one

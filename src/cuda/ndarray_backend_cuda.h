@@ -3,8 +3,8 @@
 // (ndarray_backend_cuda_module.cc, compiled by the C++ compiler).
 //
 // The host functions declared here trust their arguments: the bindings validate every size,
-// shape, stride, offset and op code (src/ndarray_checks.h) before calling them. Op codes index
-// the shared op tables of src/ndarray_ops.h. CUDA failures are thrown as std::runtime_error
+// shape, stride, offset and op code (src/common/ndarray_checks.h) before calling them. Op codes index
+// the shared op tables of src/common/ndarray_ops.h. CUDA failures are thrown as std::runtime_error
 // (RuntimeError in Python), a failed cudaMalloc as OutOfMemory (MemoryError).
 #pragma once
 
@@ -76,7 +76,7 @@ void compact(const CudaArray& a, CudaArray* out, const Strided& v);
 void ewise_setitem(const CudaArray& a, CudaArray* out, const Strided& v);
 void scalar_setitem(float val, CudaArray* out, const Strided& v);
 
-// ---- element-wise (op codes of src/ndarray_ops.h); out is compact with v.size elements -------
+// ---- element-wise (op codes of src/common/ndarray_ops.h); out is compact with v.size elements -------
 // out = BINARY_OPS[op](view 0 of a, view 1 of b)
 void ewise_binary(int op, const CudaArray& a, const CudaArray& b, CudaArray* out,
                   const Strided& v);

@@ -2,7 +2,7 @@
 // device protocol of needle/backend_ndarray/protocol.py.
 //
 // This is the Python/C++ border: every buffer size, shape, stride, offset and op code is
-// validated here with the checks shared with the CPU module (src/ndarray_checks.h: a wrong
+// validated here with the checks shared with the CPU module (src/common/ndarray_checks.h: a wrong
 // value raises ValueError naming the function and the numbers) before the kernels in
 // ndarray_backend_cuda.cu run. CUDA failures arrive as std::runtime_error -> RuntimeError, a
 // failed allocation as MemoryError.
@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "ndarray_backend_cuda.h"
-#include "ndarray_bindings.h"
-#include "ndarray_checks.h"
-#include "ndarray_ops.h"
+#include "cuda/ndarray_backend_cuda.h"
+#include "common/ndarray_bindings.h"
+#include "common/ndarray_checks.h"
+#include "common/ndarray_ops.h"
 
 namespace py = pybind11;
 

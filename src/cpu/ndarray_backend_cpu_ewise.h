@@ -16,9 +16,9 @@
 #include <optional>
 #include <vector>
 
-#include "ndarray_backend_cpu_alloc.h"
-#include "ndarray_backend_cpu_strided.h"
-#include "ndarray_ops.h"
+#include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_strided.h"
+#include "common/ndarray_ops.h"
 
 namespace needle::cpu {
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "ndarray_backend_cpu_alloc.h"
-#include "ndarray_backend_cpu_math.h"
-#include "ndarray_backend_cpu_strided.h"
-#include "ndarray_checks.h"
+#include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_math.h"
+#include "cpu/ndarray_backend_cpu_strided.h"
+#include "common/ndarray_checks.h"
 
 namespace needle::cpu {
 namespace fused {
