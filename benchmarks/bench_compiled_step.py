@@ -9,8 +9,9 @@ the allocator counter (``memory_stats``) gives the peak bytes above the live byt
 step, eager and replayed, and the program's plan gives its temporaries and the buffers they
 share. The pool only reuses a buffer of exactly the size a temporary needs (the fused kernels
 check exact buffer sizes), so a model whose temporaries come in many sizes (ResNet-9) can need
-a pool larger than the eager step's peak. Run ``python -m benchmarks.bench_compiled_step [--blocks N] [--steps N] [CASE ...]``;
-``make bench`` runs it with the others.
+a pool larger than the eager step's peak. Run
+``python -m benchmarks.bench_compiled_step [--blocks N] [--steps N] [CASE ...]``; ``make bench``
+runs it with the others.
 """
 
 from __future__ import annotations

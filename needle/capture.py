@@ -15,8 +15,8 @@ What a recorded buffer becomes in the replay (its *slot*):
 * **external**: a buffer that existed before the call (parameters, optimizer state): the same
   buffer, updated in place by the replay exactly as the eager kernels update it;
 * **carried**: state that the step rebinds in Python (batch norm's running averages are a new
-  Tensor each step): the replay computes the new value and copies it into the buffer Python
-  holds;
+  Tensor each step): the replay reads the Tensor the module holds at the time of the call,
+  computes the new value and copies it into that Tensor's buffer;
 * **kept**: a temporary that Python still holds after the call (``p.grad``, a saved
   activation): the replay writes into that same buffer, so Python sees the new values;
 * **pooled**: every other temporary. Pooled slots share a few preallocated buffers: a buffer
@@ -47,9 +47,8 @@ by ``fn``, a module attribute of another module) is not guarded: pass it in ``wa
 captured as a constant when two traced calls gave the same bytes; a step whose kernels keep
 changing after ``max_traces`` traced calls runs eagerly from then on (``stats`` says why). A
 device value read in Python is compared exactly, so a step that reads a value that changes every
-call (a loss printed inside the step) re-traces every call and ends up eager. Programs for two
-input shapes that share carried state (batch norm's running averages) re-trace when the other
-shape ran in between, since the state Tensors were rebound. Outputs are detached (no graph).
+call (a loss printed inside the step) re-traces every call and ends up eager. Outputs are
+detached (no graph).
 Tracing holds every buffer of the traced call until it ends (more memory than eager, three
 times). Only the ``nd`` backend is captured (``NEEDLE_BACKEND=np`` runs ``fn`` eagerly).
 Recording patches the device objects for the tracing thread only; other threads run eagerly.
@@ -563,9 +562,20 @@ def _build(prev2: Optional[_Trace], prev: _Trace, cur: _Trace) -> _Program:
             "the step reads a device value in Python after updating its state (e.g. the loss "
             "read after the optimizer step): a replay could not check it safely"
         )
+    # carried state held by a module attribute is looked up at every replay (another program,
+    # for another input shape, may have rebound it since): its identity is not guarded
+    owned = set()
+    for _src, dst in carries:
+        handle = slots[dst][1]
+        for k, (c, key, kind, desc) in cur.after.items():
+            nd = desc[4] if desc[0] == "T" else None
+            if nd is not None and nd._handle is handle and nd.is_compact():
+                slots[dst] = ("carry", None, (c, key, kind, handle.size, nd.device))
+                owned.add(k)
+                break
     guard = []
     for k, (c, key, kind, desc) in cur.after.items():
-        if k not in counters:
+        if k not in counters and k not in owned:
             guard.append((c, key, kind, _strip(desc), desc))
     program = _Program(
         ops=ops,
@@ -815,12 +825,25 @@ class CompiledStep:
         return _rebuild(trace.outputs, lambda key: arrays[key]._handle)
 
     def _replay(self, p: _Program, handles: List[Any]) -> Any:
+        from .backend_ndarray import NDArray
+
         if p.baked is None:
             _bake(p)
         assert p.baked is not None
         ops, bufs, inputs = p.baked
         for s, j in inputs:
             bufs[s] = handles[j]
+        for s, (c, k, kind, size, device) in _owned_state(p):
+            value = getattr(c, k, None) if kind == "attr" else c.get(k)
+            data = value.cached_data if isinstance(value, Tensor) else None
+            if not (
+                isinstance(data, NDArray)
+                and data.device == device
+                and data.is_compact()
+                and data._handle.size == size
+            ):
+                raise _Replay(f"the state {k!r} is no longer a compact Tensor of {size} elements")
+            bufs[s] = data._handle
         values = [(getattr(c, k) if kind == "attr" else c[k]) + 1 for c, k, kind in p.counters]
         for kind, fn, args, patch in ops:
             if patch:
@@ -841,6 +864,11 @@ class CompiledStep:
             else:
                 c[k] = v
         return _rebuild(p.outputs, bufs.__getitem__)
+
+
+def _owned_state(p: _Program) -> List[Tuple[int, tuple]]:
+    """(slot, (container, key, kind, size, device)) of the carried state read from its owner."""
+    return [(s, d[2]) for s, d in enumerate(p.slots) if d[0] == "carry" and d[1] is None]
 
 
 def _kept(tmp: List[Any], arrays: Dict[Any, Any]) -> set:
@@ -875,8 +903,8 @@ def _bake(p: _Program) -> None:
             bufs.append(None)
             inputs.append((s, d[1]))
         else:
-            bufs.append(d[1])
-    input_slots = {s for s, _ in inputs}
+            bufs.append(d[1])  # None for state looked up at each replay
+    input_slots = {s for s, _ in inputs} | {s for s, _ in _owned_state(p)}
     baked = []
     for i, op in enumerate(p.ops):
         if op[0] == "rand":

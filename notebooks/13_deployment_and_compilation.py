@@ -822,7 +822,8 @@ assert compiled_step.stats["retraces"] >= 1
 # %% [markdown]
 # The batch of 32 was traced three times (the third call confirmed the second) and replayed
 # once; back on batch 64 with a new `lr`, the guard saw the change, dropped the program and traced
-# again (batch 32's calls had also rebound the running averages, which alone forces a re-trace).
+# again. (The two programs share batch norm's running averages: each replay reads them from the
+# Tensors the modules hold at that moment, so switching shapes alone does not re-trace.)
 # The limits, stated in `needle/capture.py`: Python state the step reaches only indirectly is not
 # guarded (pass it in `watch=`); a step whose Python reads device values that change every call
 # (a loss printed inside the step) re-traces every call and ends up eager; only the `nd` backend
