@@ -220,8 +220,6 @@ class _Recorder:
         def recorded(*shape: int, dtype: str = "float32") -> Any:
             if self.depth or threading.get_ident() != self.thread:
                 return fn(*shape, dtype=dtype)
-            if dtype != "float32":
-                raise CaptureError(f"{kind} with dtype {dtype!r} cannot be recorded")
             self.depth += 1
             try:
                 result = fn(*shape, dtype=dtype)
@@ -340,9 +338,13 @@ def _describe(value: Any) -> Any:
 
 
 def _snapshot(entries: List[Tuple[Any, Any, Any]]) -> Dict[tuple, Any]:
+    """The description of every entry's value now (entries that vanished are left out)."""
     out = {}
     for container, key, kind in entries:
-        value = getattr(container, key) if kind == "attr" else container[key]
+        try:
+            value = getattr(container, key) if kind == "attr" else container[key]
+        except (AttributeError, KeyError):
+            continue
         out[(id(container), key)] = (container, key, kind, _describe(value))
     return out
 
@@ -790,13 +792,13 @@ class CompiledStep:
         try:
             with _Recorder(trace):
                 result = self.fn(*args, **kwargs)
-                trace.outputs, arrays = _describe_outputs(result, trace)
-        except CaptureError as exc:  # raised before fn ran a kernel (an unrecordable draw)
-            self._given_up[sig] = str(exc)
-            self._note(str(exc))
-            self.stats["eager"] += 1
-            _active.tracing = False
-            return self.fn(*args, **kwargs)
+                try:  # inside the recorder: realizing a lazy output runs kernels
+                    trace.outputs, arrays = _describe_outputs(result, trace)
+                except CaptureError as exc:
+                    self._given_up[sig] = str(exc)
+                    self._note(str(exc))
+                    self.stats["eager"] += 1
+                    return result  # this call ran eagerly; the next ones will too
         finally:
             _active.tracing = False
         self.stats["traces"] += 1

@@ -423,3 +423,18 @@ def test_bad_arguments():
     arr = np.zeros(2)
     assert compiled(arr) is arr  # an argument it cannot guard: eager, with the reason noted
     assert "cannot be guarded" in compiled.stats["reasons"][0]
+
+
+def test_unsupported_result_runs_once_and_stays_eager():
+    calls = []
+    x = ndl.Tensor(np.ones(3, np.float32), device=ndl.cpu())
+
+    def f(t):
+        calls.append(1)
+        return {"out": t + 1}
+
+    compiled = ndl.compile(f)
+    for n in range(1, 4):
+        np.testing.assert_array_equal(compiled(x)["out"].numpy(), np.full(3, 2, np.float32))
+        assert len(calls) == n  # the step ran once per call, never again to fall back
+    assert compiled.stats["replays"] == 0 and "returned a dict" in compiled.stats["reasons"][0]
