@@ -337,6 +337,19 @@ def _describe(value: Any) -> Any:
     return ("is", id(value), value)
 
 
+def _form(desc: Any) -> Any:
+    """A description with object identities dropped: what a step may not change in Python
+    (numbers, flags, container lengths), since a replay runs no Python. Rebinding a Tensor is
+    fine: the buffers behind it are written by the replay (kept or carried slots)."""
+    if desc[0] in ("T", "A", "is"):
+        return desc[0]
+    if desc[0] in ("list", "tuple"):
+        return (desc[0], tuple(_form(d) for d in desc[1]))
+    if desc[0] == "dict":
+        return ("dict", tuple((k, _form(d)) for k, d in desc[1]))
+    return desc
+
+
 def _snapshot(entries: List[Tuple[Any, Any, Any]]) -> Dict[tuple, Any]:
     """The description of every entry's value now (entries that vanished are left out)."""
     out = {}
@@ -376,6 +389,7 @@ class _Program:
     pool: List[Any] = field(default_factory=list)
     pool_of: Dict[int, int] = field(default_factory=dict)
     baked: Optional[list] = None
+    replays: int = 0
 
     def lines(self) -> List[str]:
         """One line per kernel call: ``name(arguments)`` with buffers named by their slots."""
@@ -456,10 +470,10 @@ def _build(prev2: Optional[_Trace], prev: _Trace, cur: _Trace) -> _Program:
     counters = _counters(prev, cur)
     for k, (_c, key, _kind, desc) in cur.after.items():
         before = cur.before.get(k)
-        if desc[0] == "=" and before is not None and before[3] != desc and k not in counters:
+        if before is not None and k not in counters and _form(before[3]) != _form(desc):
             raise CaptureError(
-                f"the step changes the Python value {key!r} ({before[3][1]!r} -> {desc[1]!r}) "
-                "in a way a replay cannot repeat"
+                f"the step changes the Python value {key!r} in a way a replay cannot repeat "
+                "(a number, flag or container it reads and writes)"
             )
     slot_of: Dict[tuple, int] = {}
     slots: List[tuple] = []
@@ -708,6 +722,7 @@ class CompiledStep:
         self._programs: Dict[tuple, _Program] = {}
         self._pending: Dict[tuple, List[_Trace]] = {}
         self._given_up: Dict[tuple, str] = {}
+        self._short: Dict[tuple, int] = {}  # programs in a row dropped after < 2 replays
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def reset(self) -> None:
@@ -715,6 +730,7 @@ class CompiledStep:
         self._programs.clear()
         self._pending.clear()
         self._given_up.clear()
+        self._short.clear()
 
     @property
     def program(self) -> Optional[_Program]:
@@ -764,12 +780,20 @@ class CompiledStep:
                 try:
                     result = self._replay(program, handles)
                     self.stats["replays"] += 1
+                    program.replays += 1
                     return result
                 except _Replay as exc:
                     reason = str(exc)
             del self._programs[sig]
             self.stats["retraces"] += 1
             self._note(f"re-trace: {reason}")
+            # programs that keep failing their guard at once: the step changes what it reads
+            # at (almost) every call, so tracing costs more than it saves
+            short = self._short.get(sig, 0) + 1 if program.replays < 2 else 0
+            self._short[sig] = short
+            if short >= self.max_traces:
+                self._given_up[sig] = f"{short} programs in a row failed their guard: {reason}"
+                return self._eager(args, kwargs, self._given_up[sig])
         return self._trace(sig, args, kwargs, handles)
 
     def _note(self, reason: str) -> None:

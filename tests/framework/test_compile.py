@@ -414,6 +414,52 @@ def test_gives_up_on_a_step_whose_kernels_keep_changing():
     assert compiled.stats["replays"] == 0 and compiled.stats["eager"] > 0, compiled.stats
 
 
+def test_python_side_effect_is_never_skipped():
+    """A step that changes Python state a replay cannot change (it appends to a list, flips a
+    flag): never replayed, so every call runs the side effect exactly once."""
+    device = ndl.cpu()
+    history = []
+    state = {"flag": False}
+
+    def f(t):
+        history.append(len(history))
+        return t * 2
+
+    def g(t):
+        state["flag"] = not state["flag"]
+        return t * 2
+
+    x = ndl.Tensor(np.ones(2, np.float32), device=device)
+    for fn, check in (
+        (f, lambda n: history == list(range(n))),
+        (g, lambda n: state["flag"] == n % 2),
+    ):
+        compiled = ndl.compile(fn, max_traces=3)
+        for n in range(1, 10):
+            np.testing.assert_array_equal(compiled(x).numpy(), np.full(2, 2, np.float32))
+            assert check(n), n
+        assert compiled.stats["replays"] == 0, compiled.stats
+        assert any("cannot repeat" in r for r in compiled.stats["reasons"]), compiled.stats
+
+
+def test_gives_up_when_every_program_fails_its_guard_at_once():
+    """The caller changes what the step reads every third call: each program replays once and
+    then fails its guard; after max_traces such programs the step runs eagerly (still exact)."""
+    device = ndl.cpu()
+    scale = {"v": 1.0}
+
+    def f(t):
+        return t * scale["v"]
+
+    compiled = ndl.compile(f, max_traces=3)
+    x = ndl.Tensor(np.ones(2, np.float32), device=device)
+    for n in range(18):
+        scale["v"] = float(n // 3)
+        np.testing.assert_array_equal(compiled(x).numpy(), np.full(2, n // 3, np.float32))
+    assert compiled.stats["replays"] == 3 and compiled.stats["retraces"] == 3, compiled.stats
+    assert any("failed their guard" in r for r in compiled.stats["reasons"]), compiled.stats
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="needs a function"):
         ndl.compile(3)
