@@ -181,7 +181,7 @@ bench: $(BUILT)
 	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
 
 profile: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m benchmarks.step_profile; fi
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m companion.step_profile; fi
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 # (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)

@@ -81,7 +81,6 @@ elif in_colab:
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
-from pathlib import Path
 import time
 
 import matplotlib.pyplot as plt
@@ -91,6 +90,7 @@ from scipy.stats import binomtest
 
 import needle as ndl
 import companion.data
+from companion import lecture
 from companion.apps import simple_ml as sm
 from companion.viz import save_figure
 
@@ -110,7 +110,7 @@ np.random.seed(0)
 DATASET = "digits"  # or "mnist" after `make data`
 
 # %%
-DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
+DATA_DIR = lecture.data_dir()  # the checkout's data/ (make data), else ./data
 if DATASET == "digits":
     X_tr, y_tr = companion.data.load_digits_mnist_like(28, train=True)
     X_te, y_te = companion.data.load_digits_mnist_like(28, train=False)

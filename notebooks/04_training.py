@@ -82,8 +82,6 @@ elif in_colab:
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 import numpy as np
@@ -91,6 +89,7 @@ import numpy as np
 import needle as ndl
 import needle.nn as nn
 import companion.data
+from companion import lecture
 from companion.apps import mlp_resnet
 from companion.viz import LiveCurves, save_figure
 
@@ -101,7 +100,7 @@ device = ndl.cpu()  # where needle's layers put their parameters by default
 DATASET = "digits"  # or "mnist" after `make data`
 
 # %%
-DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
+DATA_DIR = lecture.data_dir()  # the checkout's data/ (make data), else ./data
 if DATASET == "digits":
     train_set = companion.data.DigitsDataset(train=True, image_size=28)
     test_set = companion.data.DigitsDataset(train=False, image_size=28)

@@ -10,9 +10,9 @@ permuted and sliced views directly, reductions run over a permuted view, and ``@
 transposed and batched operands as strides. What stays in Python is the bookkeeping — shapes,
 broadcasting, axis normalisation and the argument checks that give a Python user a precise
 message — done once per call, before a device module runs. The device modules check again at
-their border (the compiled bindings with ``src/common/ndarray_checks.h``, the numpy module in Python),
-since they can be called directly: a bad buffer, size or view is a ValueError there, never a
-crash.
+their border (the compiled bindings with ``src/common/ndarray_checks.h``, the numpy module in
+Python), since they can be called directly: a bad buffer, size or view is a ValueError there,
+never a crash.
 """
 
 from __future__ import annotations

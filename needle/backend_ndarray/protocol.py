@@ -80,8 +80,9 @@ UNARY_OPS: Tuple[str, ...] = tuple(UNARY_METHODS)
 REDUCE_OPS: Tuple[str, ...] = tuple(REDUCE_METHODS)
 OP_METHODS: Dict[str, Tuple[str, ...]] = {**BINARY_METHODS, **UNARY_METHODS, **REDUCE_METHODS}
 
-# The largest element count of any buffer or view (src/common/ndarray_checks.h: kMaxElements): larger
-# sizes are a ValueError before anything is allocated, and every index product fits in int64.
+# The largest element count of any buffer or view (src/common/ndarray_checks.h: kMaxElements):
+# larger sizes are a ValueError before anything is allocated, and every index product fits in
+# int64.
 MAX_ELEMENTS: int = 1 << 50
 
 Shape = Sequence[int]
