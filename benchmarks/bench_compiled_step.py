@@ -1,6 +1,6 @@
 """The captured training step (``ndl.compile``) against the eager step, for each course model.
 
-For each case of ``benchmarks/steps.py`` (MLP-ResNet with Adam, ResNet-9, the LSTM LM and the
+For each case of ``companion/steps.py`` (MLP-ResNet with Adam, ResNet-9, the LSTM LM and the
 Transformer LM with SGD) two twins are built: one stepped eagerly, one through
 ``ndl.compile`` (traced on its first calls, then replayed). The timing alternates blocks of
 eager and replayed steps in one process and reports the medians of the per-step block means,
@@ -24,7 +24,7 @@ from typing import Callable, Dict, List
 
 import needle as ndl
 from benchmarks.common import busy_note
-from benchmarks.steps import CASES, TITLES, needle_step
+from companion.steps import CASES, TITLES, needle_step
 
 
 def _one_call(step) -> Callable[[], object]:
