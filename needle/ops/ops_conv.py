@@ -102,7 +102,7 @@ class _PadCrop(TensorOp):
     """Zero-pad (positive widths) or crop (negative widths) each axis at both ends.
 
     ``widths`` holds one (before, after) pair per dimension. Linear, and its adjoint is the
-    same op with the widths negated. Internal: used by the conv and undilate gradients.
+    same op with the widths negated. Internal: used by the undilate gradient.
     """
 
     def __init__(self, widths):
