@@ -312,10 +312,15 @@ def step_memory(model, create_graph=False):
     x = ndl.Tensor(X, device=device, requires_grad=False)
     y = ndl.Tensor(Y, device=device, requires_grad=False)
     calls["n"] = 0
-    base = live()
-    cpu_module.reset_peak()
-    nn.SoftmaxLoss()(model(x), y).backward(create_graph=create_graph)
-    return cpu_module.memory_stats()["peak_bytes"] - base, calls["n"]
+    gc.collect()  # garbage of earlier steps is freed now, and no collection runs mid-step:
+    gc.disable()  # when one would run depends on the Python version, and it moves the peak
+    try:
+        base = live()
+        cpu_module.reset_peak()
+        nn.SoftmaxLoss()(model(x), y).backward(create_graph=create_graph)
+        return cpu_module.memory_stats()["peak_bytes"] - base, calls["n"]
+    finally:
+        gc.enable()
 
 
 plain_peak, plain_calls = step_memory(nn.Sequential(*[Counted(b) for b in blocks()]))
