@@ -253,6 +253,17 @@ def _scattered(rows: int, cols: int, vocab: int) -> Dims:
     return (vocab, cols)
 
 
+def _causal_blocks(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
+    """softmax_fwd's ``queries``: a whole number >= 0 (0: no mask) whose blocks tile the rows."""
+    queries = scalars["queries"]
+    if queries != int(queries) or queries < 0:
+        raise ValueError(f"{fn}: queries must be a whole number >= 0 (0: no mask), got {queries}")
+    if queries and dims[0] % int(queries):
+        raise ValueError(
+            f"{fn}: rows={dims[0]} is not a whole number of blocks of queries={int(queries)}"
+        )
+
+
 _RC = ("rows", "cols")
 _BH = ("batch", "hidden")
 
@@ -277,6 +288,28 @@ SOFTMAX_XENT_BWD = _kernel(
     ),
     scalars=("scale",),
     outputs=(Operand("dlogits", _rows_cols),),
+)
+
+# softmax over rows of scale·x, causal over blocks of ``queries`` rows (attention's logits)
+SOFTMAX_FWD = _kernel(
+    "softmax_fwd",
+    "softmax_fwd",
+    "x",
+    _RC,
+    inputs=(Operand("x", _rows_cols),),
+    scalars=("scale", "queries"),
+    outputs=(Operand("y", _rows_cols),),
+    check_sizes=_causal_blocks,
+)
+
+SOFTMAX_BWD = _kernel(
+    "softmax_bwd",
+    "softmax_bwd",
+    "y",
+    _RC,
+    inputs=(Operand("y", _rows_cols), Operand("dy", _rows_cols)),
+    scalars=("scale",),
+    outputs=(Operand("dx", _rows_cols),),
 )
 
 LAYERNORM_FWD = _kernel(
@@ -415,6 +448,8 @@ EMBEDDING_SCATTER_ADD = _kernel(
 __all__ = ["Operand", "FusedKernel", "KERNELS"] + [
     "SOFTMAX_XENT",
     "SOFTMAX_XENT_BWD",
+    "SOFTMAX_FWD",
+    "SOFTMAX_BWD",
     "LAYERNORM_FWD",
     "LAYERNORM_BWD",
     "BATCHNORM_FWD",

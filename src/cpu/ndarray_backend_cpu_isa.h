@@ -49,10 +49,14 @@ struct Runner {
 };
 
 // A matrix operand: element (i, k) of matrix b of the batch at
-// ptr[b * sb + i * rs + k * cs] (strides in elements; any sign, 0 allowed).
+// ptr[(b / inner) * sb + (b % inner) * si + i * rs + k * cs] (strides in elements; any sign, 0
+// allowed): a batch of two levels, `inner` matrices per outer step (per-head attention reads
+// (batch, head) this way); the defaults make it one level, ptr[b * sb + ...].
 struct MatView {
   const float* ptr;
   int64_t sb, rs, cs;
+  int64_t inner = 1, si = 0;
+  const float* at(int64_t b) const { return ptr + (b / inner) * sb + (b % inner) * si; }
 };
 
 struct IsaKernels {
