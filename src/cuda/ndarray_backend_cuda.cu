@@ -537,24 +537,33 @@ unsigned row_threads(int64_t cols) {
 
 __device__ unsigned long long g_bad_label_row;
 
+// One block's row of a softmax: p[j] = exp(scale * x[j] - m) for j < n, m the largest
+// scale * x[j] (0 when it is not finite: an all -inf row stays NaN, as the numpy reference).
+// Returns {m, the sum of the p[j]} on every thread.
+__device__ float2 block_exp_row(const float* x, int64_t n, float scale, float* p,
+                                float* scratch) {
+  const needle::ops::Reduce_max max_op;
+  const needle::ops::Reduce_sum sum_op;
+  float m = needle::ops::Reduce_max::identity();
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max_op(m, scale * x[j]);
+  m = block_reduce(m, max_op, scratch);
+  if (!(fabsf(m) < INFINITY)) m = 0.f;
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    p[j] = expf(scale * x[j] - m);
+    s += p[j];
+  }
+  return make_float2(m, block_reduce(s, sum_op, scratch));
+}
+
 __global__ void softmax_xent_kernel(const float* logits, const float* labels, int64_t rows,
                                     int64_t cols, float* loss, float* probs) {
   __shared__ float scratch[33];
-  const needle::ops::Reduce_max max_op;
-  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* x = logits + r * cols;
     float* p = probs + r * cols;
-    float m = needle::ops::Reduce_max::identity();
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
-    m = block_reduce(m, max_op, scratch);
-    if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
-    float s = 0.f;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      p[j] = expf(x[j] - m);
-      s += p[j];
-    }
-    s = block_reduce(s, sum_op, scratch);
+    const float2 ms = block_exp_row(x, cols, 1.f, p, scratch);
+    const float m = ms.x, s = ms.y;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) p[j] /= s;
     if (threadIdx.x == 0) {
       const float label = labels[r];
@@ -572,8 +581,6 @@ __global__ void softmax_xent_kernel(const float* logits, const float* labels, in
 __global__ void softmax_fwd_kernel(const float* x, int64_t rows, int64_t cols, float scale,
                                    int64_t queries, float* y) {
   __shared__ float scratch[33];
-  const needle::ops::Reduce_max max_op;
-  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
@@ -582,16 +589,7 @@ __global__ void softmax_fwd_kernel(const float* x, int64_t rows, int64_t cols, f
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = 1.f / cols;
       continue;
     }
-    float m = needle::ops::Reduce_max::identity();
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max_op(m, scale * xr[j]);
-    m = block_reduce(m, max_op, scratch);
-    if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
-    float s = 0.f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      yr[j] = expf(scale * xr[j] - m);
-      s += yr[j];
-    }
-    s = block_reduce(s, sum_op, scratch);
+    const float s = block_exp_row(xr, n, scale, yr, scratch).y;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = j < n ? yr[j] / s : 0.f;
   }
 }
