@@ -39,6 +39,7 @@ __reduce_ops__ = tuple(_REDUCE)
 _BINARY_FUNCS = tuple(_BINARY.values())
 _UNARY_FUNCS = tuple(_UNARY.values())
 _REDUCE_FUNCS = tuple(_REDUCE.values())
+_POWER = __binary_ops__.index("power")
 
 
 # Bytes held by live Arrays and their peak since reset_peak() (memory_stats()).
@@ -85,7 +86,7 @@ def reset_peak() -> None:
     _memory["peak_bytes"] = _memory["live_bytes"]
 
 
-# ---- argument checks (the numpy twin of src/common/ndarray_checks.h) ----------------------------
+# ---- argument checks (the numpy twin of src/common/ndarray_checks.h) -----------------------------
 # The checks take any value (that is what they check); Any where numpy or operator then use it.
 def _int(fn: str, what: str, v: Any) -> int:
     if isinstance(v, (bool, np.bool_)):
@@ -300,6 +301,11 @@ def ewise_scalar(
         with np.errstate(all="ignore"):
             if reverse:
                 _BINARY_FUNCS[op](value, x, out=o)
+            elif op == _POWER:
+                # numpy's `**` (not the ufunc): a square for 2, a sqrt for 0.5 ..., as
+                # scalar_power and the compiled modules do; on a strided view, np.power in
+                # numpy 2.2 (what Python 3.10 gets) calls powf instead, one ulp away.
+                o[...] = x**value
             else:
                 _BINARY_FUNCS[op](x, value, out=o)
 
