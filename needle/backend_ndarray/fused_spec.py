@@ -256,7 +256,9 @@ def _scattered(rows: int, cols: int, vocab: int) -> Dims:
 def _causal_blocks(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
     """softmax_fwd's ``queries``: a whole number >= 0 (0: no mask) whose blocks tile the rows."""
     queries = scalars["queries"]
-    if queries != int(queries) or queries < 0:
+    if isinstance(queries, (str, bytes)) or not hasattr(queries, "__float__"):
+        raise TypeError(f"{fn}: queries must be a whole number, got {type(queries).__name__}")
+    if not (math.isfinite(queries) and queries == int(queries) and queries >= 0):
         raise ValueError(f"{fn}: queries must be a whole number >= 0 (0: no mask), got {queries}")
     if queries and dims[0] % int(queries):
         raise ValueError(

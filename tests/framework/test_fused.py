@@ -606,6 +606,29 @@ def test_masked_softmax_finite_differences_and_twice(device, tq, tk):
         )
 
 
+@pytest.mark.parametrize("api", ["nd", "np"])
+def test_softmax_fwd_checks_queries_and_shapes(api):
+    x = np.zeros((6, 4), F32)
+    if api == "nd":
+        fwd, bwd, arr = nd.softmax_fwd, nd.softmax_bwd, lambda a: nd.array(a, device=nd.cpu_numpy())
+    else:
+        fwd, bwd, arr = npf.softmax_fwd, npf.softmax_bwd, lambda a: a
+    for queries in (-1, 1.5, float("nan"), float("inf"), 4):  # 4 does not divide 6 rows
+        with pytest.raises(ValueError, match="softmax_fwd: .*queries"):
+            fwd(arr(x), 1.0, queries)
+    for queries in ("3", None):
+        with pytest.raises(TypeError, match="softmax_fwd: queries"):
+            fwd(arr(x), 1.0, queries)
+    with pytest.raises(ValueError, match="softmax_fwd: x must be 2-D"):
+        fwd(arr(np.zeros(4, F32)), 1.0, 0)
+    with pytest.raises(ValueError, match="softmax_bwd: dy must have shape"):
+        bwd(arr(x), arr(np.zeros((6, 3), F32)), 1.0)
+    y = fwd(arr(x), 1.0, 3)  # 2 blocks of 3 queries over 4 keys: row i sees i + 2 keys
+    np.testing.assert_allclose(
+        np.asarray(y.numpy() if api == "nd" else y)[:3, 0], [1 / 2, 1 / 3, 1 / 4]
+    )
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_masked_softmax_rejects_a_vector(device):
     with pytest.raises(ValueError, match="causal softmax needs logits"):
