@@ -14,6 +14,7 @@ differentiate any number of times.
 
 from __future__ import annotations
 
+import math
 from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
@@ -332,20 +333,12 @@ class SoftmaxLastAxis(TensorOp):
             )
         shape = tuple(x.shape)
         queries = shape[-2] if self.causal else 0
-        rows = _rows(shape)
+        rows = math.prod(shape[:-1])
         y = array_api.softmax_fwd(x.compact().reshape((rows, shape[-1])), self.scale, queries)
         return y.reshape(shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
         return SoftmaxLastAxisBackward(self.scale)(out_grad, node)
-
-
-def _rows(shape) -> int:
-    """The number of rows of ``shape`` seen as (rows, shape[-1])."""
-    n = 1
-    for d in shape[:-1]:
-        n *= d
-    return n
 
 
 class SoftmaxLastAxisBackward(TensorOp):
@@ -359,7 +352,7 @@ class SoftmaxLastAxisBackward(TensorOp):
 
     def compute(self, g, y):
         shape = tuple(y.shape)
-        flat = (_rows(shape), shape[-1])
+        flat = (math.prod(shape[:-1]), shape[-1])
         dx = array_api.softmax_bwd(y.compact().reshape(flat), g.compact().reshape(flat), self.scale)
         return dx.reshape(shape)
 
