@@ -62,7 +62,8 @@ $(VENV_READY):
 $(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
 	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
 	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
-	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev,lectures]" && \
+	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
+	  $(PY) -m companion.extras && \
 	  touch $(INSTALLED); }'
 	@echo "needle: environment ready in $(VENV)"
 
@@ -182,7 +183,7 @@ bench: $(BUILT)
 	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
 
 profile: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m benchmarks.step_profile; fi
+	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m companion.step_profile; fi
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 # (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)

@@ -21,7 +21,8 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 import benchmarks  # noqa: E402
-from benchmarks.common import busy_note, machine_info  # noqa: E402
+from benchmarks.common import busy_note  # noqa: E402
+from companion.machine import machine_info  # noqa: E402
 
 
 def available() -> list[str]:

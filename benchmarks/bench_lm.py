@@ -1,6 +1,6 @@
 """Language-model training steps: needle's 2-layer LSTM and Transformer LMs against PyTorch.
 
-Both at seq 32, batch 16, E = H = 128, vocabulary 1000 (the shapes of :mod:`benchmarks.steps`):
+Both at seq 32, batch 16, E = H = 128, vocabulary 1000 (the shapes of :mod:`companion.steps`):
 ids → embedding → 2-layer LSTM or pre-norm Transformer → Linear → mean softmax loss →
 backward → SGD. needle runs on ``cpu()``; PyTorch (CPU, float32) runs the same architecture
 after it. Each library is timed in blocks of steps (medians of repeats). The ratio is PyTorch's
@@ -15,7 +15,7 @@ import sys
 
 import needle as ndl
 from benchmarks.common import Table
-from benchmarks.steps import TITLES, needle_step, torch_step
+from companion.steps import TITLES, needle_step, torch_step
 from companion.timing import measure
 
 LM_CASES = ("lstm_lm", "transformer_lm")

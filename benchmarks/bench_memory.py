@@ -1,5 +1,5 @@
 """Peak memory of one training step: needle on ``cpu()`` beside PyTorch, the same four steps as
-the speed benchmarks (``benchmarks/steps.py``: MLP-ResNet, ResNet-9, LSTM LM, Transformer LM).
+the speed benchmarks (``companion/steps.py``: MLP-ResNet, ResNet-9, LSTM LM, Transformer LM).
 
 Both sides count the bytes of live tensor buffers, not the process's resident memory (which
 depends on the C allocator's habits): needle with its device module's counter
@@ -26,7 +26,7 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table
-from benchmarks.steps import CASES, TITLES, needle_step, torch_step
+from companion.steps import CASES, TITLES, needle_step, torch_step
 
 try:  # optional oracle; the benchmark never needs it
     import torch

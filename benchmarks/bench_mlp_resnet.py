@@ -23,8 +23,8 @@ import numpy as np
 import companion.data
 import needle as ndl
 from benchmarks.common import Table
-from benchmarks.steps import torch_mlp_resnet
 from companion.apps import mlp_resnet
+from companion.steps import torch_mlp_resnet
 from companion.timing import measure
 
 try:  # optional oracle; the benchmark never needs it

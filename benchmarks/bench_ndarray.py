@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 import needle.backend_ndarray as nd
-from benchmarks.common import Table, cpu_flags
+from benchmarks.common import Table
+from companion.machine import cpu_flags
 from companion.timing import measure
 
 MATMUL_SIZES = [

@@ -4,7 +4,7 @@ The student's NDArray matmul, element-wise ops, ``compact`` and reductions are t
 project's and numpy's (GFLOP/s for matmul, GB/s moved for the rest), placed on a roofline
 (:mod:`companion.roofline`: this CPU's limits as numpy reaches them), and one training step of
 the student's needle (a two-layer MLP with SGD) is split into kernel time and framework overhead
-(:func:`benchmarks.step_profile.profile_step`). Each finding gets one line of advice naming the
+(:func:`companion.step_profile.profile_step`). Each finding gets one line of advice naming the
 lecture section to read.
 
 Both implementations are packages named ``needle``, so each is measured in its own child
@@ -102,7 +102,7 @@ def _device(nd):
 
 def _kernels_called(device, fn) -> list[str]:
     """The device-module functions one call of ``fn`` reaches (names, in first-call order)."""
-    from benchmarks.step_profile import KernelTimer
+    from companion.step_profile import KernelTimer
 
     try:
         with KernelTimer(device) as timer:
@@ -116,7 +116,7 @@ def _mlp_step(ndl, device, batch: int, dim: int, hidden: int, classes: int):
     """One SGD step of Linear-ReLU-Linear with softmax loss, built from the course's API."""
     import numpy as np
 
-    from benchmarks.steps import Step
+    from companion.steps import Step
 
     rng = np.random.RandomState(0)
     nn = ndl.nn
@@ -145,7 +145,7 @@ def child(mode: str, step_only: bool) -> dict:
 
     import needle as ndl
     import needle.backend_ndarray as nd
-    from benchmarks.step_profile import profile_step
+    from companion.step_profile import profile_step
     from companion.timing import measure
 
     sizes = SIZES[mode]

@@ -5,8 +5,9 @@ From it this module derives, for every ``notebooks/NN_topic.py``:
 
 * the "Open in Colab" badge line, right under the title of the header (first markdown) cell;
 * the set-up cell, the first code cell: in Colab (``"google.colab" in sys.modules``) it installs
-  this project with one ``pip install "needle @ git+<repository>"`` (``needle[lectures]`` for the
-  notebooks that import the lectures' extras), which compiles the CPU module and, where ``nvcc``
+  this project with one ``pip install "needle @ git+<repository>"`` (then, for the notebooks
+  that import the lectures' extras, ``python -m companion.extras``: each of its packages on its
+  own, so one without a wheel stops nothing), which compiles the CPU module and, where ``nvcc``
   exists and a GPU is present, the CUDA module for that GPU's architecture only (T4 sm_75,
   A100 sm_80, L4 sm_89; ``CUDAARCHS`` keeps the build short). Anywhere else it does nothing and
   prints nothing, so the committed outputs and nbval are unaffected.
@@ -38,7 +39,7 @@ BRANCH = "main"
 CELL_MARKER = '# %% tags=["remove-cell"]'
 #: The first line of the set-up cell: how the generator finds the cell it wrote.
 SETUP_MARK = "# Colab set-up"
-#: A notebook that imports one of these modules (or runs mpiexec) installs needle[lectures].
+#: A notebook that imports one of these modules (or runs mpiexec) installs the lectures extra.
 LECTURES_MODULES = ("mpi4py", "mpiexec", "onnx", "onnxruntime", "tvm")
 
 SETUP_TEMPLATE = """\
@@ -66,12 +67,11 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {{repo}} (GPU: {{cap or 'none'}}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle{extras} @ git+{{repo}}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{{repo}}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\\n" + done.stdout[-3000:] + done.stderr[-3000:])
-    importlib.invalidate_caches()
+    importlib.invalidate_caches(){extras_step}
     import needle
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 """
@@ -117,9 +117,21 @@ def extras(source: str) -> str:
     return "[lectures]" if re.search(pattern, source) else ""
 
 
+#: What the cell adds for a notebook that needs the lectures extra: each of its packages on its
+#: own (``companion.extras``), so one without a wheel for the platform stops nothing.
+EXTRAS_STEP = """
+    extra = subprocess.run([sys.executable, "-m", "companion.extras"], capture_output=True,
+                           text=True)  # MPI, ONNX, TVM: each where it installs
+    print(extra.stdout, end="")"""
+
+
 def setup_cell(repo: str, extra: str = "") -> str:
-    """The set-up cell's Python source (no trailing newline) for ``repo`` and pip ``extra``."""
-    return SETUP_TEMPLATE.format(repo=repo, extras=extra).rstrip("\n")
+    """The set-up cell's Python source (no trailing newline) for ``repo``; ``extra`` is
+    ``"[lectures]"`` for a notebook that needs the lectures extra (see :func:`extras`)."""
+    step = EXTRAS_STEP if extra == "[lectures]" else ""
+    if extra not in ("", "[lectures]"):
+        raise ValueError(f"unknown extra {extra!r}: the set-up cell knows '' and '[lectures]'")
+    return SETUP_TEMPLATE.format(repo=repo, extras_step=step).rstrip("\n")
 
 
 def _cells(lines: List[str]) -> List[int]:

@@ -21,8 +21,12 @@ import re
 from pathlib import Path
 from typing import Any, List, Optional
 
-#: This project's checkout (its ``src/`` and ``benchmarks/``), whichever needle is imported.
+#: This project's checkout (its ``src/`` and ``notebooks/``) when companion runs from one (an
+#: editable install), whichever needle is imported; in a wheel install, site-packages.
 CHECKOUT = Path(__file__).resolve().parents[1]
+#: The copy of the checkout's ``src/`` that a wheel ships inside companion (pyproject.toml's
+#: ``wheel.packages`` maps ``src`` there), for :func:`kernel_source` where there is no checkout.
+SHIPPED_SRC = Path(__file__).resolve().parent / "src"
 MARKER = re.compile(r"#\s*companion-only:\s*(?P<reason>\S.*?)\s*$")
 #: How every skip line begins (``companion.report_card`` counts skipped cells by it).
 SKIP_PREFIX = "companion-only cell skipped: "
@@ -116,6 +120,79 @@ def report_card() -> None:
         if status == "failed"
     ]
     print("\n".join(lines))
+
+
+def in_checkout() -> bool:
+    """Whether companion runs from this project's checkout (an editable install), not from an
+    installed wheel (site-packages)."""
+    return (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "notebooks").is_dir()
+
+
+def data_dir() -> Path:
+    """Where the downloaded data sets are: the checkout's ``data/`` (``make data`` fills it) in
+    a checkout, else ``data/`` in the current folder (``python -m companion.data.download
+    --all --root data`` fills it, e.g. in Colab)."""
+    return CHECKOUT / "data" if in_checkout() else Path("data").resolve()
+
+
+def kernel_source_dir() -> Path:
+    """The folder :func:`kernel_source` reads: the checkout's ``src/`` when companion runs from
+    a checkout (an editable install), else the copy the installed package ships
+    (``companion/src``)."""
+    if in_checkout() and (CHECKOUT / "src").is_dir():
+        return CHECKOUT / "src"
+    return SHIPPED_SRC
+
+
+def kernel_source(relpath: str) -> str:
+    """The text of this project's C++/CUDA source ``src/<relpath>`` (e.g.
+    ``"cuda/ndarray_backend_cuda.cu"``), from :func:`kernel_source_dir`. Raises ValueError for
+    a path that leaves ``src/`` and FileNotFoundError, naming the folder, for a missing file."""
+    rel = Path(relpath)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ValueError(f"kernel_source: {relpath!r} is not a relative path inside src/")
+    path = kernel_source_dir() / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel_source: no {rel.as_posix()} in {path.parent}")
+    return path.read_text()
+
+
+#: What a cell that needs MPI prints instead of running, when :func:`mpiexec` finds none.
+NO_MPI = (
+    "skipped: {what} needs mpi4py and an mpiexec (the lectures extra: "
+    "pip install 'needle[lectures]'), and this Python has none"
+)
+
+
+def mpiexec() -> Optional[str]:
+    """The ``mpiexec`` that goes with this Python's mpi4py: the one the mpich wheel puts beside
+    the interpreter or in pip's scripts folder, else the first on PATH; None when mpi4py is not
+    installed or no mpiexec is found (e.g. where the lectures extra has no wheel)."""
+    import importlib.util
+    import shutil
+    import sys
+    import sysconfig
+
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        if (folder / "mpiexec").is_file():
+            return str(folder / "mpiexec")
+    return shutil.which("mpiexec")
+
+
+def require_modules(*modules: str, what: str) -> None:
+    """Raise one ModuleNotFoundError naming every module of ``modules`` (import names such as
+    ``"tvm"``) that this Python cannot import, and the extra that provides them: what a notebook
+    built around the lectures extra says, in one line, where that extra has no wheel."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"{what} needs {', '.join(missing)} (the lectures extra: pip install "
+            f"'needle[lectures]' or python -m companion.extras), which this Python does not have"
+        )
 
 
 def best_device() -> Any:

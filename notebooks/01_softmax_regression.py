@@ -71,8 +71,7 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
@@ -81,7 +80,6 @@ elif in_colab:
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
-from pathlib import Path
 import time
 
 import matplotlib.pyplot as plt
@@ -91,6 +89,7 @@ from scipy.stats import binomtest
 
 import needle as ndl
 import companion.data
+from companion import lecture
 from companion.apps import simple_ml as sm
 from companion.viz import save_figure
 
@@ -110,7 +109,7 @@ np.random.seed(0)
 DATASET = "digits"  # or "mnist" after `make data`
 
 # %%
-DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
+DATA_DIR = lecture.data_dir()  # the checkout's data/ (make data), else ./data
 if DATASET == "digits":
     X_tr, y_tr = companion.data.load_digits_mnist_like(28, train=True)
     X_te, y_te = companion.data.load_digits_mnist_like(28, train=False)

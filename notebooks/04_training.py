@@ -72,8 +72,7 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
@@ -82,8 +81,6 @@ elif in_colab:
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 import numpy as np
@@ -91,6 +88,7 @@ import numpy as np
 import needle as ndl
 import needle.nn as nn
 import companion.data
+from companion import lecture
 from companion.apps import mlp_resnet
 from companion.viz import LiveCurves, save_figure
 
@@ -101,7 +99,7 @@ device = ndl.cpu()  # where needle's layers put their parameters by default
 DATASET = "digits"  # or "mnist" after `make data`
 
 # %%
-DATA_DIR = Path(ndl.__file__).resolve().parents[1] / "data"
+DATA_DIR = lecture.data_dir()  # the checkout's data/ (make data), else ./data
 if DATASET == "digits":
     train_set = companion.data.DigitsDataset(train=True, image_size=28)
     test_set = companion.data.DigitsDataset(train=False, image_size=28)

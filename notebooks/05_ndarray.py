@@ -77,8 +77,7 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
@@ -99,8 +98,9 @@ from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
-device = ndl.cpu()  # the compiled C++ backend
-assert device.enabled(), "build the C++ backend first: make build"
+device = lecture.best_device()  # sections 1-6 (arrays and views): cuda() on a GPU, else cpu()
+cpu = ndl.cpu()  # sections 7-8 are the C++ module's own functions and kernels: always cpu()
+assert cpu.enabled(), "build the C++ backend first: make build"
 print(device)
 
 
@@ -352,12 +352,13 @@ assert np.array_equal(by_hand.numpy(), f.numpy())
 
 # %%
 # companion-only: this project's compiled module: its strided kernel ewise_binary
-mod = device.mod
+a = a.to(cpu)  # the C++ module's functions take cpu() buffers (a stays a itself on cpu())
+mod = cpu.mod
 print("module:   ", mod.__name__)
 print("device:   ", mod.__device_name__)
 print("tile size:", mod.__tile_size__)
 print("handle:   ", type(a._handle).__name__, "of", a._handle.size, "floats")
-assert device.ewise_binary is mod.ewise_binary
+assert cpu.ewise_binary is mod.ewise_binary
 assert mod.__name__ == "needle.backend_ndarray.ndarray_backend_cpu"
 
 # %% [markdown]
@@ -377,12 +378,12 @@ assert mod.matmul.__doc__.startswith("matmul(a: needle.backend_ndarray.ndarray_b
 # companion-only: the device protocol (protocol.py, ewise_binary)
 from needle.backend_ndarray.protocol import BINARY_OPS  # noqa: E402
 
-out = nd.NDArray.make(a.shape, device=device)
+out = nd.NDArray.make(a.shape, device=cpu)
 mod.ewise_binary(BINARY_OPS.index("add"), a._handle, a.strides, a._offset,
                  a._handle, a.strides, a._offset, out._handle, a.shape)
 print(out.numpy().astype(int))
 assert np.array_equal(out.numpy(), (a + a).numpy())
-course = nd.NDArray.make(a.shape, device=device)
+course = nd.NDArray.make(a.shape, device=cpu)
 mod.ewise_add(a._handle, a._handle, course._handle)
 assert np.array_equal(course.numpy(), out.numpy())
 
@@ -393,7 +394,7 @@ assert np.array_equal(course.numpy(), out.numpy())
 
 # %%
 # companion-only: this project's compiled module's size checks
-small = nd.NDArray.make((2,), device=device)
+small = nd.NDArray.make((2,), device=cpu)
 try:
     mod.ewise_add(a._handle, small._handle, out._handle)
 except ValueError as err:  # the error policy: a wrong value (sizes) is a ValueError
@@ -443,7 +444,7 @@ def kernel_call(name: str, x: nd.NDArray, y: nd.NDArray):
     (m, n), p = x.shape, y.shape[1]
     if name == "matmul_tiled":
         tx, ty = tiles(x), tiles(y)
-        out = nd.NDArray.make((m // T, p // T, T, T), device=device)
+        out = nd.NDArray.make((m // T, p // T, T, T), device=cpu)
 
         def run():
             mod.matmul_tiled(tx._handle, ty._handle, out._handle, m, n, p)
@@ -452,7 +453,7 @@ def kernel_call(name: str, x: nd.NDArray, y: nd.NDArray):
             return out.permute((0, 2, 1, 3)).compact().reshape((m, p)).numpy()
 
         return run, result
-    out = nd.NDArray.make((m, p), device=device)
+    out = nd.NDArray.make((m, p), device=cpu)
     kernel = getattr(mod, name)
 
     def run():
@@ -482,7 +483,7 @@ print(f"thresholds (multiply-adds m*n*p): direct <= {GEMM['direct_flops']:.0f} "
       f"(= 20^3), split >= {GEMM['split_flops']:.0f} (= 2^20), packed >= "
       f"{GEMM['parallel_flops']:.0f} (~ {GEMM['parallel_flops'] ** (1 / 3):.0f}^3)")
 assert GEMM["split_flops"] == 2**20 and 289 < GEMM["parallel_flops"] ** (1 / 3) < 294
-tile_demo = tiles(nd.array(np.arange(4 * T * T).reshape(2 * T, 2 * T), device=device))
+tile_demo = tiles(nd.array(np.arange(4 * T * T).reshape(2 * T, 2 * T), device=cpu))
 print("tiled layout of a", (2 * T, 2 * T), "matrix:", tile_demo.shape)
 assert tile_demo.numpy()[0, 1, 0, 0] == T  # tile (0, 1) starts at column T of row 0
 assert np.array_equal(tile_demo.numpy()[1, 0], np.arange(4 * T * T).reshape(2 * T, 2 * T)[T:, :T])
@@ -499,7 +500,7 @@ inputs = {}
 for n in SIZES:
     xa = rng.standard_normal((n, n)).astype(np.float32)
     xb = rng.standard_normal((n, n)).astype(np.float32)
-    inputs[n] = (xa, xb, nd.array(xa, device=device), nd.array(xb, device=device))
+    inputs[n] = (xa, xb, nd.array(xa, device=cpu), nd.array(xb, device=cpu))
     reference = xa.astype(np.float64) @ xb
     errors = []
     for k in KERNELS:
@@ -518,25 +519,22 @@ for n in SIZES:
 # Now the speed, in GFLOP/s ($2n^3$ floating-point operations per product). Each figure is the
 # **median** of several timed samples, each sample long enough to read the clock reliably, and
 # each kernel is timed in its own block of calls after a pause (threads left spinning by the
-# previous kernel would otherwise slow the next one). The first line says where it ran.
+# previous kernel would otherwise slow the next one). The first line says where it ran. On a
+# machine with a GPU (Colab's GPU runtime) a last column times `@` on `cuda()`, the same
+# operands copied to the GPU, waiting for each product to finish (`synchronize()`).
 # Timings depend on the machine and its load, so this cell's output is not compared by the
 # tests; and when numpy's BLAS, the reference, runs far below what any modern core does (a
 # sign that other processes took the CPU), the cell prints a warning instead of a conclusion.
 
 # %% tags=["nbval-ignore-output"]
-# companion-only: this project's compiled module's __gemm__ and matmul_naive, and benchmarks/
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(ndl.__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside needle in a checkout
-from benchmarks.common import machine_info  # noqa: E402
+# companion-only: this project's compiled module's __gemm__ and matmul_naive
+from companion.machine import machine_info  # noqa: E402
 from companion.timing import measure  # noqa: E402
 
 print("\n".join(machine_info()[1:]))
 print(f"needle cpu() kernels: {mod.__gemm__['isa']}, {mod.num_threads()} threads\n")
-gflops = {k: [] for k in KERNELS + ["numpy"]}
+GPU = "cuda() @"  # on a GPU (Colab) the table and figure add `@` on cuda(), synchronized
+gflops = {k: [] for k in KERNELS + ["numpy"] + ([GPU] if device.name == "cuda" else [])}
 for n in SIZES:
     xa, xb, na, nb = inputs[n]
     flops = 2.0 * n**3
@@ -546,6 +544,10 @@ for n in SIZES:
                                          settle_s=0.1) / 1e9)
     gflops["numpy"].append(flops / measure(lambda: xa @ xb, repeats=5, warmup=1,
                                            min_sample_s=0.02, settle_s=0.1) / 1e9)
+    if GPU in gflops:
+        ga, gb = na.to(device), nb.to(device)
+        gflops[GPU].append(flops / measure(lambda: (ga @ gb, device.synchronize()), repeats=5,
+                                           warmup=1, min_sample_s=0.02) / 1e9)
     print(f"n={n:<4} " + "  ".join(f"{k}={g[-1]:7.2f}" for k, g in gflops.items())
           + f"   matmul path: {engine_path(n, n, n)}")
 
@@ -608,8 +610,8 @@ else:
 calls = {}
 for n in (500, 512, 520):
     xa = rng.standard_normal((n, n)).astype(np.float32)
-    calls[n] = kernel_call("matmul_naive", nd.array(xa, device=device),
-                           nd.array(xa.T.copy(), device=device))[0]
+    calls[n] = kernel_call("matmul_naive", nd.array(xa, device=cpu),
+                           nd.array(xa.T.copy(), device=cpu))[0]
 rounds = {n: [] for n in calls}
 for _ in range(3):  # interleaved rounds, so a burst of load hits all three sizes alike
     for n, run in calls.items():
@@ -633,10 +635,12 @@ if busy:
 # %% tags=["nbval-ignore-output"]
 # companion-only: the timings of the companion-only cells above
 fig, ax = plt.subplots(figsize=(6.4, 4.0))
-styles = {"matmul_naive": "o-", "matmul_tiled": "s-", "matmul": "^-", "numpy": "k--"}
+styles = {"matmul_naive": "o-", "matmul_tiled": "s-", "matmul": "^-", "numpy": "k--",
+          GPU: "D:"}
 labels = {"matmul_naive": "naive (matmul_naive)",
           "matmul_tiled": f"tiled, T={T} (matmul_tiled)",
-          "matmul": "packed + SIMD + threads (matmul)", "numpy": "numpy (BLAS)"}
+          "matmul": "packed + SIMD + threads (matmul)", "numpy": "numpy (BLAS)",
+          GPU: "the GPU: @ on cuda()"}
 for k, g in gflops.items():
     ax.plot(SIZES, g, styles[k], label=labels[k])
 ax.set_yscale("log")

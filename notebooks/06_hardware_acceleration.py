@@ -81,8 +81,7 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
@@ -96,9 +95,9 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -112,16 +111,16 @@ from companion.viz import save_figure
 
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
-device = ndl.cpu()  # the compiled C++ backend
+device = ndl.cpu()  # the kernels taken apart here are the C++ module's: cpu() (a GPU: § 8's end)
 assert device.enabled(), "build the C++ backend first: make build"
 mod = device.mod
-SRC = lecture.CHECKOUT / "src"  # this project's kernels, also under NEEDLE_IMPL
-assert SRC.is_dir(), f"this notebook reads the kernel sources in {SRC}: run it from a checkout"
+SRC = lecture.kernel_source_dir()  # this project's kernels: the checkout's src/ or the wheel's copy
+assert SRC.is_dir(), f"no kernel sources in {SRC}: reinstall needle"
 
 
 def source(name: str) -> str:
     """The text of src/NAME."""
-    return (SRC / name).read_text()
+    return lecture.kernel_source(name)
 
 
 def constant(text: str, pattern: str) -> int:
@@ -301,6 +300,7 @@ assert np.array_equal((t + y).numpy(), expected)
 # which stays in cache, and copying it would write a whole array for nothing.)
 
 # %% tags=["nbval-ignore-output"]
+# cpu(): what this measures is how a CPU core reads memory through its cache lines
 big = nd.array(np.random.randn(2048, 2048).astype(np.float32), device=device)
 big_t = big.permute((1, 0))
 
@@ -1148,6 +1148,31 @@ save_figure(fig, "matmul_roofline")
 plt.show()
 
 # %% [markdown]
+# Where a GPU is present (Colab's GPU runtime), the next cell runs the CUDA kernel itself on a
+# $1024^3$ product, checks it against numpy and prints its measured rate (median of 5, each
+# product waited for with `synchronize()`). The bounds above are an H200's; on another GPU
+# compare with that GPU's datasheet (a T4: 8.1 TFLOP/s FP32, 320 GB/s). Without a GPU the cell
+# says so in one line.
+
+# %% tags=["nbval-ignore-output"]
+# companion-only: this project's cuda() module (synchronize) and the sizes N, flops above
+gpu = lecture.best_device()  # cuda() where a GPU is visible, else cpu()
+if gpu.name != "cuda":
+    print(f"no GPU here (best_device() is {gpu}): the CUDA matmul kernel is not timed")
+else:
+    xa_gpu = np.random.randn(N, N).astype(np.float32)
+    xb_gpu = np.random.randn(N, N).astype(np.float32)
+    a_gpu, b_gpu = nd.array(xa_gpu, device=gpu), nd.array(xb_gpu, device=gpu)
+    got = (a_gpu @ b_gpu).numpy()
+    assert np.allclose(got, xa_gpu.astype(np.float64) @ xb_gpu, rtol=1e-3, atol=1e-2)
+    seconds = measure(lambda: (a_gpu @ b_gpu, gpu.synchronize()), repeats=5, warmup=2)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+    name = smi.stdout.strip().splitlines()[0] if smi and smi.stdout.strip() else "this GPU"
+    print(f"{N}³ float32 matmul on cuda() ({name}): {flops / seconds / 1e12:.2f} TFLOP/s, "
+          f"{1e3 * seconds:.2f} ms per product (correct to 1e-3)")
+
+# %% [markdown]
 # ## 9. Where a training step's time goes
 #
 # Fast kernels are half the story. A training step also runs Python: building `Tensor`
@@ -1155,7 +1180,7 @@ plt.show()
 # bookkeeping, the optimizer's loop over parameters, and allocating buffers. On small and
 # medium tensors that **framework overhead** can cost more than the arithmetic.
 #
-# `benchmarks/step_profile.py` measures the split: `KernelTimer` wraps every function of the
+# `companion/step_profile.py` measures the split: `KernelTimer` wraps every function of the
 # device module with a clock for the duration of a `with` block, so the time inside kernel
 # calls is *kernel* time and the rest of the step's wall time is *overhead* (the timers' own
 # cost is measured and taken out). It does this for one step (forward, backward, optimizer
@@ -1167,13 +1192,10 @@ plt.show()
 # repeated steps):
 
 # %%
-# companion-only: benchmarks/step_profile on this project's needle
-ROOT = Path(ndl.__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside needle in a checkout
-from benchmarks import step_profile  # noqa: E402
+# companion-only: companion.step_profile on this project's needle
+from companion import step_profile  # noqa: E402
 
-before = json.loads((ROOT / "benchmarks" / "step_profile_before.json").read_text())
+before = step_profile.before()
 print(f"before: commit {before['commit']}, {before['date']}, medians of {before['repeats']} "
       "steps")
 print(before["machine"][1])
@@ -1195,7 +1217,8 @@ assert share["resnet9"] < 0.5
 # output is not compared):
 
 # %% tags=["nbval-ignore-output"]
-# companion-only: benchmarks/step_profile on this project's needle
+# companion-only: companion.step_profile on this project's needle
+# on cpu(), as before: the timers clock each call, and cuda() returns before its kernels finish
 after = {case: step_profile.profile_case(case, device, repeats=5) for case in step_profile.CASES}
 print("after: this checkout, medians of 5 steps")
 print(step_profile.render(after))
@@ -1265,7 +1288,7 @@ plt.show()
 #   global traffic than one thread per output, with coalesced loads and no bank conflicts (as
 #   emulated in numpy here; the CUDA code itself is tested only on a GPU). Shared-memory
 #   bandwidth caps the $64 \times 64$ configuration near half of FP32 peak.
-# * A training step is kernel time plus framework overhead; `benchmarks/step_profile.py`
+# * A training step is kernel time plus framework overhead; `companion/step_profile.py`
 #   measures both. Before the rework, overhead was 62–73% of a step for the models made of many
 #   small ops.
 

@@ -70,12 +70,14 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle[lectures] @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
     importlib.invalidate_caches()
+    extra = subprocess.run([sys.executable, "-m", "companion.extras"], capture_output=True,
+                           text=True)  # MPI, ONNX, TVM: each where it installs
+    print(extra.stdout, end="")
     import needle
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
@@ -86,7 +88,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -99,9 +100,8 @@ from companion.viz import save_figure
 np.set_printoptions(precision=3, suppress=True)
 np.random.seed(0)
 lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
-device = ndl.cpu()
-ROOT = Path(ndl.__file__).resolve().parents[1]
-mpiexec = str(Path(sys.executable).parent / "mpiexec")
+device = ndl.cpu()  # sections 1-2 count bytes with the CPU module's allocator: cpu()
+mpiexec = lecture.mpiexec()  # None where mpi4py or mpich has no wheel: the MPI cells say so
 
 # %%
 # companion-only: needle.checkpoint and the CPU module's memory_stats() (allocator byte counts)
@@ -434,26 +434,30 @@ plt.show()
 
 # %%
 # companion-only: needle.distributed and companion.apps.distributed_train (data parallelism over MPI)
-args = [sys.executable, "-m", "companion.apps.distributed_train", "--steps", "30", "--batch", "64"]
-with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run(args + ["--out", f"{tmp}/one.npz"], cwd=ROOT, check=True)
-    subprocess.run([mpiexec, "-n", "2"] + args + ["--out", f"{tmp}/two.npz"], cwd=ROOT,
-                   check=True)
-    one, two = dict(np.load(f"{tmp}/one.npz")), dict(np.load(f"{tmp}/two.npz"))
-n_params = sum(one[f"param_{i}"].size for i in range(4))
-param_diff = max(float(np.abs(one[f"param_{i}"] - two[f"param_{i}"]).max()) for i in range(4))
-print(f"loss, 1 process:   {one['losses'][0]:.4f} -> {one['losses'][-1]:.4f}")
-print(f"loss, 2 processes: {two['losses'][0]:.4f} -> {two['losses'][-1]:.4f}")
-print(f"largest parameter difference after 30 steps below 1e-5: {param_diff < 1e-5}")
-# what one step must send, from the architecture alone: Linear(64, 64) and Linear(64, 10)
-# with biases, float32 gradients, all in one bucket
-grad_bytes = 4 * ((64 + 1) * 64 + (64 + 1) * 10)
-print(f"each rank sent {int(two['comm_bytes']) // int(two['comm_calls'])} bytes per step "
-      f"in {int(two['comm_calls'])} Allreduce calls; the model's gradients are {grad_bytes} "
-      f"bytes")
-assert int(two["world"]) == 2 and n_params * 4 == grad_bytes
-assert param_diff < 1e-5
-assert int(two["comm_calls"]) == 30 and int(two["comm_bytes"]) == 30 * grad_bytes
+if mpiexec is None:
+    print(lecture.NO_MPI.format(what="the data-parallel run"))
+else:
+    args = [sys.executable, "-m", "companion.apps.distributed_train", "--steps", "30",
+            "--batch", "64"]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(args + ["--out", f"{tmp}/one.npz"], check=True)
+        subprocess.run([mpiexec, "-n", "2"] + args + ["--out", f"{tmp}/two.npz"], check=True)
+        one, two = dict(np.load(f"{tmp}/one.npz")), dict(np.load(f"{tmp}/two.npz"))
+    n_params = sum(one[f"param_{i}"].size for i in range(4))
+    param_diff = max(float(np.abs(one[f"param_{i}"] - two[f"param_{i}"]).max())
+                     for i in range(4))
+    print(f"loss, 1 process:   {one['losses'][0]:.4f} -> {one['losses'][-1]:.4f}")
+    print(f"loss, 2 processes: {two['losses'][0]:.4f} -> {two['losses'][-1]:.4f}")
+    print(f"largest parameter difference after 30 steps below 1e-5: {param_diff < 1e-5}")
+    # what one step must send, from the architecture alone: Linear(64, 64) and Linear(64, 10)
+    # with biases, float32 gradients, all in one bucket
+    grad_bytes = 4 * ((64 + 1) * 64 + (64 + 1) * 10)
+    print(f"each rank sent {int(two['comm_bytes']) // int(two['comm_calls'])} bytes per step "
+          f"in {int(two['comm_calls'])} Allreduce calls; the model's gradients are {grad_bytes} "
+          f"bytes")
+    assert int(two["world"]) == 2 and n_params * 4 == grad_bytes
+    assert param_diff < 1e-5
+    assert int(two["comm_calls"]) == 30 and int(two["comm_bytes"]) == 30 * grad_bytes
 
 # %% [markdown]
 # The two runs agree to float32 rounding (the shards' sums are added in a different order).
@@ -462,10 +466,13 @@ assert int(two["comm_calls"]) == 30 and int(two["comm_bytes"]) == 30 * grad_byte
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the MPI run of the companion-only cell above
-comm_ms = 1e3 * float(two["comm_seconds"]) / int(two["comm_calls"])
-compute_ms = 1e3 * float(two["compute_seconds"]) / 30
-print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:.0f} kB "
-      f"{comm_ms:.2f} ms")
+if mpiexec is None:
+    print(lecture.NO_MPI.format(what="the data-parallel run's communication"))
+else:
+    comm_ms = 1e3 * float(two["comm_seconds"]) / int(two["comm_calls"])
+    compute_ms = 1e3 * float(two["compute_seconds"]) / 30
+    print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:.0f} kB "
+          f"{comm_ms:.2f} ms")
 
 # %% [markdown]
 # ## 4. Many devices, on paper: all-reduce, parameter servers, tensor and pipeline parallelism
@@ -477,12 +484,15 @@ print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:
 
 # %% tags=["nbval-ignore-output"]
 n = 1024
-a = ndl.Tensor(np.random.standard_normal((n, n)), device=device, requires_grad=False)
-b = ndl.Tensor(np.random.standard_normal((n, n)), device=device, requires_grad=False)
+fastest = lecture.best_device()  # one device's matmul speed: the GPU where there is one (Colab)
+a = ndl.Tensor(np.random.standard_normal((n, n)), device=fastest, requires_grad=False)
+b = ndl.Tensor(np.random.standard_normal((n, n)), device=fastest, requires_grad=False)
 (a @ b).numpy()
 start = time.perf_counter()
 for _ in range(3):
     (a @ b).realize_cached_data()
+if fastest.name == "cuda":
+    fastest.synchronize()  # cuda() queues its kernels: wait for them before reading the clock
 flops = 3 * 2 * n**3 / (time.perf_counter() - start)
 probe = [sys.executable, "-c", (
     "import numpy as np, time; from mpi4py import MPI; c = MPI.COMM_WORLD\n"
@@ -493,10 +503,15 @@ probe = [sys.executable, "-c", (
     "    return (time.perf_counter() - t) / reps\n"
     "big, small = per_call(2**22, 5), per_call(2, 2000)\n"
     "c.Get_rank() or print(4 * 2**22 / big, small)")]
-bandwidth, latency = map(float, subprocess.run([mpiexec, "-n", "2"] + probe, capture_output=True,
-                                                text=True, check=True).stdout.split())
-print(f"needle matmul: {flops / 1e9:.1f} GFLOP/s; between two processes on this machine: "
-      f"Allreduce of 16 MiB {bandwidth / 1e9:.2f} GB/s, of 8 bytes {latency * 1e6:.1f} µs")
+if mpiexec is None:
+    bandwidth = latency = None
+    print(f"needle matmul: {flops / 1e9:.1f} GFLOP/s; "
+          + lecture.NO_MPI.format(what="the Allreduce probe"))
+else:
+    bandwidth, latency = map(float, subprocess.run([mpiexec, "-n", "2"] + probe, text=True,
+                                                    capture_output=True, check=True).stdout.split())
+    print(f"needle matmul: {flops / 1e9:.1f} GFLOP/s; between two processes on this machine: "
+          f"Allreduce of 16 MiB {bandwidth / 1e9:.2f} GB/s, of 8 bytes {latency * 1e6:.1f} µs")
 
 # %% [markdown]
 # **Data parallelism** copies the model to $K$ devices and splits the batch; each step the
@@ -565,8 +580,9 @@ print(f"K = 4096: the ring all-reduce takes {ring_4096:.2f} s per step, "
       + ("it can be hidden behind backward" if ring_4096 < accel_step
          else "it cannot be hidden; fewer bytes (16-bit gradients), more tokens per device or "
               "faster links are needed"))
-print(f"for comparison, {grad_bytes_big / 1e9:.0f} GB all-reduced at the rate measured between "
-      f"two processes on this machine: {grad_bytes_big / bandwidth:.1f} s")
+if bandwidth is not None:
+    print(f"for comparison, {grad_bytes_big / 1e9:.0f} GB all-reduced at the rate measured "
+          f"between two processes on this machine: {grad_bytes_big / bandwidth:.1f} s")
 
 # %% [markdown]
 # **Tensor (model) parallelism** splits each weight matrix over $K$ devices. A

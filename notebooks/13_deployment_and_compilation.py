@@ -28,7 +28,9 @@
 # onnxruntime and compare latency with needle at batch 1 and 64; read TVM's loop-level IR;
 # transform a schedule with split, reorder, vectorize and parallel and measure each step;
 # compile an ONNX model with TVM, read its graph before and after operator fusion, fuse loops
-# with `reverse_compute_at`, and check and time it against onnxruntime
+# with `reverse_compute_at`, and check and time it against onnxruntime; capture a needle
+# training step with `ndl.compile`, read its kernel list and memory plan, and see when it
+# re-traces
 #
 # **Run time:** about 100 s on a busy 2-core x86-64 machine (19 TVM compilations included)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
@@ -66,16 +68,22 @@ elif in_colab:
     else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
     print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                           f"needle[lectures] @ git+{repo}"],
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
     importlib.invalidate_caches()
+    extra = subprocess.run([sys.executable, "-m", "companion.extras"], capture_output=True,
+                           text=True)  # MPI, ONNX, TVM: each where it installs
+    print(extra.stdout, end="")
     import needle
     print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
 
 # %%
+from companion import lecture
+
+# The lecture is ONNX and TVM throughout: where the lectures extra has no wheel, say so here.
+lecture.require_modules("onnx", "onnxruntime", "tvm", what="This lecture")
 
 import re
 
@@ -92,7 +100,6 @@ from tvm.target import codegen
 
 import needle as ndl
 import needle.nn as nn
-from companion import lecture
 from companion.apps.mlp_resnet import MLPResNet
 from companion.timing import measure
 from companion.viz import save_figure
@@ -674,6 +681,194 @@ print(f"every TVM 0.27 name of the table exists; time_evaluator on '{STEPS[1]}':
       f"{evaluator(A_t, B_tvm, C_t).mean * 1e3:.1f} ms per 1024³ product")
 
 # %% [markdown]
+# ## 6. A captured training step: `ndl.compile`
+#
+# Lecture 7 set two ways to run a computational graph against each other: *define and run*
+# (needle, PyTorch's default: Python builds the graph anew at every step) and *define, then run*
+# (the graph is fixed once and executed many times). A training step of a fixed model on batches
+# of a fixed shape calls the same kernels, on buffers of the same sizes, every time; only the
+# numbers in the buffers change. `ndl.compile(step)` exploits this: it runs the first calls
+# eagerly while recording every call into the device module (the kernels of notebook 06's
+# protocol), checks that two consecutive calls issued the same kernels, and from then on replays
+# that flat list on the new inputs, with no Tensor, graph or op code run in Python. It is the
+# compilation of lecture 24 done at the level of needle's own kernels: no new code is generated,
+# but the Python layer above the kernels is gone, and the temporaries get a memory plan.
+#
+# The step below is hw2's: clear the gradients, forward, loss, backward, optimizer update. The
+# compiled step returns the loss as a detached Tensor.
+
+# %%
+# companion-only: ndl.compile (needle/capture.py)
+def training(seed):
+    """A fresh MLP-ResNet with SGD (seeded) and its training-step function."""
+    np.random.seed(seed)
+    model = MLPResNet(64, hidden_dim=64, num_blocks=2, num_classes=10, drop_prob=0.1)
+    opt = ndl.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.SoftmaxLoss()
+
+    def step(x, labels):
+        opt.reset_grad()
+        loss = loss_fn(model(x), labels)
+        loss.backward(create_graph=False)
+        opt.step()
+        return loss
+
+    return model, opt, step
+
+
+def batch(i, size=64):
+    """Batch i of the digits (fixed order), as Tensors on the device."""
+    idx = np.random.RandomState(i).choice(len(X), size, replace=False)
+    return (ndl.Tensor(X[idx], device=device),
+            ndl.Tensor(y[idx].astype(np.float32), device=device))
+
+
+model_e, _, step_e = training(1)  # the eager twin: the oracle
+model_c, opt_c, step_c = training(1)
+compiled_step = ndl.compile(step_c)
+losses = []
+for i in range(30):
+    np.random.seed(100 + i)  # both twins draw the same dropout masks
+    loss_e = step_e(*batch(i)).numpy()
+    np.random.seed(100 + i)
+    loss_c = compiled_step(*batch(i)).numpy()
+    losses.append((float(loss_e), float(loss_c)))
+diff = max(abs(a - b) for a, b in losses)
+pdiff = max(float(np.abs(p.numpy() - q.numpy()).max())
+            for p, q in zip(model_e.parameters(), model_c.parameters()))
+stats = compiled_step.stats
+print(f"30 steps: {stats['traces']} traced, {stats['replays']} replayed")
+print(f"loss of step 1 -> 30: {losses[0][1]:.4f} -> {losses[-1][1]:.4f}")
+print(f"largest difference to the eager twin: loss {diff}, parameters {pdiff}")
+assert diff == 0 and pdiff == 0 and stats["replays"] == 27
+
+# %% [markdown]
+# The replay is bit-identical to the eager step: it runs the same kernels on the same numbers in
+# the same order. The dropout masks are fresh at every replay: a random draw is recorded as a
+# draw (numpy's generator is called again, in the same order as the eager step would call it),
+# not as the numbers it gave. What was captured:
+
+# %%
+# companion-only: ndl.compile (needle/capture.py)
+kernels = compiled_step.kernels()
+print(f"{len(kernels)} device calls per step; the first 8:")
+for line in kernels[:8]:
+    print("  " + line)
+names = [line.split("(")[0].split(".")[1] for line in kernels]
+print("most used:", ", ".join(f"{n} x{names.count(n)}"
+                                for n in sorted(set(names), key=names.count, reverse=True)[:5]))
+
+# %% [markdown]
+# Each line is one call into the compiled CPU module, with the buffers named by their role:
+# `in0` and `in1` are the step's inputs (rebound at every call), `ext` buffers existed before
+# the step (the weights and the optimizer's momentum, updated in place by `sgd_update`), `carry`
+# is state the step rebinds in Python (batch norm's running averages: the replay computes the
+# new value and copies it into the Tensor the module holds), `kept` buffers are temporaries that
+# Python still holds after the step (each parameter's `.grad`), and `bufN` are the pooled
+# temporaries. The scalars (strides, offsets, the learning rate) are constants of the program.
+# The `to_numpy` lines are not kernels: they are the values the step reads in Python (batch
+# norm's backward asks whether its statistics' adjoints are zero); the replay reads them again
+# and compares them with what the trace read.
+#
+# **The speed-up.** The same steps timed in alternating blocks, eager twin against replay (the
+# numbers move with the machine's load, so this cell's output is not compared; the sentence is
+# computed from the measurement):
+
+# %% tags=["nbval-ignore-output"]
+# companion-only: ndl.compile (needle/capture.py)
+import statistics
+import time
+
+x_b, y_b = batch(0)
+blocks = {"eager": [], "replay": []}
+for _ in range(7):
+    for name, fn in (("eager", step_e), ("replay", compiled_step)):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            fn(x_b, y_b)
+        blocks[name].append((time.perf_counter() - t0) / 5)
+eager_ms, replay_ms = (statistics.median(blocks[k]) * 1e3 for k in ("eager", "replay"))
+print(f"eager step {eager_ms:.2f} ms, replayed step {replay_ms:.2f} ms (medians of 7 blocks)")
+print(f"the replay takes {replay_ms / eager_ms:.2f}x the eager step's time: "
+      f"{1 - replay_ms / eager_ms:.0%} of the eager step was the Python layer the replay skips "
+      f"(graph building, op dispatch, argument checks)")
+
+# %% [markdown]
+# What is left in the replay is the kernels themselves and one Python loop over the list; for a
+# small model like this one, most of an eager step was Python. (`make bench` measures the four
+# course models: `benchmarks/bench_compiled_step.py`.)
+#
+# **When it must re-trace.** A replay is only valid for the situation it was recorded in, so
+# every call first checks a cheap guard: the shapes, strides and devices of the inputs (a new
+# shape selects or traces another program), the Python values the step can read (the optimizer's
+# `lr`, a module's `training` flag, a closure variable that picks a Python branch, the identity of
+# every parameter), and every device value the step read in Python (read again during the replay
+# and compared). Adam's step counter `t`, which grows by one per call, is recognised as a counter
+# and advanced by the replay. A changed shape and a changed learning rate:
+
+# %%
+# companion-only: ndl.compile (needle/capture.py)
+def show(what):
+    s = compiled_step.stats
+    print(f"{what:<28} traced {s['traces']:2d}, replayed {s['replays']:2d}, "
+          f"re-traced {s['retraces']}")
+
+
+show("after the 30 steps")
+for i in range(4):
+    compiled_step(*batch(i, size=32))  # a batch of 32: a new input signature
+show("4 steps with batch 32")
+opt_c.lr = 0.01  # a schedule lowers the learning rate
+for i in range(4):
+    compiled_step(*batch(i))
+show("4 steps after lr = 0.01")
+assert compiled_step.stats["retraces"] >= 1
+
+# %% [markdown]
+# The batch of 32 was traced three times (the third call confirmed the second) and replayed
+# once; back on batch 64 with a new `lr`, the guard saw the change, dropped the program and traced
+# again. (The two programs share batch norm's running averages: each replay reads them from the
+# Tensors the modules hold at that moment, so switching shapes alone does not re-trace.)
+# The limits, stated in `needle/capture.py`: Python state the step reaches only indirectly is not
+# guarded (pass it in `watch=`); a step whose Python reads device values that change every call
+# (a loss printed inside the step) re-traces every call and ends up eager; only the `nd` backend
+# is captured.
+#
+# **The memory plan.** Lecture 12 reuses the memory of an activation once nothing reads it any
+# more. The program knows each temporary's lifetime (from the call that first writes it to the
+# last that reads it), so temporaries whose lifetimes do not overlap share one preallocated
+# buffer of their size. The allocator counter (`memory_stats`, the bytes of live buffers) shows
+# what one step allocates above what was live before it:
+
+# %%
+# companion-only: ndl.compile (needle/capture.py)
+def step_peak(fn):
+    """Bytes allocated above the live bytes at the peak of one call of fn (allocator counter)."""
+    inputs = batch(0)
+    device.mod.reset_peak()
+    live = device.mod.memory_stats()["live_bytes"]
+    fn(*inputs)
+    return device.mod.memory_stats()["peak_bytes"] - live
+
+
+plan = compiled_step.memory_plan()
+eager_peak, replay_peak = step_peak(step_e), step_peak(compiled_step)
+print(f"temporaries per step: {plan['temporaries']} pooled "
+      f"({plan['temporary_bytes'] / 1024:.0f} KB if each had its own buffer) share "
+      f"{plan['pool_buffers']} buffers "
+      f"({plan['pool_bytes'] / 1024:.0f} KB, allocated once); {plan['kept']} kept "
+      f"({plan['kept_bytes'] / 1024:.0f} KB: what Python holds after the step, the .grad of "
+      f"the {len(model_c.parameters())} parameters among them)")
+print(f"allocated during one step: eager {eager_peak / 1024:.0f} KB, replay "
+      f"{replay_peak} bytes (the returned loss)")
+assert plan["pool_buffers"] < plan["temporaries"] and replay_peak < eager_peak / 100
+
+# %% [markdown]
+# The eager step allocates every temporary afresh (the CPU module's buffer cache makes that
+# cheap, but the bytes are live at the peak); the replay allocates only its output, because its
+# pool and the kept buffers were allocated once, when the program was first replayed.
+
+# %% [markdown]
 # ## Summary
 #
 # * ONNX is a framework-neutral graph of standard operators; exporting is a graph walk, and the
@@ -685,6 +880,10 @@ print(f"every TVM 0.27 name of the table exists; time_evaluator on '{STEPS[1]}':
 # * A schedule separates *what* is computed from *how* the loops run; split, reorder, vectorize
 #   and parallel change only the how, and each step of the matmul ladder is checked to give the
 #   same product.
+# * `ndl.compile` is define-then-run for a whole training step: traced once, replayed as a flat
+#   list of kernel calls over preallocated, reused buffers, bit-identical to the eager step and
+#   guarded so that anything a replay would get wrong (a new shape, a changed `lr`, another
+#   Python branch) re-traces instead.
 
 # %% [markdown]
 # ## Exercises

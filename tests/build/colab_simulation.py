@@ -1,4 +1,4 @@
-"""Colab, simulated (`make test-colab`): the set-up cell installs needle, two notebooks run on it.
+"""Colab, simulated (`make test-colab`): the set-up cell installs needle, four notebooks run on it.
 
 What Colab has, made here: a fresh Python 3.12 environment with numpy, matplotlib and ipykernel
 preinstalled (plus nbclient/nbformat to drive the kernel), no checkout beside the notebooks, and
@@ -9,9 +9,12 @@ NEEDLE_COLAB_GPU_CAP=7.5 stands for a T4, so where nvcc exists the CUDA module i
 sm_75 (and never run: there is no GPU here).
 
 Each notebook is executed from a folder outside any checkout; the first one's set-up cell does the
-install (its time is reported), the second one's finds needle installed. Then the installed files
-are checked: every file of needle/ and companion/ in the clone, the compiled modules, the
-NEEDLE_IMPL .pth. Exits non-zero, naming the problem, on any failure.
+install (its time is reported), the later ones find needle installed. Notebooks 05 and 06 are
+the ones that read what a checkout has beside needle (the kernel sources of src/, the machine
+description, the step profiler and its saved profile): they run from the wheel's copies. Then
+the installed files are checked: every file of needle/ and companion/ in the clone, every file
+of src/ as companion/src/, the compiled modules, the NEEDLE_IMPL .pth. Exits non-zero, naming the
+problem, on any failure.
 
     python tests/build/colab_simulation.py [--python PATH] [--notebooks 01_x 02_y]
 """
@@ -31,7 +34,12 @@ from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ["01_softmax_regression", "02_automatic_differentiation"]
+NOTEBOOKS = [
+    "01_softmax_regression",
+    "02_automatic_differentiation",
+    "05_ndarray",
+    "06_hardware_acceleration",
+]
 PREINSTALLED = ["numpy>=2", "matplotlib", "ipykernel", "nbclient", "nbformat"]
 T4 = "7.5"
 
@@ -102,7 +110,8 @@ def clean_env(venv: Path, nomake: Path) -> dict:
 
 def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) -> List[str]:
     """What the installed needle lacks: a file of the clone's needle/ or companion/ (tracked,
-    compiled modules aside), a compiled module, the .pth; or needle imported from elsewhere."""
+    compiled modules aside), a file of its src/ as companion/src/ (the kernel sources notebooks
+    print), a compiled module, the .pth; or needle imported from elsewhere."""
     probe = (
         "import json, sysconfig, needle, companion; "
         "print(json.dumps([sysconfig.get_paths()['purelib'], needle.__file__, "
@@ -121,6 +130,10 @@ def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) ->
         problems.append(
             f"{len(missing)} files of the repository missing from the install: {missing[:8]}"
         )
+    sources = run(["git", "-C", clone, "ls-files", "src"]).stdout.split()
+    unshipped = [f for f in sources if not (site / "companion" / f).is_file()]
+    if not sources or unshipped:
+        problems.append(f"src/ files not shipped as companion/src/: {unshipped[:8] or 'none'}")
     wanted = {
         "needle/backend_ndarray/ndarray_backend_cpu": True,
         "companion/apps/simple_ml_ext": True,
@@ -194,15 +207,13 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
             f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
             flush=True,
         )
-    first, second = (
-        report[0][1]["setup_output"],
-        (report[1][1]["setup_output"] if len(report) > 1 else ""),
-    )
+    first = report[0][1]["setup_output"]
     problems = []
     if "needle installed:" not in first:
         problems.append(f"the first notebook's set-up cell did not install needle: {first!r}")
-    if len(report) > 1 and not second.startswith("needle is installed"):
-        problems.append(f"the second notebook's set-up cell installed again: {second!r}")
+    for name, result in report[1:]:
+        if not result["setup_output"].startswith("needle is installed"):
+            problems.append(f"{name}'s set-up cell installed again: {result['setup_output']!r}")
     problems += installed_problems(vpy, clone, env, nvcc)
     timing = report[0][1]["setup_timing"]
     if "shell.execute_reply" in timing and "iopub.execute_input" in timing:

@@ -126,7 +126,7 @@ def _run_cell(tmp_path, env_extra, pip_rc=0, installed=False):
     fake = tmp_path / "fake_python"
     fake.write_text(
         f'#!/bin/sh\n{{ echo "$@"; echo "CUDAARCHS=${{CUDAARCHS-}}"; '
-        f'echo "CMAKE_ARGS=${{CMAKE_ARGS-}}"; }} > {record}\necho pip-said-no\n'
+        f'echo "CMAKE_ARGS=${{CMAKE_ARGS-}}"; }} >> {record}\necho pip-said-no\n'
         + (f"exit {pip_rc}\n" if pip_rc else f"{stand_in}\n")
     )
     fake.chmod(0o755)
@@ -165,9 +165,11 @@ def test_the_cell_installs_for_the_gpu_it_finds_and_imports_the_result(tmp_path)
         },
     )
     assert done.returncode == 0, done.stderr
-    args, arch, cmake = record.splitlines()
-    assert args == f"-m pip install -q needle[lectures] @ git+file://localhost{clone}"
+    args, arch, cmake, extras_args = record.splitlines()[:4]
+    assert args == f"-m pip install -q needle @ git+file://localhost{clone}"
     assert (arch, cmake) == ("CUDAARCHS=75-real", "CMAKE_ARGS=")
+    # then the lectures extra, package by package (a missing wheel stops nothing)
+    assert extras_args == "-m companion.extras"
     assert "(GPU: 7.5)" in done.stdout
     assert done.stdout.endswith("needle installed: cpu() only\nTrue\n")
 
@@ -177,8 +179,8 @@ def test_without_a_gpu_the_cell_builds_no_cuda_module(tmp_path):
         tmp_path, {"NEEDLE_COLAB_SIMULATE": "1", "NEEDLE_COLAB_GPU_CAP": "none"}
     )
     assert done.returncode == 0, done.stderr
-    args, arch, cmake = record.splitlines()
-    assert args == f"-m pip install -q needle[lectures] @ git+{REPO}"
+    args, arch, cmake = record.splitlines()[:3]
+    assert args == f"-m pip install -q needle @ git+{REPO}"
     assert (arch, cmake) == ("CUDAARCHS=", "CMAKE_ARGS=-DNEEDLE_CUDA=OFF")
     assert "(GPU: none)" in done.stdout
 

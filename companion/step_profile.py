@@ -6,15 +6,20 @@ those calls is *kernel* time (it includes pybind11's argument conversion, a few 
 call), and the rest of a step's wall time is *framework overhead*: Python in ``Tensor``, the
 ops, autograd, ``NDArray`` and the optimizer, plus allocating buffers.
 
-``profile_case`` runs a step of one of :mod:`benchmarks.steps`'s cases ``repeats`` times
+``profile_case`` runs a step of one of :mod:`companion.steps`'s cases ``repeats`` times
 without timers (the step time, median) and, alternating with those, ``repeats`` times with
 them: per phase, kernel time and overhead = wall - kernel - the timers' own cost (medians). With
 PyTorch installed it also times PyTorch's
 step in blocks of steps, after needle's (its OpenMP workers spin after each call).
 
-Run ``python -m benchmarks.step_profile [CASE ...] [--repeats N] [--json PATH]``. The file
-``benchmarks/step_profile_before.json`` holds the figures of the code before the array-layer
-rework (its commit, date and machine inside).
+The timers clock the calls themselves, so the split is meaningful on a device whose kernels
+finish before the call returns (``cpu()``, ``cpu_numpy()``); ``cuda()`` queues its kernels and
+returns at once, so there the "kernel" time would be launch time only.
+
+Run ``python -m companion.step_profile [CASE ...] [--repeats N] [--json PATH]`` (``make
+profile``). :func:`before` returns the figures of the code before the array-layer rework, saved
+beside this module in ``step_profile_before.json`` (its commit, date and machine inside), part
+of the installed package like the rest (notebook 06 compares them with a live run).
 """
 
 from __future__ import annotations
@@ -30,9 +35,17 @@ import time
 import types
 from pathlib import Path
 
-from benchmarks.steps import CASES, TITLES, needle_step, torch_step
+from companion.steps import CASES, TITLES, needle_step, torch_step
 
 PHASES = ("forward", "backward", "update")
+#: The saved profile of the code before the array-layer rework (see :func:`before`).
+BEFORE = Path(__file__).with_name("step_profile_before.json")
+
+
+def before() -> dict:
+    """The saved "before" profile: {"commit", "date", "machine" (lines), "repeats", "note",
+    "cases": {case: the dict :func:`profile_case` returns}}."""
+    return json.loads(BEFORE.read_text())
 
 
 class KernelTimer:
@@ -170,7 +183,7 @@ def profile_case(
 
 
 def profile_step(step, device, repeats: int = 7, warmup: int = 2) -> dict:
-    """Kernel and overhead milliseconds of ``step`` (a :class:`benchmarks.steps.Step`) whose
+    """Kernel and overhead milliseconds of ``step`` (a :class:`companion.steps.Step`) whose
     kernels run on ``device`` (anything with a ``mod``, this project's needle or a student's):
     the keys of :func:`profile_case` but "title", with the PyTorch figures None."""
     for _ in range(warmup):
@@ -272,7 +285,7 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
     import needle as ndl
-    from benchmarks.common import machine_info
+    from companion.machine import machine_info
 
     device = ndl.cpu()
     if not device.enabled():
