@@ -7,7 +7,8 @@ the same process.
   a gradient are first checked against needle's on identical weights, so both time the same
   arithmetic. PyTorch runs the same architecture on the same shapes when importable.
 * One convolution forward alone (``ops.conv``, NHWC) beside numpy's im2col: a strided view of
-  the padded input, reshaped into an (N·H_out·W_out, K·K·C_in) matrix, times the weight matrix.
+  the padded input, reshaped into an (N·H_out·W_out, K·K·C_in) matrix, times the weight matrix;
+  and its two gradients alone (the input's by col2im, the weight's as im2col(x)ᵀ @ G).
 
 Run ``python -m benchmarks.bench_resnet9`` (``--profile`` adds a cProfile summary of the needle
 step); ``make bench`` runs it with the others.
@@ -61,6 +62,32 @@ def conv_im2col_numpy(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -
     cols = im2col(x, w.shape[0], stride, padding)
     n, ho, wo = cols.shape[:3]
     return (cols.reshape(n * ho * wo, -1) @ w.reshape(-1, w.shape[3])).reshape(n, ho, wo, -1)
+
+
+def col2im_numpy(dcols: np.ndarray, x_shape: tuple, stride: int, padding: int) -> np.ndarray:
+    """The input adjoint (N, H, W, C) of im2col from the patches' adjoints ``dcols``
+    (N, H_out, W_out, K, K, C): one strided add per kernel offset, the padding cropped."""
+    n, ho, wo, k, _, _ = dcols.shape
+    _, h, w, c = x_shape
+    s, pad = stride, padding
+    dxp = np.zeros((n, h + 2 * pad, w + 2 * pad, c), dtype=dcols.dtype)
+    for a in range(k):
+        for b in range(k):
+            rows, cols = slice(a, a + s * (ho - 1) + 1, s), slice(b, b + s * (wo - 1) + 1, s)
+            dxp[:, rows, cols, :] += dcols[:, :, :, a, b]
+    return dxp[:, pad : pad + h, pad : pad + w, :]
+
+
+def conv_grads_numpy(x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: int, padding: int):
+    """(input adjoint, weight adjoint) of the NHWC convolution for the output adjoint ``g``:
+    col2im(g @ Wᵀ) and im2col(x)ᵀ @ g."""
+    k, c_out = w.shape[0], w.shape[3]
+    cols = im2col(x, k, stride, padding)
+    n, ho, wo = cols.shape[:3]
+    g2 = g.reshape(-1, c_out)
+    dw = (cols.reshape(n * ho * wo, -1).T @ g2).reshape(w.shape)
+    dcols = (g2 @ w.reshape(-1, c_out).T).reshape(n, ho, wo, k, k, -1)
+    return col2im_numpy(dcols, x.shape, stride, padding), dw
 
 
 class NumpyResNet9:
@@ -117,13 +144,7 @@ class NumpyResNet9:
         dw = (cols.T @ dz).reshape(p["w"].shape)
         grads.append((dw, dz.sum(axis=0), dgamma, dbeta))
         dcols = (dz @ p["w"].reshape(-1, c_out).T).reshape(n, ho, wo, k, k, -1)
-        _, h, w, c = x_shape
-        dxp = np.zeros((n, h + 2 * pad, w + 2 * pad, c), dtype=dz.dtype)
-        for a in range(k):  # col2im: one strided add per kernel offset
-            for b in range(k):
-                rows, cols_ = slice(a, a + s * (ho - 1) + 1, s), slice(b, b + s * (wo - 1) + 1, s)
-                dxp[:, rows, cols_, :] += dcols[:, :, :, a, b]
-        return dxp[:, pad : pad + h, pad : pad + w, :]
+        return col2im_numpy(dcols, x_shape, s, pad)
 
     def step(self, x_nchw: np.ndarray, y: np.ndarray):
         """(loss, grads): softmax loss of the batch and [(dW, db, dgamma, dbeta) per ConvBN,
@@ -302,6 +323,35 @@ def bench_conv(repeats: int) -> None:
     table.print()
 
 
+def bench_conv_grads(repeats: int) -> None:
+    """Input and weight gradients of one convolution (as the backward pass runs them)."""
+    table = Table(
+        "conv input + weight gradients alone, NHWC", "ms", reference="numpy", higher_is_better=False
+    )
+    rng = np.random.RandomState(2)
+    for n, h, w, c, co, k, s, p in CONV_CASES:
+        x = rng.rand(n, h, w, c).astype(np.float32)
+        wt = rng.rand(k, k, c, co).astype(np.float32)
+        g = rng.rand(*conv_im2col_numpy(x, wt, s, p).shape).astype(np.float32)
+        t_np = measure(lambda: conv_grads_numpy(x, wt, g, s, p), repeats=repeats)
+        expected = conv_grads_numpy(x, wt, g, s, p)
+        for dev in enabled_devices():
+            xt, wtt = ndl.Tensor(x, device=dev), ndl.Tensor(wt, device=dev)
+            gt = ndl.Tensor(g, device=dev, requires_grad=False)
+            node = ndl.ops.conv(xt, wtt, stride=s, padding=p)
+
+            def grads():
+                return [t.realize_cached_data() for t in node.op.gradient(gt, node)]
+
+            with ndl.no_grad():
+                for got, want in zip(grads(), expected):
+                    err = np.abs(got.numpy() - want).max() / np.abs(want).max()
+                    assert err < 1e-5, f"needle conv gradient on {dev} differs by {err:.1e}"
+                t = measure(grads, repeats=repeats)
+            table.add(f"{(n, h, w, c)} k{k} s{s} ->{co} {dev}", 1e3 * t, 1e3 * t_np)
+    table.print()
+
+
 def profile_step(device, top: int = 15) -> None:
     """cProfile of five ResNet-9 steps on ``device``: where the time goes."""
     step, _ = needle_step(device)
@@ -325,6 +375,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args([] if argv is None else argv)
     ratios = bench_resnet9(args.repeats)
     bench_conv(args.repeats)
+    bench_conv_grads(args.repeats)
     if args.profile:
         profile_step(enabled_devices()[0])
     return ratios

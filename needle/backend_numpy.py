@@ -452,3 +452,37 @@ def embedding_scatter_add(grad: numpy.ndarray, ids: numpy.ndarray, vocab: int) -
     return _run(
         spec.EMBEDDING_SCATTER_ADD, kernels.embedding_scatter_add, (grad, ids), given=(vocab,)
     )
+
+
+def _shape(kernel: spec.FusedKernel, name: str, a: object) -> tuple:
+    """The shape of ``a``, the input ``name`` of ``kernel``: TypeError unless a numpy array."""
+    if not isinstance(a, numpy.ndarray):
+        raise TypeError(f"{kernel.api_name}: {name} must be a numpy array, got {type(a).__name__}")
+    return a.shape
+
+
+def conv_fwd(x: numpy.ndarray, weight: numpy.ndarray, stride: int, padding: int) -> numpy.ndarray:
+    """The convolution of NHWC ``x`` (N, H, W, C_in) with ``weight`` (KH, KW, C_in, C_out) at
+    ``stride``, zero-padded by ``padding``: (N, H_out, W_out, C_out) (see fused.py)."""
+    given = spec.conv_fwd_given(_shape(spec.CONV_FWD, "weight", weight), stride, padding)
+    return _run(spec.CONV_FWD, kernels.conv_fwd, (x, weight), given=given)
+
+
+def conv_input_grad(
+    grad: numpy.ndarray, weight: numpy.ndarray, in_hw: tuple, stride: int, padding: int
+) -> numpy.ndarray:
+    """The input adjoint (N, H, W, C_in), ``in_hw`` = (H, W), of :func:`conv_fwd`."""
+    given = spec.conv_input_grad_given(
+        _shape(spec.CONV_INPUT_GRAD, "grad", grad), in_hw, stride, padding
+    )
+    return _run(spec.CONV_INPUT_GRAD, kernels.conv_input_grad, (grad, weight), given=given)
+
+
+def conv_weight_grad(
+    x: numpy.ndarray, grad: numpy.ndarray, kernel: tuple, stride: int, padding: int
+) -> numpy.ndarray:
+    """The weight adjoint (KH, KW, C_in, C_out), ``kernel`` = (KH, KW), of :func:`conv_fwd`."""
+    given = spec.conv_weight_grad_given(
+        _shape(spec.CONV_WEIGHT_GRAD, "grad", grad), kernel, stride, padding
+    )
+    return _run(spec.CONV_WEIGHT_GRAD, kernels.conv_weight_grad, (x, grad), given=given)

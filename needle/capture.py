@@ -95,6 +95,9 @@ _WRITES: Dict[str, Tuple[str, ...]] = {
     "adam_update": ("param", "m", "v"),
     "embedding_gather": ("out",),
     "embedding_scatter_add": ("out",),
+    "conv_fwd": ("out",),
+    "conv_input_grad": ("out",),
+    "conv_weight_grad": ("out",),
 }
 # Module functions never recorded (bookkeeping, not computation).
 _SKIP = {"memory_stats", "reset_peak", "cache_info", "cache_clear", "is_available"}

@@ -344,28 +344,29 @@ for H, S in ((6, 1), (7, 1), (6, 2), (7, 2)):
 # %% [markdown]
 # ### What needle's `Conv.gradient` actually computes
 #
-# The formula above is the textbook derivation, and needle uses it only at **stride 1**: the
-# input gradient is the full convolution of $\bar z$ with the flipped, channel-swapped kernel
-# (padding $K - 1$), with the padding $P$ cropped off. At **stride $S > 1$** the dilated
-# $\bar z$ is mostly zeros (a fraction $1 - 1/S^2$ of it: three quarters at stride 2), and
-# convolving it would spend most of its multiply-adds on them. needle's `ConvInputGrad` does the
-# adjoint of im2col instead, **col2im**:
+# The formula above is the textbook derivation; needle does not use it. Its dilated $\bar z$ is
+# mostly zeros at stride $S > 1$ (a fraction $1 - 1/S^2$ of it: three quarters at stride 2),
+# and convolving it would spend most of its multiply-adds on them. needle's `ConvInputGrad`
+# does the adjoint of im2col instead, **col2im**, at every stride:
 #
 # 1. one matrix product $\bar z\, W^\top$, $(N H_{out} W_{out}) \times C_{out}$ by
 #    $C_{out} \times (K K C_{in})$, gives the adjoint of every patch (every row of the im2col
 #    matrix);
-# 2. each patch's adjoint is added back where the patch came from: for every kernel offset
-#    $(a, b)$, a strided slice of the zero-padded input gradient (rows $a, a+S, \dots$) gets
-#    the matching $C_{in}$ columns; overlapping patches add up;
-# 3. the padding is cropped.
+# 2. each patch's adjoint is added back where the patch came from; overlapping patches add up
+#    (each input pixel sums the entries of the windows and kernel offsets that read it);
+# 3. the padding is never materialised: entries that fall in it are skipped.
 #
 # Only non-zero products are computed, at any stride. The **weight gradient** is not a
 # convolution in the code either: $\bar W[a, b, c, c'] = \sum_{n,i,j} x_p[n, iS+a, jS+b, c]\,
-# \bar z[n, i, j, c']$ is exactly $\hat x^\top \bar z$, the im2col matrix of the forward pass
-# (kept from it, so it is not built twice) transposed, times $\bar z$ reshaped to
-# $(N H_{out} W_{out}) \times C_{out}$: one product, $(K K C_{in}) \times C_{out}$. (Written
-# as a convolution, the same sum correlates the input with $\bar z$ dilated by $S$, batch and
-# channel axes exchanged: again mostly zeros at $S > 1$.)
+# \bar z[n, i, j, c']$ is exactly $\hat x^\top \bar z$, the im2col matrix transposed, times
+# $\bar z$ reshaped to $(N H_{out} W_{out}) \times C_{out}$: one product,
+# $(K K C_{in}) \times C_{out}$. (Written as a convolution, the same sum correlates the input
+# with $\bar z$ dilated by $S$, batch and channel axes exchanged: again mostly zeros at $S > 1$.)
+#
+# The forward pass, the input gradient and the weight gradient are each **one call** into the
+# device module (`conv_fwd`, `conv_input_grad`, `conv_weight_grad`): im2col, col2im and the
+# product all run inside it, in C++ on `cpu()` (the numpy reference module `cpu_numpy()` does
+# them in numpy, much as the cell below does).
 #
 # Both, written out in numpy and checked against needle's autograd, on the last case above
 # ($H = 7$, stride 2, where the crop matters), and the weight gradient against central finite
@@ -672,10 +673,10 @@ plt.show()
 # * $H_{out} = \lfloor (H + 2P - D(K-1) - 1)/S \rfloor + 1$.
 # * The backward pass is itself a convolution: flip the kernel, swap its channel axes,
 #   dilate the output gradient by the stride, and crop the rows and columns that fall beyond
-#   the input (needed unless $(H + 2P - K) \bmod S = S - 1$). needle uses that form at stride 1;
-#   at larger strides it computes the same input gradient by col2im (one product, then the
-#   patches' adjoints added back), and the weight gradient is always one product,
-#   $\hat x^\top \bar z$, with the forward pass's im2col matrix.
+#   the input (needed unless $(H + 2P - K) \bmod S = S - 1$). needle computes the same input
+#   gradient by col2im (one product, then the patches' adjoints added back), and the weight
+#   gradient as one product, $\hat x^\top \bar z$; forward and both gradients are one device
+#   kernel call each.
 # * Max and average pooling summarise each window of a channel; average pooling is a
 #   convolution with a fixed kernel, and max pooling's gradient goes to each window's maximum.
 # * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.

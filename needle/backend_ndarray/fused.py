@@ -11,7 +11,7 @@ for numpy arrays.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -304,3 +304,52 @@ def embedding_scatter_add(grad: NDArray, ids: NDArray, vocab: int) -> NDArray:
     (out,) = _new(device, spec.EMBEDDING_SCATTER_ADD, dims)
     device.embedding_scatter_add(*_h(grad, ids), *dims, *_out(out))
     return out
+
+
+def _one_output(
+    kernel: spec.FusedKernel, arrays: Tuple[NDArray, ...], given: Tuple[Any, ...]
+) -> NDArray:
+    """The single output of ``kernel`` on ``arrays`` (its inputs) and the ``given`` sizes, after
+    the checks of :func:`_check`: one device call."""
+    device, dims = _check(kernel, arrays, given)
+    (out,) = _new(device, kernel, dims)
+    getattr(device, str(kernel.name))(*_h(*arrays), *dims, *_out(out))
+    return out
+
+
+def _shape(kernel: spec.FusedKernel, name: str, a: object) -> Tuple[int, ...]:
+    """The shape of ``a``, the input ``name`` of ``kernel``: TypeError unless an NDArray."""
+    if not isinstance(a, NDArray):
+        raise TypeError(f"{kernel.api_name}: {name} must be an NDArray, got {type(a).__name__}")
+    return a.shape
+
+
+def conv_fwd(x: NDArray, weight: NDArray, stride: int, padding: int) -> NDArray:
+    """The convolution (cross-correlation) of NHWC ``x`` (N, H, W, C_in), zero-padded by
+    ``padding``, with ``weight`` (KH, KW, C_in, C_out) at ``stride``: (N, H_out, W_out, C_out)
+    with H_out = (H + 2·padding - KH) // stride + 1 (likewise W_out). One device call."""
+    given = spec.conv_fwd_given(_shape(spec.CONV_FWD, "weight", weight), stride, padding)
+    return _one_output(spec.CONV_FWD, (x, weight), given)
+
+
+def conv_input_grad(
+    grad: NDArray, weight: NDArray, in_hw: Tuple[int, int], stride: int, padding: int
+) -> NDArray:
+    """The adjoint of :func:`conv_fwd` for its input, of size ``in_hw`` = (H, W), given the
+    output adjoint ``grad`` (N, H_out, W_out, C_out): (N, H, W, C_in). One device call."""
+    given = spec.conv_input_grad_given(
+        _shape(spec.CONV_INPUT_GRAD, "grad", grad), in_hw, stride, padding
+    )
+    return _one_output(spec.CONV_INPUT_GRAD, (grad, weight), given)
+
+
+def conv_weight_grad(
+    x: NDArray, grad: NDArray, kernel: Tuple[int, int], stride: int, padding: int
+) -> NDArray:
+    """The adjoint of :func:`conv_fwd` for its (``kernel`` = (KH, KW)) weight, given the input
+    ``x`` (N, H, W, C_in) and the output adjoint ``grad`` (N, H_out, W_out, C_out):
+    (KH, KW, C_in, C_out). One device call."""
+    given = spec.conv_weight_grad_given(
+        _shape(spec.CONV_WEIGHT_GRAD, "grad", grad), kernel, stride, padding
+    )
+    return _one_output(spec.CONV_WEIGHT_GRAD, (x, grad), given)

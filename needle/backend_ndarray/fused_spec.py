@@ -62,7 +62,9 @@ class FusedKernel:
     read off no input); ``dims`` is empty for the element-wise in-place updates, whose source
     may have any shape. The device call takes the inputs, the sizes, the ``scalars`` and the
     outputs, in that order; the numpy kernel takes the inputs, the given sizes and the
-    scalars. ``check_sizes(fn, dims, scalars)`` holds any further check."""
+    scalars. ``check_sizes(fn, dims, scalars)`` holds any further check; ``check_dims(fn,
+    dims)`` checks the sizes alone, before any operand's shape is computed from them (the
+    convolutions' output size divides by the stride)."""
 
     name: Optional[str]
     api_name: str
@@ -74,6 +76,7 @@ class FusedKernel:
     check_sizes: Optional[Callable[[str, Dims, Mapping[str, float]], None]] = None
     more_sources: Tuple[str, ...] = ()
     given: Tuple[str, ...] = ()
+    check_dims: Optional[Callable[[str, Dims], None]] = None
 
     @property
     def sources(self) -> Tuple[str, ...]:
@@ -112,6 +115,8 @@ class FusedKernel:
             dims = (buffers[self.source].size,)
         elif any(d < 0 for d in dims):
             raise ValueError(f"{fn}: negative size in {dict(zip(self.dims, dims))}")
+        if self.check_dims is not None:
+            self.check_dims(fn, dims)
         if self.check_sizes is not None:
             self.check_sizes(fn, dims, scalars)
         for op in self.inputs + self.outputs:
@@ -162,6 +167,8 @@ def _sizes(kernel: FusedKernel, shapes: Tuple[Tuple[int, ...], ...], given: Dims
         dims = tuple(read) + given
     else:
         dims = (math.prod(source),)
+    if kernel.check_dims is not None:
+        kernel.check_dims(fn, dims)
     for op, got in zip(kernel.inputs, shapes):
         want = source if op.match == "source" else op.shape(*dims)
         if op.match == "size":
@@ -264,6 +271,106 @@ def _causal_blocks(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
         raise ValueError(
             f"{fn}: rows={dims[0]} is not a whole number of blocks of queries={int(queries)}"
         )
+
+
+# the convolutions' sizes (n, h, w, c_in, kh, kw, c_out, stride, padding): NHWC input, weight
+# (kh, kw, c_in, c_out), output (n, h_out, w_out, c_out). The forward pass and the weight
+# gradient read (n, h, w, c_in) off the input x and are given the rest; the input gradient
+# reads (kh, kw, c_in, c_out) off the weight and is given (n, h, w, stride, padding).
+# protocol.MAX_ELEMENTS (src/common/ndarray_checks.h: kMaxElements), which bounds the im2col
+# matrix too; restated because this module imports no part of needle
+_MAX_ELEMENTS = 1 << 50
+_CONV = ("n", "h", "w", "c_in", "kh", "kw", "c_out", "stride", "padding")
+_CONV_WEIGHT_FIRST = ("kh", "kw", "c_in", "c_out", "n", "h", "w", "stride", "padding")
+
+
+def conv_out_hw(h: int, w: int, kh: int, kw: int, stride: int, padding: int) -> Tuple[int, int]:
+    """(h_out, w_out) of a convolution: (h + 2·padding - kh) // stride + 1, likewise w."""
+    return (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
+
+
+def _conv_geometry(fn: str, dims: Dims) -> None:
+    """ValueError unless stride ≥ 1, the kernel is at least 1x1 and fits the padded input, and
+    the im2col matrix (n·h_out·w_out, kh·kw·c_in) stays below _MAX_ELEMENTS (as the compiled
+    modules' ``conv_geometry``)."""
+    n, h, w, c_in, kh, kw, c_out, stride, padding = dims
+    if stride < 1:
+        raise ValueError(f"{fn}: stride must be >= 1, got {stride}")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"{fn}: the kernel must be at least 1x1, got {kh}x{kw}")
+    hp, wp = h + 2 * padding, w + 2 * padding
+    if hp < kh or wp < kw:
+        raise ValueError(f"{fn}: kernel {kh}x{kw} is larger than the padded input {hp}x{wp}")
+    ho, wo = conv_out_hw(h, w, kh, kw, stride, padding)
+    if max(n * h * w * c_in, n * ho * wo * max(c_out, kh * kw * c_in)) > _MAX_ELEMENTS:
+        raise ValueError(f"{fn}: the convolution of {dict(zip(_CONV, dims))} is too large")
+
+
+def _conv_in(n: int, h: int, w: int, c_in: int, kh: int, kw: int, c_out: int, *sp: int) -> Dims:
+    return (n, h, w, c_in)
+
+
+def _conv_weight(n: int, h: int, w: int, c_in: int, kh: int, kw: int, c_out: int, *sp: int) -> Dims:
+    return (kh, kw, c_in, c_out)
+
+
+def _conv_out(
+    n: int, h: int, w: int, c_in: int, kh: int, kw: int, c_out: int, stride: int, padding: int
+) -> Dims:
+    return (n, *conv_out_hw(h, w, kh, kw, stride, padding), c_out)
+
+
+def _weight_first(shape: Callable[..., Dims]) -> Callable[..., Dims]:
+    """``shape`` (a function of the sizes in _CONV order) taking them in _CONV_WEIGHT_FIRST
+    order."""
+
+    def reordered(
+        kh: int, kw: int, c_in: int, c_out: int, n: int, h: int, w: int, *sp: int
+    ) -> Dims:
+        return shape(n, h, w, c_in, kh, kw, c_out, *sp)
+
+    return reordered
+
+
+def _conv_geometry_weight_first(fn: str, dims: Dims) -> None:
+    kh, kw, c_in, c_out, n, h, w, stride, padding = dims
+    _conv_geometry(fn, (n, h, w, c_in, kh, kw, c_out, stride, padding))
+
+
+def _four_d(fn: str, name: str, shape: Tuple[int, ...], axes: str) -> Tuple[int, ...]:
+    if len(shape) != 4:
+        raise ValueError(f"{fn}: {name} must be 4-D ({axes}), got shape {tuple(shape)}")
+    return tuple(shape)
+
+
+def _pair(fn: str, name: str, value: Any) -> Tuple[int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{fn}: {name} must be a pair of ints, got {value!r}")
+    return (value[0], value[1])
+
+
+def conv_fwd_given(weight: Tuple[int, ...], stride: int, padding: int) -> Tuple[Any, ...]:
+    """The given sizes of :data:`CONV_FWD` for a ``weight`` of that shape."""
+    kh, kw, _, c_out = _four_d("conv_fwd", "weight", weight, "kh, kw, c_in, c_out")
+    return (kh, kw, c_out, stride, padding)
+
+
+def conv_input_grad_given(
+    grad: Tuple[int, ...], in_hw: Any, stride: int, padding: int
+) -> Tuple[Any, ...]:
+    """The given sizes of :data:`CONV_INPUT_GRAD` for an adjoint ``grad`` of that shape and an
+    input of size ``in_hw`` = (h, w)."""
+    n = _four_d("conv_input_grad", "grad", grad, "n, h_out, w_out, c_out")[0]
+    return (n, *_pair("conv_input_grad", "in_hw", in_hw), stride, padding)
+
+
+def conv_weight_grad_given(
+    grad: Tuple[int, ...], kernel: Any, stride: int, padding: int
+) -> Tuple[Any, ...]:
+    """The given sizes of :data:`CONV_WEIGHT_GRAD` for an adjoint ``grad`` of that shape and a
+    ``kernel`` = (kh, kw)."""
+    c_out = _four_d("conv_weight_grad", "grad", grad, "n, h_out, w_out, c_out")[3]
+    return (*_pair("conv_weight_grad", "kernel", kernel), c_out, stride, padding)
 
 
 _RC = ("rows", "cols")
@@ -447,7 +554,46 @@ EMBEDDING_SCATTER_ADD = _kernel(
     given=("vocab",),
 )
 
-__all__ = ["Operand", "FusedKernel", "KERNELS"] + [
+CONV_FWD = _kernel(
+    "conv_fwd",
+    "conv_fwd",
+    "x",
+    _CONV,
+    inputs=(Operand("x", _conv_in), Operand("weight", _conv_weight)),
+    outputs=(Operand("out", _conv_out),),
+    given=_CONV[4:],
+    check_dims=_conv_geometry,
+)
+
+CONV_INPUT_GRAD = _kernel(
+    "conv_input_grad",
+    "conv_input_grad",
+    "weight",
+    _CONV_WEIGHT_FIRST,
+    inputs=(
+        Operand("grad", _weight_first(_conv_out)),
+        Operand("weight", _weight_first(_conv_weight)),
+    ),
+    outputs=(Operand("out", _weight_first(_conv_in)),),
+    given=_CONV_WEIGHT_FIRST[4:],
+    check_dims=_conv_geometry_weight_first,
+)
+
+CONV_WEIGHT_GRAD = _kernel(
+    "conv_weight_grad",
+    "conv_weight_grad",
+    "x",
+    _CONV,
+    inputs=(Operand("x", _conv_in), Operand("grad", _conv_out)),
+    outputs=(Operand("out", _conv_weight),),
+    given=_CONV[4:],
+    check_dims=_conv_geometry,
+)
+
+__all__ = ["Operand", "FusedKernel", "KERNELS", "conv_out_hw"] + [
+    "conv_fwd_given",
+    "conv_input_grad_given",
+    "conv_weight_grad_given",
     "SOFTMAX_XENT",
     "SOFTMAX_XENT_BWD",
     "SOFTMAX_FWD",
@@ -462,4 +608,7 @@ __all__ = ["Operand", "FusedKernel", "KERNELS"] + [
     "ADAM_UPDATE",
     "EMBEDDING_GATHER",
     "EMBEDDING_SCATTER_ADD",
+    "CONV_FWD",
+    "CONV_INPUT_GRAD",
+    "CONV_WEIGHT_GRAD",
 ]

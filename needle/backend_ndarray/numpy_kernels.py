@@ -330,3 +330,56 @@ def adam_update(
     np.divide(m, tmp, out=tmp)
     tmp *= lr / (1 - beta1**step)
     param -= tmp
+
+
+# ---- convolution ------------------------------------------------------------------------------
+# NHWC input x (N, H, W, C_in), weight (KH, KW, C_in, C_out), output (N, H_out, W_out, C_out)
+# with H_out = (H + 2·padding - KH) // stride + 1; the sizes are checked by fused_spec.py.
+def _conv_windows(x: np.ndarray, kh: int, kw: int, stride: int, padding: int) -> np.ndarray:
+    """The (N, H_out, W_out, KH, KW, C_in) windows of ``x`` zero-padded by ``padding``: a view
+    of the padded copy (no im2col matrix is built here)."""
+    p = padding
+    xp = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0))) if p else x
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
+    strided: np.ndarray = windows[:, ::stride, ::stride].transpose(0, 1, 2, 4, 5, 3)
+    return strided
+
+
+def conv_fwd(
+    x: np.ndarray, weight: np.ndarray, kh: int, kw: int, c_out: int, stride: int, padding: int
+) -> np.ndarray:
+    """out[n, i, j, o] = Σ_{a, b, c} xpad[n, i·stride + a, j·stride + b, c] · weight[a, b, c, o]."""
+    out: np.ndarray = np.tensordot(
+        _conv_windows(x, kh, kw, stride, padding), weight, axes=([3, 4, 5], [0, 1, 2])
+    )
+    return out.astype(x.dtype, copy=False)
+
+
+def conv_weight_grad(
+    x: np.ndarray, grad: np.ndarray, kh: int, kw: int, c_out: int, stride: int, padding: int
+) -> np.ndarray:
+    """The weight adjoint of :func:`conv_fwd` for the output adjoint ``grad``:
+    dw[a, b, c, o] = Σ_{n, i, j} xpad[n, i·stride + a, j·stride + b, c] · grad[n, i, j, o]."""
+    out: np.ndarray = np.tensordot(
+        _conv_windows(x, kh, kw, stride, padding), grad, axes=([0, 1, 2], [0, 1, 2])
+    )
+    return out.astype(x.dtype, copy=False)
+
+
+def conv_input_grad(
+    grad: np.ndarray, weight: np.ndarray, n: int, h: int, w: int, stride: int, padding: int
+) -> np.ndarray:
+    """The input adjoint of :func:`conv_fwd` for the output adjoint ``grad``: (N, H, W, C_in),
+    each padded input element summing grad[n, i, j, :] · weight[a, b, c, :] over the windows
+    (i, j) and offsets (a, b) that read it (col2im, one strided add per kernel offset)."""
+    kh, kw, c_in, _ = weight.shape
+    _, ho, wo, _ = grad.shape
+    s, p = stride, padding
+    patches = np.tensordot(grad, weight, axes=([3], [3]))  # (N, H_out, W_out, KH, KW, C_in)
+    out = np.zeros((n, h + 2 * p, w + 2 * p, c_in), grad.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            out[:, a : a + s * (ho - 1) + 1 : s, b : b + s * (wo - 1) + 1 : s] += patches[
+                :, :, :, a, b
+            ]
+    return out[:, p : p + h, p : p + w]

@@ -454,6 +454,67 @@ class DeviceModule(Protocol):
         accumulates (in the order r = 0, 1, ... on the CPU; in any order on CUDA). IndexError
         for an id as in :meth:`embedding_gather`, before anything is written."""
 
+    # ---- convolution: NHWC input x (n, h, w, c_in), weight (kh, kw, c_in, c_out), output
+    # (n, h_out, w_out, c_out), h_out = (h + 2·padding - kh) // stride + 1 (likewise w_out)
+    def conv_fwd(
+        self,
+        x: Buffer,
+        weight: Buffer,
+        n: int,
+        h: int,
+        w: int,
+        c_in: int,
+        kh: int,
+        kw: int,
+        c_out: int,
+        stride: int,
+        padding: int,
+        out: Buffer,
+    ) -> None:
+        """``out[b, i, j, o] = Σ_{a, c, k} xpad[b, i·stride + a, j·stride + c, k] ·
+        weight[a, c, k, o]``, with ``xpad`` the input zero-padded by ``padding`` on each side
+        of h and w (the course's conv: a cross-correlation). ValueError unless stride ≥ 1,
+        the kernel is at least 1×1 and no larger than the padded input, and every buffer
+        holds exactly its shape's elements."""
+
+    def conv_input_grad(
+        self,
+        grad: Buffer,
+        weight: Buffer,
+        kh: int,
+        kw: int,
+        c_in: int,
+        c_out: int,
+        n: int,
+        h: int,
+        w: int,
+        stride: int,
+        padding: int,
+        out: Buffer,
+    ) -> None:
+        """The adjoint of :meth:`conv_fwd` for ``x``: ``out`` (n, h, w, c_in) given the output
+        adjoint ``grad`` (n, h_out, w_out, c_out): each input element sums
+        ``grad[b, i, j, :] · weight[a, c, k, :]`` over the windows and offsets that read it.
+        The sizes come in the order the weight gives them, then the input's."""
+
+    def conv_weight_grad(
+        self,
+        x: Buffer,
+        grad: Buffer,
+        n: int,
+        h: int,
+        w: int,
+        c_in: int,
+        kh: int,
+        kw: int,
+        c_out: int,
+        stride: int,
+        padding: int,
+        out: Buffer,
+    ) -> None:
+        """The adjoint of :meth:`conv_fwd` for ``weight``: ``out`` (kh, kw, c_in, c_out) =
+        ``Σ_{b, i, j} xpad[b, i·stride + a, j·stride + c, k] · grad[b, i, j, o]``."""
+
 
 __all__ = [
     "Array",

@@ -1,19 +1,20 @@
 """Convolution and its helpers: flip, dilate, undilate (hw4).
 
-``conv`` takes NHWC input and a (K, K, C_in, C_out) weight. The forward pass is im2col on a
-strided view: the zero-padded input is viewed (without copying) as
-(N, H_out, W_out, K, K, C_in) with ``as_strided``, compacted once and multiplied by the
-weight reshaped to (K·K·C_in, C_out) in a single matmul. The backward pass is made of
-convolutions of flipped, dilated tensors, so it is differentiable itself.
+``conv`` takes NHWC input and a (K, K, C_in, C_out) weight. Its forward pass, input gradient
+and weight gradient are each one call into the device module (``conv_fwd``,
+``conv_input_grad``, ``conv_weight_grad`` in ``protocol.py``): im2col (the zero-padded input's
+windows as an (N·H_out·W_out, K·K·C_in) matrix) times the weight reshaped to
+(K·K·C_in, C_out), and col2im for the input gradient, done inside the module. The gradients
+are ops themselves, linear in each input, so the backward pass is differentiable again.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_selection import array_api
-from .ops_mathematic import _norm_axes, transpose
+from .ops_mathematic import _norm_axes
 
 
 class Flip(TensorOp):
@@ -101,7 +102,7 @@ class _PadCrop(TensorOp):
     """Zero-pad (positive widths) or crop (negative widths) each axis at both ends.
 
     ``widths`` holds one (before, after) pair per dimension. Linear, and its adjoint is the
-    same op with the widths negated. Internal: used by the conv and undilate gradients.
+    same op with the widths negated. Internal: used by the undilate gradient.
     """
 
     def __init__(self, widths):
@@ -124,7 +125,9 @@ class Conv(TensorOp):
 
     A: (N, H, W, C_in) NHWC, B: (K, K, C_in, C_out) -> (N, H_out, W_out, C_out) with
     H_out = (H + 2·padding - K) // stride + 1 (likewise W_out). Non-square kernels
-    (K_h, K_w, C_in, C_out) work too (an extension, used by the gradient).
+    (K_h, K_w, C_in, C_out) work too (an extension, used by the gradient). Forward, input
+    gradient and weight gradient are each one device kernel (``conv_fwd``, ``conv_input_grad``,
+    ``conv_weight_grad``: im2col or col2im and one matrix product inside the device module).
     """
 
     def __init__(self, stride: int = 1, padding: int = 0):
@@ -134,8 +137,6 @@ class Conv(TensorOp):
             raise ValueError(f"conv padding must be a non-negative integer, got {padding!r}")
         self.stride = int(stride)
         self.padding = int(padding)
-        # (im2col matrix, (H_out, W_out)) until the weight gradient takes it
-        self._cols: Optional[Tuple[NDArray, Tuple[int, int]]] = None
 
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
@@ -154,120 +155,55 @@ class Conv(TensorOp):
             raise ValueError(
                 f"conv: kernel {KH}x{KW} is larger than the padded input {H + 2 * p}x{W + 2 * p}"
             )
-        cols, (Ho, Wo) = _im2col(A, KH, KW, s, p)
-        # Kept for ConvWeightGrad, which needs the same matrix (as PyTorch's im2col convolution
-        # keeps its columns); the op, and with it this matrix, is dropped at once when no
-        # input requires a gradient.
-        self._cols = (cols, (Ho, Wo))
-        out = cols @ B.compact().reshape((KH * KW * C, C_out))
-        return out.reshape((N, Ho, Wo, C_out))
+        return array_api.conv_fwd(A, B, s, p)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
-        N, H, W, C_in = X.shape
-        KH, KW, _, C_out = Wt.shape
         s, p = self.stride, self.padding
         # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
-        # images the full convolution would be the most expensive product of a ResNet-9 step.
-        grad_X = self._input_gradient(out_grad, Wt, (N, H, W, C_in)) if X.requires_grad else None
-
-        # dW[kh, kw, ci, co] = sum over (n, i, j) of Xpad[n, i·s+kh, j·s+kw, ci]·G[n, i, j, co]:
-        # one product of the forward pass's im2col matrix (transposed) with out_grad, at any
-        # stride (correlating with the dilated adjoint would multiply mostly zeros).
-        grad_W = ConvWeightGrad((KH, KW), s, p, forward=self)(X, out_grad)
+        # images the input gradient would be the most expensive product of a ResNet-9 step.
+        grad_X = None
+        if X.requires_grad:
+            grad_X = ConvInputGrad((X.shape[1], X.shape[2]), s, p)(out_grad, Wt)
+        grad_W = ConvWeightGrad((Wt.shape[0], Wt.shape[1]), s, p)(X, out_grad)
         return grad_X, grad_W
-
-    def _input_gradient(self, G: Tensor, Wt: Tensor, in_shape) -> Tensor:
-        """dX for the output adjoint G. Stride 1: full convolution of G with the flipped kernel
-        (channels swapped), the padding p cropped. Larger strides: :class:`ConvInputGrad`
-        (convolving the dilated G would multiply mostly zeros)."""
-        KH, KW = Wt.shape[0], Wt.shape[1]
-        p = self.padding
-        if self.stride > 1:
-            return ConvInputGrad((in_shape[1], in_shape[2]), self.stride, p)(G, Wt)
-        W_flip = flip(transpose(Wt, (2, 3)), (0, 1))  # (KH, KW, C_out, C_in), one copy
-        if KH == KW:
-            full = conv(G, W_flip, stride=1, padding=KH - 1)
-        else:  # non-square kernels only arise when differentiating a weight gradient
-            full = conv(
-                _PadCrop(((0, 0), (KH - 1, KH - 1), (KW - 1, KW - 1), (0, 0)))(G),
-                W_flip,
-                stride=1,
-                padding=0,
-            )
-        return _crop(full, (0, p, p, 0), in_shape)
-
-
-def _im2col(A: NDArray, KH: int, KW: int, stride: int, padding: int):
-    """The patches of NHWC ``A`` (N, H, W, C) zero-padded by ``padding``: a compact
-    (N·H_out·W_out, KH·KW·C) array whose row (n, i, j) is the window at (i·stride, j·stride),
-    and (H_out, W_out). The padded input is viewed as (N, H_out, W_out, KH, KW, C) with
-    ``as_strided`` (no copy) and compacted once."""
-    N, H, W, C = A.shape
-    p, s = padding, stride
-    if p:
-        A = A.pad(((0, 0), (p, p), (p, p), (0, 0)))
-    A = A.compact()
-    Hp, Wp = H + 2 * p, W + 2 * p
-    Ho, Wo = (Hp - KH) // s + 1, (Wp - KW) // s + 1
-    sn, sh, sw = Hp * Wp * C, Wp * C, C
-    cols = A.as_strided((N, Ho, Wo, KH, KW, C), (sn, sh * s, sw * s, sh, sw, 1))
-    return cols.compact().reshape((N * Ho * Wo, KH * KW * C)), (Ho, Wo)
 
 
 class ConvWeightGrad(TensorOp):
     """The weight adjoint of ``conv(X, W, stride, padding)`` for an output adjoint G.
 
-    X: (N, H, W, C_in) NHWC, G: (N, H_out, W_out, C_out) -> (KH, KW, C_in, C_out), computed as
-    im2col(X)ᵀ @ G in one product. Linear in each input: its own adjoints are the input
-    gradient of the convolution (for X) and the convolution itself (for G), so it is
-    differentiable again. Internal: the gradient of :class:`Conv`.
+    X: (N, H, W, C_in) NHWC, G: (N, H_out, W_out, C_out) -> (KH, KW, C_in, C_out), i.e.
+    im2col(X)ᵀ @ G (one device kernel, ``conv_weight_grad``). Linear in each input: its own
+    adjoints are the input gradient of the convolution (for X) and the convolution itself (for
+    G), so it is differentiable again. Internal: the gradient of :class:`Conv`.
     """
 
-    def __init__(
-        self, kernel: Tuple[int, int], stride: int, padding: int, forward: Optional["Conv"] = None
-    ):
+    def __init__(self, kernel: Tuple[int, int], stride: int, padding: int):
         self.kernel = (int(kernel[0]), int(kernel[1]))
         self.stride = int(stride)
         self.padding = int(padding)
-        self.forward = forward  # the Conv whose im2col matrix of X this may take over
 
     def compute(self, X: NDArray, G: NDArray):
-        KH, KW = self.kernel
-        C_in, C_out = X.shape[3], G.shape[3]
-        forward = self.forward
-        saved = forward._cols if forward is not None else None
-        if forward is not None and saved is not None:
-            forward._cols = None  # taken: freed once this product is done
-            cols, (Ho, Wo) = saved
-        else:
-            cols, (Ho, Wo) = _im2col(X, KH, KW, self.stride, self.padding)
-        if (G.shape[1], G.shape[2]) != (Ho, Wo):
-            raise ValueError(
-                f"conv weight gradient: adjoint {tuple(G.shape)} does not match "
-                f"the output size {(Ho, Wo)}"
-            )
-        g = G.compact().reshape((cols.shape[0], C_out))
-        return (cols.permute((1, 0)) @ g).reshape((KH, KW, C_in, C_out))
+        return array_api.conv_weight_grad(X, G, self.kernel, self.stride, self.padding)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, G = node.inputs
-        conv_op = Conv(self.stride, self.padding)
+        s, p = self.stride, self.padding
         grad_X = None
         if X.requires_grad:  # <V, im2col(X)ᵀ G> = <conv(X, V), G>: conv's input adjoint
-            grad_X = conv_op._input_gradient(G, out_grad, tuple(X.shape))
-        return grad_X, conv_op(X, out_grad)
+            grad_X = ConvInputGrad((X.shape[1], X.shape[2]), s, p)(G, out_grad)
+        return grad_X, Conv(s, p)(X, out_grad)
 
 
 class ConvInputGrad(TensorOp):
     """The input adjoint of ``conv(X, W, stride, padding)`` for an output adjoint G.
 
     G: (N, H_out, W_out, C_out), W: (KH, KW, C_in, C_out) -> (N, H, W, C_in) for the input
-    size ``in_hw`` = (H, W): the patches' adjoints G @ Wᵀ (one product) are added back
-    into the zero-padded input at each of the KH·KW kernel offsets (col2im), then the padding
-    is cropped. Linear in each input: its adjoints are the convolution (for G) and
-    :class:`ConvWeightGrad` (for W), so it is differentiable again. Internal: the gradient
-    of :class:`Conv` at strides above 1.
+    size ``in_hw`` = (H, W): the patches' adjoints G @ Wᵀ added back into the zero-padded input
+    at each kernel offset (col2im), the padding cropped (one device kernel,
+    ``conv_input_grad``). Linear in each input: its adjoints are the convolution (for G) and
+    :class:`ConvWeightGrad` (for W), so it is differentiable again. Internal: the gradient of
+    :class:`Conv`.
     """
 
     def __init__(self, in_hw: tuple, stride: int, padding: int):
@@ -276,32 +212,7 @@ class ConvInputGrad(TensorOp):
         self.padding = int(padding)
 
     def compute(self, G: NDArray, W: NDArray):
-        N, Ho, Wo, C_out = G.shape
-        KH, KW, C_in, _ = W.shape
-        (H, Wd), s, p = self.in_hw, self.stride, self.padding
-        Hp, Wp = H + 2 * p, Wd + 2 * p
-        if ((Hp - KH) // s + 1, (Wp - KW) // s + 1) != (Ho, Wo):
-            raise ValueError(
-                f"conv input gradient: adjoint {tuple(G.shape)} does not match "
-                f"input size {(H, Wd)} with kernel {(KH, KW)}"
-            )
-        cols = G.compact().reshape((N * Ho * Wo, C_out)) @ W.compact().reshape(
-            (KH * KW * C_in, C_out)
-        ).permute((1, 0))
-        # (N, Ho, Wo, KH·KW·C_in): offset (kh, kw) is a C_in-wide slice of the last axis, so
-        # each update is a same-shape 4-D strided add on every backend.
-        cols = cols.reshape((N, Ho, Wo, KH * KW * C_in))
-        out = array_api.full((N, Hp, Wp, C_in), 0.0, dtype=G.dtype, device=G.device)
-        for kh in range(KH):
-            for kw in range(KW):
-                window = (
-                    slice(None),
-                    slice(kh, kh + s * (Ho - 1) + 1, s),
-                    slice(kw, kw + s * (Wo - 1) + 1, s),
-                )
-                c0 = (kh * KW + kw) * C_in
-                out[window] = out[window] + cols[:, :, :, c0 : c0 + C_in]
-        return out[:, p : p + H, p : p + Wd, :].compact() if p else out
+        return array_api.conv_input_grad(G, W, self.in_hw, self.stride, self.padding)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         G, W = node.inputs
@@ -309,14 +220,6 @@ class ConvInputGrad(TensorOp):
         grad_G = conv(out_grad, W, stride=self.stride, padding=self.padding)
         grad_W = ConvWeightGrad((W.shape[0], W.shape[1]), self.stride, self.padding)(out_grad, G)
         return grad_G, grad_W
-
-
-def _crop(x: Tensor, starts, lengths) -> Tensor:
-    """The window of ``x`` starting at ``starts`` with sizes ``lengths`` (x itself if equal)."""
-    widths = tuple((-st, st + ln - n) for n, st, ln in zip(x.shape, starts, lengths))
-    if all(w == (0, 0) for w in widths):
-        return x
-    return _PadCrop(widths)(x)
 
 
 def conv(a: Tensor, b: Tensor, stride: int = 1, padding: int = 1) -> Tensor:

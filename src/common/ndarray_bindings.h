@@ -69,3 +69,21 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "out (vocab x cols) = zeros, then out[ids[r]] += grad[r] for each row of grad (rows x cols): "  \
     "repeated ids accumulate; IndexError naming an id outside [0, vocab).",                         \
     "grad", "ids", "rows", "cols", "vocab", "out")
+
+// The convolution kernels (protocol.py; checks in ndarray_checks_conv.h), bound like the fused
+// kernels: X(name, docstring, argument names). NHWC input (n, h, w, c_in), (kh, kw, c_in, c_out)
+// weight, output (n, h_out, w_out, c_out) with h_out = (h + 2*padding - kh) / stride + 1.
+#define NEEDLE_CONV_KERNELS(X)                                                                      \
+  X(conv_fwd,                                                                                       \
+    "out (n, h_out, w_out, c_out) = the convolution (cross-correlation) of x (n, h, w, c_in), "     \
+    "zero-padded by padding, with weight (kh, kw, c_in, c_out) at stride; ValueError for bad "      \
+    "sizes.",                                                                                       \
+    "x", "weight", "n", "h", "w", "c_in", "kh", "kw", "c_out", "stride", "padding", "out")          \
+  X(conv_input_grad,                                                                                \
+    "out (n, h, w, c_in) = the adjoint of conv_fwd for the input, given the output adjoint grad "   \
+    "(n, h_out, w_out, c_out) and weight (kh, kw, c_in, c_out).",                                   \
+    "grad", "weight", "kh", "kw", "c_in", "c_out", "n", "h", "w", "stride", "padding", "out")       \
+  X(conv_weight_grad,                                                                               \
+    "out (kh, kw, c_in, c_out) = the adjoint of conv_fwd for the weight, given the input x "        \
+    "(n, h, w, c_in) and the output adjoint grad (n, h_out, w_out, c_out).",                        \
+    "x", "grad", "n", "h", "w", "c_in", "kh", "kw", "c_out", "stride", "padding", "out")

@@ -18,6 +18,7 @@
 
 #include "cpu/ndarray_backend_cpu_alloc.h"
 #include "cpu/ndarray_backend_cpu_attention.h"
+#include "cpu/ndarray_backend_cpu_conv.h"
 #include "cpu/ndarray_backend_cpu_ewise.h"
 #include "cpu/ndarray_backend_cpu_fused.h"
 #include "cpu/ndarray_backend_cpu_isa.h"
@@ -712,7 +713,8 @@ Matrix products, C (m, p) = A (m, n) @ B (n, p):
                   T = __tile_size__ (a lecture exhibit, not the engine).
   matmul_naive    the textbook (i, j, k) triple loop.
 __gemm__ names the engine's instruction set (avx512, avx2 or portable: the best the CPU has, or
-NEEDLE_CPU_ISA) and its blocking constants. exp, log, tanh and sigmoid use vectorised Cephes
+NEEDLE_CPU_ISA) and its blocking constants. conv_fwd, conv_input_grad and conv_weight_grad are
+one call each: im2col / col2im here, one product on the same engine. exp, log, tanh and sigmoid use vectorised Cephes
 polynomials (within 2 ulp).
 
 Large kernels share their work with a pool of helper threads: OMP_NUM_THREADS threads in all,
@@ -808,6 +810,9 @@ helper that has not started. In a child created by fork() everything runs on the
 #define NEEDLE_BIND_FUSED(name, doc, ...) needle::bind::def_nogil(m, #name, &fused::name, doc, __VA_ARGS__);
   NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
 #undef NEEDLE_BIND_FUSED
+#define NEEDLE_BIND_CONV(name, doc, ...) needle::bind::def_nogil(m, #name, &conv::name, doc, __VA_ARGS__);
+  NEEDLE_CONV_KERNELS(NEEDLE_BIND_CONV)
+#undef NEEDLE_BIND_CONV
 
   m.def("num_threads", &num_threads,
         "Threads the large kernels use: OMP_NUM_THREADS, else one per core (an extension).");

@@ -1218,4 +1218,78 @@ void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArra
   check_launch("adam_update kernel");
 }
 
+// ---- convolution --------------------------------------------------------------------------------
+// Row (b, i, j) of the im2col matrix (rows x depth, depth = kh*kw*c_in in (kh, kw, c) order) is
+// the zero-padded window of x at (i*stride, j*stride); one thread per matrix element.
+__global__ void im2col_kernel(const float* x, float* cols, needle::checks::ConvGeometry g) {
+  const int64_t depth = g.kh * g.kw * g.cin;
+  NEEDLE_GRID_LOOP(idx, g.n * g.ho * g.wo * depth) {
+    const int64_t r = idx / depth, d = idx % depth;
+    const int64_t c = d % g.cin, kw = (d / g.cin) % g.kw, kh = d / (g.cin * g.kw);
+    const int64_t j = r % g.wo, i = (r / g.wo) % g.ho, b = r / (g.wo * g.ho);
+    const int64_t y = i * g.stride - g.padding + kh, xx = j * g.stride - g.padding + kw;
+    cols[idx] = (y >= 0 && y < g.h && xx >= 0 && xx < g.w) ? x[((b * g.h + y) * g.w + xx) * g.cin + c]
+                                                             : 0.0f;
+  }
+}
+
+// dx (n, h, w, c_in) from the column gradients: one thread per input element sums the entries
+// of the windows and offsets that read it (a gather: no atomics, the same sum every run).
+__global__ void col2im_kernel(const float* dcols, float* dx, needle::checks::ConvGeometry g) {
+  const int64_t depth = g.kh * g.kw * g.cin;
+  NEEDLE_GRID_LOOP(idx, g.n * g.h * g.w * g.cin) {
+    const int64_t c = idx % g.cin, xx = (idx / g.cin) % g.w, y = (idx / (g.cin * g.w)) % g.h;
+    const int64_t b = idx / (g.cin * g.w * g.h);
+    float acc = 0.0f;
+    for (int64_t kh = 0; kh < g.kh; ++kh) {
+      const int64_t ti = y + g.padding - kh;
+      if (ti < 0 || ti % g.stride || ti / g.stride >= g.ho) continue;
+      for (int64_t kw = 0; kw < g.kw; ++kw) {
+        const int64_t tj = xx + g.padding - kw;
+        if (tj < 0 || tj % g.stride || tj / g.stride >= g.wo) continue;
+        const int64_t r = (b * g.ho + ti / g.stride) * g.wo + tj / g.stride;
+        acc += dcols[r * depth + (kh * g.kw + kw) * g.cin + c];
+      }
+    }
+    dx[idx] = acc;
+  }
+}
+
+namespace {
+void im2col(const CudaArray& x, const needle::checks::ConvGeometry& g, CudaArray* cols) {
+  if (cols->size == 0) return;
+  im2col_kernel<<<grid_for(cols->size), BLOCK>>>(x.ptr, cols->ptr, g);
+  check_launch("im2col kernel");
+}
+}  // namespace
+
+void conv_fwd(const CudaArray& x, const CudaArray& weight, const needle::checks::ConvGeometry& g,
+              CudaArray* out) {
+  const int64_t rows = g.rows(), depth = g.depth();
+  CudaArray cols(rows * depth);
+  im2col(x, g, &cols);
+  matmul(cols, MatrixView{0, 0, depth, 1}, weight, MatrixView{0, 0, g.cout, 1}, out, 1, rows,
+         depth, g.cout);
+}
+
+void conv_weight_grad(const CudaArray& x, const CudaArray& grad,
+                      const needle::checks::ConvGeometry& g, CudaArray* out) {
+  const int64_t rows = g.rows(), depth = g.depth();
+  CudaArray cols(rows * depth);
+  im2col(x, g, &cols);
+  matmul(cols, MatrixView{0, 0, 1, depth}, grad, MatrixView{0, 0, g.cout, 1}, out, 1, depth, rows,
+         g.cout);
+}
+
+void conv_input_grad(const CudaArray& grad, const CudaArray& weight,
+                     const needle::checks::ConvGeometry& g, CudaArray* out) {
+  const int64_t rows = g.rows(), depth = g.depth();
+  if (out->size == 0) return;
+  CudaArray dcols(rows * depth);
+  matmul(grad, MatrixView{0, 0, g.cout, 1}, weight, MatrixView{0, 0, 1, g.cout}, &dcols, 1, rows,
+         g.cout, depth);
+  col2im_kernel<<<grid_for(out->size), BLOCK>>>(dcols.ptr, out->ptr, g);
+  check_launch("col2im kernel");
+}
+
 }  // namespace needle::cuda

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/ndarray_checks_conv.h"
+
 namespace needle::cuda {
 
 // Most dimensions an iteration may keep after size-1 dimensions are dropped and contiguous
@@ -151,5 +153,15 @@ int64_t embedding_scatter_add(const CudaArray& grad, const CudaArray& ids, int64
 // bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (the bias corrections, computed by the caller).
 void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
                  float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2);
+
+// The convolutions (protocol.py; geometry checked by the bindings with conv_geometry): im2col or
+// col2im kernels around one matmul. The im2col / column-gradient matrix (rows x depth) is a
+// temporary; rows, depth and c_out fit an int (the bindings check).
+void conv_fwd(const CudaArray& x, const CudaArray& weight, const needle::checks::ConvGeometry& g,
+              CudaArray* out);
+void conv_input_grad(const CudaArray& grad, const CudaArray& weight,
+                     const needle::checks::ConvGeometry& g, CudaArray* out);
+void conv_weight_grad(const CudaArray& x, const CudaArray& grad,
+                      const needle::checks::ConvGeometry& g, CudaArray* out);
 
 }  // namespace needle::cuda

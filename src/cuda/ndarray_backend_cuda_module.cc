@@ -464,6 +464,46 @@ void embedding_scatter_add(const CudaArray& grad, const CudaArray& ids, idx_t ro
                vocab);
 }
 
+// The convolutions: checks (shared with the CPU module), the matmul engine's int range, then the
+// launch.
+needle::checks::ConvGeometry conv_checked(const char* fn, const needle::checks::ConvGeometry& g) {
+  check_matmul_sizes(fn, g.rows(), g.depth(), g.cout);
+  return g;
+}
+
+void conv_fwd(const CudaArray& x, const CudaArray& weight, idx_t n, idx_t h, idx_t w, idx_t c_in,
+              idx_t kh, idx_t kw, idx_t c_out, idx_t stride, idx_t padding, CudaArray& out) {
+  const char* fn = "conv_fwd";
+  needle::cuda::conv_fwd(x, weight,
+                         conv_checked(fn, needle::checks::check_conv_fwd(fn, x, weight, n, h, w,
+                                                                         c_in, kh, kw, c_out,
+                                                                         stride, padding, out)),
+                         &out);
+}
+
+void conv_input_grad(const CudaArray& grad, const CudaArray& weight, idx_t kh, idx_t kw,
+                     idx_t c_in, idx_t c_out, idx_t n, idx_t h, idx_t w, idx_t stride,
+                     idx_t padding, CudaArray& out) {
+  const char* fn = "conv_input_grad";
+  needle::cuda::conv_input_grad(
+      grad, weight,
+      conv_checked(fn, needle::checks::check_conv_input_grad(fn, grad, weight, kh, kw, c_in,
+                                                             c_out, n, h, w, stride, padding,
+                                                             out)),
+      &out);
+}
+
+void conv_weight_grad(const CudaArray& x, const CudaArray& grad, idx_t n, idx_t h, idx_t w,
+                      idx_t c_in, idx_t kh, idx_t kw, idx_t c_out, idx_t stride, idx_t padding,
+                      CudaArray& out) {
+  const char* fn = "conv_weight_grad";
+  needle::cuda::conv_weight_grad(
+      x, grad,
+      conv_checked(fn, needle::checks::check_conv_weight_grad(fn, x, grad, n, h, w, c_in, kh, kw,
+                                                              c_out, stride, padding, out)),
+      &out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(ndarray_backend_cuda, m) {
@@ -601,5 +641,6 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
   // The fused kernels, from the list both modules share (ndarray_bindings.h).
 #define NEEDLE_BIND_FUSED(name, doc, ...) needle::bind::def_nogil(m, #name, &name, doc, __VA_ARGS__);
   NEEDLE_FUSED_KERNELS(NEEDLE_BIND_FUSED)
+  NEEDLE_CONV_KERNELS(NEEDLE_BIND_FUSED)
 #undef NEEDLE_BIND_FUSED
 }

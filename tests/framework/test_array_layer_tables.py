@@ -192,9 +192,40 @@ SCALARS = {
 }
 
 
+# sizes of a strided, padded convolution with a non-square kernel, by name
+CONV_SIZES = {"n": 2, "h": 5, "w": 4, "c_in": 3, "kh": 3, "kw": 2, "c_out": 2}
+CONV_SIZES.update(stride=2, padding=1)
+
+
 def _dims(kernel):
-    """Sizes for ``kernel``: (3, 2) for the matrix kernels, (3, 2, 4) for the embeddings'."""
+    """Sizes for ``kernel``: (3, 2) for the matrix kernels, (3, 2, 4) for the embeddings',
+    CONV_SIZES for the convolutions'."""
+    if set(kernel.dims) == set(CONV_SIZES):
+        return tuple(CONV_SIZES[d] for d in kernel.dims)
     return (3, 2, 4)[: max(2, len(kernel.dims))]
+
+
+# The array-level arguments after the arrays of the kernels that are not given their sizes as
+# such (from the sizes by name), and the name of the first: the convolutions take the input's
+# (h, w) or the kernel's (kh, kw) as a pair, then stride and padding, and read the other sizes
+# off their arrays.
+API_SIZES = {
+    "conv_fwd": (lambda d: (d["stride"], d["padding"]), "stride"),
+    "conv_input_grad": (lambda d: ((d["h"], d["w"]), d["stride"], d["padding"]), "h"),
+    "conv_weight_grad": (lambda d: ((d["kh"], d["kw"]), d["stride"], d["padding"]), "kh"),
+}
+
+
+def _api_sizes(kernel, dims, replace=None):
+    """(arguments, the name of the first) that the array-level function takes after its arrays
+    for the sizes ``dims``, each given size replaced by ``replace`` when that is not None."""
+    named = dict(zip(kernel.dims, dims))
+    if replace is not None:
+        named.update(dict.fromkeys(kernel.given, replace))
+    if kernel.api_name not in API_SIZES:
+        return tuple(named[g] for g in kernel.given), kernel.given[0]
+    args, first = API_SIZES[kernel.api_name]
+    return args(named), first
 
 
 def _inputs(kernel, dims):
@@ -229,7 +260,7 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
     function = getattr(module, kernel.api_name)
     scalars = [SCALARS[s] for s in kernel.scalars]
     dims = _dims(kernel)
-    given = dims[len(dims) - len(kernel.given) :] if kernel.given else ()
+    given = _api_sizes(kernel, dims)[0] if kernel.given else ()
     arrays = _inputs(kernel, dims)
     result = function(*(make(a) for a in arrays), *given, *scalars)
     if kernel.outputs:
@@ -243,10 +274,10 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
         with pytest.raises(ValueError, match=f"{kernel.api_name}: {op.name} must"):
             function(*(make(a) for a in bad), *given, *scalars)
     if kernel.given:
-        with pytest.raises(ValueError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
-            function(*(make(a) for a in arrays), *(-1 for _ in given), *scalars)
-        with pytest.raises(TypeError, match=f"{kernel.api_name}: {kernel.given[0]} must"):
-            function(*(make(a) for a in arrays), *(2.0 for _ in given), *scalars)
+        for bad, error in ((-1, ValueError), (2.0, TypeError)):
+            args, first = _api_sizes(kernel, dims, replace=bad)
+            with pytest.raises(error, match=f"{kernel.api_name}: {first} must"):
+                function(*(make(a) for a in arrays), *args, *scalars)
 
 
 @pytest.mark.parametrize("mod", _enabled_device_modules())

@@ -639,3 +639,163 @@ def test_embedding_kernels_check_their_sizes(mod):
         with pytest.raises(ValueError, match="embedding_"):
             call()
             pytest.fail(f"{what} did not raise")
+
+
+# ---- the convolution kernels -------------------------------------------------------------------
+# Oracles by definition, in float64, one kernel offset (a, b) at a time: xpad is the input
+# zero-padded by p; offset (a, b) of window (i, j) reads xpad[:, i·s + a, j·s + b, :].
+def _offset(a: int, b: int, s: int, ho: int, wo: int):
+    return (slice(None), slice(a, a + s * (ho - 1) + 1, s), slice(b, b + s * (wo - 1) + 1, s))
+
+
+def _conv_oracles(x, w, g, s, p):
+    """(forward, input adjoint for the output adjoint g, weight adjoint for g), float64."""
+    x, w, g = (v.astype(np.float64) for v in (x, w, g))
+    kh, kw = w.shape[:2]
+    xpad = np.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+    ho, wo = g.shape[1:3]
+    out = np.zeros(g.shape)
+    dxpad = np.zeros(xpad.shape)
+    dw = np.zeros(w.shape)
+    for a, b in itertools.product(range(kh), range(kw)):
+        window = _offset(a, b, s, ho, wo)
+        out += xpad[window] @ w[a, b]
+        dxpad[window] += g @ w[a, b].T
+        dw[a, b] = np.einsum("nijc,nijo->co", xpad[window], g)
+    return out, dxpad[:, p : p + x.shape[1], p : p + x.shape[2]], dw
+
+
+CONV_CASES = [  # (n, h, w, c_in, kh, kw, c_out, stride, padding)
+    (2, 6, 5, 3, 3, 3, 4, 1, 1),
+    (2, 7, 6, 3, 3, 2, 4, 2, 2),  # non-square kernel, padding wider than needed
+    (1, 5, 5, 2, 1, 1, 3, 1, 0),  # pointwise: no im2col
+    (2, 6, 6, 4, 1, 1, 3, 2, 0),  # strided pointwise
+    (3, 9, 8, 5, 3, 3, 7, 3, 1),
+    (1, 3, 3, 2, 3, 3, 2, 5, 4),  # stride beyond the padded input: windows of padding only
+    (1, 4, 6, 1, 4, 6, 2, 1, 0),  # the kernel covers the input: one window
+    (0, 4, 4, 2, 3, 3, 2, 1, 1),  # empty batch
+    (2, 4, 4, 0, 3, 3, 2, 1, 1),  # no input channels: zero output
+    (2, 4, 4, 3, 3, 3, 0, 1, 1),  # no output channels
+    (8, 16, 16, 32, 3, 3, 32, 1, 1),  # ResNet-9 sized: threaded im2col, col2im and product
+    (4, 16, 16, 32, 3, 3, 64, 2, 1),
+    (4, 16, 16, 128, 3, 3, 8, 1, 1),  # deep: more row blocks than weight-gradient parts
+]
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_conv_kernels(mod, case):
+    n, h, w, c_in, kh, kw, c_out, s, p = case
+    ho, wo = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
+    rng = np.random.default_rng(sum(case))
+    x = rng.standard_normal((n, h, w, c_in)).astype(np.float32)
+    wt = rng.standard_normal((kh, kw, c_in, c_out)).astype(np.float32)
+    g = rng.standard_normal((n, ho, wo, c_out)).astype(np.float32)
+    want = _conv_oracles(x, wt, g, s, p)
+    X, W, G = (buffer(mod, v.ravel()) for v in (x, wt, g))
+
+    def run():
+        outs = [buffer(mod, np.full(v.size, np.nan, np.float32)) for v in want]  # all written
+        mod.conv_fwd(X, W, n, h, w, c_in, kh, kw, c_out, s, p, outs[0])
+        mod.conv_input_grad(G, W, kh, kw, c_in, c_out, n, h, w, s, p, outs[1])
+        mod.conv_weight_grad(X, G, n, h, w, c_in, kh, kw, c_out, s, p, outs[2])
+        return [read(mod, out, exact.shape) for out, exact in zip(outs, want)]
+
+    first, again = run(), run()
+    for name, got, repeat, exact in zip(
+        ("forward", "input grad", "weight grad"), first, again, want
+    ):
+        scale = max(1.0, float(np.abs(exact).max()) if exact.size else 1.0)
+        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        np.testing.assert_array_equal(repeat, got, err_msg=f"{name}: not the same on a rerun")
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_conv_kernels_reject_bad_geometry(mod):
+    """Bad sizes, strides, paddings and kernels are ValueErrors naming the function and the
+    numbers (the buffers fit the sizes, so nothing but the geometry is wrong)."""
+    a = mod.Array(64)
+    good = dict(n=1, h=4, w=4, c_in=2, kh=3, kw=3, c_out=2, stride=1, padding=1)
+
+    def call(fn, **change):
+        d = {**good, **change}
+        x, k, o = (d["n"], d["h"], d["w"], d["c_in"]), (d["kh"], d["kw"]), d["c_out"]
+        sp = (d["stride"], d["padding"])
+        if fn == "conv_input_grad":
+            return mod.conv_input_grad(a, a, *k, x[3], o, *x[:3], *sp, a)
+        return getattr(mod, fn)(a, a, *x, *k, o, *sp, a)
+
+    cases = {
+        "stride 0": ({"stride": 0}, "stride must be >= 1, got 0"),
+        # the numpy module rejects every negative size at once, naming them all
+        "stride -2": (
+            {"stride": -2},
+            "(stride must be >= 1, got -2|negative size in .*'stride': -2)",
+        ),
+        "padding -1": (
+            {"padding": -1},
+            "(padding must be >= 0, got -1|negative size in .*'padding': -1)",
+        ),
+        "kernel 0": ({"kh": 0}, "at least 1x1"),
+        "kernel too large": (
+            {"kh": 7, "padding": 1},
+            "kernel 7x3 is larger than the padded input 6x6",
+        ),
+        "negative size": ({"n": -1}, "negative"),
+        "negative channels": ({"c_out": -3}, "negative"),
+        "too many elements": ({"padding": 2**40, "stride": 1}, "too"),
+        "buffer sizes": ({}, "elements"),  # a 64-element buffer for every operand
+    }
+    for fn in ("conv_fwd", "conv_input_grad", "conv_weight_grad"):
+        for what, (change, message) in cases.items():
+            with pytest.raises(ValueError, match=f"{fn}: .*{message}"):
+                call(fn, **change)
+                pytest.fail(f"{fn}: {what} did not raise")
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_conv_kernels_check_each_buffer(mod):
+    n, h, w, c_in, kh, kw, c_out, s, p = 2, 5, 4, 3, 3, 2, 2, 2, 1
+    ho, wo = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
+    sizes = {"x": n * h * w * c_in, "w": kh * kw * c_in * c_out, "g": n * ho * wo * c_out}
+    calls = {
+        "conv_fwd": (
+            ("x", "w", "g"),
+            lambda b: mod.conv_fwd(b[0], b[1], n, h, w, c_in, kh, kw, c_out, s, p, b[2]),
+        ),
+        "conv_input_grad": (
+            ("g", "w", "x"),
+            lambda b: mod.conv_input_grad(b[0], b[1], kh, kw, c_in, c_out, n, h, w, s, p, b[2]),
+        ),
+        "conv_weight_grad": (
+            ("x", "g", "w"),
+            lambda b: mod.conv_weight_grad(b[0], b[1], n, h, w, c_in, kh, kw, c_out, s, p, b[2]),
+        ),
+    }
+    for fn, (names, call) in calls.items():
+        call([mod.Array(sizes[k]) for k in names])  # the right sizes pass
+        for i in range(3):
+            for delta in (-1, 1):
+                bufs = [mod.Array(sizes[k] + delta * (j == i)) for j, k in enumerate(names)]
+                with pytest.raises(
+                    ValueError, match=f"{fn}: .* has {sizes[names[i]] + delta} elements"
+                ):
+                    call(bufs)
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_conv_kernels_reject_wrong_kinds(mod):
+    a = mod.Array(96)
+    sizes = (1, 4, 4, 2, 3, 3, 2, 1, 1)
+    calls = {
+        "list as x": lambda: mod.conv_fwd([0.0] * 32, a, *sizes, a),
+        "None as weight": lambda: mod.conv_fwd(a, None, *sizes, a),
+        "float stride": lambda: mod.conv_fwd(a, a, *sizes[:7], 1.0, 1, a),
+        "str padding": lambda: mod.conv_weight_grad(a, a, *sizes[:8], "1", a),
+        "None out": lambda: mod.conv_input_grad(a, a, 3, 3, 2, 2, 1, 4, 4, 1, 1, None),
+        "too few arguments": lambda: mod.conv_fwd(a, a, *sizes),
+    }
+    for what, call in calls.items():
+        with pytest.raises(TypeError):
+            call()
+            pytest.fail(f"{what} did not raise")

@@ -153,8 +153,8 @@ def test_conv_weight_gradient_second_order(device, k, stride, padding):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_conv_weight_gradient_twice_from_one_graph(device):
-    """The first backward pass takes over the forward pass's im2col matrix; a second one over
-    the same graph rebuilds it and gets the same (finite-difference checked) weight gradient."""
+    """Two backward passes over one graph give the same (finite-difference checked) weight
+    gradient: the kernels keep no state between calls."""
     rng = np.random.default_rng(21)
     x, w = rand((2, 6, 5, 3), rng), rand((3, 3, 3, 2), rng)
     xt, wt = tensor(x, device), tensor(w, device)
@@ -181,43 +181,76 @@ def test_conv_weight_gradient_twice_from_one_graph(device):
         )
 
 
+CONV_KERNELS = ("conv_fwd", "conv_input_grad", "conv_weight_grad")
+
+
+def _count_kernel_calls(device, monkeypatch, names) -> dict:
+    """Counts of calls to the kernels ``names``: of the device module (NEEDLE_BACKEND=nd,
+    through ``device``) or of the numpy kernels (NEEDLE_BACKEND=np)."""
+    counts = dict.fromkeys(names, 0)
+    if ndl.BACKEND == "nd":
+        owner = device
+    else:
+        from needle.backend_ndarray import numpy_kernels as owner
+    for name in names:
+        real = getattr(owner, name)
+
+        def counted(*args, _real=real, _name=name):
+            counts[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(owner, name, counted)
+    return counts
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_conv_forward_is_one_strided_view_and_one_matmul(device, monkeypatch):
-    """im2col: the forward pass calls as_strided once and a 2-D matmul once (no pixel loops)."""
-    if ndl.BACKEND != "nd":
-        real = np.lib.stride_tricks.as_strided
-        calls = []
-        monkeypatch.setattr(
-            np.lib.stride_tricks, "as_strided", lambda *a, **k: calls.append(1) or real(*a, **k)
-        )
-        ndl.conv(
-            tensor(np.ones((2, 6, 6, 3)), device),
-            tensor(np.ones((3, 3, 3, 4)), device),
-            stride=2,
-            padding=1,
-        )
-        assert len(calls) == 1
-        return
-    counts = {"as_strided": 0, "matmul": 0}
-    real_as_strided, real_matmul = ndl.NDArray.as_strided, ndl.NDArray.__matmul__
+def test_conv_forward_and_gradients_are_one_kernel_call_each(device, monkeypatch):
+    """Forward, input gradient and weight gradient each make one call into the device module
+    (im2col, col2im and the product are inside it): no matmul, no strided add from Python."""
+    others = ("matmul", "matmul_strided", "ewise_setitem") if ndl.BACKEND == "nd" else ()
+    counts = _count_kernel_calls(device, monkeypatch, CONV_KERNELS + others)
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 9, 8, 3)), rng.standard_normal((3, 3, 3, 4))
+    xt, wt = tensor(x, device), tensor(w, device)
+    out = ndl.conv(xt, wt, stride=2, padding=1)
+    assert counts == {**dict.fromkeys(counts, 0), "conv_fwd": 1}
+    out.sum().backward()
+    assert counts == {**dict.fromkeys(counts, 0), **dict.fromkeys(CONV_KERNELS, 1)}
+    np.testing.assert_allclose(out.numpy(), conv_loop(x, w, 2, 1), rtol=1e-4, atol=1e-4)
 
-    def as_strided(self, *args):
-        counts["as_strided"] += 1
-        return real_as_strided(self, *args)
 
-    def matmul(self, other):
-        counts["matmul"] += 1
-        return real_matmul(self, other)
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_input_without_gradient_costs_no_input_gradient(device, monkeypatch):
+    """A network's input images need no adjoint: the backward pass skips conv_input_grad."""
+    counts = _count_kernel_calls(device, monkeypatch, CONV_KERNELS)
+    x = tensor(np.ones((1, 5, 5, 2)), device, requires_grad=False)
+    ndl.conv(x, tensor(np.ones((3, 3, 2, 2)), device)).sum().backward()
+    assert counts == {"conv_fwd": 1, "conv_input_grad": 0, "conv_weight_grad": 1}
 
-    monkeypatch.setattr(ndl.NDArray, "as_strided", as_strided)
-    monkeypatch.setattr(ndl.NDArray, "__matmul__", matmul)
-    x, w = np.random.randn(2, 16, 16, 3), np.random.randn(3, 3, 3, 8)
-    out = ndl.conv(tensor(x, device), tensor(w, device), stride=1, padding=1)
-    assert counts["as_strided"] == 1
-    # NDArray's tiled matmul path views its operands with as_strided itself; the conv
-    # itself makes exactly one matmul call.
-    assert counts["matmul"] == 1
-    np.testing.assert_allclose(out.numpy(), conv_loop(x, w, 1, 1), rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "x_shape, w_shape, stride, padding",
+    [
+        ((2, 7, 5, 3), (3, 2, 3, 2), 1, 1),  # non-square kernel, odd sizes
+        ((1, 9, 7, 2), (2, 3, 2, 3), 2, 2),
+        ((2, 6, 6, 4), (1, 1, 4, 3), 2, 0),  # pointwise, strided (windows skip pixels)
+        ((1, 5, 5, 2), (1, 1, 2, 2), 1, 0),  # pointwise: the input is its own im2col matrix
+        ((1, 4, 6, 1), (4, 6, 1, 2), 1, 0),  # kernel as large as the input: one window
+        ((1, 3, 3, 2), (3, 3, 2, 2), 4, 3),  # stride beyond the kernel: padding-only windows
+    ],
+)
+def test_conv_odd_geometries_match_loop_and_finite_differences(
+    device, x_shape, w_shape, stride, padding
+):
+    rng = np.random.default_rng(sum(x_shape) + sum(w_shape) + stride)
+    x, w = rand(x_shape, rng), rand(w_shape, rng)
+    out = ndl.conv(tensor(x, device), tensor(w, device), stride=stride, padding=padding)
+    expected = conv_loop(x.astype(backend_dtype()), w.astype(backend_dtype()), stride, padding)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+    check_gradients(
+        lambda a, b: ndl.conv(a, b, stride=stride, padding=padding), x, w, device=device
+    )
 
 
 ND_DEVICES = DEVICES if ndl.BACKEND == "nd" else []
