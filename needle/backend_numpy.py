@@ -338,6 +338,17 @@ def softmax_xent_bwd(
     return _run(spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd, (probs, labels, dloss), scale)
 
 
+def softmax_fwd(x: numpy.ndarray, scale: float = 1.0, queries: int = 0) -> numpy.ndarray:
+    """Softmax of each row of ``scale * x`` (R, C), causal over blocks of ``queries`` rows when
+    it is > 0 (see ``needle.backend_ndarray.fused.softmax_fwd``)."""
+    return _run(spec.SOFTMAX_FWD, kernels.softmax_fwd, (x,), scale, queries)
+
+
+def softmax_bwd(y: numpy.ndarray, dy: numpy.ndarray, scale: float = 1.0) -> numpy.ndarray:
+    """``scale * y * (dy - Σ_row dy * y)``: the gradient of :func:`softmax_fwd`, (R, C)."""
+    return _run(spec.SOFTMAX_BWD, kernels.softmax_bwd, (y, dy), scale)
+
+
 def layernorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: float) -> tuple:
     """Layer norm of each row of ``x`` (R, C): ``(y, xhat, rstd (R,))`` (see fused.py)."""
     return _run(spec.LAYERNORM_FWD, kernels.layernorm_fwd, (x, w, b), eps)

@@ -83,6 +83,8 @@ _WRITES: Dict[str, Tuple[str, ...]] = {
     "reduce": ("out",),
     "matmul_strided": ("out",),
     "softmax_xent": ("loss", "probs"),
+    "softmax_fwd": ("y",),
+    "softmax_bwd": ("dx",),
     "layernorm_fwd": ("y", "xhat", "rstd"),
     "layernorm_bwd": ("dx", "dw", "db"),
     "batchnorm_fwd": ("y", "xhat", "rstd", "mean", "var"),

@@ -198,7 +198,10 @@ assert np.allclose(batched, broadcast, atol=1e-5)
 # A language model predicts token $t+1$ from tokens $\le t$, so position $i$ must not attend to
 # any $j > i$. `create_causal_mask(T, T)` is added to the logits: 0 on and below the diagonal and
 # a huge negative number above it (the course uses $-$`finfo(float32).max`, a finite stand-in for
-# $-\infty$), so those weights become exactly 0 after the softmax.
+# $-\infty$), so those weights become exactly 0 after the softmax. needle's
+# `MultiHeadAttention` gives the same weights without building the mask: its softmax kernel
+# skips the keys above that diagonal (weight exactly 0) and divides by $\sqrt{d}$ in the same
+# pass (`ops_fused.softmax_last_axis(logits, scale, causal=True)`).
 
 # %%
 mask = attn.create_causal_mask(5, 5, device)
@@ -256,8 +259,10 @@ for name, module in (("causal", causal), ("not causal", attn)):
 #
 # (B, T, F) → LayerNorm → (B, T, h·d) → reshape (B, T, h, d) → transpose (B, h, T, d).
 #
-# Each head attends separately; the results are transposed back, merged to (B, T, h·d) and
-# projected to the output size. We follow the shapes in numpy and compare.
+# The transpose is a view, not a copy: the batched products read the per-head arrays in place,
+# with one stride per batch dimension. Each head attends separately; the results are transposed
+# back, merged to (B, T, h·d) and projected to the output size. We follow the shapes in numpy
+# and compare.
 
 # %% tags=["nbval-ignore-output"]
 F_, heads, dim_head = 6, 2, 3

@@ -1,6 +1,6 @@
-"""Fused kernels at the NDArray level: softmax cross-entropy, layer/batch norm, the LSTM cell,
-the in-place SGD/Adam updates and the embedding gather / scatter-add (the fused section of
-``protocol.py``).
+"""Fused kernels at the NDArray level: softmax cross-entropy, the (masked) softmax of attention,
+layer/batch norm, the LSTM cell, the in-place SGD/Adam updates and the embedding gather /
+scatter-add (the fused section of ``protocol.py``).
 
 Each function checks its NDArrays (kind and device here; shapes against ``fused_spec.py``, the
 one specification shared with the numpy backend), compacts the inputs, allocates the outputs
@@ -94,6 +94,27 @@ def softmax_xent_bwd(
     one_hot = _IOTA[key] == labels.compact().reshape((rows, 1))
     column = (dloss * float(scale)).compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
     return (probs - one_hot) * column
+
+
+def softmax_fwd(x: NDArray, scale: float = 1.0, queries: int = 0) -> NDArray:
+    """Softmax of each row of ``scale * x`` (R, C), shape (R, C). ``queries`` > 0 masks
+    causally: the rows are blocks of that many queries and row r sees keys
+    j <= r % queries + C - queries only (the rest get 0; a row that sees none is uniform)."""
+    device, (rows, cols) = _check(spec.SOFTMAX_FWD, (x,), scale=scale, queries=queries)
+    (y,) = _new(device, spec.SOFTMAX_FWD, (rows, cols))
+    if rows and cols:
+        device.softmax_fwd(*_h(x), rows, cols, float(scale), int(queries), *_out(y))
+    return y
+
+
+def softmax_bwd(y: NDArray, dy: NDArray, scale: float = 1.0) -> NDArray:
+    """The gradient of :func:`softmax_fwd` given its result ``y`` and the adjoint ``dy`` (both
+    (R, C)): ``scale * y * (dy - Σ_row dy * y)``."""
+    device, (rows, cols) = _check(spec.SOFTMAX_BWD, (y, dy), scale=scale)
+    (dx,) = _new(device, spec.SOFTMAX_BWD, (rows, cols))
+    if rows and cols:
+        device.softmax_bwd(*_h(y, dy), rows, cols, float(scale), *_out(dx))
+    return dx
 
 
 def layernorm_fwd(

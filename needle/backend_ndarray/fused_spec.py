@@ -260,6 +260,19 @@ def _scattered(rows: int, cols: int, vocab: int) -> Dims:
     return (vocab, cols)
 
 
+def _causal_blocks(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
+    """softmax_fwd's ``queries``: a whole number >= 0 (0: no mask) whose blocks tile the rows."""
+    queries = scalars["queries"]
+    if isinstance(queries, (str, bytes)) or not hasattr(queries, "__float__"):
+        raise TypeError(f"{fn}: queries must be a whole number, got {type(queries).__name__}")
+    if not (math.isfinite(queries) and queries == int(queries) and queries >= 0):
+        raise ValueError(f"{fn}: queries must be a whole number >= 0 (0: no mask), got {queries}")
+    if queries and dims[0] % int(queries):
+        raise ValueError(
+            f"{fn}: rows={dims[0]} is not a whole number of blocks of queries={int(queries)}"
+        )
+
+
 # the convolutions' sizes (n, h, w, c_in, kh, kw, c_out, stride, padding): NHWC input, weight
 # (kh, kw, c_in, c_out), output (n, h_out, w_out, c_out). The forward pass and the weight
 # gradient read (n, h, w, c_in) off the input x and are given the rest; the input gradient
@@ -384,6 +397,28 @@ SOFTMAX_XENT_BWD = _kernel(
     ),
     scalars=("scale",),
     outputs=(Operand("dlogits", _rows_cols),),
+)
+
+# softmax over rows of scale·x, causal over blocks of ``queries`` rows (attention's logits)
+SOFTMAX_FWD = _kernel(
+    "softmax_fwd",
+    "softmax_fwd",
+    "x",
+    _RC,
+    inputs=(Operand("x", _rows_cols),),
+    scalars=("scale", "queries"),
+    outputs=(Operand("y", _rows_cols),),
+    check_sizes=_causal_blocks,
+)
+
+SOFTMAX_BWD = _kernel(
+    "softmax_bwd",
+    "softmax_bwd",
+    "y",
+    _RC,
+    inputs=(Operand("y", _rows_cols), Operand("dy", _rows_cols)),
+    scalars=("scale",),
+    outputs=(Operand("dx", _rows_cols),),
 )
 
 LAYERNORM_FWD = _kernel(
@@ -561,6 +596,8 @@ __all__ = ["Operand", "FusedKernel", "KERNELS", "conv_out_hw"] + [
     "conv_weight_grad_given",
     "SOFTMAX_XENT",
     "SOFTMAX_XENT_BWD",
+    "SOFTMAX_FWD",
+    "SOFTMAX_BWD",
     "LAYERNORM_FWD",
     "LAYERNORM_BWD",
     "BATCHNORM_FWD",

@@ -535,9 +535,9 @@ class NDArray:
         """Matrix product with numpy's matmul rules for operands of 2 or more dimensions:
         (..., m, n) @ (..., n, p) -> (..., m, p), the batch dimensions broadcast.
 
-        One call to the device's ``matmul_strided``: transposed, sliced and broadcast operands
-        are passed as strides, without copies (a batch that no single stride describes, such
-        as (2, 3) broadcast from (3,), is made compact first).
+        One call to the device's ``matmul_strided``: transposed, sliced, broadcast and
+        permuted operands (per-head attention's (B, H, T, D) views of (B, T, H, D)) are passed
+        as strides, one per batch dimension, without copies.
         """
         if not isinstance(other, NDArray):
             raise TypeError(f"matmul needs an NDArray operand, got {type(other).__name__}")
@@ -555,26 +555,25 @@ class NDArray:
         if len(self._shape) == 2 and len(other._shape) == 2:
             batch_shape: Shape = ()
             batch = 1
-            a_strides, b_strides = (0,) + self._strides, (0,) + other._strides
-            a, b = self, other
+            a_strides, b_strides = self._strides, other._strides
         else:
             batch_shape = _broadcast_shapes(
                 self._shape[:-2], other._shape[:-2], "matmul batch dimensions of"
             )
             batch = prod(batch_shape)
-            a, a_strides = _batched(self, batch_shape)
-            b, b_strides = _batched(other, batch_shape)
+            a_strides = _broadcast_strides(self, batch_shape + self._shape[-2:])
+            b_strides = _broadcast_strides(other, batch_shape + other._shape[-2:])
         out = _new(batch_shape + (m, p), self._device)
         if batch and m and p:
             self._device.matmul_strided(
-                a._handle,
+                self._handle,
                 a_strides,
-                a._offset,
-                b._handle,
+                self._offset,
+                other._handle,
                 b_strides,
-                b._offset,
+                other._offset,
                 out._handle,
-                batch,
+                batch_shape,
                 m,
                 n,
                 p,
@@ -796,35 +795,6 @@ def _broadcast_strides(x: NDArray, shape: Shape) -> Shape:
                 f"dimension of size {old} is not 1 and differs from {new}"
             )
     return tuple(strides)
-
-
-def _batch_stride(shape: Shape, strides: Shape) -> Optional[int]:
-    """The one stride that walks the batch dimensions ``shape`` in row-major order, or None
-    when no single stride does (dimensions of size 1 are free)."""
-    stride = expected = None
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n == 1:
-            continue
-        if stride is None:
-            stride = s
-        elif s != expected:
-            return None
-        expected = s * n
-    return 0 if stride is None else stride
-
-
-def _batched(x: NDArray, batch_shape: Shape) -> Tuple[NDArray, Shape]:
-    """``x`` broadcast to ``batch_shape`` + its last two dimensions, as (array, (batch stride,
-    row stride, column stride)); compact first only when no single batch stride exists."""
-    full = batch_shape + x._shape[-2:]
-    strides = _broadcast_strides(x, full)
-    stride = _batch_stride(batch_shape, strides[:-2])
-    if stride is None:
-        x = _view(x, full, strides, x._offset)._copy()
-        strides = x._strides
-        stride = _batch_stride(batch_shape, strides[:-2])
-        assert stride is not None, "a compact batch has one batch stride"
-    return x, (stride,) + strides[-2:]
 
 
 def _normalize_shape(shape: Union[int, Iterable[int]], size: int) -> Shape:

@@ -15,7 +15,7 @@ the views and the checks.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -366,33 +366,38 @@ def matmul_strided(
     b_strides: Shape,
     b_offset: int,
     out: Array,
-    batch: int,
+    batch: Union[int, Shape],
     m: int,
     n: int,
     p: int,
 ) -> None:
-    """``out`` (compact, (batch, m, p)) = A[k] @ B[k] over strided (batch, m, n), (batch, n, p)."""
+    """``out`` (compact, batch + (m, p)) = A[k] @ B[k] over strided batch + (m, n) and
+    batch + (n, p) views; ``batch`` is an int or a tuple of batch dimensions, and each operand
+    has one stride per batch dimension, then row and column."""
     fn = "matmul_strided"
-    batch, m, n, p = (_int(fn, w, v) for w, v in zip("bmnp", (batch, m, n, p)))
-    if min(batch, m, n, p) < 0:
-        raise ValueError(f"{fn}: negative size in batch={batch}, m={m}, n={n}, p={p}")
+    dims = (batch,) if isinstance(batch, (int, np.integer)) else _ints(fn, "batch", batch)
+    dims = tuple(_int(fn, "batch", d) for d in dims)
+    m, n, p = (_int(fn, w, v) for w, v in zip("mnp", (m, n, p)))
+    if min(dims + (m, n, p)) < 0:
+        raise ValueError(f"{fn}: negative size in batch={dims}, m={m}, n={n}, p={p}")
     _buf(fn, "a", a), _buf(fn, "b", b), _buf(fn, "out", out)
     for what, strides in (("a_strides", a_strides), ("b_strides", b_strides)):
-        if len(_ints(fn, what, strides)) != 3:
+        if len(_ints(fn, what, strides)) != len(dims) + 2:
             raise ValueError(
-                f"{fn}: {what} must hold 3 strides (batch, row, column), got {tuple(strides)}"
+                f"{fn}: {what} must hold {len(dims) + 2} strides (one per batch dimension, then "
+                f"row and column), got {tuple(strides)}"
             )
-    _check_view(fn, a, (batch, m, n), a_strides, a_offset)
-    _check_view(fn, b, (batch, n, p), b_strides, b_offset)
-    size = _shape_size(fn, (batch, m, p))
+    _check_view(fn, a, dims + (m, n), a_strides, a_offset)
+    _check_view(fn, b, dims + (n, p), b_strides, b_offset)
+    size = _shape_size(fn, dims + (m, p))
     _check_out(fn, out, size)
     if size:
         if n == 0:
             out.array.fill(0.0)
             return
-        out.array.reshape(batch, m, p)[...] = np.matmul(
-            _view(a, (batch, m, n), a_strides, a_offset),
-            _view(b, (batch, n, p), b_strides, b_offset),
+        out.array.reshape(dims + (m, p))[...] = np.matmul(
+            _view(a, dims + (m, n), a_strides, a_offset),
+            _view(b, dims + (n, p), b_strides, b_offset),
         )
 
 
@@ -561,6 +566,8 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
 
 
 softmax_xent = _fused(fused_spec.SOFTMAX_XENT, kernels.softmax_xent)
+softmax_fwd = _fused(fused_spec.SOFTMAX_FWD, kernels.softmax_fwd)
+softmax_bwd = _fused(fused_spec.SOFTMAX_BWD, kernels.softmax_bwd)
 layernorm_fwd = _fused(fused_spec.LAYERNORM_FWD, kernels.layernorm_fwd)
 layernorm_bwd = _fused(fused_spec.LAYERNORM_BWD, kernels.layernorm_bwd)
 batchnorm_fwd = _fused(fused_spec.BATCHNORM_FWD, kernels.batchnorm_fwd)

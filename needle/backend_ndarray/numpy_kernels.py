@@ -150,6 +150,34 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> Tuple[np.ndarray, np
     return loss.astype(logits.dtype, copy=False), probs.astype(logits.dtype, copy=False)
 
 
+def softmax_fwd(x: np.ndarray, scale: float, queries: float) -> np.ndarray:
+    """Softmax of each row of ``scale * x`` (R, C). ``queries`` = 0: no mask; q > 0: rows come
+    in blocks of q queries and row r sees keys j <= r % q + C - q only (the causal mask of
+    attention with q queries and C keys): the others get probability 0, and a row that sees no
+    key is uniform (as the course's finite -max mask makes it)."""
+    rows, cols = x.shape
+    z = x * np.float32(scale)
+    q = int(queries)
+    visible = np.full(rows, cols) if not q else np.arange(rows) % q + (cols - q) + 1
+    masked = np.arange(cols)[None, :] >= visible[:, None]
+    z = np.where(masked, -np.inf, z)
+    z[visible <= 0] = 0  # no key visible: uniform
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        m = z.max(axis=1, keepdims=True) if cols else np.zeros((rows, 1), x.dtype)
+        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)  # an all -inf row stays NaN below
+        e = np.exp(z - m)
+        y: np.ndarray = (e / e.sum(axis=1, keepdims=True)).astype(x.dtype, copy=False)
+    return y
+
+
+def softmax_bwd(y: np.ndarray, dy: np.ndarray, scale: float) -> np.ndarray:
+    """``scale * y * (dy - Σ_row dy * y)`` (R, C): the gradient of :func:`softmax_fwd` given the
+    adjoint ``dy`` of its result ``y`` (masked entries have y = 0, so they get 0)."""
+    dot = (dy.astype(np.float64) * y).sum(axis=1, keepdims=True).astype(y.dtype)
+    dx: np.ndarray = (np.float32(scale) * (y * (dy - dot))).astype(y.dtype, copy=False)
+    return dx
+
+
 def softmax_xent_bwd(
     probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray, scale: float = 1.0
 ) -> np.ndarray:

@@ -260,16 +260,19 @@ class DeviceModule(Protocol):
         b_strides: Strides,
         b_offset: int,
         out: Buffer,
-        batch: int,
+        batch: int | Shape,
         m: int,
         n: int,
         p: int,
     ) -> None:
-        """``out`` (compact, (batch, m, p)) = A[k] @ B[k] for k < batch, where
-        ``A[k][i, j] = a[a_offset + k*a_strides[0] + i*a_strides[1] + j*a_strides[2]]`` (m × n)
-        and likewise B (n × p). A transposed operand is the same buffer with swapped strides
-        (BLAS's trans flag); a batch stride of 0 shares one matrix across the batch. n == 0
-        gives zeros."""
+        """``out`` (compact, batch + (m, p)) = A[k] @ B[k] for every index k of the batch
+        dimensions ``batch`` (a tuple, or one int for a single batch dimension), where, with d
+        batch dimensions, ``A[k][i, j] = a[a_offset + Σ_t k_t*a_strides[t] + i*a_strides[d] +
+        j*a_strides[d+1]]`` (m × n) and likewise B (n × p): one stride per batch dimension,
+        then row and column. A transposed operand is the same buffer with swapped strides
+        (BLAS's trans flag); a batch stride of 0 shares one matrix across that dimension; a
+        permuted batch (attention's per-head (B, H, T, D) view of (B, T, H, D)) is read in
+        place. n == 0 gives zeros."""
 
     # course: matmul(a, b, out, m, n, p) on compact row-major operands;
     # matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
@@ -296,6 +299,23 @@ class DeviceModule(Protocol):
         ``loss[r] = logsumexp(logits[r]) - logits[r, labels[r]]`` and ``probs[r] =
         softmax(logits[r])``. A logit of -inf has probability 0 and contributes nothing. A
         label out of range is a ValueError."""
+
+    def softmax_fwd(
+        self, x: Buffer, rows: int, cols: int, scale: float, queries: int, y: Buffer
+    ) -> None:
+        """``y[r]`` = softmax of ``scale * x[r]`` for each row of ``x`` (rows × cols), shifted
+        by the row maximum. ``queries`` = 0: no mask. ``queries`` = q > 0: the causal mask of
+        attention with q queries and ``cols`` keys, the rows being blocks of q queries (rows
+        a multiple of q): row r sees keys j <= r % q + cols - q only; the others get exactly 0
+        and are not read, and a row that sees no key is uniform (as the course's finite
+        -finfo.max mask makes it). ValueError for a negative ``queries`` or rows that are not
+        whole blocks."""
+
+    def softmax_bwd(
+        self, y: Buffer, dy: Buffer, rows: int, cols: int, scale: float, dx: Buffer
+    ) -> None:
+        """The gradient of :meth:`softmax_fwd` from its result ``y`` and the adjoint ``dy``
+        (rows × cols each): ``dx[r] = scale * y[r] * (dy[r] - Σ_j dy[r, j] * y[r, j])``."""
 
     def layernorm_fwd(
         self,

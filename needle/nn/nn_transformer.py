@@ -39,9 +39,10 @@ class MultiHeadAttention(Module):
     """Scaled dot-product attention over already-split heads.
 
     softmax(Q Kᵀ / sqrt(dim_head) + mask) V, the softmax over the key axis (the last one). With
-    ``causal=True`` query i may not attend to key j > i + (keys_len - queries_len): those
-    logits get -finfo(float32).max (a finite -inf, as the course does), so their weight is 0.
-    Dropout is applied to the probabilities.
+    ``causal=True`` query i may not attend to key j > i + (keys_len - queries_len): the course
+    adds -finfo(float32).max to those logits (``create_causal_mask``), so their weight is 0;
+    needle's softmax kernel gives them weight 0 directly (``ops_fused.softmax_last_axis``, one
+    call that also scales). Dropout is applied to the probabilities.
     """
 
     def __init__(
@@ -86,11 +87,13 @@ class MultiHeadAttention(Module):
                 f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
                 f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}"
             )
-        logits = self.matmul(q, k) / float(np.sqrt(q_dim))
-        if self.causal:
-            mask = self.create_causal_mask(queries_len, keys_values_len, q.device)
-            logits = logits + mask.broadcast_to(logits.shape)
-        probs = _dropout(self.dropout, self.softmax(logits))
+        # One kernel scales, masks (the weights create_causal_mask would zero are exactly 0)
+        # and normalises the logits; the batched products read the per-head views in place.
+        logits = self.matmul(q, k)
+        weights = ops_fused.softmax_last_axis(
+            logits, scale=1.0 / float(np.sqrt(q_dim)), causal=self.causal
+        )
+        probs = _dropout(self.dropout, weights)
         result = ops.matmul(probs, v)
         return result, probs
 

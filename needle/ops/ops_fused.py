@@ -8,12 +8,13 @@ both, values and gradients) with far fewer graph nodes and array passes per trai
 Each op's gradient is another op wrapping its backward kernel, so ``backward()`` works as for
 any op; the backward ops themselves have no gradient: differentiating a fused op twice raises
 NotImplementedError (compose the course's ops instead when second derivatives are needed).
-The embedding lookup and softmax over the last axis are the exceptions: they differentiate
-any number of times.
+The embedding lookup and the (masked) softmax over the last axis are the exceptions: they
+differentiate any number of times.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
@@ -31,6 +32,7 @@ __all__ = [
     "LSTMLayer",
     "lstm_layer",
     "SoftmaxLastAxis",
+    "SoftmaxLastAxisBackward",
     "softmax_last_axis",
     "EmbeddingLookup",
     "EmbeddingScatterAdd",
@@ -310,26 +312,67 @@ def lstm_layer(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor) -> Tuple[Tensor
 
 # ---- softmax over the last axis -----------------------------------------------------------------
 class SoftmaxLastAxis(TensorOp):
-    """softmax over the last axis, any shape: exp(x - max) / Σ exp(x - max), the row max a
-    constant (the attention softmax of the course, as one graph node). Unlike the other fused
-    ops its gradient y ⊙ (g - Σ g ⊙ y) is written with needle ops: it differentiates twice."""
+    """softmax over the last axis of ``scale``·x, any shape: exp(z - max) / Σ exp(z - max), the
+    row max a constant (the attention softmax of the course, as one graph node and one kernel
+    call, ``softmax_fwd``).
+
+    With ``causal=True`` x is (..., Tq, Tk) attention logits and query i sees keys
+    j <= i + Tk - Tq only: the others get weight exactly 0, inside the kernel, where the course
+    adds a -finfo(float32).max mask (the same weights; a query that sees no key, Tq > Tk, is
+    uniform in both, and its gradient is the course's, as if the mask were added). The
+    gradient is one ``softmax_bwd`` call; it differentiates any number of times, since the
+    backward op's own gradient is written with needle ops."""
+
+    def __init__(self, scale: float = 1.0, causal: bool = False):
+        self.scale, self.causal = float(scale), bool(causal)
 
     def compute(self, x):
-        kept = tuple(x.shape[:-1]) + (1,)
-        shift = x.max(axis=x.ndim - 1).reshape(kept).broadcast_to(x.shape)
-        e = (x - shift).exp()
-        return e / e.sum(axis=x.ndim - 1).reshape(kept).broadcast_to(x.shape)
+        if self.causal and x.ndim < 2:
+            raise ValueError(
+                f"a causal softmax needs logits (..., queries, keys), got shape {tuple(x.shape)}"
+            )
+        shape = tuple(x.shape)
+        queries = shape[-2] if self.causal else 0
+        rows = math.prod(shape[:-1])
+        y = array_api.softmax_fwd(x.compact().reshape((rows, shape[-1])), self.scale, queries)
+        return y.reshape(shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
-        shape = node.shape
+        return SoftmaxLastAxisBackward(self.scale)(out_grad, node)
+
+
+class SoftmaxLastAxisBackward(TensorOp):
+    """The gradient of :class:`SoftmaxLastAxis` from inputs (adjoint g, softmax y), same shape:
+    ``scale``·y ⊙ (g - Σ g ⊙ y) over the last axis, one ``softmax_bwd`` call. Its own gradient
+    (for a second derivative) is written with needle ops: in g it is this op again (the
+    softmax's Jacobian is symmetric), in y it is scale·(g⊙h - (Σ g⊙y) h - g (Σ y⊙h))."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def compute(self, g, y):
+        shape = tuple(y.shape)
+        flat = (math.prod(shape[:-1]), shape[-1])
+        dx = array_api.softmax_bwd(y.compact().reshape(flat), g.compact().reshape(flat), self.scale)
+        return dx.reshape(shape)
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        g, y = node.inputs
+        shape = y.shape
         kept = tuple(shape[:-1]) + (1,)
-        dot = (out_grad * node).sum(axes=len(shape) - 1).reshape(kept).broadcast_to(shape)
-        return node * (out_grad - dot)
+
+        def row_dot(a: Tensor, b: Tensor) -> Tensor:
+            return (a * b).sum(axes=len(shape) - 1).reshape(kept).broadcast_to(shape)
+
+        h = out_grad
+        dy = (g * h - row_dot(g, y) * h - g * row_dot(y, h)) * self.scale
+        return SoftmaxLastAxisBackward(self.scale)(h, y), dy
 
 
-def softmax_last_axis(x: Tensor) -> Tensor:
-    """softmax of ``x`` over its last axis (same shape as ``x``)."""
-    return SoftmaxLastAxis()(x)
+def softmax_last_axis(x: Tensor, scale: float = 1.0, causal: bool = False) -> Tensor:
+    """softmax of ``scale * x`` over its last axis (same shape as ``x``); ``causal=True`` masks
+    attention logits (..., queries, keys) causally (see :class:`SoftmaxLastAxis`)."""
+    return SoftmaxLastAxis(scale, causal)(x)
 
 
 # ---- embedding lookup ---------------------------------------------------------------------------

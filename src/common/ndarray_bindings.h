@@ -34,6 +34,12 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x cols); "    \
     "ValueError for a label outside [0, cols).",                                                    \
     "logits", "labels", "rows", "cols", "loss", "probs")                                            \
+  X(softmax_fwd,                                                                                    \
+    "y (rows x cols) = softmax of each row of scale * x; queries > 0 masks causally: row r sees "   \
+    "keys j <= r % queries + cols - queries (the others get 0).",                                   \
+    "x", "rows", "cols", "scale", "queries", "y")                                                   \
+  X(softmax_bwd, "dx = scale * y * (dy - sum(dy * y)) per row: the gradient of softmax_fwd.",       \
+    "y", "dy", "rows", "cols", "scale", "dx")                                                       \
   X(layernorm_fwd,                                                                                  \
     "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.",               \
     "x", "w", "b", "rows", "cols", "eps", "y", "xhat", "rstd")                                      \

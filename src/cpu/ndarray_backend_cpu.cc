@@ -17,12 +17,14 @@
 #include <vector>
 
 #include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_attention.h"
 #include "cpu/ndarray_backend_cpu_conv.h"
 #include "cpu/ndarray_backend_cpu_ewise.h"
 #include "cpu/ndarray_backend_cpu_fused.h"
 #include "cpu/ndarray_backend_cpu_isa.h"
 #include "cpu/ndarray_backend_cpu_math.h"
 #include "cpu/ndarray_backend_cpu_strided.h"
+#include "common/ndarray_attention.h"
 #include "common/ndarray_bindings.h"
 #include "common/ndarray_checks.h"
 #include "common/ndarray_ops.h"
@@ -540,25 +542,38 @@ void with_output(const AlignedArray& a, const AlignedArray& b, AlignedArray* out
   std::memcpy(out->ptr, tmp.ptr, size_t(count) * sizeof(float));
 }
 
+// out (compact, batch + (m, p)) = A[k] @ B[k] over the batch dimensions `batch` (see
+// common/ndarray_attention.h): each operand has one stride per batch dimension, then row and
+// column.
 void matmul_strided(const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                     const AlignedArray& b, const Shape& b_strides, idx_t b_offset,
-                    AlignedArray* out, idx_t batch, idx_t m, idx_t n, idx_t p) {
+                    AlignedArray* out, const Shape& batch, idx_t m, idx_t n, idx_t p) {
   const char* fn = "matmul_strided";
-  check_sizes(fn, {batch, m, n, p});
-  if (a_strides.size() != 3 || b_strides.size() != 3)
-    fail(fn, "a_strides and b_strides must hold 3 strides (batch, row, column), got " +
-                 vec_str(a_strides) + " and " + vec_str(b_strides));
-  check_view(fn, {batch, m, n}, a_strides, a_offset, a.size);
-  check_view(fn, {batch, n, p}, b_strides, b_offset, b.size);
-  const idx_t size = needle::checks::shape_size(fn, {batch, m, p});
+  check_sizes(fn, {m, n, p});
+  needle::batch::check(fn, batch, a_strides, b_strides);
+  Shape a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {m, n});
+  b_shape.insert(b_shape.end(), {n, p});
+  out_shape.insert(out_shape.end(), {m, p});
+  check_view(fn, a_shape, a_strides, a_offset, a.size);
+  check_view(fn, b_shape, b_strides, b_offset, b.size);
+  const idx_t size = needle::checks::shape_size(fn, out_shape);
   check_size(fn, "out", out->size, size);
   if (size == 0) return;
-  MaybeNoGil nogil{double(batch) * double(m) * double(n) * double(p)};
+  const idx_t count = size / (m * p);
+  MaybeNoGil nogil{double(count) * double(m) * double(n) * double(p)};
+  const size_t nb = batch.size();
+  const auto dims = needle::batch::collapse(batch, Shape(a_strides.begin(), a_strides.end() - 2),
+                                            Shape(b_strides.begin(), b_strides.end() - 2));
   with_output(a, b, out, size, [&](float* c) {
     if (n == 0) return std::fill(c, c + size, 0.0f);
-    g_isa->gemm(MatView{a.ptr + a_offset, a_strides[0], a_strides[1], a_strides[2]},
-                MatView{b.ptr + b_offset, b_strides[0], b_strides[1], b_strides[2]}, c, batch, m,
-                n, p, runner());
+    needle::batch::for_each_group(dims, [&](const needle::batch::Group& g) {
+      g_isa->gemm(MatView{a.ptr + a_offset + g.a, g.outer.a, a_strides[nb], a_strides[nb + 1],
+                          g.inner.size, g.inner.a},
+                  MatView{b.ptr + b_offset + g.b, g.outer.b, b_strides[nb], b_strides[nb + 1],
+                          g.inner.size, g.inner.b},
+                  c + g.first * m * p, g.outer.size * g.inner.size, m, n, p, runner());
+    });
   });
 }
 
@@ -767,11 +782,22 @@ helper that has not started. In a child created by fork() everything runs on the
   m.def("reduce_sum", &reduce_sum, "out[j] = sum of a[j*reduce_size:(j+1)*reduce_size].",
         arg("a"), arg("out"), arg("reduce_size"));
 
-  m.def("matmul_strided", &matmul_strided,
-        "out (compact, (batch, m, p)) = A[k] @ B[k] over strided (batch, m, n) and (batch, n, p) "
-        "views.",
-        arg("a"), arg("a_strides"), arg("a_offset"), arg("b"), arg("b_strides"), arg("b_offset"),
-        arg("out"), arg("batch"), arg("m"), arg("n"), arg("p"));
+  constexpr const char* matmul_doc =
+      "out (compact, batch + (m, p)) = A[k] @ B[k] over strided views; batch is an int or a tuple "
+      "of batch dimensions, and each operand has one stride per batch dimension, then row and "
+      "column.";
+  m.def("matmul_strided", &matmul_strided, matmul_doc, arg("a"), arg("a_strides"),
+        arg("a_offset"), arg("b"), arg("b_strides"), arg("b_offset"), arg("out"), arg("batch"),
+        arg("m"), arg("n"), arg("p"));
+  m.def(
+      "matmul_strided",
+      [](const AlignedArray& a, const Shape& a_strides, idx_t a_offset, const AlignedArray& b,
+         const Shape& b_strides, idx_t b_offset, AlignedArray* out, idx_t batch, idx_t m,
+         idx_t n, idx_t p) {
+        matmul_strided(a, a_strides, a_offset, b, b_strides, b_offset, out, Shape{batch}, m, n, p);
+      },
+      matmul_doc, arg("a"), arg("a_strides"), arg("a_offset"), arg("b"), arg("b_strides"),
+      arg("b_offset"), arg("out"), arg("batch"), arg("m"), arg("n"), arg("p"));
   m.def("matmul", &matmul, "out (m, p) = a (m, n) @ b (n, p), row-major.", arg("a"), arg("b"),
         arg("out"), arg("m"), arg("n"), arg("p"));
   m.def("matmul_tiled", &matmul_tiled,

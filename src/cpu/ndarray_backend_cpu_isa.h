@@ -33,13 +33,15 @@ constexpr int64_t kTile = 8;
 // m*n*p at or below which a product takes the direct path (no packing, no threads): measured
 // with one thread on AVX-512, the packed engine wins from about 24^3 on.
 constexpr double kGemmDirectFlops = 20.0 * 20 * 20;
-// From kGemmSplitFlops (64^3) up to kGemmParallelFlops (about 290^3) a product of
+// From kGemmSplitFlops (about 101^3) up to kGemmParallelFlops (about 290^3) a product of
 // rows-contiguous operands is split by rows or columns among the threads without packing (the
 // micro-kernel reads A and B in place): each part is long enough to pay for a worker that is
 // awake (the pool's workers spin briefly after each job), and at 256^3 this ran 1.2-1.4x the
-// packed engine on two threads. From kGemmParallelFlops on, and for strided operands, the packed
-// engine shares one product among every thread (packing B together).
-constexpr double kGemmSplitFlops = double(1 << 18);
+// packed engine on two threads. Below it one thread is as fast or faster (72x73x74: 5.8 us on
+// one thread, 6.4 us split in two; 96^3: 8.4 and 8.6 us). From kGemmParallelFlops on, and for
+// strided operands, the packed engine shares one product among every thread (packing B
+// together).
+constexpr double kGemmSplitFlops = double(1 << 20);
 constexpr double kGemmParallelFlops = 24.0 * (1 << 20);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).
@@ -49,10 +51,14 @@ struct Runner {
 };
 
 // A matrix operand: element (i, k) of matrix b of the batch at
-// ptr[b * sb + i * rs + k * cs] (strides in elements; any sign, 0 allowed).
+// ptr[(b / inner) * sb + (b % inner) * si + i * rs + k * cs] (strides in elements; any sign, 0
+// allowed): a batch of two levels, `inner` matrices per outer step (per-head attention reads
+// (batch, head) this way); the defaults make it one level, ptr[b * sb + ...].
 struct MatView {
   const float* ptr;
   int64_t sb, rs, cs;
+  int64_t inner = 1, si = 0;
+  const float* at(int64_t b) const { return ptr + (b / inner) * sb + (b % inner) * si; }
 };
 
 struct IsaKernels {

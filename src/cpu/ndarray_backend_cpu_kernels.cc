@@ -505,7 +505,7 @@ void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t
   if (batch <= 0 || m <= 0 || p <= 0) return;
   const double flops = double(m) * double(n) * double(p);
   auto one = [&](int64_t k, bool may_thread) {
-    gemm_one(A.ptr + k * A.sb, A.rs, A.cs, B.ptr + k * B.sb, B.rs, B.cs, out + k * m * p, m, n,
+    gemm_one(A.at(k), A.rs, A.cs, B.at(k), B.rs, B.cs, out + k * m * p, m, n,
              p, run, may_thread);
   };
   // A batch of products too small to share one product among threads: a product per thread.

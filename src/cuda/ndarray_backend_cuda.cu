@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/ndarray_attention.h"
 #include "common/ndarray_ops.h"
 
 namespace needle::cuda {
@@ -436,8 +437,8 @@ matmul_kernel(const float* __restrict__ A, MatrixView va, bool a_rows_fast,
   const int col0 = (blockIdx.x % tiles_p) * BN;
 
   for (int64_t bk = blockIdx.y; bk < batch; bk += gridDim.y) {
-    const float* Ak = A + va.offset + bk * va.batch;
-    const float* Bk = B + vb.offset + bk * vb.batch;
+    const float* Ak = A + va.offset + (bk / va.inner) * va.batch + (bk % va.inner) * va.batch_inner;
+    const float* Bk = B + vb.offset + (bk / vb.inner) * vb.batch + (bk % vb.inner) * vb.batch_inner;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -536,24 +537,33 @@ unsigned row_threads(int64_t cols) {
 
 __device__ unsigned long long g_bad_label_row;
 
+// One block's row of a softmax: p[j] = exp(scale * x[j] - m) for j < n, m the largest
+// scale * x[j] (0 when it is not finite: an all -inf row stays NaN, as the numpy reference).
+// Returns {m, the sum of the p[j]} on every thread.
+__device__ float2 block_exp_row(const float* x, int64_t n, float scale, float* p,
+                                float* scratch) {
+  const needle::ops::Reduce_max max_op;
+  const needle::ops::Reduce_sum sum_op;
+  float m = needle::ops::Reduce_max::identity();
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max_op(m, scale * x[j]);
+  m = block_reduce(m, max_op, scratch);
+  if (!(fabsf(m) < INFINITY)) m = 0.f;
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    p[j] = expf(scale * x[j] - m);
+    s += p[j];
+  }
+  return make_float2(m, block_reduce(s, sum_op, scratch));
+}
+
 __global__ void softmax_xent_kernel(const float* logits, const float* labels, int64_t rows,
                                     int64_t cols, float* loss, float* probs) {
   __shared__ float scratch[33];
-  const needle::ops::Reduce_max max_op;
-  const needle::ops::Reduce_sum sum_op;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* x = logits + r * cols;
     float* p = probs + r * cols;
-    float m = needle::ops::Reduce_max::identity();
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_op(m, x[j]);
-    m = block_reduce(m, max_op, scratch);
-    if (!(fabsf(m) < INFINITY)) m = 0.f;  // as the numpy reference: an all -inf row is NaN
-    float s = 0.f;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      p[j] = expf(x[j] - m);
-      s += p[j];
-    }
-    s = block_reduce(s, sum_op, scratch);
+    const float2 ms = block_exp_row(x, cols, 1.f, p, scratch);
+    const float m = ms.x, s = ms.y;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) p[j] /= s;
     if (threadIdx.x == 0) {
       const float label = labels[r];
@@ -564,6 +574,39 @@ __global__ void softmax_xent_kernel(const float* logits, const float* labels, in
         atomicMin(&g_bad_label_row, static_cast<unsigned long long>(r));
       }
     }
+  }
+}
+
+// softmax_fwd: one block per row; keys past the row's causal limit get 0 and are not read.
+__global__ void softmax_fwd_kernel(const float* x, int64_t rows, int64_t cols, float scale,
+                                   int64_t queries, float* y) {
+  __shared__ float scratch[33];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    const int64_t n = needle::checks::softmax_visible(r, cols, queries);
+    if (n == 0) {  // every key masked: uniform, as the course's finite mask gives
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = 1.f / cols;
+      continue;
+    }
+    const float s = block_exp_row(xr, n, scale, yr, scratch).y;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) yr[j] = j < n ? yr[j] / s : 0.f;
+  }
+}
+
+// softmax_bwd: one block per row, dx = scale * y * (dy - sum(dy * y)).
+__global__ void softmax_bwd_kernel(const float* y, const float* dy, int64_t rows, int64_t cols,
+                                   float scale, float* dx) {
+  __shared__ float scratch[33];
+  const needle::ops::Reduce_sum sum_op;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* yr = y + r * cols;
+    const float* gr = dy + r * cols;
+    float dot = 0.f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) dot += yr[j] * gr[j];
+    dot = block_reduce(dot, sum_op, scratch);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dx[r * cols + j] = scale * (yr[j] * (gr[j] - dot));
   }
 }
 
@@ -992,21 +1035,31 @@ void reduce(int op, const CudaArray& a, const Strided& outer, const Strided& inn
 
 void matmul(const CudaArray& a, const MatrixView& va, const CudaArray& b, const MatrixView& vb,
             CudaArray* out, int64_t batch, int64_t m, int64_t n, int64_t p) {
-  if (batch == 0 || m == 0 || p == 0) return;
+  matmul(a, b, out, {MatmulGroup{va, vb, 0, batch}}, m, n, p);
+}
+
+void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out,
+            const std::vector<MatmulGroup>& groups, int64_t m, int64_t n, int64_t p) {
+  int64_t total = 0;
+  for (const MatmulGroup& g : groups) total += g.count;
+  if (total == 0 || m == 0 || p == 0) return;
   into(out, out->ptr == a.ptr || out->ptr == b.ptr, [&](float* dst) {
     if (n == 0) {
-      fill_kernel<<<grid_for(batch * m * p), BLOCK>>>(dst, 0.f, batch * m * p);
+      fill_kernel<<<grid_for(total * m * p), BLOCK>>>(dst, 0.f, total * m * p);
       check_launch("fill kernel");
       return;
     }
     const int M = static_cast<int>(m), N = static_cast<int>(n), P = static_cast<int>(p);
-    // Large outputs: 128x128 tiles, 8x8 per thread. Otherwise 64x64 tiles, 4x4 per thread, so
-    // that more blocks keep the multiprocessors busy.
-    const int64_t big_tiles = ((m + 127) / 128) * ((p + 127) / 128) * batch;
-    if (big_tiles >= 2 * static_cast<int64_t>(sm_count())) {
-      launch_matmul<128, 128, 8, 8, 8>(a.ptr, va, b.ptr, vb, dst, batch, M, N, P);
-    } else {
-      launch_matmul<64, 64, 8, 4, 4>(a.ptr, va, b.ptr, vb, dst, batch, M, N, P);
+    for (const MatmulGroup& g : groups) {
+      float* c = dst + g.first * m * p;
+      // Large outputs: 128x128 tiles, 8x8 per thread. Otherwise 64x64 tiles, 4x4 per thread,
+      // so that more blocks keep the multiprocessors busy.
+      const int64_t big_tiles = ((m + 127) / 128) * ((p + 127) / 128) * g.count;
+      if (big_tiles >= 2 * static_cast<int64_t>(sm_count())) {
+        launch_matmul<128, 128, 8, 8, 8>(a.ptr, g.va, b.ptr, g.vb, c, g.count, M, N, P);
+      } else {
+        launch_matmul<64, 64, 8, 4, 4>(a.ptr, g.va, b.ptr, g.vb, c, g.count, M, N, P);
+      }
     }
   });
 }
@@ -1031,6 +1084,22 @@ int64_t softmax_xent(const CudaArray& logits, const CudaArray& labels, int64_t r
   unsigned long long bad = none;
   check(cudaMemcpyFromSymbol(&bad, g_bad_label_row, sizeof(bad)), "cudaMemcpyFromSymbol");
   return bad == none ? -1 : static_cast<int64_t>(bad);
+}
+
+void softmax_fwd(const CudaArray& x, int64_t rows, int64_t cols, float scale, int64_t queries,
+                 CudaArray* y) {
+  if (rows == 0 || cols == 0) return;
+  softmax_fwd_kernel<<<grid_for(rows, 1), row_threads(cols)>>>(x.ptr, rows, cols, scale, queries,
+                                                               y->ptr);
+  check_launch("softmax_fwd kernel");
+}
+
+void softmax_bwd(const CudaArray& y, const CudaArray& dy, int64_t rows, int64_t cols,
+                 float scale, CudaArray* dx) {
+  if (rows == 0 || cols == 0) return;
+  softmax_bwd_kernel<<<grid_for(rows, 1), row_threads(cols)>>>(y.ptr, dy.ptr, rows, cols, scale,
+                                                               dx->ptr);
+  check_launch("softmax_bwd kernel");
 }
 
 namespace {

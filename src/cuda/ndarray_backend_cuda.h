@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -52,9 +53,13 @@ struct Strided {
   int64_t offset[2] = {};
 };
 
-// A batch of matrices: element (k, i, j) lives at offset + k*batch + i*row + j*col.
+// A batch of matrices: element (k, i, j) lives at
+// offset + (k / inner)*batch + (k % inner)*batch_inner + i*row + j*col, a batch of two levels
+// (`inner` matrices per outer step, as per-head attention reads (batch, head)); the defaults
+// make it one level, offset + k*batch + ...
 struct MatrixView {
   int64_t offset = 0, batch = 0, row = 0, col = 0;
+  int64_t inner = 1, batch_inner = 0;
 };
 
 // ---- device ---------------------------------------------------------------------------------
@@ -98,6 +103,15 @@ void reduce(int op, const CudaArray& a, const Strided& outer, const Strided& inn
 // out (compact, batch x m x p) = A[k] (m x n) @ B[k] (n x p); m, n, p < 2^31 - 1024.
 void matmul(const CudaArray& a, const MatrixView& va, const CudaArray& b, const MatrixView& vb,
             CudaArray* out, int64_t batch, int64_t m, int64_t n, int64_t p);
+// One group of a product over several batch dimensions: `count` matrices read through va and
+// vb, written to out from matrix `first` on.
+struct MatmulGroup {
+  MatrixView va, vb;
+  int64_t first, count;
+};
+// The products of every group, out compact (all groups' matrices, m x p each).
+void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out,
+            const std::vector<MatmulGroup>& groups, int64_t m, int64_t n, int64_t p);
 // The same product with a, b and out in the (rows/TILE, cols/TILE, TILE, TILE) tiled layout.
 void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
                   int64_t p);
@@ -125,6 +139,11 @@ void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& ac
                    int64_t hidden, CudaArray* dgates, CudaArray* dc_prev);
 void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
                 float momentum, float weight_decay);
+// softmax_fwd / softmax_bwd: see protocol.py (the causal mask over blocks of `queries` rows).
+void softmax_fwd(const CudaArray& x, int64_t rows, int64_t cols, float scale, int64_t queries,
+                 CudaArray* y);
+void softmax_bwd(const CudaArray& y, const CudaArray& dy, int64_t rows, int64_t cols,
+                 float scale, CudaArray* dx);
 // The embedding kernels return -1, or (having written nothing) the first position of ids whose
 // id is not a whole number in [0, vocab). The scatter-add accumulates with atomicAdd.
 int64_t embedding_gather(const CudaArray& weight, const CudaArray& ids, int64_t vocab,

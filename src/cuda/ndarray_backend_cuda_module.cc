@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/ndarray_backend_cuda.h"
+#include "common/ndarray_attention.h"
 #include "common/ndarray_bindings.h"
 #include "common/ndarray_checks.h"
 #include "common/ndarray_ops.h"
@@ -299,26 +300,37 @@ void matmul(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx
   needle::cuda::matmul(a, MatrixView{0, 0, n, 1}, b, MatrixView{0, 0, p, 1}, &out, 1, m, n, p);
 }
 
-MatrixView matrix_view(const char* fn, const char* what, const CudaArray& x, const Ints& strides,
-                       idx_t offset, idx_t batch, idx_t rows, idx_t cols) {
-  if (strides.size() != 3) {
-    fail(fn, std::string(what) + "_strides " + tuple_str(strides) +
-                 " must have 3 entries (batch, row, column)");
-  }
-  check_view(std::string(fn) + " (" + what + ")", {batch, rows, cols}, strides, offset, x.size);
-  return MatrixView{offset, strides[0], strides[1], strides[2]};
-}
-
+// out (compact, batch + (m, p)) = A[k] @ B[k] over the batch dimensions `batch` (see
+// common/ndarray_attention.h): each operand has one stride per batch dimension, then row and
+// column.
 void matmul_strided(const CudaArray& a, const Ints& a_strides, idx_t a_offset, const CudaArray& b,
-                    const Ints& b_strides, idx_t b_offset, CudaArray& out, idx_t batch, idx_t m,
-                    idx_t n, idx_t p) {
+                    const Ints& b_strides, idx_t b_offset, CudaArray& out, const Ints& batch,
+                    idx_t m, idx_t n, idx_t p) {
   const char* fn = "matmul_strided";
-  check_sizes(fn, {batch});
   check_matmul_sizes(fn, m, n, p);
-  const MatrixView va = matrix_view(fn, "a", a, a_strides, a_offset, batch, m, n);
-  const MatrixView vb = matrix_view(fn, "b", b, b_strides, b_offset, batch, n, p);
-  check_size(fn, "out", out.size, shape_size(fn, {batch, m, p}));
-  needle::cuda::matmul(a, va, b, vb, &out, batch, m, n, p);
+  needle::batch::check(fn, batch, a_strides, b_strides);
+  Ints a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {m, n});
+  b_shape.insert(b_shape.end(), {n, p});
+  out_shape.insert(out_shape.end(), {m, p});
+  check_view(std::string(fn) + " (a)", a_shape, a_strides, a_offset, a.size);
+  check_view(std::string(fn) + " (b)", b_shape, b_strides, b_offset, b.size);
+  const idx_t size = shape_size(fn, out_shape);
+  check_size(fn, "out", out.size, size);
+  if (size == 0) return;
+  const size_t nb = batch.size();
+  std::vector<needle::cuda::MatmulGroup> groups;
+  needle::batch::for_each_group(
+      needle::batch::collapse(batch, Ints(a_strides.begin(), a_strides.end() - 2),
+                              Ints(b_strides.begin(), b_strides.end() - 2)),
+      [&](const needle::batch::Group& g) {
+        groups.push_back({MatrixView{a_offset + g.a, g.outer.a, a_strides[nb], a_strides[nb + 1],
+                                     g.inner.size, g.inner.a},
+                          MatrixView{b_offset + g.b, g.outer.b, b_strides[nb], b_strides[nb + 1],
+                                     g.inner.size, g.inner.b},
+                          g.first, g.outer.size * g.inner.size});
+      });
+  needle::cuda::matmul(a, b, &out, groups, m, n, p);
 }
 
 void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t m, idx_t n,
@@ -422,6 +434,18 @@ void raise_bad_id(const char* fn, const CudaArray& ids, idx_t bad, idx_t vocab) 
   float id = 0.0f;
   needle::cuda::to_host(ids, one, &id);
   needle::checks::fail_id(fn, id, bad, vocab);
+}
+
+void softmax_fwd(const CudaArray& x, idx_t rows, idx_t cols, double scale, idx_t queries,
+                 CudaArray& y) {
+  needle::checks::check_softmax_fwd("softmax_fwd", x, rows, cols, queries, y);
+  needle::cuda::softmax_fwd(x, rows, cols, static_cast<float>(scale), queries, &y);
+}
+
+void softmax_bwd(const CudaArray& y, const CudaArray& dy, idx_t rows, idx_t cols, double scale,
+                 CudaArray& dx) {
+  needle::checks::check_softmax_bwd("softmax_bwd", y, dy, rows, cols, dx);
+  needle::cuda::softmax_bwd(y, dy, rows, cols, static_cast<float>(scale), &dx);
 }
 
 void embedding_gather(const CudaArray& weight, const CudaArray& ids, idx_t vocab, idx_t cols,
@@ -590,11 +614,25 @@ Kernels are queued asynchronously; to_numpy and synchronize() wait for them.)doc
 
   m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("m"), py::arg("n"),
         py::arg("p"), nogil, "out (m, p) = a (m, n) @ b (n, p), all compact row-major.");
+  constexpr const char* matmul_doc =
+      "out (compact, batch + (m, p)) = A[k] @ B[k]; batch is an int or a tuple of batch "
+      "dimensions, and A and B are read through one stride per batch dimension, then row and "
+      "column (0 shares one matrix across the batch; swapped strides transpose).";
   m.def("matmul_strided", &matmul_strided, py::arg("a"), py::arg("a_strides"),
         py::arg("a_offset"), py::arg("b"), py::arg("b_strides"), py::arg("b_offset"),
         py::arg("out"), py::arg("batch"), py::arg("m"), py::arg("n"), py::arg("p"), nogil,
-        "out (compact, (batch, m, p)) = A[k] @ B[k], A and B read through (batch, row, column) "
-        "strides (0 shares one matrix across the batch; swapped strides transpose).");
+        matmul_doc);
+  m.def(
+      "matmul_strided",
+      [](const CudaArray& a, const Ints& a_strides, idx_t a_offset, const CudaArray& b,
+         const Ints& b_strides, idx_t b_offset, CudaArray& out, idx_t batch, idx_t m, idx_t n,
+         idx_t p) {
+        matmul_strided(a, a_strides, a_offset, b, b_strides, b_offset, out, Ints{batch}, m, n,
+                       p);
+      },
+      py::arg("a"), py::arg("a_strides"), py::arg("a_offset"), py::arg("b"),
+      py::arg("b_strides"), py::arg("b_offset"), py::arg("out"), py::arg("batch"), py::arg("m"),
+      py::arg("n"), py::arg("p"), nogil, matmul_doc);
   m.def("matmul_tiled", &matmul_tiled, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("m"),
         py::arg("n"), py::arg("p"), nogil,
         "out = a @ b with all three in the (rows/T, cols/T, T, T) tiled layout, T = "

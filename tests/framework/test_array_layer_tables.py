@@ -188,6 +188,7 @@ SCALARS = {
     "beta1": 0.9,
     "beta2": 0.999,
     "step": 1,
+    "queries": 3,
 }
 
 

@@ -566,6 +566,76 @@ def test_softmax_last_axis_matches_numpy_finite_differences_and_twice(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tq,tk", [(4, 4), (3, 5), (4, 2)])
+def test_masked_softmax_finite_differences_and_twice(device, tq, tk):
+    # softmax_last_axis(x, scale, causal=True): the weights of the course's scale·x + mask,
+    # gradients by central differences of a float64 formula, and differentiable twice
+    rng = np.random.default_rng(tq * 10 + tk)
+    scale = 0.6
+    allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
+    sees = allowed.any(axis=1, keepdims=True)
+
+    def probs64(v):
+        z = np.where(allowed, scale * v, -np.inf)
+        z = np.where(sees, z, 0.0)  # a query that sees no key: uniform, as the course's mask
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    x = rng.standard_normal((2, tq, tk))
+    out = ops_fused.softmax_last_axis(float32_tensor(x, device), scale=scale, causal=True)
+    np.testing.assert_allclose(out.numpy(), probs64(x), rtol=1e-5, atol=1e-7)
+    assert np.all(out.numpy()[:, ~allowed & sees] == 0)
+    if sees.all():  # (a row that sees nothing is constant: its gradient is the course's formula)
+        check_gradients(
+            lambda t: ops_fused.softmax_last_axis(t, scale=scale, causal=True), x, device=device
+        )
+        w = rng.standard_normal((2, tq, tk))
+
+        def first(v):
+            s = probs64(v)
+            return (scale * s * (w - (w * s).sum(axis=-1, keepdims=True))).sum()
+
+        xt = float32_tensor(x, device)
+        y = ops_fused.softmax_last_axis(xt, scale=scale, causal=True)
+        (y * float32_tensor(w, device)).sum().backward(create_graph=True)
+        grad = xt.grad
+        xt.grad = None
+        grad.sum().backward()
+        np.testing.assert_allclose(
+            xt.grad.numpy(), central_difference(first, x), rtol=2e-3, atol=2e-4
+        )
+
+
+@pytest.mark.parametrize("api", ["nd", "np"])
+def test_softmax_fwd_checks_queries_and_shapes(api):
+    x = np.zeros((6, 4), F32)
+    if api == "nd":
+        fwd, bwd, arr = nd.softmax_fwd, nd.softmax_bwd, lambda a: nd.array(a, device=nd.cpu_numpy())
+    else:
+        fwd, bwd, arr = npf.softmax_fwd, npf.softmax_bwd, lambda a: a
+    for queries in (-1, 1.5, float("nan"), float("inf"), 4):  # 4 does not divide 6 rows
+        with pytest.raises(ValueError, match="softmax_fwd: .*queries"):
+            fwd(arr(x), 1.0, queries)
+    for queries in ("3", None):
+        with pytest.raises(TypeError, match="softmax_fwd: queries"):
+            fwd(arr(x), 1.0, queries)
+    with pytest.raises(ValueError, match="softmax_fwd: x must be 2-D"):
+        fwd(arr(np.zeros(4, F32)), 1.0, 0)
+    with pytest.raises(ValueError, match="softmax_bwd: dy must have shape"):
+        bwd(arr(x), arr(np.zeros((6, 3), F32)), 1.0)
+    y = fwd(arr(x), 1.0, 3)  # 2 blocks of 3 queries over 4 keys: row i sees i + 2 keys
+    np.testing.assert_allclose(
+        np.asarray(y.numpy() if api == "nd" else y)[:3, 0], [1 / 2, 1 / 3, 1 / 4]
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_softmax_rejects_a_vector(device):
+    with pytest.raises(ValueError, match="causal softmax needs logits"):
+        ops_fused.softmax_last_axis(float32_tensor(np.ones(3), device), causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_softmax_loss_with_minus_inf_logit(device):
     # the course's logits·one_hot gives -inf·0 = NaN here; PyTorch gives 1.3133
     z = float32_tensor([[-np.inf, 0.0, 1.0]], device)

@@ -351,7 +351,7 @@ def test_matmul_is_one_strided_call_on_the_operands_own_buffers(device, mult):
     args = spy.calls[0][1]
     # no copies: both operands are passed as their own buffers, the transpose as strides
     assert args[0] is a._handle and args[3] is y_view._handle
-    assert tuple(args[4]) == (0, 1, n) and tuple(args[7:]) == (1, m, n, p)
+    assert tuple(args[4]) == (1, n) and tuple(args[7]) == () and tuple(args[8:]) == (m, n, p)
     np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
 
 
@@ -516,8 +516,30 @@ def test_batched_matmul_is_one_call_with_a_shared_matrix(device):
     out = a @ b
     assert [name for name, _ in spy.calls] == ["matmul_strided"]
     args = spy.calls[0][1]
-    assert args[3] is b._handle and tuple(args[4]) == (0, 2, 1) and tuple(args[7:]) == (4, 3, 5, 2)
+    assert args[3] is b._handle and tuple(args[4]) == (0, 2, 1)
+    assert tuple(args[7]) == (4,) and tuple(args[8:]) == (3, 5, 2)
     np.testing.assert_allclose(out.numpy(), x @ y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_head_attention_views_are_read_in_place(device):
+    # attention's (B, H, T, D) heads are views of (B, T, H, D): q @ kᵀ and probs @ v must reach
+    # the kernel as those buffers, with one stride per batch dimension, and match numpy
+    spy, dev = spy_device(device)
+    B, T, H, D = 2, 5, 3, 4
+    x, y, w = rand(11, (B, T, H, D)), rand(12, (B, T, H, D)), rand(13, (B, H, T, T))
+    q = nd.array(x, device=dev).permute((0, 2, 1, 3))
+    k = nd.array(y, device=dev).permute((0, 2, 3, 1))  # (B, H, D, T): the transposed keys
+    probs = nd.array(w, device=dev)
+    for a, b in ((q, k), (probs, q)):
+        spy.calls.clear()
+        out = a @ b
+        assert [name for name, _ in spy.calls] == ["matmul_strided"]
+        args = spy.calls[0][1]
+        assert args[0] is a._handle and args[3] is b._handle and tuple(args[7]) == (B, H)
+        assert tuple(args[1]) == a.strides and tuple(args[4]) == b.strides
+        expected = np.matmul(a.numpy().astype(np.float64), b.numpy())
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 # ---- flip and pad ----------------------------------------------------------------------------

@@ -174,6 +174,43 @@ def test_multihead_attention_forward_backward(device, causal, tq, tk):
     )
 
 
+def course_attention(q, k, v, causal):
+    """The course's MultiHeadAttention written with needle ops: logits / sqrt(D) plus
+    create_causal_mask's -finfo.max, then softmax as exp(z - max) / sum (the path the fused
+    kernel replaced)."""
+    d = q.shape[-1]
+    logits = ndl.ops.matmul(q, ndl.ops.transpose(k)) / float(np.sqrt(d))
+    if causal:
+        mask = nn.MultiHeadAttention().create_causal_mask(q.shape[2], k.shape[2], q.device)
+        logits = logits + mask.broadcast_to(logits.shape)
+    kept = logits.shape[:-1] + (1,)
+    top = ndl.Tensor(logits.numpy().max(axis=-1, keepdims=True), device=q.device)
+    e = ndl.ops.exp(logits - top.broadcast_to(logits.shape))
+    probs = e / e.sum(axes=(3,)).reshape(kept).broadcast_to(logits.shape)
+    return ndl.ops.matmul(probs, v), probs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tq,tk", [(5, 5), (3, 6), (6, 3)])
+def test_multihead_attention_matches_the_course_path(device, causal, tq, tk):
+    # the fused path (strided products, scaled and masked softmax kernel) against the course's
+    # ops, values and gradients; (6, 3) has queries that see no key (uniform rows)
+    rng = np.random.default_rng(tq * 10 + tk)
+    B, H, D = 2, 3, 4
+    arrays = [rng.standard_normal(s) for s in ((B, H, tq, D), (B, H, tk, D), (B, H, tk, D))]
+    w = rng.standard_normal((B, H, tq, D))
+    got, want = {}, {}
+    for fn in (nn.MultiHeadAttention(causal=causal, device=device), None):
+        ts = [T(a, device) for a in arrays]
+        result, probs = fn(*ts) if fn else course_attention(*ts, causal)
+        (result * T(w, device, False)).sum().backward()
+        grads = {n: t.grad.numpy() for n, t in zip("qkv", ts)}
+        (got if fn else want).update(result=result.numpy(), probs=probs.numpy(), **grads)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_attention_dropout_acts_on_probabilities(device):
     B, H, S, D = 2, 2, 6, 4
