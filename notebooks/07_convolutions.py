@@ -86,6 +86,7 @@ from needle import backend_ndarray as nd
 import companion.data
 from companion.apps.models import ResNet9
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10
+from companion import lecture
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
@@ -512,7 +513,8 @@ assert np.abs(g_max - fd).max() < 1e-4
 # `companion.data.ShapesDataset`: ten classes of coloured shapes and textures (discs, squares,
 # triangles, rings, crosses, four kinds of stripes/checks, dot grids) drawn from a seed, with
 # random colours, positions and sizes and pixel noise — same format as CIFAR-10. To train on the
-# real thing, run `make data` and set `DATASET = "cifar10"` below.
+# real thing, run `make data` (outside a checkout, e.g. in Colab: `python -m
+# companion.data.download --all --root data`) and set `DATASET = "cifar10"` below.
 
 # %%
 DATASET = "shapes"        # "shapes" (offline, the committed outputs) or "cifar10" (`make data`)
@@ -520,13 +522,10 @@ N_TRAIN, N_TEST = 1000, 500
 EPOCHS, BATCH_SIZE, LR, WEIGHT_DECAY = 4, 50, 2e-3, 1e-3
 
 # %%
-from pathlib import Path
-
-
 def load(train: bool):
     n = N_TRAIN if train else N_TEST
     if DATASET == "cifar10":
-        ds = ndl.data.CIFAR10Dataset(str(Path("..") / "data" / "cifar-10-batches-py"), train)
+        ds = ndl.data.CIFAR10Dataset(str(lecture.data_dir() / "cifar-10-batches-py"), train)
         ds.X, ds.y = ds.X[:n], ds.y[:n]
         ds.classes = companion.data.CIFAR10_CLASSES
         return ds

@@ -31,6 +31,7 @@ CHECKOUT_ONLY = {
     "the checkout folder": re.compile(r"lecture\.CHECKOUT\b"),
     "the benchmarks package": re.compile(r"^\s*(from|import)\s+benchmarks\b", re.M),
     "a subprocess run in the checkout": re.compile(r"cwd\s*=\s*ROOT\b"),
+    "a folder beside the notebooks": re.compile(r"Path\(\s*[\"']\.\.[\"']\s*\)"),
 }
 
 
