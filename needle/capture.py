@@ -67,37 +67,34 @@ import numpy as np
 
 from . import autograd, backend_selection
 from .autograd import Tensor
+from .backend_ndarray import fused_spec
 
 __all__ = ["compile", "CompiledStep"]
 
-# Buffer arguments each kernel writes (unknown kernels: every buffer argument counts as written).
+# Buffer arguments each kernel writes (unknown kernels: every buffer argument counts as written):
+# the protocol's array functions write their ``out``; each fused kernel its declared outputs and
+# the inputs it updates in place (fused_spec, where the kernels are specified).
 _WRITES: Dict[str, Tuple[str, ...]] = {
-    "from_numpy": ("out",),
-    "fill": ("out",),
-    "compact": ("out",),
-    "ewise_setitem": ("out",),
-    "scalar_setitem": ("out",),
-    "ewise_binary": ("out",),
-    "ewise_scalar": ("out",),
-    "ewise_unary": ("out",),
-    "reduce": ("out",),
-    "matmul_strided": ("out",),
-    "softmax_xent": ("loss", "probs"),
-    "softmax_fwd": ("y",),
-    "softmax_bwd": ("dx",),
-    "layernorm_fwd": ("y", "xhat", "rstd"),
-    "layernorm_bwd": ("dx", "dw", "db"),
-    "batchnorm_fwd": ("y", "xhat", "rstd", "mean", "var"),
-    "batchnorm_bwd": ("dx", "dw", "db"),
-    "lstm_cell_fwd": ("h", "c", "act", "tanh_c"),
-    "lstm_cell_bwd": ("dgates", "dc_prev"),
-    "sgd_update": ("param", "buf"),
-    "adam_update": ("param", "m", "v"),
-    "embedding_gather": ("out",),
-    "embedding_scatter_add": ("out",),
-    "conv_fwd": ("out",),
-    "conv_input_grad": ("out",),
-    "conv_weight_grad": ("out",),
+    **dict.fromkeys(
+        (
+            "from_numpy",
+            "fill",
+            "compact",
+            "ewise_setitem",
+            "scalar_setitem",
+            "ewise_binary",
+            "ewise_scalar",
+            "ewise_unary",
+            "reduce",
+            "matmul_strided",
+        ),
+        ("out",),
+    ),
+    **{
+        k.name: tuple(o.name for o in k.outputs) + k.updates
+        for k in fused_spec.KERNELS.values()
+        if k.name is not None
+    },
 }
 # Module functions never recorded (bookkeeping, not computation).
 _SKIP = {"memory_stats", "reset_peak", "cache_info", "cache_clear", "is_available"}

@@ -64,7 +64,8 @@ class FusedKernel:
     outputs, in that order; the numpy kernel takes the inputs, the given sizes and the
     scalars. ``check_sizes(fn, dims, scalars)`` holds any further check; ``check_dims(fn,
     dims)`` checks the sizes alone, before any operand's shape is computed from them (the
-    convolutions' output size divides by the stride)."""
+    convolutions' output size divides by the stride). ``updates`` names the inputs the device
+    call writes in place (the optimizer updates' parameter and state)."""
 
     name: Optional[str]
     api_name: str
@@ -77,6 +78,7 @@ class FusedKernel:
     more_sources: Tuple[str, ...] = ()
     given: Tuple[str, ...] = ()
     check_dims: Optional[Callable[[str, Dims], None]] = None
+    updates: Tuple[str, ...] = ()
 
     @property
     def sources(self) -> Tuple[str, ...]:
@@ -516,6 +518,7 @@ SGD_UPDATE = _kernel(
         Operand("buf", _elements, "source"),
     ),
     scalars=("lr", "momentum", "weight_decay"),
+    updates=("param", "buf"),
 )
 
 ADAM_UPDATE = _kernel(
@@ -531,6 +534,7 @@ ADAM_UPDATE = _kernel(
     ),
     scalars=("lr", "beta1", "beta2", "eps", "weight_decay", "step"),
     check_sizes=_step_from_one,
+    updates=("param", "m", "v"),
 )
 
 # ids: float32 holding whole numbers in [0, vocab); the kernels check the values (IndexError)

@@ -484,3 +484,16 @@ def test_unsupported_result_runs_once_and_stays_eager():
         np.testing.assert_array_equal(compiled(x)["out"].numpy(), np.full(3, 2, np.float32))
         assert len(calls) == n  # the step ran once per call, never again to fall back
     assert compiled.stats["replays"] == 0 and "returned a dict" in compiled.stats["reasons"][0]
+
+
+def test_the_table_of_written_buffers_names_real_parameters():
+    # The table is derived from the fused kernels' specifications; each name it lists must be a
+    # parameter of the device function (else the replay planner would miss a write).
+    from needle import capture
+    from needle.backend_ndarray import protocol
+
+    assert {"sgd_update", "adam_update", "conv_fwd", "softmax_fwd"} <= set(capture._WRITES)
+    for name, written in capture._WRITES.items():
+        assert hasattr(protocol.DeviceModule, name), name
+        params = capture._param_names(None, name)
+        assert written and set(written) <= set(params), (name, written, params)
