@@ -24,7 +24,7 @@ from typing import Callable, Dict, List
 
 import needle as ndl
 from benchmarks.common import busy_note
-from companion.steps import CASES, TITLES, needle_step
+from companion.steps import CASES, TITLES, needle_step, peak_bytes
 
 
 def _one_call(step) -> Callable[[], object]:
@@ -41,11 +41,8 @@ def _one_call(step) -> Callable[[], object]:
 
 def _peak(device, fn: Callable[[], object]) -> int:
     """Bytes allocated above the live bytes at the peak of one call of ``fn``."""
-    mod = device.mod
-    mod.reset_peak()
-    live = mod.memory_stats()["live_bytes"]
-    fn()
-    return int(mod.memory_stats()["peak_bytes"] - live)
+    peak, start = peak_bytes(device, fn)
+    return peak - start
 
 
 def measure(case: str, blocks: int, steps: int, device=None) -> Dict[str, float]:

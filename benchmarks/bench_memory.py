@@ -3,10 +3,10 @@ the speed benchmarks (``companion/steps.py``: MLP-ResNet, ResNet-9, LSTM LM, Tra
 
 Both sides count the bytes of live tensor buffers, not the process's resident memory (which
 depends on the C allocator's habits): needle with its device module's counter
-(``cpu().memory_stats()``, reset at the step's start), PyTorch with its profiler's memory
-timeline of the CPU allocations (``profile_memory=True``; a private PyTorch API, so a PyTorch
-without it gets no column rather than a wrong one). Two steps run first, so the optimizer's
-state exists; then one step is measured. Two figures per library:
+(``cpu().memory_stats()``, reset at the step's start, the garbage collector off), PyTorch with
+its profiler's memory timeline of the CPU allocations (``profile_memory=True``; a private
+PyTorch API, so a PyTorch without it gets no column rather than a wrong one). Two steps run
+first, so the optimizer's state exists; then one step is measured. Two figures per library:
 
 * peak: the most bytes live at any moment of the step (parameters, optimizer state, the batch,
   activations, gradients);
@@ -26,7 +26,7 @@ import numpy as np
 
 import needle as ndl
 from benchmarks.common import Table
-from companion.steps import CASES, TITLES, needle_step, torch_step
+from companion.steps import CASES, TITLES, needle_step, peak_bytes, torch_step
 
 try:  # optional oracle; the benchmark never needs it
     import torch
@@ -42,10 +42,8 @@ def needle_peak(case: str, device) -> tuple[float, float]:
     step = needle_step(case, device)
     for _ in range(WARMUP_STEPS):
         step()
-    start = device.memory_stats()["live_bytes"]
-    device.reset_peak()
-    step()
-    return float(device.memory_stats()["peak_bytes"]), float(start)
+    peak, start = peak_bytes(device, step)
+    return float(peak), float(start)
 
 
 def torch_peak(case: str) -> Optional[tuple[float, float]]:

@@ -19,8 +19,9 @@ needle checkout.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -62,6 +63,22 @@ class Step:
     def __call__(self) -> None:
         self.backward(self.forward())
         self.update()
+
+
+def peak_bytes(device, fn: Callable[[], object]) -> Tuple[int, int]:
+    """(peak bytes live during one call of ``fn``, bytes live when it started) on ``device``'s
+    allocator counter (``memory_stats``). The garbage collector is off during the call, after
+    a collection: when a collection would run mid-step depends on the Python version, and it
+    moves the peak."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = device.memory_stats()["live_bytes"]
+        device.reset_peak()
+        fn()
+        return int(device.memory_stats()["peak_bytes"]), int(start)
+    finally:
+        gc.enable()
 
 
 def _data(case: str):
