@@ -19,7 +19,7 @@ from . import fused_spec as spec
 from .device import BackendDevice
 from .ndarray import NDArray
 from .ndarray import _new as _alloc
-from .protocol import Array
+from .protocol import BINARY_OPS, Array
 
 __all__ = list(spec.KERNELS)  # softmax_xent, ..., adam_update_: one function per kernel
 
@@ -90,10 +90,30 @@ def softmax_xent_bwd(
     key = (cols, device)
     if key not in _IOTA:
         _IOTA[key] = NDArray(np.arange(cols, dtype=np.float32).reshape(1, cols), device=device)
-    # element-wise ops broadcast: (1, C) == (N, 1) is the (N, C) one-hot matrix
-    one_hot = _IOTA[key] == labels.compact().reshape((rows, 1))
     column = (dloss * float(scale)).compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
-    return (probs - one_hot) * column
+    # element-wise ops broadcast: (1, C) == (N, 1) is the (N, C) one-hot matrix. The two steps
+    # after it write into its buffer, so the gradient costs one (N, C) array, not three (the
+    # vocabulary-sized temporaries made this the peak of a language model's step).
+    out = _IOTA[key] == labels.compact().reshape((rows, 1))
+    _binary_into("sub", probs, out, out)
+    _binary_into("mul", out, column, out)
+    return out
+
+
+def _binary_into(op: str, a: NDArray, b: NDArray, out: NDArray) -> None:
+    """``out = a <op> b`` element-wise (``op`` a name of ``BINARY_OPS``) written into the
+    compact ``out``, which may be ``a`` or ``b`` themselves (every output element reads only
+    the same element of each operand); ``a`` and ``b`` are broadcast to ``out``'s shape."""
+    if out.size == 0:
+        return
+    a, b = a.broadcast_to(out.shape), b.broadcast_to(out.shape)
+    out.device.ewise_binary(
+        BINARY_OPS.index(op),
+        *(a._handle, a._strides, a._offset),
+        *(b._handle, b._strides, b._offset),
+        out._handle,
+        out.shape,
+    )
 
 
 def softmax_fwd(x: NDArray, scale: float = 1.0, queries: int = 0) -> NDArray:
