@@ -307,15 +307,16 @@ class LSTM(Module):
             _check_state(h[0], shape, "LSTM initial state h0")
             _check_state(h[1], shape, "LSTM initial state c0")
             states = list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
-        layer_input = X.reshape((seq_len * bs, self.input_size))
+        output = X
         h_n, c_n = [], []
         for cell, (h_0, c_0) in zip(self.lstm_cells, states):
-            xw = _input_projection(cell, layer_input).reshape((seq_len, bs, 4 * H))
-            # the T steps of cell._step as one op (one graph node; one dW_hh product backward)
-            output, h_t, c_t = ops_fused.lstm_layer(xw, h_0, c_0, cell.W_hh)
+            # The T steps of cell._step as one op (one graph node; one dW_hh product backward),
+            # with the input projection (_input_projection) inside it: the (T, B, 4H)
+            # projections are not kept between forward and backward.
+            biases = () if cell.bias_ih is None else (cell.bias_ih, cell.bias_hh)
+            output, h_t, c_t = ops_fused.lstm_layer(output, h_0, c_0, cell.W_hh, cell.W_ih, *biases)
             h_n.append(h_t)
             c_n.append(c_t)
-            layer_input = output.reshape((seq_len * bs, H))
         return output, (ops.stack(h_n, 0), ops.stack(c_n, 0))
 
 

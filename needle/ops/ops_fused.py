@@ -242,10 +242,27 @@ def _put(out, t: int, value) -> None:
     out[t : t + 1] = value.compact().reshape((1,) + tuple(value.shape))
 
 
+def _project(x, w_ih, biases):
+    """x W_ih + b_ih + b_hh for x (T, B, I): the input projections (T, B, 4H) of every step,
+    computed as ``nn_sequence._input_projection`` does on Tensors (the same kernels)."""
+    steps, batch, features = x.shape
+    z = x.compact().reshape((steps * batch, features)) @ w_ih
+    if biases:
+        b_ih, b_hh = biases
+        z = z + (b_ih + b_hh).compact().reshape((1, z.shape[1])).broadcast_to(z.shape)
+    return z.reshape((steps, batch, z.shape[1]))
+
+
 class LSTMLayer(TensorTupleOp):
-    """One LSTM layer run over a sequence, as one op: inputs ``xw`` (T, B, 4H), the input
-    projections X_t W_ih + biases of every step, ``h0``, ``c0`` (B, H) and ``W_hh`` (H, 4H);
-    output the tuple (hidden states (T, B, H), h_T, c_T). Step t is exactly LSTMCell's:
+    """One LSTM layer run over a sequence, as one op: inputs ``x``, ``h0``, ``c0`` (B, H),
+    ``W_hh`` (H, 4H) and optionally ``W_ih`` (I, 4H) with ``b_ih``, ``b_hh`` (4H,); output the
+    tuple (hidden states (T, B, H), h_T, c_T).
+
+    Without ``W_ih``, ``x`` is ``xw`` (T, B, 4H), the input projections X_t W_ih + biases of
+    every step. With it, ``x`` is the layer's input (T, B, I) and the op computes xw itself and
+    does not keep it: the graph then holds no (T, B, 4H) array between forward and backward,
+    where the projection as separate ops kept two (the product and the sum with the biases),
+    and the backward forms d x, d W_ih and d b from d xw. Step t is exactly LSTMCell's:
     gates = xw[t] + h_{t-1} W_hh, then :class:`LSTMCellStep`'s kernel.
 
     Its backward runs the steps in reverse and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one
@@ -254,7 +271,8 @@ class LSTMLayer(TensorTupleOp):
     def __init__(self):
         self.saved = self.out = None
 
-    def compute(self, xw, h0, c0, w_hh):
+    def compute(self, x, h0, c0, w_hh, *projection):
+        xw = _project(x, projection[0], projection[1:]) if projection else x
         steps, batch, four = xw.shape
         out = array_api.empty((steps, batch, four // 4), dtype=xw.dtype, device=xw.device)
         h, c, saved = h0, c0, []
@@ -268,12 +286,13 @@ class LSTMLayer(TensorTupleOp):
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
         grads = LSTMLayerBackward(self.saved, self.out)(out_grad, *node.inputs)
-        return tuple(grads[k] for k in range(4))
+        return tuple(grads[k] for k in range(len(node.inputs)))
 
 
 class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
-    """(d xw, d h0, d c0, d W_hh) of :class:`LSTMLayer`; inputs (the tuple adjoint (d output,
-    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``saved`` holds
+    """The adjoints of :class:`LSTMLayer`'s inputs: (d x, d h0, d c0, d W_hh), then d W_ih and
+    d b_ih = d b_hh when it projects its input; inputs (the tuple adjoint (d output, d h_T,
+    d c_T), then the layer's inputs), and the forward pass's saved arrays: ``saved`` holds
     (act, c_prev, tanh_c) of each step, ``out`` the hidden states (T, B, H)."""
 
     forward_name = "lstm_layer"
@@ -281,11 +300,11 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
     def __init__(self, saved, out):
         self.saved, self.out = saved, out
 
-    def compute(self, adjoint, xw, h0, _c0, w_hh):
+    def compute(self, adjoint, x, h0, _c0, w_hh, *projection):
         d_out, dh, dc = adjoint
         saved, out = self.saved, self.out
         steps, batch, hidden = out.shape
-        dxw = array_api.empty(tuple(xw.shape), dtype=xw.dtype, device=xw.device)
+        dxw = array_api.empty((steps, batch, 4 * hidden), dtype=x.dtype, device=x.device)
         # compacted once: small products with a transposed (strided) operand are slower
         w_hh_t = w_hh.permute((1, 0)).compact()
         for t in reversed(range(steps)):
@@ -293,20 +312,40 @@ class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
             dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev, tanh_c)
             _put(dxw, t, dgates)
             dh = dgates @ w_hh_t
-        h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
+        h_prev = array_api.empty((steps, batch, hidden), dtype=x.dtype, device=x.device)
         _put(h_prev, 0, h0)
         if steps > 1:
             h_prev[1:] = out[: steps - 1]
-        d_w = h_prev.reshape((steps * batch, hidden)).permute((1, 0)) @ dxw.reshape(
-            (steps * batch, 4 * hidden)
+        rows = steps * batch
+        dz = dxw.reshape((rows, 4 * hidden))
+        d_w = h_prev.reshape((rows, hidden)).permute((1, 0)) @ dz
+        if not projection:
+            return dxw, dh, dc, d_w
+        # the projection's adjoints: d x = d xw W_ihᵀ, d W_ih = xᵀ d xw, d b = Σ_rows d xw
+        w_ih = projection[0]
+        features = w_ih.shape[0]
+        x_rows = x.compact().reshape((rows, features))
+        dx = (dz @ w_ih.permute((1, 0))).reshape((steps, batch, features))
+        d_ih = x_rows.permute((1, 0)) @ dz
+        if len(projection) == 1:
+            return dx, dh, dc, d_w, d_ih
+        d_b = dz.sum(axis=0).reshape((4 * hidden,))
+        return dx, dh, dc, d_w, d_ih, d_b, d_b
+
+
+def lstm_layer(
+    x: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, *projection: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """An LSTM layer over a sequence: (output (T, B, H), h_T, c_T) from the initial state
+    ``h0``, ``c0`` (B, H), ``w_hh`` (H, 4H) and either the input projections ``x`` = xw
+    (T, B, 4H), or the input ``x`` (T, B, I) with ``projection`` = (W_ih (I, 4H),) or (W_ih,
+    b_ih, b_hh) (biases (4H,)): the op then projects x itself without keeping the result."""
+    if len(projection) not in (0, 1, 3):
+        raise ValueError(
+            f"lstm_layer's projection is (), (W_ih,) or (W_ih, b_ih, b_hh); got "
+            f"{len(projection)} tensors"
         )
-        return dxw, dh, dc, d_w
-
-
-def lstm_layer(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """An LSTM layer over a sequence: (output (T, B, H), h_T, c_T) from the input projections
-    ``xw`` (T, B, 4H), the initial state ``h0``, ``c0`` (B, H) and ``w_hh`` (H, 4H)."""
-    out = LSTMLayer()(xw, h0, c0, w_hh)
+    out = LSTMLayer()(x, h0, c0, w_hh, *projection)
     return out[0], out[1], out[2]
 
 

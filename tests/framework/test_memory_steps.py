@@ -17,6 +17,7 @@ import pytest
 from conftest import device_params
 
 import needle as ndl
+from needle import nn
 from needle.backend_ndarray import fused
 
 # The NDArray devices with an allocator counter (the numpy backend's arrays have none).
@@ -59,3 +60,64 @@ def test_softmax_xent_gradient_allocates_only_its_result(device):
     one_hot = np.eye(cols, dtype=np.float32)[labels.numpy().astype(int)]
     want = (p - one_hot) * (dloss.numpy()[:, None] * np.float32(0.5))
     np.testing.assert_allclose(grad.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def _live(device) -> int:
+    return device.mod.memory_stats()["live_bytes"]
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_lstm_keeps_no_input_projection_between_forward_and_backward(device):
+    """nn.LSTM's input projections X W_ih + b (T, B, 4H) are computed inside the layer op:
+    the graph used to keep two such arrays per layer (the product and the sum with the
+    biases) until backward. What stays is what the backward reads: per step the gate
+    activations (B, 4H), tanh(c) and c (B, H); the outputs (T, B, H); h_T; the stacked h_n,
+    c_n."""
+    steps, batch, features, hidden = 16, 8, 32, 32
+    np.random.seed(0)
+    lstm = nn.LSTM(features, hidden, num_layers=1, device=device)
+    x = ndl.Tensor(np.random.randn(steps, batch, features).astype(np.float32), device=device)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _live(device)
+        out, (h_n, c_n) = lstm(x)
+        kept = _live(device) - before
+    finally:
+        gc.enable()
+    bh = batch * hidden * F32
+    needed = steps * (4 * bh + bh + bh) + steps * bh + bh + 2 * bh
+    projection = steps * 4 * bh  # one (T, B, 4H) array
+    assert needed <= kept <= needed + projection // 4, (kept, needed)
+    # the gradients still flow to the input and every parameter
+    (out * out).sum().backward(create_graph=False)
+    assert x.grad is not None and all(p.grad is not None for p in lstm.parameters())
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_lstm_without_biases_matches_its_cells(device):
+    """The projection inside the layer op without biases (``W_ih`` only): outputs and every
+    gradient equal those of the LSTMCell steps run one by one (a separate composition of ops)."""
+    steps, batch, features, hidden = 5, 3, 4, 6
+    np.random.seed(1)
+    lstm = nn.LSTM(features, hidden, bias=False, device=device)
+    x_np = np.random.randn(steps, batch, features).astype(np.float32)
+    weights = np.random.randn(steps, batch, hidden).astype(np.float32)
+
+    def run(step_by_step: bool):
+        for p in lstm.parameters():
+            p.grad = None
+        x = ndl.Tensor(x_np, device=device)
+        if step_by_step:
+            cell, state, hs = lstm.lstm_cells[0], None, []
+            for t in range(steps):
+                state = cell(ndl.ops.split(x, 0)[t], state)
+                hs.append(state[0])
+            out = ndl.ops.stack(hs, 0)
+        else:
+            out = lstm(x)[0]
+        (out * ndl.Tensor(weights, device=device, requires_grad=False)).sum().backward()
+        return [out.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in lstm.parameters()]
+
+    for got, want in zip(run(False), run(True)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
