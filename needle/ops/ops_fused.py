@@ -111,18 +111,25 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 # ---- layer norm and batch norm ------------------------------------------------------------------
 class LayerNormRows(TensorOp):
     """Layer norm: y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of
-    each row of x (R, C); inputs (x, w, b), w and b of C elements."""
+    each row of x (R, C); inputs (x, w, b), w and b of C elements.
+
+    Nothing is saved between forward and backward: the backward kernel's xhat = (x - mean)·rstd
+    and rstd are computed again from x (an input, kept by the graph anyway) by the same forward
+    kernel, so they are the forward's bits exactly; keeping xhat cost one (R, C) array per
+    layer norm until backward, PyTorch keeps none either."""
 
     def __init__(self, eps: float):
         self.eps = eps
-        self.xhat = self.rstd = None
 
     def compute(self, x, w, b):
-        y, self.xhat, self.rstd = array_api.layernorm_fwd(x, w, b, self.eps)
-        return y
+        return array_api.layernorm_fwd(x, w, b, self.eps)[0]
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", self.xhat, self.rstd)(
+        # xhat and rstd depend on x alone (not on w, b)
+        _, xhat, rstd = array_api.layernorm_fwd(
+            *(t.realize_cached_data() for t in node.inputs), self.eps
+        )
+        grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", xhat, rstd)(
             out_grad, *node.inputs
         )
         return tuple(grads[k] for k in range(3))

@@ -121,3 +121,36 @@ def test_lstm_without_biases_matches_its_cells(device):
 
     for got, want in zip(run(False), run(True)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_layer_norm_keeps_only_its_output(device):
+    """The layer norm op saves nothing for its backward (it recomputes the normalised rows
+    from its input there): its forward keeps its output alone, where it kept the normalised
+    rows xhat (R, C) and rstd (R,) beside it. The gradients still match finite differences
+    (test_fused) and the values of the kept-array version (below, against numpy)."""
+    rows, cols = 256, 64
+    rng = np.random.default_rng(2)
+    norm = nn.LayerNorm1d(cols, device=device)
+    x = ndl.Tensor(rng.standard_normal((rows, cols)).astype(np.float32), device=device)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _live(device)
+        y = norm(x)
+        kept = _live(device) - before
+    finally:
+        gc.enable()
+    assert rows * cols * F32 <= kept <= rows * cols * F32 + 4 * 1024, kept
+    g = rng.standard_normal((rows, cols)).astype(np.float32)
+    (y * ndl.Tensor(g, device=device, requires_grad=False)).sum().backward()
+    x64 = x.numpy().astype(np.float64)
+    xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + norm.eps)
+    dxhat = g * norm.weight.numpy().reshape(-1)
+    dx = (dxhat - dxhat.mean(1, keepdims=True) - xhat * (dxhat * xhat).mean(1, keepdims=True)) / (
+        np.sqrt(x64.var(1, keepdims=True) + norm.eps)
+    )
+    np.testing.assert_allclose(x.grad.numpy(), dx, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(
+        norm.weight.grad.numpy().reshape(-1), (g * xhat).sum(0), rtol=1e-3, atol=1e-3
+    )
