@@ -87,14 +87,15 @@ class MultiHeadAttention(Module):
                 f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
                 f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}"
             )
-        # One kernel scales, masks (the weights create_causal_mask would zero are exactly 0)
-        # and normalises the logits; the batched products read the per-head views in place.
-        logits = self.matmul(q, k)
-        weights = ops_fused.softmax_last_axis(
-            logits, scale=1.0 / float(np.sqrt(q_dim)), causal=self.causal
+        # softmax(self.matmul(q, k) / sqrt(d) + mask) as one node: one kernel scales, masks
+        # (the weights create_causal_mask would zero are exactly 0) and normalises the logits,
+        # which are not kept; the batched products read the per-head views in place.
+        weights = ops_fused.attention_weights(
+            q, k, scale=1.0 / float(np.sqrt(q_dim)), causal=self.causal
         )
         probs = _dropout(self.dropout, weights)
-        result = ops.matmul(probs, v)
+        # probs @ v, stored so that merging the heads (AttentionLayer) needs no copy
+        result = ops_fused.attention_values(probs, v)
         return result, probs
 
 

@@ -154,3 +154,68 @@ def test_layer_norm_keeps_only_its_output(device):
     np.testing.assert_allclose(
         norm.weight.grad.numpy().reshape(-1), (g * xhat).sum(0), rtol=1e-3, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_attention_keeps_its_weights_and_one_result(device):
+    """MultiHeadAttention keeps the weights (B, H, Tq, Tk) and the result (B, H, Tq, D) only:
+    the logits q kᵀ are a temporary of the weights' op (they were a kept graph node), and the
+    result is stored (B, Tq, H, D)-major so that merging the heads, as AttentionLayer does, is
+    a view (it was a copy kept beside the result)."""
+    b, h, tq, tk, d = 4, 4, 16, 16, 16
+    rng = np.random.default_rng(3)
+    q, k, v = (
+        ndl.Tensor(rng.standard_normal((b, h, t, d)).astype(np.float32), device=device)
+        for t in (tq, tk, tk)
+    )
+    attn = nn.MultiHeadAttention(causal=True, device=device)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _live(device)
+        result, probs = attn(q, k, v)
+        kept = _live(device) - before
+        merged = ndl.ops.transpose(result, (1, 2)).reshape((b * tq, h * d))
+        merging = _live(device) - before - kept
+    finally:
+        gc.enable()
+    weights, values = b * h * tq * tk * F32, b * h * tq * d * F32
+    assert weights + values <= kept <= weights + values + 1024, kept
+    assert merging == 0, merging
+    # merged rows are the heads side by side: row (b, t) = result[b, :, t, :] flattened
+    np.testing.assert_array_equal(
+        merged.numpy().reshape(b, tq, h, d), result.numpy().transpose(0, 2, 1, 3)
+    )
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_attention_ops_differentiate_twice_like_the_ops_they_replace(device):
+    """attention_weights and attention_values against matmul + softmax_last_axis + matmul
+    (the composition they replace): values, first and second derivatives."""
+    from needle.ops import ops_fused
+
+    rng = np.random.default_rng(4)
+    shapes = ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4))
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    w = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
+    scale = 0.5
+
+    def fused_path(q, k, v):
+        return ops_fused.attention_values(ops_fused.attention_weights(q, k, scale, True), v)
+
+    def composed(q, k, v):
+        logits = ndl.ops.matmul(q, ndl.ops.transpose(k))
+        return ndl.ops.matmul(ops_fused.softmax_last_axis(logits, scale, True), v)
+
+    results = []
+    for fn in (fused_path, composed):
+        ts = [ndl.Tensor(a, device=device) for a in arrays]
+        out = fn(*ts)
+        (out * ndl.Tensor(w, device=device, requires_grad=False)).sum().backward()
+        first = [t.grad for t in ts]
+        for t in ts:
+            t.grad = None
+        sum(((g * g).sum() for g in first[1:]), (first[0] * first[0]).sum()).backward()
+        results.append([out.numpy()] + [g.numpy() for g in first] + [t.grad.numpy() for t in ts])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
