@@ -454,8 +454,10 @@ class Tensor(Value):
 
         ``create_graph=False`` (an extension, PyTorch's default) records no graph: the
         gradients are constants, every interior adjoint is freed as soon as it has been passed
-        on, and the forward graph is freed by reference counting once the output is dropped.
-        Inside ``no_grad()`` the pass records no graph either.
+        on, and so is the forward graph, node by node, as the pass goes (PyTorch's
+        ``retain_graph=False``): the tensors you hold keep their values, but a second backward
+        through this graph raises RuntimeError. Inside ``no_grad()`` the pass records no graph
+        either.
         """
         if out_grad is None:
             out_grad = Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
@@ -556,14 +558,21 @@ def compute_gradient_of_variables(
     Leaves (and nodes that called ``retain_grad()``) keep their adjoint in ``.grad``; every other
     adjoint is dropped as soon as it has been passed on. The adjoints are computed with needle
     ops, recording their graph (differentiable gradients, the course's semantics) unless
-    ``create_graph`` is False or this thread is in ``no_grad()``; then they are constants.
+    ``create_graph`` is False or this thread is in ``no_grad()``; then they are constants, and
+    the pass frees the graph as it goes, as PyTorch's backward does: once a node has passed its
+    adjoint on it is cut from its inputs (its op becomes a marker whose use raises
+    RuntimeError), so each activation and saved array is freed as soon as the pass has used
+    it, instead of living until the output is dropped. Tensors the caller holds keep their
+    values; a second backward through the freed graph raises.
     """
     record = create_graph and _grad_mode.enabled
     with set_grad_enabled(record):
         node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
         # TensorTuple -> {component index: adjoint contributions} from the ops that picked it
         component_grads: Dict[Value, Dict[int, List[Value]]] = {}
-        for node in reversed(find_topo_sort([output_tensor])):
+        order = find_topo_sort([output_tensor])
+        while order:
+            node = order.pop()
             grads = node_to_output_grads_list.pop(node, None)
             picked = component_grads.pop(node, None)
             if picked is not None:
@@ -580,10 +589,42 @@ def compute_gradient_of_variables(
                 source = node.inputs[0]
                 if source.requires_grad:
                     component_grads.setdefault(source, {}).setdefault(op.index, []).append(grad)
+                if not record:
+                    _release(node)
                 continue
             for inp, inp_grad in zip(node.inputs, op.gradient_as_tuple(grad, node)):
                 if inp_grad is not None and inp.requires_grad:
                     node_to_output_grads_list.setdefault(inp, []).append(inp_grad)
+            if not record:
+                _release(node)
+
+
+class _Released(Op[Any]):
+    """The op of a node whose graph a backward pass that recorded none has freed (see
+    :func:`compute_gradient_of_variables`): the node keeps its array but no inputs."""
+
+    def compute(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(_RELEASED_MESSAGE)
+
+    def gradient(self, out_grad: Any, node: Any) -> Adjoints:
+        raise RuntimeError(_RELEASED_MESSAGE)
+
+
+_RELEASED_MESSAGE = (
+    "this tensor's graph was freed by an earlier backward(create_graph=False) (or a backward "
+    "inside no_grad()), which releases each node's inputs and saved arrays once it has passed "
+    "its adjoint on, as PyTorch does: to backpropagate through a graph twice, call the first "
+    "backward() with create_graph=True (the default), or run the forward pass again"
+)
+_RELEASED = _Released()
+
+
+def _release(node: Value) -> None:
+    """Cut ``node`` from its inputs (and free its op's saved arrays): it keeps its own array,
+    so a Tensor the caller holds keeps its value; nodes that nobody else holds are then freed
+    by reference counting. A node whose array was never computed (lazy mode) is left as is."""
+    if node.cached_data is not None:
+        node.op, node.inputs = _RELEASED, []
 
 
 def find_topo_sort(node_list: List[Value]) -> List[Value]:

@@ -283,10 +283,11 @@ for n_blocks in (4, 8, 16):
 # is recomputed exactly once, whatever $k$: the price is one extra forward pass.
 #
 # The steps below call `backward(create_graph=False)`: the gradients are computed as plain
-# arrays and each adjoint is freed once it has been passed on. The course's `backward()` (the
-# default) builds the gradients as a graph that could be differentiated again, which keeps
-# every adjoint alive until the gradients are reset; the first line of the output shows what
-# that costs on this step.
+# arrays, each adjoint is freed once it has been passed on, and so is each node of the forward
+# graph (its activation and what its op saved), as in PyTorch's backward. The course's
+# `backward()` (the default) builds the gradients as a graph that could be differentiated
+# again, which keeps every adjoint alive until the gradients are reset; the first line of the
+# output shows what that costs on this step.
 
 # %%
 # companion-only: needle.checkpoint and the CPU module's memory_stats()/reset_peak()
@@ -344,9 +345,11 @@ assert best in (2, 3) and peaks[sqrt_rule(N_BLOCKS)] < 0.5 * plain_peak
 assert peaks[1] > peaks[best] and peaks[16] > peaks[best]
 
 # %% [markdown]
-# The model of the curve, with the step's fixed cost fitted as one constant (the parameter
-# gradients alone are 8 activations' worth; the rest is the loss, the last output and the
-# adjoints in flight), next to the measurements:
+# The model of the curve, with the step's fixed cost fitted as one constant, next to the
+# measurements. The constant comes out below the parameter gradients alone (8 activations'
+# worth): the model counts every segment input as alive at the peak, but the backward pass has
+# freed the inputs of the segments it has finished by then, so the measured peaks sit a few
+# activations below the count.
 
 # %%
 # companion-only: the checkpointing peaks of the companion-only cell above

@@ -219,3 +219,77 @@ def test_attention_ops_differentiate_twice_like_the_ops_they_replace(device):
         results.append([out.numpy()] + [g.numpy() for g in first] + [t.grad.numpy() for t in ts])
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _mlp(device, layers: int, width: int):
+    rng = np.random.default_rng(5)
+    return [
+        ndl.Tensor(rng.standard_normal((width, width)).astype(np.float32) / width, device=device)
+        for _ in range(layers)
+    ]
+
+
+def _forward(x, weights):
+    for w in weights:
+        x = ndl.ops.relu(x @ w)
+    return (x * x).sum()
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_fast_backward_frees_the_graph_as_it_goes(device):
+    """backward(create_graph=False) cuts each node from its inputs once it has passed its
+    adjoint on, so the activations are freed during the pass although the caller still holds
+    the loss: afterwards only the gradients (one per weight) are left. It used to keep every
+    activation until the loss was dropped, and the backward pass's own arrays came on top."""
+    rows, width, layers = 256, 32, 6
+    weights = _mlp(device, layers, width)
+    x = ndl.Tensor(np.ones((rows, width), np.float32), device=device, requires_grad=False)
+    gc.collect()
+    gc.disable()
+    try:
+        start = _live(device)
+        loss = _forward(x, weights)
+        activations = _live(device) - start
+        device.mod.reset_peak()
+        loss.backward(create_graph=False)
+        peak = device.mod.memory_stats()["peak_bytes"] - start
+        left = _live(device) - start
+    finally:
+        gc.enable()
+    act, grads = rows * width * F32, layers * width * width * F32
+    assert activations >= 2 * layers * act  # x @ w and relu(.) per layer
+    assert left <= grads + 1024, (left, grads)  # the gradients and the scalar loss
+    # the peak is at the pass's first ops, before anything could be freed: every activation
+    # and the adjoints of x * x in flight
+    assert peak <= activations + grads + 4 * act, (peak, activations)
+    assert float(loss.numpy()) > 0  # the loss keeps its value
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_freed_graph_keeps_values_and_refuses_a_second_backward(device):
+    """After backward(create_graph=False) the tensors the caller holds keep their values; a
+    second backward through the freed graph is a RuntimeError saying why (PyTorch's rule)."""
+    weights = _mlp(device, 2, 8)
+    x = ndl.Tensor(np.ones((4, 8), np.float32), device=device, requires_grad=False)
+    hidden = ndl.ops.relu(x @ weights[0])
+    out = ndl.ops.relu(hidden @ weights[1])
+    loss = (out * out).sum()  # _forward's ops, so that its gradients are the same
+    value, hidden_value = loss.numpy(), hidden.numpy()
+    loss.backward(create_graph=False)
+    grads = [w.grad.numpy() for w in weights]
+    np.testing.assert_array_equal(loss.numpy(), value)
+    np.testing.assert_array_equal(hidden.numpy(), hidden_value)
+    with pytest.raises(RuntimeError, match="freed by an earlier backward"):
+        loss.backward(create_graph=False)
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        (hidden * 2).sum().backward()
+    # a new forward pass works again and gives the same gradients
+    for w in weights:
+        w.grad = None
+    _forward(x, weights).backward(create_graph=False)
+    for w, g in zip(weights, grads):
+        np.testing.assert_array_equal(w.grad.numpy(), g)
+    # the default backward keeps its graph: a second pass through it works
+    loss = _forward(x, weights)
+    loss.backward()
+    loss.backward()
