@@ -35,6 +35,17 @@ def _dropout(module: Dropout, x: Tensor) -> Tensor:
     return x if module.p == 0 else module(x)
 
 
+def _linear(module: Module, x: Tensor, relu: Optional[Module] = None) -> Tensor:
+    """``module(x)`` for x (N, features), then ``relu`` of it if given; an ``nn.Linear`` with a
+    bias (and an ``nn.ReLU``) as one op (``ops_fused.matmul_add_bias``: the same values,
+    without keeping the product x W and the pre-activation until backward)."""
+    fused = type(module) is Linear and module.bias is not None
+    if fused and x.shape[-1] == module.in_features and type(relu) in (ReLU, type(None)):
+        return ops_fused.matmul_add_bias(x, module.weight, module.bias, relu=relu is not None)
+    out = module(x)  # the module itself (a subclass, no bias, or wrong features: its error)
+    return relu(out) if relu is not None else out
+
+
 class MultiHeadAttention(Module):
     """Scaled dot-product attention over already-split heads.
 
@@ -232,7 +243,7 @@ class TransformerLayer(Module):
         b, t, f = x.shape
         x = x + _dropout(self.dropout, self.attn(x))
         y = self.layernorm(x.reshape((b * t, f)))
-        y = self.linear2(_dropout(self.dropout, self.relu(self.linear1(y))))
+        y = _linear(self.linear2, _dropout(self.dropout, _linear(self.linear1, y, self.relu)))
         return x + _dropout(self.dropout, y.reshape((b, t, f)))
 
 
@@ -304,14 +315,16 @@ class Transformer(Module):
                 f"sequence length {seq_len} exceeds the positional embedding's "
                 f"sequence_len={self.sequence_len}"
             )
-        positions = np.broadcast_to(
-            np.arange(seq_len, dtype=np.float32).reshape(seq_len, 1), (seq_len, bs)
-        )
+        # One lookup per position, broadcast over the batch (a view): the same sum as looking
+        # up positions broadcast to (seq_len, bs), without a (seq_len, bs, E) array kept.
         positions = Tensor(
-            np.ascontiguousarray(positions), device=x.device, dtype=x.dtype, requires_grad=False
+            np.arange(seq_len, dtype=np.float32).reshape(seq_len, 1),
+            device=x.device,
+            dtype=x.dtype,
+            requires_grad=False,
         )
-        pos = ops.transpose(self.positional_embedding(positions), axes=(0, 1))
-        x = self.layers(x + pos)
+        pos = self.positional_embedding(positions).broadcast_to((seq_len, bs, x.shape[2]))
+        x = self.layers(x + ops.transpose(pos, axes=(0, 1)))
         if not self.batch_first:
             x = ops.transpose(x, axes=(0, 1))
         return x, init.zeros_like(x)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value
+from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
 from ..backend_selection import array_api
-from .ops_mathematic import MatMul, matmul, transpose
+from .ops_mathematic import MatMul, matmul, summation, transpose
 
 __all__ = [
     "SoftmaxCrossEntropy",
@@ -32,6 +32,8 @@ __all__ = [
     "lstm_cell_step",
     "LSTMLayer",
     "lstm_layer",
+    "MatMulAddBias",
+    "matmul_add_bias",
     "AttentionWeights",
     "attention_weights",
     "AttentionValues",
@@ -83,9 +85,24 @@ class SoftmaxCrossEntropy(TensorOp):
         return 1.0 / n if n else float("nan")
 
     def gradient(self, out_grad: Tensor, node: Tensor) -> Tensor:
-        return SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale())(
-            out_grad, node.inputs[0]
-        )
+        if self.probs is None:
+            raise RuntimeError(
+                "softmax_cross_entropy's saved probabilities were turned into its gradient by "
+                "an earlier backward that recorded no graph (create_graph=False or no_grad())"
+            )
+        # A backward that records no graph frees this node once it has passed the gradient on
+        # (autograd.compute_gradient_of_variables): the probabilities are read for the last
+        # time, so the gradient is written over them instead of into a new (N, C) array.
+        last_use = not is_grad_enabled()
+        backward = SoftmaxCrossEntropyBackward(self.probs, self.labels, self._scale(), last_use)
+        if last_use:
+            self.probs = None
+        return backward(out_grad, node.inputs[0])
+
+
+# Rows of the probabilities turned into the gradient per block when done in place: the
+# one-hot temporary of a block is then at most this many elements (512 KiB of float32).
+_XENT_BLOCK_ELEMENTS = 1 << 17
 
 
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
@@ -93,15 +110,29 @@ class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
 
     Inputs (adjoint, logits): the logits are not read (softmax was saved by the forward pass)
     but make the gradient depend on them in the graph, so that differentiating it again raises
-    instead of silently giving zero."""
+    instead of silently giving zero. With ``in_place`` the gradient overwrites ``probs`` block
+    of rows by block of rows (the caller's last use of them), so it allocates one block's
+    temporary instead of a new (N, C) array."""
 
     forward_name = "softmax_cross_entropy"
 
-    def __init__(self, probs, labels, scale: float):
+    def __init__(self, probs, labels, scale: float, in_place: bool = False):
         self.probs, self.labels, self.scale = probs, labels, scale
+        self.in_place = in_place
 
     def compute(self, dloss, _logits):
-        return array_api.softmax_xent_bwd(self.probs, self.labels, dloss, self.scale)
+        probs, labels = self.probs, self.labels
+        if not self.in_place:
+            return array_api.softmax_xent_bwd(probs, labels, dloss, self.scale)
+        rows, cols = probs.shape
+        step = max(1, _XENT_BLOCK_ELEMENTS // max(cols, 1))
+        for start in range(0, rows, step):
+            block = slice(start, min(rows, start + step))
+            shared = dloss if len(dloss.shape) == 0 else dloss[block]
+            probs[block] = array_api.softmax_xent_bwd(
+                probs[block], labels[block], shared, self.scale
+            )
+        return probs
 
 
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -424,6 +455,48 @@ def softmax_last_axis(x: Tensor, scale: float = 1.0, causal: bool = False) -> Te
     """softmax of ``scale * x`` over its last axis (same shape as ``x``); ``causal=True`` masks
     attention logits (..., queries, keys) causally (see :class:`SoftmaxLastAxis`)."""
     return SoftmaxLastAxis(scale, causal)(x)
+
+
+# ---- a linear layer's product and bias ---------------------------------------------------------
+class MatMulAddBias(TensorOp):
+    """x @ w + b for x (N, I), w (I, O) and a bias b of O elements (shape (O,) or (1, O)): what
+    ``nn.Linear`` computes as ``X @ W + b.broadcast_to``, as one node; with ``relu`` the
+    ReLU of that (``relu(linear(x))``). The product (and the pre-activation) is a temporary of
+    the forward pass, since the bias's addition needs nothing of it backward and ReLU's
+    gradient reads only its output, so the graph keeps the result alone where the separate
+    ops kept two or three arrays. The gradient is written with needle ops (it differentiates
+    again)."""
+
+    def __init__(self, relu: bool = False):
+        self.relu = relu
+
+    def compute(self, x, w, b):
+        out = x @ w
+        out = out + b.compact().reshape((1, out.shape[1])).broadcast_to(out.shape)
+        return out.relu() if self.relu else out
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        x, w, b = node.inputs
+        if self.relu:  # ReLU's gradient: relu(z) > 0 exactly where z > 0, a constant mask
+            out_grad = out_grad * Tensor.make_const(node.realize_cached_data() > 0)
+        db = summation(out_grad, axes=(0,)).reshape(b.shape)
+        return matmul(out_grad, transpose(w)), matmul(transpose(x), out_grad), db
+
+
+def matmul_add_bias(x: Tensor, w: Tensor, b: Tensor, relu: bool = False) -> Tensor:
+    """x (N, I) @ w (I, O) + b (O elements, shape (O,) or (1, O)), broadcast over the rows,
+    then its ReLU if ``relu``: (N, O), one graph node (see :class:`MatMulAddBias`)."""
+    if len(x.shape) != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(
+            f"matmul_add_bias needs x (N, I) and w (I, O), got shapes {tuple(x.shape)} and "
+            f"{tuple(w.shape)}"
+        )
+    if math.prod(b.shape) != w.shape[1] or len(b.shape) > 2:
+        raise ValueError(
+            f"matmul_add_bias needs a bias of {w.shape[1]} elements ((O,) or (1, O)), got shape "
+            f"{tuple(b.shape)}"
+        )
+    return MatMulAddBias(relu)(x, w, b)
 
 
 # ---- attention ----------------------------------------------------------------------------------

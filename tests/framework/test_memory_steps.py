@@ -293,3 +293,106 @@ def test_freed_graph_keeps_values_and_refuses_a_second_backward(device):
     loss = _forward(x, weights)
     loss.backward()
     loss.backward()
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_softmax_loss_fast_backward_overwrites_its_probabilities(device):
+    """A backward that records no graph reads softmax_cross_entropy's saved probabilities for
+    the last time: the gradient overwrites them, block of rows by block of rows, so the pass
+    allocates one block's temporary instead of a new (N, C) array. The default backward keeps
+    them (a second backward works) and both give the same gradient."""
+    from needle.ops import ops_fused
+
+    rows, cols = 512, 1000
+    rng = np.random.default_rng(6)
+    z = rng.standard_normal((rows, cols)).astype(np.float32)
+    labels = ndl.Tensor(rng.integers(0, cols, rows).astype(np.float32), device=device)
+    grads = {}
+    for create_graph in (True, False):
+        x = ndl.Tensor(z, device=device)
+        loss = ops_fused.softmax_cross_entropy(x, labels)
+        peak, _ = _peak(device, lambda: loss.backward(create_graph=create_graph))
+        grads[create_graph] = x.grad.numpy()
+        full = rows * cols * F32
+        if create_graph:
+            assert full <= peak <= full + SMALL, peak  # the gradient, a new array
+            x.grad = None
+            loss.backward()  # the graph and the probabilities are kept
+        else:  # x.grad is the probabilities' buffer: one block's temporary at most
+            block = ops_fused._XENT_BLOCK_ELEMENTS * F32
+            assert peak <= block + SMALL < full, peak
+    np.testing.assert_array_equal(grads[True], grads[False])
+    e = np.exp(z - z.max(1, keepdims=True))
+    want = (e / e.sum(1, keepdims=True) - np.eye(cols)[labels.numpy().astype(int)]) / rows
+    np.testing.assert_allclose(grads[False], want, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_transformer_feed_forward_keeps_one_array_per_linear(device):
+    """TransformerLayer's relu(linear1(y)) and linear2(.) are one op each
+    (ops_fused.matmul_add_bias): the graph keeps each result alone, not the product x W, the
+    sum with the bias and the ReLU beside it. Values, gradients and second derivatives equal
+    those of nn.Linear and nn.ReLU."""
+    from needle.ops import ops_fused
+
+    rows, features, hidden = 128, 32, 64
+    rng = np.random.default_rng(7)
+    linear = nn.Linear(features, hidden, device=device)
+    x_np = rng.standard_normal((rows, features)).astype(np.float32)
+    x = ndl.Tensor(x_np, device=device)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _live(device)
+        out = ops_fused.matmul_add_bias(x, linear.weight, linear.bias, relu=True)
+        kept = _live(device) - before
+    finally:
+        gc.enable()
+    assert rows * hidden * F32 <= kept <= rows * hidden * F32 + 1024, kept
+    w = rng.standard_normal((rows, hidden)).astype(np.float32)
+    results = []
+    for one_op in (True, False):
+        xt = ndl.Tensor(x_np, device=device)
+        for p in linear.parameters():
+            p.grad = None
+        if one_op:
+            out = ops_fused.matmul_add_bias(xt, linear.weight, linear.bias, relu=True)
+        else:
+            out = nn.ReLU()(linear(xt))
+        (out * out * ndl.Tensor(w, device=device, requires_grad=False)).sum().backward()
+        first = [xt.grad, linear.weight.grad, linear.bias.grad]
+        values = [out.numpy()] + [g.numpy() for g in first]
+        xt.grad = linear.weight.grad = linear.bias.grad = None
+        sum((g * g).sum() for g in first[1:]).backward()  # second derivatives
+        values += [xt.grad.numpy(), linear.weight.grad.numpy()]
+        results.append(values)
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", COUNTED)
+def test_positional_embedding_is_looked_up_once_per_position(device):
+    """Transformer adds the positional embedding of each position broadcast over the batch (a
+    view), instead of looking it up for every (position, batch) pair: its forward keeps no
+    (seq_len, bs, E) array for it. Its gradient is the input's gradient summed over the
+    batch (the same positions are added to every batch element)."""
+    seq, batch, e = 8, 16, 32
+    np.random.seed(8)
+    model = nn.Transformer(e, 16, 0, num_head=2, dim_head=4, device=device, sequence_len=8)
+    x = ndl.Tensor(np.random.randn(seq, batch, e).astype(np.float32), device=device)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _live(device)
+        out, zeros = model(x)
+        kept = _live(device) - before
+    finally:
+        gc.enable()
+    act = seq * batch * e * F32
+    # the sum x + pos and the zero state: two (seq, bs, E) arrays; the positions' rows: small
+    assert 2 * act <= kept <= 2 * act + 2 * seq * e * F32 + 1024, kept
+    w = np.random.randn(seq, batch, e).astype(np.float32)
+    (out * ndl.Tensor(w, device=device, requires_grad=False)).sum().backward()
+    np.testing.assert_allclose(
+        model.positional_embedding.weight.grad.numpy(), x.grad.numpy().sum(1), rtol=1e-6
+    )
