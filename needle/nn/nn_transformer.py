@@ -39,8 +39,13 @@ def _linear(module: Module, x: Tensor, relu: Optional[Module] = None) -> Tensor:
     """``module(x)`` for x (N, features), then ``relu`` of it if given; an ``nn.Linear`` with a
     bias (and an ``nn.ReLU``) as one op (``ops_fused.matmul_add_bias``: the same values,
     without keeping the product x W and the pre-activation until backward)."""
-    fused = type(module) is Linear and module.bias is not None
-    if fused and x.shape[-1] == module.in_features and type(relu) in (ReLU, type(None)):
+    if (
+        isinstance(module, Linear)  # for the type checker; a subclass may change forward:
+        and type(module) is Linear
+        and module.bias is not None
+        and x.shape[-1] == module.in_features
+        and type(relu) in (ReLU, type(None))
+    ):
         return ops_fused.matmul_add_bias(x, module.weight, module.bias, relu=relu is not None)
     out = module(x)  # the module itself (a subclass, no bias, or wrong features: its error)
     return relu(out) if relu is not None else out
