@@ -122,10 +122,10 @@ class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
 
     def compute(self, dloss, _logits):
         probs, labels = self.probs, self.labels
-        if not self.in_place:
-            return array_api.softmax_xent_bwd(probs, labels, dloss, self.scale)
         rows, cols = probs.shape
         step = max(1, _XENT_BLOCK_ELEMENTS // max(cols, 1))
+        if not self.in_place or step >= rows:  # one block: its temporary is a whole array
+            return array_api.softmax_xent_bwd(probs, labels, dloss, self.scale)
         for start in range(0, rows, step):
             block = slice(start, min(rows, start + step))
             shared = dloss if len(dloss.shape) == 0 else dloss[block]
