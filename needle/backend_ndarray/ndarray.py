@@ -294,6 +294,20 @@ class NDArray:
             and math.prod(self._shape) == self._handle.size
         )
 
+    def memory_order(self) -> Optional[Tuple[int, ...]]:
+        """The axis order in which this array's elements lie in its buffer, when it is a
+        permuted view of a whole compact buffer: ``self.permute(order)`` is then compact (the
+        identity for a compact array). None for any other view (a slice, a broadcast, an
+        offset). An extension: element-wise tensor ops use it to keep such a layout."""
+        if self._offset or math.prod(self._shape) != self._handle.size:
+            return None
+        strides = self._strides
+        order = tuple(sorted(range(len(strides)), key=lambda i: -strides[i]))
+        shape = self._shape
+        if tuple(strides[i] for i in order) != _compact_strides(tuple(shape[i] for i in order)):
+            return None
+        return order
+
     def _copy(self) -> "NDArray":
         out = _new(self._shape, self._device)
         if 0 not in self._shape:
