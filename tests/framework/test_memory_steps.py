@@ -20,8 +20,8 @@ import needle as ndl
 from needle import nn
 from needle.backend_ndarray import fused
 
-# The NDArray devices with an allocator counter (the numpy backend's arrays have none).
-COUNTED = device_params(("cpu", "cpu_numpy"))
+# The NDArray devices, each with an allocator counter (the numpy backend's arrays have none).
+COUNTED = device_params(("cpu", "cuda", "cpu_numpy"))
 F32 = 4
 # Slack for the small arrays around a big one (a column of N, alignment pads of 64 bytes).
 SMALL = 64 * 1024
