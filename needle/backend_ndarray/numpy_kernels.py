@@ -287,6 +287,48 @@ def lstm_cell_bwd(
     return dgates, dc_total * f
 
 
+def lstm_layer_fwd(
+    xw: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_hh: np.ndarray, steps: int
+) -> Tuple[np.ndarray, ...]:
+    """An LSTM layer over ``steps`` steps: at step t, :func:`lstm_cell_fwd` of the gates
+    xw[t] + h_{t-1} @ w_hh (xw (T, B, 4H), w_hh (H, 4H), h_{-1} = h0, c_{-1} = c0 (B, H)).
+    Returns (out (T, B, H): every h_t, h_T, c_T (B, H), act (T, B, 4H), c_all (T, B, H):
+    every c_t)."""
+    out = np.empty(xw.shape[:2] + h0.shape[1:], xw.dtype)
+    c_all, act = np.empty_like(out), np.empty_like(xw)
+    h, c = h0, c0
+    for t in range(steps):
+        h, c, act[t], _ = lstm_cell_fwd(xw[t] + h @ w_hh, c)
+        out[t], c_all[t] = h, c
+    return out, np.array(h), np.array(c), act, c_all
+
+
+def lstm_layer_bwd(
+    d_out: np.ndarray,
+    dh: np.ndarray,
+    dc: np.ndarray,
+    act: np.ndarray,
+    c_all: np.ndarray,
+    out: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray,
+    w_hh: np.ndarray,
+    steps: int,
+) -> Tuple[np.ndarray, ...]:
+    """The exact gradients (dxw (T, B, 4H), dh0, dc0 (B, H), dw_hh (H, 4H)) of
+    :func:`lstm_layer_fwd` given the adjoints d_out, dh, dc of its out, h_T, c_T and its saved
+    act, c_all and out: the steps in reverse, then dw_hh = Σ_t h_{t-1}ᵀ dgates_t as one product."""
+    rows, hidden = steps * h0.shape[0], h0.shape[1]
+    dxw = np.empty_like(act)
+    for t in reversed(range(steps)):
+        c_prev = c_all[t - 1] if t else c0
+        dxw[t], dc = lstm_cell_bwd(dh + d_out[t], dc, act[t], c_prev, np.tanh(c_all[t]))
+        dh = dxw[t] @ w_hh.T
+    h_prev = np.concatenate([h0[None], out])[:steps].reshape(rows, hidden)  # h_{t-1} for each t
+    dw_hh = h_prev.T @ dxw.reshape(rows, 4 * hidden)
+    return dxw, np.array(dh), np.array(dc), dw_hh
+
+
 def sgd_update(
     param: np.ndarray,
     grad: np.ndarray,

@@ -230,77 +230,48 @@ def lstm_cell_step(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 # ---- LSTM layer over a sequence -----------------------------------------------------------------
-def _plus_step(x, a, t: int):
-    """x + a[t] for a (T, ...) and x of shape a.shape[1:]: the element-wise kernel reads the
-    slice in place (no copy of it first)."""
-    shape = tuple(x.shape)
-    return (x.compact().reshape((1,) + shape) + a[t : t + 1]).reshape(shape)
-
-
-def _put(out, t: int, value) -> None:
-    """out[t] = value, for out (T, ...) and value of shape out.shape[1:]."""
-    out[t : t + 1] = value.compact().reshape((1,) + tuple(value.shape))
-
-
 class LSTMLayer(TensorTupleOp):
     """One LSTM layer run over a sequence, as one op: inputs ``xw`` (T, B, 4H), the input
     projections X_t W_ih + biases of every step, ``h0``, ``c0`` (B, H) and ``W_hh`` (H, 4H);
     output the tuple (hidden states (T, B, H), h_T, c_T). Step t is exactly LSTMCell's:
     gates = xw[t] + h_{t-1} W_hh, then :class:`LSTMCellStep`'s kernel.
 
-    Its backward runs the steps in reverse and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one
-    product of the stacked states, instead of T small products and T-1 additions."""
+    The loop over the steps runs in the device module (``lstm_layer_fwd``, one call), which
+    keeps for the backward pass each step's gate activations (T, B, 4H) and cell states
+    (T, B, H); the backward pass is one call too (``lstm_layer_bwd``), forming dW_hh =
+    Σ_t h_{t-1}ᵀ dgates_t as one product of the stacked states."""
 
     def __init__(self):
-        self.saved = self.out = None
+        self.act = self.c_all = self.out = None
 
     def compute(self, xw, h0, c0, w_hh):
-        steps, batch, four = xw.shape
-        out = array_api.empty((steps, batch, four // 4), dtype=xw.dtype, device=xw.device)
-        h, c, saved = h0, c0, []
-        for t in range(steps):
-            c_prev = c
-            h, c, act, tanh_c = array_api.lstm_cell_fwd(_plus_step(h @ w_hh, xw, t), c_prev)
-            saved.append((act, c_prev, tanh_c))
-            _put(out, t, h)
-        self.saved, self.out = saved, out
+        out, h, c, self.act, self.c_all = array_api.lstm_layer_fwd(xw, h0, c0, w_hh, xw.shape[0])
+        self.out = out
         return out, h, c
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = LSTMLayerBackward(self.saved, self.out)(out_grad, *node.inputs)
+        grads = LSTMLayerBackward(self.act, self.c_all, self.out)(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(4))
 
 
 class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
     """(d xw, d h0, d c0, d W_hh) of :class:`LSTMLayer`; inputs (the tuple adjoint (d output,
-    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``saved`` holds
-    (act, c_prev, tanh_c) of each step, ``out`` the hidden states (T, B, H)."""
+    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``act`` (T, B, 4H)
+    and ``c_all`` (T, B, H), every step's activations and cell state, and ``out`` (T, B, H)
+    the hidden states."""
 
     forward_name = "lstm_layer"
 
-    def __init__(self, saved, out):
-        self.saved, self.out = saved, out
+    def __init__(self, act, c_all, out):
+        self.act, self.c_all, self.out = act, c_all, out
 
-    def compute(self, adjoint, xw, h0, _c0, w_hh):
+    def compute(self, adjoint, xw, h0, c0, w_hh):
         d_out, dh, dc = adjoint
-        saved, out = self.saved, self.out
-        steps, batch, hidden = out.shape
-        dxw = array_api.empty(tuple(xw.shape), dtype=xw.dtype, device=xw.device)
-        # compacted once: small products with a transposed (strided) operand are slower
-        w_hh_t = w_hh.permute((1, 0)).compact()
-        for t in reversed(range(steps)):
-            act, c_prev, tanh_c = saved[t]
-            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev, tanh_c)
-            _put(dxw, t, dgates)
-            dh = dgates @ w_hh_t
-        h_prev = array_api.empty((steps, batch, hidden), dtype=xw.dtype, device=xw.device)
-        _put(h_prev, 0, h0)
-        if steps > 1:
-            h_prev[1:] = out[: steps - 1]
-        d_w = h_prev.reshape((steps * batch, hidden)).permute((1, 0)) @ dxw.reshape(
-            (steps * batch, 4 * hidden)
+        return tuple(
+            array_api.lstm_layer_bwd(
+                d_out, dh, dc, self.act, self.c_all, self.out, h0, c0, w_hh, xw.shape[0]
+            )
         )
-        return dxw, dh, dc, d_w
 
 
 def lstm_layer(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

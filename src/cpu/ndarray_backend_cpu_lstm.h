@@ -1,0 +1,120 @@
+// An LSTM layer over a whole sequence, one call each way (lstm_layer_fwd / lstm_layer_bwd of
+// protocol.py): the loop over the time steps runs here, not in Python, so a layer of T steps
+// costs one device call instead of about four per step.
+//
+// Forward, per step t: act[t] = h_{t-1} @ w_hh (the module's matrix engine), act[t] += xw[t],
+// then the cell of ndarray_backend_cpu_fused.h in place over act[t] (pre-activations become
+// activations); out[t] = h_t, c_all[t] = c_t. tanh(c_t) is not kept: the backward pass
+// recomputes it from c_all with the same function, so it gets the same values.
+// Backward, for t = T-1 .. 0: the cell's gradient with dh_t = dh + d_out[t] into dxw[t], then
+// dh = dxw[t] @ w_hhᵀ (w_hh transposed once per call); at the end dw_hh = h_prevᵀ @ dxw as one
+// product over the stacked states h_prev = (h0, out[0], ..., out[T-2]).
+//
+// Threads: each step's products are (batch x hidden) @ (hidden x 4·hidden) and back, 2^20
+// multiply-adds at the course LSTM LM's sizes (16 x 128 x 512), each waiting for the previous
+// step's result. The engine would split such a product between two threads; here they run on
+// the calling thread (kStepThreads): measured alternating in one process on the 2-core machine
+// under load (about 3.6), forward + backward of that layer (T = 32) took a median 1.9-2.1 ms on
+// one thread against 4.3-5.0 ms split (best cases 1.5 and 1.4 ms): a split product waits for a
+// worker that the load often has descheduled. The final weight-gradient product is shared
+// among the pool's threads as any other. Results do not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common/ndarray_checks.h"
+#include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_fused.h"
+#include "cpu/ndarray_backend_cpu_isa.h"
+#include "cpu/ndarray_backend_cpu_math.h"
+#include "cpu/ndarray_backend_cpu_threads.h"
+
+namespace needle::cpu {
+
+// Defined in ndarray_backend_cpu.cc: the instruction-set variant in use and the thread pool.
+extern const IsaKernels* g_isa;
+Runner runner();
+
+namespace fused {
+
+using needle::checks::check_lstm_layer_bwd;
+using needle::checks::check_lstm_layer_fwd;
+
+// Threads for each step's products (see the header comment).
+constexpr int kStepThreads = 1;
+
+// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0; on kStepThreads threads.
+inline void step_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
+  Runner run = runner();
+  run.threads = std::min(run.threads, kStepThreads);
+  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, run);
+}
+
+inline void copy_floats(float* dst, const float* src, idx_t n) {
+  if (n > 0) std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+
+void lstm_layer_fwd(const AlignedArray& xw, const AlignedArray& h0, const AlignedArray& c0,
+                    const AlignedArray& w_hh, idx_t batch, idx_t hidden, idx_t steps,
+                    AlignedArray* out, AlignedArray* h, AlignedArray* c, AlignedArray* act,
+                    AlignedArray* c_all) {
+  check_lstm_layer_fwd("lstm_layer_fwd", xw, h0, c0, w_hh, batch, hidden, steps, *out, *h, *c,
+                       *act, *c_all);
+  const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  if (n == 0) return;  // every output is empty
+  AlignedArray tanh_c(n);
+  const float *hp = h0.ptr, *cp = c0.ptr;
+  for (idx_t t = 0; t < steps; ++t) {
+    float* g = act->ptr + t * n4;
+    step_product(hp, w_hh.ptr, g, batch, H, 4 * H);
+    const float* x = xw.ptr + t * n4;
+    for (idx_t i = 0; i < n4; ++i) g[i] += x[i];
+    float *ht = out->ptr + t * n, *ct = c_all->ptr + t * n;
+    cell_fwd(g, cp, batch, H, ht, ct, g, tanh_c.ptr);
+    hp = ht;
+    cp = ct;
+  }
+  copy_floats(h->ptr, hp, n);
+  copy_floats(c->ptr, cp, n);
+}
+
+void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const AlignedArray& dc,
+                    const AlignedArray& act, const AlignedArray& c_all, const AlignedArray& out,
+                    const AlignedArray& h0, const AlignedArray& c0, const AlignedArray& w_hh,
+                    idx_t batch, idx_t hidden, idx_t steps, AlignedArray* dxw, AlignedArray* dh0,
+                    AlignedArray* dc0, AlignedArray* dw_hh) {
+  check_lstm_layer_bwd("lstm_layer_bwd", d_out, dh, dc, act, c_all, out, h0, c0, w_hh, batch,
+                       hidden, steps, *dxw, *dh0, *dc0, *dw_hh);
+  const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  // dh0 and dc0 carry the running adjoints of h_t and c_t through the steps
+  copy_floats(dh0->ptr, dh.ptr, n);
+  copy_floats(dc0->ptr, dc.ptr, n);
+  if (n == 0 || steps == 0) {  // no product: the weight gradient is zero
+    std::fill(dw_hh->ptr, dw_hh->ptr + dw_hh->size, 0.0f);
+    return;
+  }
+  AlignedArray w_t(4 * H * H), work(2 * n);
+  for (idx_t j = 0; j < H; ++j)
+    for (idx_t k = 0; k < 4 * H; ++k) w_t.ptr[k * H + j] = w_hh.ptr[j * 4 * H + k];
+  float *dh_t = work.ptr, *tanh_c = work.ptr + n;
+  for (idx_t t = steps - 1; t >= 0; --t) {
+    const float* d = d_out.ptr + t * n;
+    for (idx_t i = 0; i < n; ++i) dh_t[i] = dh0->ptr[i] + d[i];
+    vmath::tanh_array(c_all.ptr + t * n, tanh_c, n);
+    const float* cp = t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr;
+    float* dg = dxw->ptr + t * n4;
+    cell_bwd(dh_t, dc0->ptr, act.ptr + t * n4, cp, tanh_c, batch, H, dg, dc0->ptr);
+    step_product(dg, w_t.ptr, dh0->ptr, batch, 4 * H, H);
+  }
+  AlignedArray h_prev(steps * n);
+  copy_floats(h_prev.ptr, h0.ptr, n);
+  copy_floats(h_prev.ptr + n, out.ptr, (steps - 1) * n);
+  // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H)
+  g_isa->gemm(MatView{h_prev.ptr, 0, 1, H}, MatView{dxw->ptr, 0, 4 * H, 1}, dw_hh->ptr, 1, H,
+              steps * batch, 4 * H, runner());
+}
+
+}  // namespace fused
+}  // namespace needle::cpu
