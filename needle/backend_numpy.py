@@ -392,7 +392,7 @@ def lstm_cell_bwd(
 def lstm_layer_fwd(
     xw: numpy.ndarray, h0: numpy.ndarray, c0: numpy.ndarray, w_hh: numpy.ndarray, steps: int
 ) -> tuple:
-    """An LSTM layer over ``steps`` steps: ``(out, h, c, act, c_all)`` (see fused.py)."""
+    """An LSTM layer over ``steps`` steps: ``(out, h, c, act)`` (see fused.py)."""
     return _run(spec.LSTM_LAYER_FWD, kernels.lstm_layer_fwd, (xw, h0, c0, w_hh), given=(steps,))
 
 
@@ -401,7 +401,6 @@ def lstm_layer_bwd(
     dh: numpy.ndarray,
     dc: numpy.ndarray,
     act: numpy.ndarray,
-    c_all: numpy.ndarray,
     out: numpy.ndarray,
     h0: numpy.ndarray,
     c0: numpy.ndarray,
@@ -409,7 +408,7 @@ def lstm_layer_bwd(
     steps: int,
 ) -> tuple:
     """The exact gradients ``(dxw, dh0, dc0, dw_hh)`` of :func:`lstm_layer_fwd`."""
-    arrays = (d_out, dh, dc, act, c_all, out, h0, c0, w_hh)
+    arrays = (d_out, dh, dc, act, out, h0, c0, w_hh)
     return _run(spec.LSTM_LAYER_BWD, kernels.lstm_layer_bwd, arrays, given=(steps,))
 
 

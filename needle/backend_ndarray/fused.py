@@ -209,17 +209,16 @@ def lstm_cell_bwd(
 
 def lstm_layer_fwd(
     xw: NDArray, h0: NDArray, c0: NDArray, w_hh: NDArray, steps: int
-) -> Tuple[NDArray, NDArray, NDArray, NDArray, NDArray]:
+) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
     """An LSTM layer over ``steps`` steps in one device call: at step t the gates are
     xw[t] + h_{t-1} @ w_hh (``xw`` (T, B, 4H), ``w_hh`` (H, 4H); h_{-1}, c_{-1} = ``h0``, ``c0``
-    (B, H)) and the step is :func:`lstm_cell_fwd`'s. Returns ``(out, h, c, act, c_all)``: every
-    h_t (T, B, H), the last state h_T, c_T (B, H), and for the backward pass every step's
-    activations (T, B, 4H) and every c_t (T, B, H)."""
+    (B, H)) and the step is :func:`lstm_cell_fwd`'s. Returns ``(out, h, c, act)``: every h_t
+    (T, B, H), the last state h_T, c_T (B, H), and for the backward pass every step's
+    activations (T, B, 4H)."""
     device, dims = _check(spec.LSTM_LAYER_FWD, (xw, h0, c0, w_hh), (steps,))
-    results = _new(device, spec.LSTM_LAYER_FWD, dims)
-    device.lstm_layer_fwd(*_h(xw, h0, c0, w_hh), *dims, *_out(*results))
-    out, h, c, act, c_all = results
-    return out, h, c, act, c_all
+    out, h, c, act = _new(device, spec.LSTM_LAYER_FWD, dims)
+    device.lstm_layer_fwd(*_h(xw, h0, c0, w_hh), *dims, *_out(out, h, c, act))
+    return out, h, c, act
 
 
 def lstm_layer_bwd(
@@ -227,7 +226,6 @@ def lstm_layer_bwd(
     dh: NDArray,
     dc: NDArray,
     act: NDArray,
-    c_all: NDArray,
     out: NDArray,
     h0: NDArray,
     c0: NDArray,
@@ -236,8 +234,9 @@ def lstm_layer_bwd(
 ) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
     """The exact gradients ``(dxw (T, B, 4H), dh0, dc0 (B, H), dw_hh (H, 4H))`` of
     :func:`lstm_layer_fwd` in one device call, given the adjoints ``d_out``, ``dh``, ``dc`` of
-    its out, h and c and its saved ``act``, ``c_all`` and ``out``."""
-    arrays = (d_out, dh, dc, act, c_all, out, h0, c0, w_hh)
+    its out, h and c and its saved ``act`` and ``out`` (the kernel recomputes the cell states
+    from ``act``)."""
+    arrays = (d_out, dh, dc, act, out, h0, c0, w_hh)
     device, dims = _check(spec.LSTM_LAYER_BWD, arrays, (steps,))
     dxw, dh0, dc0, dw_hh = _new(device, spec.LSTM_LAYER_BWD, dims)
     device.lstm_layer_bwd(*_h(*arrays), *dims, *_out(dxw, dh0, dc0, dw_hh))

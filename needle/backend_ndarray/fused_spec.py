@@ -544,7 +544,6 @@ LSTM_LAYER_FWD = _kernel(
         Operand("h", _state),
         Operand("c", _state),
         Operand("act", _sequence_gates),
-        Operand("c_all", _sequence),
     ),
     given=("steps",),
 )
@@ -559,7 +558,6 @@ LSTM_LAYER_BWD = _kernel(
         Operand("dh", _state),
         Operand("dc", _state),
         Operand("act", _sequence_gates),
-        Operand("c_all", _sequence),
         Operand("out", _sequence),
         Operand("h0", _state),
         Operand("c0", _state),

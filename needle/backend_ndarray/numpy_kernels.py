@@ -292,15 +292,25 @@ def lstm_layer_fwd(
 ) -> Tuple[np.ndarray, ...]:
     """An LSTM layer over ``steps`` steps: at step t, :func:`lstm_cell_fwd` of the gates
     xw[t] + h_{t-1} @ w_hh (xw (T, B, 4H), w_hh (H, 4H), h_{-1} = h0, c_{-1} = c0 (B, H)).
-    Returns (out (T, B, H): every h_t, h_T, c_T (B, H), act (T, B, 4H), c_all (T, B, H):
-    every c_t)."""
-    out = np.empty(xw.shape[:2] + h0.shape[1:], xw.dtype)
-    c_all, act = np.empty_like(out), np.empty_like(xw)
+    Returns (out (T, B, H): every h_t, h_T, c_T (B, H), act (T, B, 4H): every step's
+    activations)."""
+    out, act = np.empty(xw.shape[:2] + h0.shape[1:], xw.dtype), np.empty_like(xw)
     h, c = h0, c0
     for t in range(steps):
         h, c, act[t], _ = lstm_cell_fwd(xw[t] + h @ w_hh, c)
-        out[t], c_all[t] = h, c
-    return out, np.array(h), np.array(c), act, c_all
+        out[t] = h
+    return out, np.array(h), np.array(c), act
+
+
+def _cell_states(act: np.ndarray, c0: np.ndarray) -> np.ndarray:
+    """c_t = σf_t·c_{t-1} + σi_t·tanh g_t for every step (T, B, H) from the activations act
+    (T, B, 4H) and c_{-1} = c0: the states :func:`lstm_cell_fwd` computed, recomputed."""
+    H = c0.shape[1]
+    c_all, c = np.empty(act.shape[:2] + (H,), act.dtype), c0
+    for t in range(act.shape[0]):
+        i, f, g = (act[t, :, k * H : (k + 1) * H] for k in range(3))
+        c = c_all[t] = f * c + i * g
+    return c_all
 
 
 def lstm_layer_bwd(
@@ -308,7 +318,6 @@ def lstm_layer_bwd(
     dh: np.ndarray,
     dc: np.ndarray,
     act: np.ndarray,
-    c_all: np.ndarray,
     out: np.ndarray,
     h0: np.ndarray,
     c0: np.ndarray,
@@ -317,9 +326,10 @@ def lstm_layer_bwd(
 ) -> Tuple[np.ndarray, ...]:
     """The exact gradients (dxw (T, B, 4H), dh0, dc0 (B, H), dw_hh (H, 4H)) of
     :func:`lstm_layer_fwd` given the adjoints d_out, dh, dc of its out, h_T, c_T and its saved
-    act, c_all and out: the steps in reverse, then dw_hh = Σ_t h_{t-1}ᵀ dgates_t as one product."""
+    act and out (the cell states are recomputed from act): the steps in reverse, then
+    dw_hh = Σ_t h_{t-1}ᵀ dgates_t as one product."""
     rows, hidden = steps * h0.shape[0], h0.shape[1]
-    dxw = np.empty_like(act)
+    c_all, dxw = _cell_states(act, c0), np.empty_like(act)
     for t in reversed(range(steps)):
         c_prev = c_all[t - 1] if t else c0
         dxw[t], dc = lstm_cell_bwd(dh + d_out[t], dc, act[t], c_prev, np.tanh(c_all[t]))

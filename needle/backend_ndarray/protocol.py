@@ -423,14 +423,13 @@ class DeviceModule(Protocol):
         h: Buffer,
         c: Buffer,
         act: Buffer,
-        c_all: Buffer,
     ) -> None:
         """An LSTM layer over ``steps`` steps: for t = 0, 1, ..., the gates
         ``xw[t] + h_{t-1} @ w_hh`` (``xw``: steps × batch × 4·hidden, ``w_hh``: hidden ×
         4·hidden, h_{-1} = ``h0``, c_{-1} = ``c0``: batch × hidden) go through
-        :meth:`lstm_cell_fwd`; ``out[t]`` = h_t and ``c_all[t]`` = c_t (steps × batch × hidden),
-        ``act[t]`` the step's activations (steps × batch × 4·hidden), ``h``, ``c`` the last
-        state (h0, c0 when steps = 0). One call for the whole loop."""
+        :meth:`lstm_cell_fwd`; ``out[t]`` = h_t (steps × batch × hidden), ``act[t]`` the step's
+        activations (steps × batch × 4·hidden), ``h``, ``c`` the last state (h0, c0 when
+        steps = 0). One call for the whole loop."""
 
     def lstm_layer_bwd(
         self,
@@ -438,7 +437,6 @@ class DeviceModule(Protocol):
         dh: Buffer,
         dc: Buffer,
         act: Buffer,
-        c_all: Buffer,
         out: Buffer,
         h0: Buffer,
         c0: Buffer,
@@ -452,9 +450,10 @@ class DeviceModule(Protocol):
         dw_hh: Buffer,
     ) -> None:
         """The exact gradients of :meth:`lstm_layer_fwd` given the adjoints ``d_out``, ``dh``,
-        ``dc`` of its ``out``, ``h``, ``c`` and its saved ``act``, ``c_all`` and ``out``:
-        ``dxw`` (every step's d gates), ``dh0``, ``dc0`` and ``dw_hh`` = Σ_t h_{t-1}ᵀ dxw[t]
-        (zeros when steps = 0)."""
+        ``dc`` of its ``out``, ``h``, ``c`` and its saved ``act`` and ``out`` (the cell states
+        c_t = σf·c_{t-1} + σi·tanh g are recomputed from ``act``, as the forward pass computed
+        them): ``dxw`` (every step's d gates), ``dh0``, ``dc0`` and ``dw_hh`` =
+        Σ_t h_{t-1}ᵀ dxw[t] (zeros when steps = 0)."""
 
     def sgd_update(
         self,

@@ -237,40 +237,38 @@ class LSTMLayer(TensorTupleOp):
     gates = xw[t] + h_{t-1} W_hh, then :class:`LSTMCellStep`'s kernel.
 
     The loop over the steps runs in the device module (``lstm_layer_fwd``, one call), which
-    keeps for the backward pass each step's gate activations (T, B, 4H) and cell states
-    (T, B, H); the backward pass is one call too (``lstm_layer_bwd``), forming dW_hh =
-    Σ_t h_{t-1}ᵀ dgates_t as one product of the stacked states."""
+    keeps for the backward pass each step's gate activations (T, B, 4H) beside the output; the
+    backward pass is one call too (``lstm_layer_bwd``): it recomputes the cell states from the
+    activations and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one product of the stacked states."""
 
     def __init__(self):
-        self.act = self.c_all = self.out = None
+        self.act = self.out = None
 
     def compute(self, xw, h0, c0, w_hh):
-        out, h, c, self.act, self.c_all = array_api.lstm_layer_fwd(xw, h0, c0, w_hh, xw.shape[0])
+        out, h, c, self.act = array_api.lstm_layer_fwd(xw, h0, c0, w_hh, xw.shape[0])
         self.out = out
         return out, h, c
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = LSTMLayerBackward(self.act, self.c_all, self.out)(out_grad, *node.inputs)
+        grads = LSTMLayerBackward(self.act, self.out)(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(4))
 
 
 class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
     """(d xw, d h0, d c0, d W_hh) of :class:`LSTMLayer`; inputs (the tuple adjoint (d output,
-    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``act`` (T, B, 4H)
-    and ``c_all`` (T, B, H), every step's activations and cell state, and ``out`` (T, B, H)
-    the hidden states."""
+    d h_T, d c_T), xw, h0, c0, W_hh), and the forward pass's saved arrays: ``act`` (T, B, 4H),
+    every step's gate activations, and ``out`` (T, B, H), the hidden states."""
 
     forward_name = "lstm_layer"
 
-    def __init__(self, act, c_all, out):
-        self.act, self.c_all, self.out = act, c_all, out
+    def __init__(self, act, out):
+        self.act, self.out = act, out
 
     def compute(self, adjoint, xw, h0, c0, w_hh):
         d_out, dh, dc = adjoint
+        steps = xw.shape[0]
         return tuple(
-            array_api.lstm_layer_bwd(
-                d_out, dh, dc, self.act, self.c_all, self.out, h0, c0, w_hh, xw.shape[0]
-            )
+            array_api.lstm_layer_bwd(d_out, dh, dc, self.act, self.out, h0, c0, w_hh, steps)
         )
 
 

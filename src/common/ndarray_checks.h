@@ -196,7 +196,7 @@ inline LstmLayerSizes lstm_layer_sizes(const char* fn, idx_t batch, idx_t hidden
 template <class A>
 void check_lstm_layer_fwd(const char* fn, const A& xw, const A& h0, const A& c0, const A& w_hh,
                           idx_t batch, idx_t hidden, idx_t steps, const A& out, const A& h,
-                          const A& c, const A& act, const A& c_all) {
+                          const A& c, const A& act) {
   const LstmLayerSizes n = lstm_layer_sizes(fn, batch, hidden, steps);
   check_size(fn, "xw", xw.size, n.gates);
   check_size(fn, "h0", h0.size, n.state);
@@ -206,12 +206,11 @@ void check_lstm_layer_fwd(const char* fn, const A& xw, const A& h0, const A& c0,
   check_size(fn, "h", h.size, n.state);
   check_size(fn, "c", c.size, n.state);
   check_size(fn, "act", act.size, n.gates);
-  check_size(fn, "c_all", c_all.size, n.seq);
 }
 
 template <class A>
 void check_lstm_layer_bwd(const char* fn, const A& d_out, const A& dh, const A& dc, const A& act,
-                          const A& c_all, const A& out, const A& h0, const A& c0, const A& w_hh,
+                          const A& out, const A& h0, const A& c0, const A& w_hh,
                           idx_t batch, idx_t hidden, idx_t steps, const A& dxw, const A& dh0,
                           const A& dc0, const A& dw_hh) {
   const LstmLayerSizes n = lstm_layer_sizes(fn, batch, hidden, steps);
@@ -219,7 +218,6 @@ void check_lstm_layer_bwd(const char* fn, const A& d_out, const A& dh, const A& 
   check_size(fn, "dh", dh.size, n.state);
   check_size(fn, "dc", dc.size, n.state);
   check_size(fn, "act", act.size, n.gates);
-  check_size(fn, "c_all", c_all.size, n.seq);
   check_size(fn, "out", out.size, n.seq);
   check_size(fn, "h0", h0.size, n.state);
   check_size(fn, "c0", c0.size, n.state);

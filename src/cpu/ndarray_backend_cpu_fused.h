@@ -218,9 +218,23 @@ void batchnorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const Align
   }
 }
 
+// The cell state update c = σf·c_prev + σi·tanh g on `batch` rows from the activations act
+// (batch x 4H) (c may be c_prev itself). One function, never inlined, for the forward pass and
+// for lstm_layer_bwd's recomputation of the states, so that both give the same bits.
+[[gnu::noinline]] inline void cell_state(const float* act, const float* c_prev, idx_t batch,
+                                         idx_t H, float* c) {
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* a = act + r * 4 * H;
+    const float *ig = a, *fg = a + H, *gg = a + 2 * H;
+    const float* cp = c_prev + r * H;
+    float* cr = c + r * H;
+    for (idx_t j = 0; j < H; ++j) cr[j] = fg[j] * cp[j] + ig[j] * gg[j];
+  }
+}
+
 // The LSTM cell on `batch` rows: act (σi, σf, tanh g, σo) from gates (batch x 4H, i, f, g, o;
 // act may be gates itself: each element is read before it is written), c = σf·c_prev +
-// σi·tanh g, tanh_c = tanh(c), h = σo·tanh_c (batch x H each).
+// σi·tanh g (c may be c_prev itself), tanh_c = tanh(c), h = σo·tanh_c (batch x H each).
 inline void cell_fwd(const float* gates, const float* c_prev, idx_t batch, idx_t H, float* h,
                      float* c, float* act, float* tanh_c) {
   for (idx_t r = 0; r < batch; ++r) {
@@ -232,11 +246,13 @@ inline void cell_fwd(const float* gates, const float* c_prev, idx_t batch, idx_t
     vmath::tanh_array(a, a, 4 * H);
     for (idx_t j = 0; j < 2 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
     for (idx_t j = 3 * H; j < 4 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
-    const float *ig = a, *fg = a + H, *gg = a + 2 * H, *og = a + 3 * H;
-    const float* cp = c_prev + r * H;
-    float *cr = c + r * H, *tr = tanh_c + r * H, *hr = h + r * H;
-    for (idx_t j = 0; j < H; ++j) cr[j] = fg[j] * cp[j] + ig[j] * gg[j];
-    vmath::tanh_array(cr, tr, H);
+  }
+  cell_state(act, c_prev, batch, H, c);
+  vmath::tanh_array(c, tanh_c, batch * H);
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* og = act + r * 4 * H + 3 * H;
+    const float* tr = tanh_c + r * H;
+    float* hr = h + r * H;
     for (idx_t j = 0; j < H; ++j) hr[j] = og[j] * tr[j];
   }
 }

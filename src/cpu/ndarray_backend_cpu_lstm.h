@@ -4,11 +4,15 @@
 //
 // Forward, per step t: act[t] = h_{t-1} @ w_hh (the module's matrix engine), act[t] += xw[t],
 // then the cell of ndarray_backend_cpu_fused.h in place over act[t] (pre-activations become
-// activations); out[t] = h_t, c_all[t] = c_t. tanh(c_t) is not kept: the backward pass
-// recomputes it from c_all with the same function, so it gets the same values.
-// Backward, for t = T-1 .. 0: the cell's gradient with dh_t = dh + d_out[t] into dxw[t], then
-// dh = dxw[t] @ w_hhᵀ (w_hh transposed once per call); at the end dw_hh = h_prevᵀ @ dxw as one
-// product over the stacked states h_prev = (h0, out[0], ..., out[T-2]).
+// activations) and over c; out[t] = h_t. Only act and out are kept for the backward pass
+// (besides the inputs): the cell states c_t and tanh(c_t) are recomputed from act by the
+// backward pass, with the same functions, so they are the same bits (c_t = σf·c_{t-1} +
+// σi·tanh g, one multiply-add per element and step: far cheaper than keeping (T, B, H) more
+// floats alive from the forward pass to the backward pass).
+// Backward: the states c_0 .. c_{T-1} into a scratch buffer, then for t = T-1 .. 0 the cell's
+// gradient with dh_t = dh + d_out[t] into dxw[t] and dh = dxw[t] @ w_hhᵀ (w_hh transposed once
+// per call); at the end dw_hh = h_prevᵀ @ dxw as one product over the stacked states h_prev =
+// (h0, out[0], ..., out[T-2]).
 //
 // Threads: each step's products are (batch x hidden) @ (hidden x 4·hidden) and back, 2^20
 // multiply-adds at the course LSTM LM's sizes (16 x 128 x 512), each waiting for the previous
@@ -58,35 +62,33 @@ inline void copy_floats(float* dst, const float* src, idx_t n) {
 
 void lstm_layer_fwd(const AlignedArray& xw, const AlignedArray& h0, const AlignedArray& c0,
                     const AlignedArray& w_hh, idx_t batch, idx_t hidden, idx_t steps,
-                    AlignedArray* out, AlignedArray* h, AlignedArray* c, AlignedArray* act,
-                    AlignedArray* c_all) {
+                    AlignedArray* out, AlignedArray* h, AlignedArray* c, AlignedArray* act) {
   check_lstm_layer_fwd("lstm_layer_fwd", xw, h0, c0, w_hh, batch, hidden, steps, *out, *h, *c,
-                       *act, *c_all);
+                       *act);
   const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
   if (n == 0) return;  // every output is empty
   AlignedArray tanh_c(n);
-  const float *hp = h0.ptr, *cp = c0.ptr;
+  copy_floats(c->ptr, c0.ptr, n);  // c carries c_t from step to step
+  const float* hp = h0.ptr;
   for (idx_t t = 0; t < steps; ++t) {
     float* g = act->ptr + t * n4;
     step_product(hp, w_hh.ptr, g, batch, H, 4 * H);
     const float* x = xw.ptr + t * n4;
     for (idx_t i = 0; i < n4; ++i) g[i] += x[i];
-    float *ht = out->ptr + t * n, *ct = c_all->ptr + t * n;
-    cell_fwd(g, cp, batch, H, ht, ct, g, tanh_c.ptr);
+    float* ht = out->ptr + t * n;
+    cell_fwd(g, c->ptr, batch, H, ht, c->ptr, g, tanh_c.ptr);
     hp = ht;
-    cp = ct;
   }
   copy_floats(h->ptr, hp, n);
-  copy_floats(c->ptr, cp, n);
 }
 
 void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const AlignedArray& dc,
-                    const AlignedArray& act, const AlignedArray& c_all, const AlignedArray& out,
-                    const AlignedArray& h0, const AlignedArray& c0, const AlignedArray& w_hh,
-                    idx_t batch, idx_t hidden, idx_t steps, AlignedArray* dxw, AlignedArray* dh0,
-                    AlignedArray* dc0, AlignedArray* dw_hh) {
-  check_lstm_layer_bwd("lstm_layer_bwd", d_out, dh, dc, act, c_all, out, h0, c0, w_hh, batch,
-                       hidden, steps, *dxw, *dh0, *dc0, *dw_hh);
+                    const AlignedArray& act, const AlignedArray& out, const AlignedArray& h0,
+                    const AlignedArray& c0, const AlignedArray& w_hh, idx_t batch, idx_t hidden,
+                    idx_t steps, AlignedArray* dxw, AlignedArray* dh0, AlignedArray* dc0,
+                    AlignedArray* dw_hh) {
+  check_lstm_layer_bwd("lstm_layer_bwd", d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden,
+                       steps, *dxw, *dh0, *dc0, *dw_hh);
   const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
   // dh0 and dc0 carry the running adjoints of h_t and c_t through the steps
   copy_floats(dh0->ptr, dh.ptr, n);
@@ -95,6 +97,10 @@ void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const Ali
     std::fill(dw_hh->ptr, dw_hh->ptr + dw_hh->size, 0.0f);
     return;
   }
+  AlignedArray c_all(steps * n);  // c_t of every step, as the forward pass computed them
+  for (idx_t t = 0; t < steps; ++t)
+    cell_state(act.ptr + t * n4, t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr, batch, H,
+               c_all.ptr + t * n);
   AlignedArray w_t(4 * H * H), work(2 * n);
   for (idx_t j = 0; j < H; ++j)
     for (idx_t k = 0; k < 4 * H; ++k) w_t.ptr[k * H + j] = w_hh.ptr[j * 4 * H + k];
@@ -108,11 +114,12 @@ void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const Ali
     cell_bwd(dh_t, dc0->ptr, act.ptr + t * n4, cp, tanh_c, batch, H, dg, dc0->ptr);
     step_product(dg, w_t.ptr, dh0->ptr, batch, 4 * H, H);
   }
-  AlignedArray h_prev(steps * n);
-  copy_floats(h_prev.ptr, h0.ptr, n);
-  copy_floats(h_prev.ptr + n, out.ptr, (steps - 1) * n);
-  // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H)
-  g_isa->gemm(MatView{h_prev.ptr, 0, 1, H}, MatView{dxw->ptr, 0, 4 * H, 1}, dw_hh->ptr, 1, H,
+  // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H); c_all's buffer is
+  // free now and holds h_prev
+  float* h_prev = c_all.ptr;
+  copy_floats(h_prev, h0.ptr, n);
+  copy_floats(h_prev + n, out.ptr, (steps - 1) * n);
+  g_isa->gemm(MatView{h_prev, 0, 1, H}, MatView{dxw->ptr, 0, 4 * H, 1}, dw_hh->ptr, 1, H,
               steps * batch, 4 * H, runner());
 }
 

@@ -891,6 +891,23 @@ __global__ void lstm_cell_bwd_kernel(const float* dh, const float* dh_add, const
   }
 }
 
+// c_all[t] = σf_t·c_{t-1} + σi_t·tanh g_t for t < steps (c_{-1} = c0), from the activations act
+// (steps x batch x 4·hidden): the cell states lstm_layer_fwd did not keep, one thread per
+// (row, j) running through the steps.
+__global__ void lstm_cell_states_kernel(const float* act, const float* c0, int64_t batch,
+                                        int64_t hidden, int64_t steps, float* c_all) {
+  const int64_t n = batch * hidden;
+  NEEDLE_GRID_LOOP(e, n) {
+    const int64_t row = e / hidden, j = e % hidden;
+    float c = c0[e];
+    for (int64_t t = 0; t < steps; ++t) {
+      const float* a = act + (t * batch + row) * 4 * hidden;
+      c = a[hidden + j] * c + a[j] * a[2 * hidden + j];
+      c_all[t * n + e] = c;
+    }
+  }
+}
+
 __global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t n, float lr,
                            float momentum, float weight_decay) {
   NEEDLE_GRID_LOOP(i, n) {
@@ -1224,36 +1241,35 @@ void copy_device(float* dst, const float* src, int64_t n) {
 }  // namespace
 
 // The layer's loop on the host, two launches a step: the product h_{t-1} @ w_hh written into
-// act[t] (matrix t of act), then the cell kernel adding xw[t] and turning act[t] into
-// activations in place. tanh(c_t) is not kept (the backward pass recomputes it from c_all).
+// act[t] (matrix t of act), then the cell kernel adding xw[t], turning act[t] into activations
+// in place and updating c in place. Only act and out are kept for the backward pass.
 void lstm_layer_fwd(const CudaArray& xw, const CudaArray& h0, const CudaArray& c0,
                     const CudaArray& w_hh, int64_t batch, int64_t hidden, int64_t steps,
-                    CudaArray* out, CudaArray* h, CudaArray* c, CudaArray* act,
-                    CudaArray* c_all) {
+                    CudaArray* out, CudaArray* h, CudaArray* c, CudaArray* act) {
   const int64_t H = hidden, n = batch * hidden, n4 = 4 * n;
   if (n == 0) return;
+  copy_device(c->ptr, c0.ptr, n);
   for (int64_t t = 0; t < steps; ++t) {
     const CudaArray& h_prev = t ? *out : h0;
     const MatrixView vh{t ? (t - 1) * n : 0, 0, H, 1}, vw{0, 0, 4 * H, 1};
     matmul(h_prev, w_hh, act, {MatmulGroup{vh, vw, t, 1}}, batch, H, 4 * H);
-    const float* c_prev = t ? c_all->ptr + (t - 1) * n : c0.ptr;
-    lstm_cell_fwd_kernel<<<grid_for(n), BLOCK>>>(act->ptr + t * n4, xw.ptr + t * n4, c_prev,
-                                                 batch, H, out->ptr + t * n, c_all->ptr + t * n,
+    lstm_cell_fwd_kernel<<<grid_for(n), BLOCK>>>(act->ptr + t * n4, xw.ptr + t * n4, c->ptr,
+                                                 batch, H, out->ptr + t * n, c->ptr,
                                                  act->ptr + t * n4, nullptr);
     check_launch("lstm_cell_fwd kernel");
   }
   copy_device(h->ptr, steps ? out->ptr + (steps - 1) * n : h0.ptr, n);
-  copy_device(c->ptr, steps ? c_all->ptr + (steps - 1) * n : c0.ptr, n);
 }
 
-// Backward, two launches a step: the cell's gradient (dh0 + d_out[t] as the adjoint of h_t; dc0
-// carries that of c_t) into dxw[t], then dh0 = dxw[t] @ w_hhᵀ (a transposed view); then
-// dw_hh = h_prevᵀ @ dxw over the stacked states (h0, out[0], ..., out[T-2]).
+// Backward: the cell states recomputed from act (one launch), then two launches a step: the
+// cell's gradient (dh0 + d_out[t] as the adjoint of h_t; dc0 carries that of c_t) into dxw[t],
+// and dh0 = dxw[t] @ w_hhᵀ (a transposed view); then dw_hh = h_prevᵀ @ dxw over the stacked
+// states (h0, out[0], ..., out[T-2]).
 void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray& dc,
-                    const CudaArray& act, const CudaArray& c_all, const CudaArray& out,
-                    const CudaArray& h0, const CudaArray& c0, const CudaArray& w_hh,
-                    int64_t batch, int64_t hidden, int64_t steps, CudaArray* dxw, CudaArray* dh0,
-                    CudaArray* dc0, CudaArray* dw_hh) {
+                    const CudaArray& act, const CudaArray& out, const CudaArray& h0,
+                    const CudaArray& c0, const CudaArray& w_hh, int64_t batch, int64_t hidden,
+                    int64_t steps, CudaArray* dxw, CudaArray* dh0, CudaArray* dc0,
+                    CudaArray* dw_hh) {
   const int64_t H = hidden, n = batch * hidden, n4 = 4 * n;
   copy_device(dh0->ptr, dh.ptr, n);
   copy_device(dc0->ptr, dc.ptr, n);
@@ -1264,6 +1280,9 @@ void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray
     }
     return;
   }
+  CudaArray c_all(steps * n);
+  lstm_cell_states_kernel<<<grid_for(n), BLOCK>>>(act.ptr, c0.ptr, batch, H, steps, c_all.ptr);
+  check_launch("lstm_cell_states kernel");
   for (int64_t t = steps - 1; t >= 0; --t) {
     const float* c_prev = t ? c_all.ptr + (t - 1) * n : c0.ptr;
     lstm_cell_bwd_kernel<<<grid_for(n), BLOCK>>>(dh0->ptr, d_out.ptr + t * n, dc0->ptr,
@@ -1274,28 +1293,11 @@ void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray
     const MatrixView vg{t * n4, 0, 4 * H, 1}, vw_t{0, 0, 1, 4 * H};
     matmul(*dxw, w_hh, dh0, {MatmulGroup{vg, vw_t, 0, 1}}, batch, 4 * H, H);
   }
-  CudaArray h_prev(steps * n);
-  copy_device(h_prev.ptr, h0.ptr, n);
-  copy_device(h_prev.ptr + n, out.ptr, (steps - 1) * n);
-  matmul(h_prev, MatrixView{0, 0, 1, H}, *dxw, MatrixView{0, 0, 4 * H, 1}, dw_hh, 1, H,
+  // c_all's buffer holds the stacked states h_prev now
+  copy_device(c_all.ptr, h0.ptr, n);
+  copy_device(c_all.ptr + n, out.ptr, (steps - 1) * n);
+  matmul(c_all, MatrixView{0, 0, 1, H}, *dxw, MatrixView{0, 0, 4 * H, 1}, dw_hh, 1, H,
          steps * batch, 4 * H);
-}
-
-void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
-                float momentum, float weight_decay) {
-  if (param->size == 0) return;
-  sgd_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, buf->ptr, param->size, lr,
-                                               momentum, weight_decay);
-  check_launch("sgd_update kernel");
-}
-
-void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
-                 float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2) {
-  if (param->size == 0) return;
-  adam_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, m->ptr, v->ptr,
-                                                param->size, lr, beta1, beta2, eps, weight_decay,
-                                                bc1, bc2);
-  check_launch("adam_update kernel");
 }
 
 // ---- convolution --------------------------------------------------------------------------------

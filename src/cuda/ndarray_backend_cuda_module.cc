@@ -418,25 +418,24 @@ void check_lstm_layer_products(const char* fn, idx_t batch, idx_t hidden, idx_t 
 
 void lstm_layer_fwd(const CudaArray& xw, const CudaArray& h0, const CudaArray& c0,
                     const CudaArray& w_hh, idx_t batch, idx_t hidden, idx_t steps, CudaArray& out,
-                    CudaArray& h, CudaArray& c, CudaArray& act, CudaArray& c_all) {
+                    CudaArray& h, CudaArray& c, CudaArray& act) {
   const char* fn = "lstm_layer_fwd";
-  check_lstm_layer_fwd(fn, xw, h0, c0, w_hh, batch, hidden, steps, out, h, c, act, c_all);
+  check_lstm_layer_fwd(fn, xw, h0, c0, w_hh, batch, hidden, steps, out, h, c, act);
   check_lstm_layer_products(fn, batch, hidden, steps);
-  needle::cuda::lstm_layer_fwd(xw, h0, c0, w_hh, batch, hidden, steps, &out, &h, &c, &act,
-                               &c_all);
+  needle::cuda::lstm_layer_fwd(xw, h0, c0, w_hh, batch, hidden, steps, &out, &h, &c, &act);
 }
 
 void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray& dc,
-                    const CudaArray& act, const CudaArray& c_all, const CudaArray& out,
-                    const CudaArray& h0, const CudaArray& c0, const CudaArray& w_hh, idx_t batch,
-                    idx_t hidden, idx_t steps, CudaArray& dxw, CudaArray& dh0, CudaArray& dc0,
+                    const CudaArray& act, const CudaArray& out, const CudaArray& h0,
+                    const CudaArray& c0, const CudaArray& w_hh, idx_t batch, idx_t hidden,
+                    idx_t steps, CudaArray& dxw, CudaArray& dh0, CudaArray& dc0,
                     CudaArray& dw_hh) {
   const char* fn = "lstm_layer_bwd";
-  check_lstm_layer_bwd(fn, d_out, dh, dc, act, c_all, out, h0, c0, w_hh, batch, hidden, steps,
-                       dxw, dh0, dc0, dw_hh);
+  check_lstm_layer_bwd(fn, d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden, steps, dxw, dh0,
+                       dc0, dw_hh);
   check_lstm_layer_products(fn, batch, hidden, steps);
-  needle::cuda::lstm_layer_bwd(d_out, dh, dc, act, c_all, out, h0, c0, w_hh, batch, hidden, steps,
-                               &dxw, &dh0, &dc0, &dw_hh);
+  needle::cuda::lstm_layer_bwd(d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden, steps, &dxw,
+                               &dh0, &dc0, &dw_hh);
 }
 
 void sgd_update(CudaArray& param, const CudaArray& grad, CudaArray& buf, float lr,

@@ -44,15 +44,14 @@ SIZES = [  # (steps, batch, hidden)
 
 # ---- oracles ------------------------------------------------------------------------------------
 def layer64(xw, h0, c0, w):
-    """(out, h_T, c_T, act, c_all) of an LSTM layer in float64, step by step."""
+    """(out, h_T, c_T, act) of an LSTM layer in float64, step by step."""
     steps, (batch, hidden) = xw.shape[0], h0.shape
-    out, c_all = np.zeros((2, steps, batch, hidden))
-    act = np.zeros((steps, batch, 4 * hidden))
+    out, act = np.zeros((steps, batch, hidden)), np.zeros((steps, batch, 4 * hidden))
     h, c = np.asarray(h0, np.float64), np.asarray(c0, np.float64)
     for t in range(steps):
         h, c, act[t], _ = lstm64(xw[t] + h @ w, c)
-        out[t], c_all[t] = h, c
-    return out, h, c, act, c_all
+        out[t] = h
+    return out, h, c, act
 
 
 def _inputs(rng, steps, batch, hidden):
@@ -63,10 +62,9 @@ def _inputs(rng, steps, batch, hidden):
 
 
 def _fwd(mod, xw, h0, c0, w):
-    """lstm_layer_fwd on ``mod``: (out, h, c, act, c_all) as numpy arrays."""
+    """lstm_layer_fwd on ``mod``: (out, h, c, act) as numpy arrays."""
     steps, batch, hidden = xw.shape[0], h0.shape[0], h0.shape[1]
-    shapes = [(steps, batch, hidden), (batch, hidden), (batch, hidden)]
-    shapes += [(steps, batch, 4 * hidden), (steps, batch, hidden)]
+    shapes = [(steps, batch, hidden), (batch, hidden), (batch, hidden), (steps, batch, 4 * hidden)]
     outs = [mod.Array(int(np.prod(s))) for s in shapes]
     args = [_buf(mod, a) for a in (xw, h0, c0, w)]
     mod.lstm_layer_fwd(*args, batch, hidden, steps, *outs)
@@ -76,18 +74,18 @@ def _fwd(mod, xw, h0, c0, w):
 def _bwd(mod, grads, saved, h0, c0, w):
     """lstm_layer_bwd on ``mod``: (dxw, dh0, dc0, dw_hh) as numpy arrays."""
     d_out, dh, dc = grads
-    act, c_all, out = saved
+    act, out = saved
     steps, batch, hidden = out.shape
     shapes = [(steps, batch, 4 * hidden), (batch, hidden), (batch, hidden), (hidden, 4 * hidden)]
     outs = [mod.Array(int(np.prod(s))) for s in shapes]
-    args = [_buf(mod, a) for a in (d_out, dh, dc, act, c_all, out, h0, c0, w)]
+    args = [_buf(mod, a) for a in (d_out, dh, dc, act, out, h0, c0, w)]
     mod.lstm_layer_bwd(*args, batch, hidden, steps, *outs)
     return [_read(mod, o, s) for o, s in zip(outs, shapes)]
 
 
 def _composed(mod, xw, h0, c0, w, grads):
     """The per-step composition on ``mod`` (matmul, add, lstm_cell_fwd; lstm_cell_bwd, matmul):
-    forward (out, h, c, act, c_all) and backward (dxw, dh0, dc0, dw_hh)."""
+    forward (out, h, c, act) and backward (dxw, dh0, dc0, dw_hh)."""
     steps, batch, hidden = xw.shape[0], h0.shape[0], h0.shape[1]
     n, n4 = batch * hidden, 4 * batch * hidden
 
@@ -119,7 +117,7 @@ def _composed(mod, xw, h0, c0, w, grads):
         dh = matmul(dxw[t], np.ascontiguousarray(w.T))
     h_prev = np.stack([h0] + outs[:-1]).reshape(-1, hidden)
     dw = matmul(np.ascontiguousarray(h_prev.T), dxw.reshape(-1, 4 * hidden))
-    forward = (np.stack(outs), h, c, np.stack(acts), np.stack(cs))
+    forward = (np.stack(outs), h, c, np.stack(acts))
     return forward, (dxw, dh, dc, dw)
 
 
@@ -128,7 +126,7 @@ def _close(got, want, what, rtol=1e-5, atol=1e-5):
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=name)
 
 
-FWD_NAMES = ("out", "h", "c", "act", "c_all")
+FWD_NAMES = ("out", "h", "c", "act")
 BWD_NAMES = ("dxw", "dh0", "dc0", "dw_hh")
 
 
@@ -145,7 +143,7 @@ def test_layer_kernels_match_the_per_step_composition_and_the_reference(dev, ste
         rng.standard_normal((batch, hidden)).astype(F32),
     )
     forward = _fwd(mod, xw, h0, c0, w)
-    backward = _bwd(mod, grads, (forward[3], forward[4], forward[0]), h0, c0, w)
+    backward = _bwd(mod, grads, (forward[3], forward[0]), h0, c0, w)
     _close(forward, layer64(xw, h0, c0, w), FWD_NAMES, rtol=1e-4, atol=1e-5)
     want_fwd, want_bwd = _composed(mod, xw, h0, c0, w, grads)
     _close(forward, want_fwd, FWD_NAMES)
@@ -153,7 +151,7 @@ def test_layer_kernels_match_the_per_step_composition_and_the_reference(dev, ste
     ref = nd.ndarray_backend_numpy
     ref_fwd = _fwd(ref, xw, h0, c0, w)
     _close(forward, ref_fwd, FWD_NAMES)
-    ref_bwd = _bwd(ref, grads, (ref_fwd[3], ref_fwd[4], ref_fwd[0]), h0, c0, w)
+    ref_bwd = _bwd(ref, grads, (ref_fwd[3], ref_fwd[0]), h0, c0, w)
     _close(backward, ref_bwd, BWD_NAMES, rtol=1e-4, atol=1e-4)
 
 
@@ -165,7 +163,7 @@ def test_layer_gradients_match_central_differences(dev, steps, batch, hidden):
     xw, h0, c0, w = _inputs(rng, steps, batch, hidden)
     cot = [rng.standard_normal(s) for s in ((steps, batch, hidden), h0.shape, h0.shape)]
     forward = _fwd(mod, xw, h0, c0, w)
-    got = _bwd(mod, [g.astype(F32) for g in cot], (forward[3], forward[4], forward[0]), h0, c0, w)
+    got = _bwd(mod, [g.astype(F32) for g in cot], (forward[3], forward[0]), h0, c0, w)
     args64 = [a.astype(np.float64) for a in (xw, h0, c0, w)]
 
     def objective(k):
@@ -190,12 +188,12 @@ def test_layer_kernels_on_empty_sizes(dev, steps, batch, hidden):
     mod = dev.mod
     rng = np.random.default_rng(5)
     xw, h0, c0, w = _inputs(rng, steps, batch, hidden)
-    out, h, c, act, c_all = _fwd(mod, xw, h0, c0, w)
+    out, h, c, act = _fwd(mod, xw, h0, c0, w)
     np.testing.assert_array_equal(h, h0)
     np.testing.assert_array_equal(c, c0)
     dh, dc = rng.standard_normal((2, batch, hidden)).astype(F32)
     d_out = np.ones((steps, batch, hidden), F32)
-    dxw, dh0, dc0, dw = _bwd(mod, (d_out, dh, dc), (act, c_all, out), h0, c0, w)
+    dxw, dh0, dc0, dw = _bwd(mod, (d_out, dh, dc), (act, out), h0, c0, w)
     assert dxw.shape == xw.shape and dw.shape == w.shape
     np.testing.assert_array_equal(dw, np.zeros_like(w))
     if steps == 0:
@@ -208,7 +206,7 @@ def _layer_buffers(mod, steps, batch, hidden, wrong=None, delta=1):
     elements off."""
     n, seq = batch * hidden, steps * batch * hidden
     sizes = {"xw": 4 * seq, "h0": n, "c0": n, "w_hh": 4 * hidden * hidden, "out": seq, "h": n}
-    sizes.update(c=n, act=4 * seq, c_all=seq, d_out=seq, dh=n, dc=n, dxw=4 * seq, dh0=n)
+    sizes.update(c=n, act=4 * seq, d_out=seq, dh=n, dc=n, dxw=4 * seq, dh0=n)
     sizes.update(dc0=n, dw_hh=4 * hidden * hidden)
     bufs = {k: mod.Array(v + delta * (k == wrong)) for k, v in sizes.items()}
     for buf in bufs.values():
@@ -216,9 +214,9 @@ def _layer_buffers(mod, steps, batch, hidden, wrong=None, delta=1):
     return bufs
 
 
-FWD_ARGS = (("xw", "h0", "c0", "w_hh"), ("out", "h", "c", "act", "c_all"))
+FWD_ARGS = (("xw", "h0", "c0", "w_hh"), ("out", "h", "c", "act"))
 BWD_ARGS = (
-    ("d_out", "dh", "dc", "act", "c_all", "out", "h0", "c0", "w_hh"),
+    ("d_out", "dh", "dc", "act", "out", "h0", "c0", "w_hh"),
     ("dxw", "dh0", "dc0", "dw_hh"),
 )
 
@@ -267,8 +265,8 @@ def test_array_functions_name_a_wrong_shape(dev):
         return nd.array(np.asarray(a, F32), device=dev)
 
     xw, h0, w = np.zeros((3, 2, 8)), np.zeros((2, 2)), np.zeros((2, 8))
-    out, h, c, act, c_all = fns.lstm_layer_fwd(make(xw), make(h0), make(h0), make(w), 3)
-    assert out.shape == (3, 2, 2) and act.shape == (3, 2, 8) and c_all.shape == (3, 2, 2)
+    out, h, c, act = fns.lstm_layer_fwd(make(xw), make(h0), make(h0), make(w), 3)
+    assert out.shape == (3, 2, 2) and act.shape == (3, 2, 8) and c.shape == (2, 2)
     cases = {
         "xw": (np.zeros((3, 2, 7)), h0, h0, w, 3),
         "h0": (xw, np.zeros((2, 3)), h0, w, 3),
@@ -283,7 +281,7 @@ def test_array_functions_name_a_wrong_shape(dev):
         fns.lstm_layer_fwd(make(xw), make(h0), make(h0), make(w), -1)
     grads = [make(np.zeros((3, 2, 2))), make(h0), make(h0)]
     with pytest.raises(ValueError, match="lstm_layer_bwd: act must"):
-        fns.lstm_layer_bwd(*grads, c_all, c_all, out, make(h0), make(h0), make(w), 3)
+        fns.lstm_layer_bwd(*grads, out, out, make(h0), make(h0), make(w), 3)
 
 
 # ---- the op -------------------------------------------------------------------------------------
