@@ -330,10 +330,11 @@ def lstm_layer_bwd(
     dw_hh = Σ_t h_{t-1}ᵀ dgates_t as one product."""
     rows, hidden = steps * h0.shape[0], h0.shape[1]
     c_all, dxw = _cell_states(act, c0), np.empty_like(act)
+    w_t = np.ascontiguousarray(w_hh.T)
     for t in reversed(range(steps)):
         c_prev = c_all[t - 1] if t else c0
         dxw[t], dc = lstm_cell_bwd(dh + d_out[t], dc, act[t], c_prev, np.tanh(c_all[t]))
-        dh = dxw[t] @ w_hh.T
+        dh = dxw[t] @ w_t
     h_prev = np.concatenate([h0[None], out])[:steps].reshape(rows, hidden)  # h_{t-1} for each t
     dw_hh = h_prev.T @ dxw.reshape(rows, 4 * hidden)
     return dxw, np.array(dh), np.array(dc), dw_hh
