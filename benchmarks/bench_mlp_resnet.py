@@ -4,7 +4,9 @@ version (and PyTorch when installed), measured in the same process.
 The epoch: 10,000 MNIST-shaped samples (784 inputs: the offline digits resized to 28 x 28 and
 repeated), shuffled batches of 100, MLPResNet(784, hidden 100, 3 blocks, BatchNorm1d, dropout
 0.1) in train mode, mean softmax loss, backward, Adam (lr 0.001, weight decay 0.001). needle runs
-``mlp_resnet.epoch`` (its DataLoader included) on every enabled device. The numpy reference
+``mlp_resnet.epoch`` (its DataLoader included) on every enabled device; PyTorch's epoch does the
+same bookkeeping (each batch's errors and loss read back, as the course's ``epoch`` returns the
+error rate and the mean loss). The numpy reference
 does the same forward, hand-derived backward and Adam update; before timing, its loss and
 gradients are checked against needle's on identical weights and dropout masks, so the timed
 work is the same arithmetic. Times are medians of a few epochs; the ratio column is needle's
@@ -219,12 +221,20 @@ def torch_epoch_fn(X, y):
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y.astype(np.int64))
 
     def run():
+        # the work of the course's epoch(), which needle runs: per batch a step, the batch's
+        # errors and its loss read back; the error rate and the mean loss returned
         order = torch.from_numpy(np.random.RandomState(4).permutation(len(y)))
+        losses, errors = [], 0
         for idx in torch.split(order, BATCH):
-            loss = nn.functional.cross_entropy(net(Xt[idx]), yt[idx])
+            labels = yt[idx]
+            logits = net(Xt[idx])
+            loss = nn.functional.cross_entropy(logits, labels)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            errors += int((logits.detach().argmax(dim=1) != labels).sum())
+            losses.append(float(loss.detach()))
+        return errors / len(y), float(np.mean(losses))
 
     return run
 

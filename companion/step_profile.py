@@ -251,6 +251,22 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def render_change(before_cases: dict, results: dict) -> str:
+    """A text table of device calls, kernel ms and overhead ms per step, ``before_cases`` (the
+    saved profile's cases) beside ``results`` (this run), for the cases in both."""
+    head = f"{'case':<16}{'calls':>14}{'kernel ms':>18}{'overhead ms':>20}"
+    lines = [head, "-" * len(head)]
+    for case, r in results.items():
+        b = before_cases.get(case)
+        if b is None:
+            continue
+        calls = f"{b['kernel_calls']} -> {r['kernel_calls']}"
+        kernel = f"{b['kernel_ms']:.2f} -> {r['kernel_ms']:.2f}"
+        overhead = f"{b['overhead_ms']:.2f} -> {r['overhead_ms']:.2f}"
+        lines.append(f"{case:<16}{calls:>14}{kernel:>18}{overhead:>20}")
+    return "\n".join(lines)
+
+
 def needle_commit() -> str:
     """The short commit id (with '+dirty' for local changes) of the needle package imported."""
     import needle
@@ -300,6 +316,11 @@ def main(argv=None) -> dict:
         f"medians of {args.repeats} steps"
     )
     print(render(results))
+    saved = before()
+    print(
+        f"\nbefore (commit {saved['commit']}, {saved['date'][:10]}, saved in {BEFORE.name}) -> now"
+    )
+    print(render_change(saved["cases"], results))
     if args.json:
         try:
             import torch

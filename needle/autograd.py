@@ -19,6 +19,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Dict,
+    FrozenSet,
     Generic,
     Iterable,
     Iterator,
@@ -277,6 +278,9 @@ class TensorTuple(Value):
     """A tuple of tensors (not nested): the output of a TensorTupleOp such as ``split``."""
 
     cached_data: Optional[Tuple[NDArray, ...]]
+    # The components known to be all zero: reverse mode sets it on the adjoint tuples it
+    # assembles from the components that were picked (an op's gradient may skip their terms).
+    zero_components: FrozenSet[int] = frozenset()
 
     if TYPE_CHECKING:  # the inherited method, with this node type's array
 
@@ -289,6 +293,10 @@ class TensorTuple(Value):
         n = len(self)
         if not isinstance(index, (int, numpy.integer)) or not -n <= index < n:
             raise IndexError(f"TensorTuple index {index!r} is out of range for length {n}")
+        if not self.requires_grad and not _grad_mode.lazy:
+            # what tuple_get_item would make of a tuple without history (a constant), made
+            # directly: reverse mode without create_graph picks three of these per norm layer
+            return Tensor.make_const(self.realize_cached_data()[int(index) % n])
         return needle.ops.tuple_get_item(self, int(index) % n)
 
     def __iter__(self) -> Iterator["Tensor"]:
@@ -649,7 +657,9 @@ def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
             components.append(next(zeros))
         else:
             components.append(grads[0] if len(grads) == 1 else sum_node_list(grads))
-    return needle.ops.make_tuple(*components)
+    adjoint = needle.ops.make_tuple(*components)
+    adjoint.zero_components = frozenset(i for i in range(len(parts)) if i not in picked)
+    return adjoint
 
 
 def sum_node_list(node_list: List[Value]) -> Value:

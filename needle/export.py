@@ -175,6 +175,12 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
         return b.node("Expand", [args[0], b.ints(op.shape, "shape")])
     if kind is ops.Transpose:
         return b.node("Transpose", args, perm=_transpose_perm(op, len(node.inputs[0].shape)))
+    if kind is ops.Permute:
+        ndim = len(node.inputs[0].shape)
+        return b.node("Transpose", args, perm=[axis % ndim for axis in op.axes])
+    if kind is ops.BiasAdd:  # the bias as a (C,) row, broadcast by ONNX's Add
+        row = b.node("Reshape", [args[1], b.ints([node.shape[-1]], "shape")])
+        return b.node("Add", [args[0], row])
     if kind in _REDUCE:
         axes = _reduce_axes(op.axes, len(node.inputs[0].shape))
         if not axes:  # needle sums over no axis: the identity (ONNX would reduce over all)

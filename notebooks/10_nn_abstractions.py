@@ -259,7 +259,7 @@ draw_graph(loss, names=names, grads=False, title="define by run: the graph of on
 # static-graph system, optimized: fused, placed on devices, memory-planned) before any number is
 # computed.
 #
-# One catch shows at once: `nn.Linear.forward` reads `out.shape` to broadcast its bias, and in
+# One catch shows at once: `nn.Linear.forward` reads `out.shape` to match its bias to it, and in
 # needle a node's shape is the shape of its computed array, so reading it computes the node. A
 # static-graph library needs *shape inference* separate from computation (TensorFlow infers
 # every node's shape when the node is declared). `nn.SoftmaxLoss` has the same catch: it checks

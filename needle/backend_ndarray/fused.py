@@ -39,11 +39,11 @@ def _check(
         if not isinstance(a, NDArray):
             raise TypeError(f"{fn}: {op.name} must be an NDArray, got {type(a).__name__}")
         if device is None:
-            device, first = a.device, op.name
-        elif a.device != device:
+            device, first = a._device, op.name
+        elif a._device is not device and a._device != device:
             raise ValueError(f"{fn}: {op.name} is on {a.device} but {first} is on {device}")
     assert device is not None, f"{fn} has inputs"
-    return device, kernel.check([a.shape for a in arrays], scalars, given)
+    return device, kernel.check([a._shape for a in arrays], scalars, given)
 
 
 def _new(device: BackendDevice, kernel: spec.FusedKernel, dims: spec.Dims) -> Tuple[NDArray, ...]:

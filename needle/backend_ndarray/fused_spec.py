@@ -52,7 +52,9 @@ class Operand:
     match: str = "shape"
 
 
-@dataclass(frozen=True)
+# eq=False: compared and hashed by identity (each kernel is one module-level object), so the
+# cached shape checks below hash a kernel in one step, not field by field
+@dataclass(frozen=True, eq=False)
 class FusedKernel:
     """A fused kernel: ``name`` is the device function (None when no device kernel exists),
     ``api_name`` the array-level function; ``dims`` names the sizes read off the input

@@ -144,6 +144,7 @@ def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     array._offset = 0
     array._device = device
     array._handle = device.Array(size)
+    array._compact = True
     return array
 
 
@@ -155,6 +156,7 @@ def _view(base: "NDArray", shape: Shape, strides: Shape, offset: int) -> "NDArra
     array._offset = offset
     array._device = base._device
     array._handle = base._handle
+    array._compact = None
     return array
 
 
@@ -173,12 +175,13 @@ class NDArray:
     sequence of numbers) to ``device`` (default :func:`default_device`).
     """
 
-    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "__weakref__")
+    __slots__ = ("_shape", "_strides", "_offset", "_device", "_handle", "_compact", "__weakref__")
     _shape: Shape
     _strides: Shape
     _offset: int
     _device: BackendDevice
     _handle: Array
+    _compact: Optional[bool]  # is_compact(), once asked (None: not yet); the layout never changes
 
     def __init__(self, other: object, device: BackendDevice | None = None):
         if isinstance(other, NDArray):
@@ -201,6 +204,7 @@ class NDArray:
         self._offset = other._offset
         self._device = other._device
         self._handle = other._handle
+        self._compact = other._compact
 
     compact_strides = staticmethod(_compact_strides)
     compact_strides.__doc__ = "Row-major strides (in elements) of the tuple ``shape`` (cached)."
@@ -229,6 +233,7 @@ class NDArray:
             array._handle = handle
         array._strides = _compact_strides(shape) if strides is None else tuple(strides)
         array._offset = int(offset)
+        array._compact = None
         return array
 
     # ---- properties ------------------------------------------------------------------------
@@ -289,10 +294,27 @@ class NDArray:
 
     def is_compact(self) -> bool:
         """Row-major strides and the buffer holds exactly these elements."""
-        return (
-            self._strides == _compact_strides(self._shape)
-            and math.prod(self._shape) == self._handle.size
-        )
+        compact = self._compact
+        if compact is None:
+            compact = self._compact = (
+                self._strides == _compact_strides(self._shape)
+                and math.prod(self._shape) == self._handle.size
+            )
+        return compact
+
+    def memory_order(self) -> Optional[Tuple[int, ...]]:
+        """The axis order in which this array's elements lie in its buffer, when it is a
+        permuted view of a whole compact buffer: ``self.permute(order)`` is then compact (the
+        identity for a compact array). None for any other view (a slice, a broadcast, an
+        offset). An extension: element-wise tensor ops use it to keep such a layout."""
+        if self._offset or math.prod(self._shape) != self._handle.size:
+            return None
+        strides = self._strides
+        order = tuple(sorted(range(len(strides)), key=lambda i: -strides[i]))
+        shape = self._shape
+        if tuple(strides[i] for i in order) != _compact_strides(tuple(shape[i] for i in order)):
+            return None
+        return order
 
     def _copy(self) -> "NDArray":
         out = _new(self._shape, self._device)

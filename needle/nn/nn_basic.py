@@ -5,6 +5,7 @@ order and descends into sub-modules, lists, tuples and dicts (nested to any dept
 docstring for the exact policy.
 """
 
+import math
 from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -13,6 +14,10 @@ import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
 from needle.ops import ops_fused
+
+# Axis orders between the course's NCHW images and the channels-last layout of the kernels.
+NCHW_TO_NHWC = (0, 2, 3, 1)
+NHWC_TO_NCHW = (0, 3, 1, 2)
 
 
 class Parameter(Tensor):
@@ -194,7 +199,7 @@ class Linear(Module):
             )
         out = X @ self.weight
         if self.bias is not None:
-            out = out + self.bias.broadcast_to(out.shape)
+            out = ops.bias_add(out, self.bias)  # = out + bias.broadcast_to(out.shape)
         return out
 
 
@@ -302,7 +307,11 @@ class BatchNorm1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_features(x, self.dim, type(self).__name__)
-        n = x.shape[0]
+        return self._normalise(x)
+
+    def _normalise(self, x: Tensor) -> Tensor:
+        """Normalise each column of ``x`` (..., dim) over all its leading indices."""
+        n = math.prod(x.shape[:-1])
         if self.training and n > 0:
             out = ops_fused.BatchNormColumns(self.eps)(x, self.weight, self.bias)
             _, mean, var = out.realize_cached_data()  # the op returns (y, mean, var)
@@ -317,7 +326,7 @@ class BatchNorm1d(Module):
             return out[0]
         # Evaluation, and an empty training batch (which has no statistics: the running
         # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
-        row = (1, self.dim)
+        row = (1,) * (len(x.shape) - 1) + (self.dim,)
         centred = x - self.running_mean.reshape(row).broadcast_to(x.shape)
         std = ((self.running_var + self.eps) ** 0.5).reshape(row).broadcast_to(x.shape)
         w = self.weight.reshape(row).broadcast_to(x.shape)
@@ -328,7 +337,8 @@ class BatchNorm1d(Module):
 class BatchNorm2d(BatchNorm1d):
     """Batch normalisation per channel of an NCHW tensor: x (N, C, H, W) -> (N, C, H, W).
 
-    As the course does it: move channels last, view as (N·H·W, C), apply BatchNorm1d, undo.
+    As the course does it: move channels last, view as (N·H·W, C), apply BatchNorm1d, undo
+    (each layout change one ``permute`` rather than the course's two transposes).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -336,8 +346,8 @@ class BatchNorm2d(BatchNorm1d):
             raise ValueError(
                 f"BatchNorm2d expects input of shape (N, {self.dim}, H, W), got {x.shape}"
             )
-        y = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
-        return y.transpose((2, 3)).transpose((1, 2))
+        y = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC))
+        return ops.permute(y, NHWC_TO_NCHW)
 
     def forward_nhwc(self, x: Tensor) -> Tensor:
         """Normalise channels-last ``x`` (N, H, W, C) per channel; returns (N, H, W, C).
@@ -348,8 +358,7 @@ class BatchNorm2d(BatchNorm1d):
                 f"BatchNorm2d.forward_nhwc expects input of shape "
                 f"(N, H, W, {self.dim}), got {x.shape}"
             )
-        n, h, w, c = x.shape
-        return super().forward(x.reshape((n * h * w, c))).reshape((n, h, w, c))
+        return self._normalise(x)
 
 
 class LayerNorm1d(Module):
@@ -370,11 +379,7 @@ class LayerNorm1d(Module):
     def forward(self, x: Tensor) -> Tensor:
         if len(x.shape) < 1 or x.shape[-1] != self.dim:
             raise ValueError(f"LayerNorm1d expects input of shape (..., {self.dim}), got {x.shape}")
-        if len(x.shape) == 2:
-            return ops_fused.layernorm_rows(x, self.weight, self.bias, self.eps)
-        rows = int(np.prod(x.shape[:-1]))
-        y = ops_fused.layernorm_rows(x.reshape((rows, self.dim)), self.weight, self.bias, self.eps)
-        return y.reshape(x.shape)
+        return ops_fused.layernorm_rows(x, self.weight, self.bias, self.eps)
 
 
 class Dropout(Module):

@@ -9,7 +9,7 @@ from typing import Optional
 from needle import init, ops
 from needle.autograd import Tensor
 
-from .nn_basic import Module, Parameter
+from .nn_basic import NCHW_TO_NHWC, NHWC_TO_NCHW, Module, Parameter
 
 __all__ = ["Conv"]
 
@@ -29,8 +29,8 @@ class Conv(Module):
     """2-D convolution with "same" zero padding ``kernel_size // 2``, square kernels and strides.
 
     Input (N, C_in, H, W) -> output (N, C_out, H_out, W_out), H_out = (H + 2p - k) // stride + 1
-    (= ceil(H / stride) for odd k). Internally the input is transposed to NHWC for ``ops.conv``
-    and the result transposed back. Parameters, created in this order so a seeded RNG gives the
+    (= ceil(H / stride) for odd k). Internally the input is permuted to NHWC for ``ops.conv``
+    and the result permuted back. Parameters, created in this order so a seeded RNG gives the
     course's values: ``weight`` (k, k, C_in, C_out) = kaiming_uniform(C_in·k², C_out·k²) and
     ``bias`` (C_out,) ~ U(-1/sqrt(C_in·k²), 1/sqrt(C_in·k²)) (None when ``bias=False``).
     """
@@ -80,8 +80,10 @@ class Conv(Module):
                 f"Conv({self.in_channels}, {self.out_channels}) expects input of "
                 f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        out = self.forward_nhwc(x.transpose((1, 2)).transpose((2, 3)))
-        return out.transpose((2, 3)).transpose((1, 2))
+        # compact: the forward and the weight gradient's kernels share this one NHWC copy
+        # (none is made when x lies NHWC in memory already, as the layers' outputs here do)
+        out = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC, compact=True))
+        return ops.permute(out, NHWC_TO_NCHW)
 
     def forward_nhwc(self, x: Tensor) -> Tensor:
         """Convolve channels-last ``x`` (N, H, W, C_in); returns (N, H_out, W_out, C_out).
@@ -96,5 +98,6 @@ class Conv(Module):
             )
         out = ops.conv(x, self.weight, stride=self.stride, padding=self.padding)
         if self.bias is not None:
-            out = out + self.bias.reshape((1, 1, 1, self.out_channels)).broadcast_to(out.shape)
+            # = out + bias.reshape((1, 1, 1, C_out)).broadcast_to(out.shape), one node
+            out = ops.bias_add(out, self.bias)
         return out

@@ -14,7 +14,7 @@ from typing import Tuple
 
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_selection import array_api
-from .ops_mathematic import _norm_axes
+from .ops_mathematic import _norm_axes, compacted
 
 
 class Flip(TensorOp):
@@ -160,6 +160,7 @@ class Conv(TensorOp):
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
         s, p = self.stride, self.padding
+        out_grad = compacted(out_grad)  # read by both kernels below: copied once if strided
         # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
         # images the input gradient would be the most expensive product of a ResNet-9 step.
         grad_X = None

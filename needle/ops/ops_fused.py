@@ -109,17 +109,25 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 # ---- layer norm and batch norm ------------------------------------------------------------------
+def _as_rows(x):
+    """The array ``x`` (..., C) as the (R, C) matrix of its rows (a view when compact)."""
+    if len(x.shape) == 2:
+        return x
+    return x.compact().reshape((math.prod(x.shape[:-1]), x.shape[-1]))
+
+
 class LayerNormRows(TensorOp):
     """Layer norm: y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of
-    each row of x (R, C); inputs (x, w, b), w and b of C elements."""
+    each row of x (R, C); inputs (x, w, b), w and b of C elements. x may also be (..., C)
+    (every leading index a row; an extension that saves the reshapes around the op)."""
 
     def __init__(self, eps: float):
         self.eps = eps
         self.xhat = self.rstd = None
 
     def compute(self, x, w, b):
-        y, self.xhat, self.rstd = array_api.layernorm_fwd(x, w, b, self.eps)
-        return y
+        y, self.xhat, self.rstd = array_api.layernorm_fwd(_as_rows(x), w, b, self.eps)
+        return y.reshape(x.shape) if len(x.shape) != 2 else y
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         grads = NormBackward(array_api.layernorm_bwd, "layernorm_rows", self.xhat, self.rstd)(
@@ -133,19 +141,28 @@ class BatchNormColumns(TensorTupleOp):
     eps) + b with the batch mean and biased batch variance (C,) of each column of x (N ≥ 1, C)
     over the batch; inputs (x, w, b), w and b of C elements. The statistics are returned for
     the running averages (``nn.BatchNorm1d`` reads them from the result); gradients through
-    them are exact too."""
+    them are exact too. x may also be (..., C), normalised per channel over every leading
+    index (``nn.BatchNorm2d`` on channels-last images; an extension)."""
 
     def __init__(self, eps: float):
         self.eps = eps
         self.xhat = self.rstd = None
 
     def compute(self, x, w, b):
-        y, self.xhat, self.rstd, mean, var = array_api.batchnorm_fwd(x, w, b, self.eps)
-        return y, mean, var
+        y, self.xhat, self.rstd, mean, var = array_api.batchnorm_fwd(_as_rows(x), w, b, self.eps)
+        return (y.reshape(x.shape) if len(x.shape) != 2 else y), mean, var
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
+        # Statistics that nothing downstream used have all-zero adjoints; reverse mode says
+        # which (no need to read them back from the device to find out).
+        unused: frozenset = getattr(out_grad, "zero_components", frozenset())
         grads = NormBackward(
-            array_api.batchnorm_bwd, "batchnorm_columns", self.xhat, self.rstd, with_statistics=True
+            array_api.batchnorm_bwd,
+            "batchnorm_columns",
+            self.xhat,
+            self.rstd,
+            with_statistics=True,
+            statistics_unused=unused >= {1, 2},
         )(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(3))
 
@@ -158,17 +175,28 @@ class NormBackward(_BackwardOp, TensorTupleOp):
     adjoint is the tuple (dy, dmean, dvar) of batch norm's outputs, and dx gains the terms of
     the batch statistics, dmean/N + dvar·2(x - mean)/N, when those adjoints are not zero."""
 
-    def __init__(self, kernel, forward_name: str, xhat, rstd, with_statistics: bool = False):
+    def __init__(
+        self,
+        kernel,
+        forward_name: str,
+        xhat,
+        rstd,
+        with_statistics: bool = False,
+        statistics_unused: bool = False,
+    ):
         self.kernel, self.xhat, self.rstd = kernel, xhat, rstd
         self.forward_name = forward_name
         self.with_statistics = with_statistics
+        self.statistics_unused = statistics_unused
 
-    def compute(self, adjoint, _x, w, _b):
+    def compute(self, adjoint, x, w, _b):
         if not self.with_statistics:
-            return tuple(self.kernel(adjoint, self.xhat, self.rstd, w))
+            dx, dw, db = self.kernel(_as_rows(adjoint), self.xhat, self.rstd, w)
+            return (dx.reshape(x.shape) if len(x.shape) != 2 else dx), dw, db
         dy, dmean, dvar = adjoint
-        dx, dw, db = self.kernel(dy, self.xhat, self.rstd, w)
-        if dmean.numpy().any() or dvar.numpy().any():  # only when a statistic was used
+        dx, dw, db = self.kernel(_as_rows(dy), self.xhat, self.rstd, w)
+        # only when a statistic was used
+        if not self.statistics_unused and (dmean.numpy().any() or dvar.numpy().any()):
             rows, cols = self.xhat.shape
             row = (1, cols)
             # x - mean = xhat / rstd; d mean / dx = 1/N, d var / dx = 2(x - mean)/N
@@ -177,11 +205,12 @@ class NormBackward(_BackwardOp, TensorTupleOp):
             dx = (
                 dx + self.xhat * scale.broadcast_to((rows, cols)) + shift.broadcast_to((rows, cols))
             )
-        return dx, dw, db
+        return (dx.reshape(x.shape) if len(x.shape) != 2 else dx), dw, db
 
 
 def layernorm_rows(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
-    """Layer norm of each row of ``x`` (R, C) with weight and bias ``w``, ``b`` (C,)."""
+    """Layer norm of each row of ``x`` (R, C), or (..., C), with weight and bias ``w``, ``b``
+    (C,)."""
     return LayerNormRows(eps)(x, w, b)
 
 

@@ -10,6 +10,7 @@ input's own shape.
 from __future__ import annotations
 
 import functools
+import operator
 from numbers import Integral, Real
 from typing import Iterable, Optional, Sequence, Tuple, Union, cast
 
@@ -89,16 +90,52 @@ def scalar_value(value: object, what: str) -> Union[int, float]:
 def _sum_to_shape(x: Tensor, shape) -> Tensor:
     """Sum ``x`` over the dimensions that broadcasting added to reach it from ``shape``."""
     shape = tuple(shape)
-    x_shape = x.shape
-    if x_shape == shape:
-        return x
-    lead = len(x_shape) - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and x_shape[lead + i] != 1
-    )
-    if axes:
-        x = summation(x, axes)
-    return reshape(x, shape) if x.shape != shape else x
+    return x if x.shape == shape else SumToShape(shape)(x)
+
+
+class SumToShape(TensorOp):
+    """Sum ``a`` down to ``shape``, the adjoint of broadcasting ``shape`` to ``a.shape``: over
+    the leading axes broadcasting added and every axis where ``shape`` has 1 and ``a`` does not.
+    One node (a sum and a free reshape) where the course writes summation then reshape; its
+    gradient broadcasts back. Internal: the gradient of the broadcasting ops."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        self.shape = tuple(shape)
+
+    def compute(self, a: NDArray):
+        shape, a_shape = self.shape, a.shape
+        lead = len(a_shape) - len(shape)
+        axes = tuple(range(lead)) + tuple(
+            lead + i for i, d in enumerate(shape) if d == 1 and a_shape[lead + i] != 1
+        )
+        out = _reduce_sum(a, axes, keepdims=True) if axes else a
+        return out.compact().reshape(shape)
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        return broadcast_to(out_grad, node.inputs[0].shape)
+
+
+def _keep_layout(fn, *arrays: NDArray) -> NDArray:
+    """``fn(*arrays)`` for an element-wise ``fn`` whose operands share one shape and a
+    permuted-but-dense layout (say an NCHW view of NHWC memory): computed on the compact views
+    in memory order and returned in the operands' layout, instead of a strided pass into a
+    row-major result that the next channels-last kernel would have to copy back. Any other
+    operands (compact, sliced, broadcast, numpy arrays) go straight to ``fn``."""
+    a = arrays[0]
+    memory_order = getattr(a, "memory_order", None)
+    if memory_order is None or a.is_compact():
+        return fn(*arrays)
+    order = memory_order()
+    if order is None:
+        return fn(*arrays)
+    for b in arrays[1:]:
+        if b.shape != a.shape or b.strides != a.strides:
+            return fn(*arrays)
+    out = fn(*(x.permute(order) for x in arrays))
+    inverse = [0] * len(order)
+    for i, axis in enumerate(order):
+        inverse[axis] = i
+    return out.permute(tuple(inverse))
 
 
 def _binary_adjoints(ga: Tensor, gb: Tensor, node: Tensor):
@@ -112,7 +149,7 @@ class EWiseAdd(TensorOp):
     """a + b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        return a + b
+        return _keep_layout(operator.add, a, b)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _binary_adjoints(out_grad, out_grad, node)
@@ -121,6 +158,36 @@ class EWiseAdd(TensorOp):
 def add(a: Tensor, b: Tensor) -> Tensor:
     """a + b, element-wise (numpy broadcasting)."""
     return EWiseAdd()(a, b)
+
+
+class BiasAdd(TensorOp):
+    """x + b for x (..., C) and a bias b of C elements (shape (C,), (1, C), (1, 1, 1, C), ...),
+    broadcast over the leading axes inside the array op: one node where the course writes
+    reshape, broadcast_to and add (an extension; same values). The bias adjoint is the
+    output adjoint summed over the leading axes."""
+
+    def compute(self, x: NDArray, b: NDArray):
+        return x + b.reshape((x.shape[-1],))
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        return out_grad, _sum_to_shape(out_grad, node.inputs[1].shape)
+
+
+def bias_add(x: Tensor, b: Tensor) -> Tensor:
+    """``x`` (..., C) plus the bias ``b`` (C elements, every other dimension 1) on each row."""
+    c = x.shape[-1] if x.shape else None
+    if (
+        c is None
+        or len(b.shape) == 0
+        or len(b.shape) > len(x.shape)
+        or b.shape[-1] != c
+        or any(d != 1 for d in b.shape[:-1])
+    ):
+        raise ValueError(
+            f"bias_add: a bias of shape {tuple(b.shape)} does not match the last axis of an "
+            f"input of shape {tuple(x.shape)}"
+        )
+    return BiasAdd()(x, b)
 
 
 class _ScalarOp(TensorOp):
@@ -134,7 +201,7 @@ class AddScalar(_ScalarOp):
     """a + scalar."""
 
     def compute(self, a: NDArray):
-        return a + self.scalar
+        return _keep_layout(lambda x: x + self.scalar, a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad
@@ -149,7 +216,7 @@ class EWiseMul(TensorOp):
     """a * b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        return a * b
+        return _keep_layout(operator.mul, a, b)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
@@ -165,7 +232,7 @@ class MulScalar(_ScalarOp):
     """a * scalar."""
 
     def compute(self, a: NDArray):
-        return a * self.scalar
+        return _keep_layout(lambda x: x * self.scalar, a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return (out_grad * self.scalar,)
@@ -183,7 +250,7 @@ class EWisePow(TensorOp):
     """
 
     def compute(self, a: NDArray, b: NDArray):
-        return a**b
+        return _keep_layout(operator.pow, a, b)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
@@ -199,7 +266,7 @@ class PowerScalar(_ScalarOp):
     """a ** scalar; the exponent may be any real number (non-integers need a >= 0)."""
 
     def compute(self, a: NDArray):
-        return a**self.scalar
+        return _keep_layout(lambda x: x**self.scalar, a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a = node.inputs[0]
@@ -217,7 +284,7 @@ class EWiseDiv(TensorOp):
     """a / b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        return a / b
+        return _keep_layout(operator.truediv, a, b)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
@@ -233,7 +300,7 @@ class DivScalar(_ScalarOp):
     """a / scalar."""
 
     def compute(self, a: NDArray):
-        return a / self.scalar
+        return _keep_layout(lambda x: x / self.scalar, a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / self.scalar
@@ -248,7 +315,7 @@ class Negate(TensorOp):
     """-a."""
 
     def compute(self, a: NDArray):
-        return -a
+        return _keep_layout(operator.neg, a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return -out_grad
@@ -263,7 +330,7 @@ class Log(TensorOp):
     """Natural logarithm, element-wise (log 0 = -inf, negative -> NaN)."""
 
     def compute(self, a: NDArray):
-        return a.log()
+        return _keep_layout(lambda x: x.log(), a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / node.inputs[0]
@@ -278,7 +345,7 @@ class Exp(TensorOp):
     """exp(a), element-wise."""
 
     def compute(self, a: NDArray):
-        return a.exp()
+        return _keep_layout(lambda x: x.exp(), a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * node
@@ -293,11 +360,12 @@ class ReLU(TensorOp):
     """max(a, 0), element-wise; its derivative is taken as 0 at a = 0."""
 
     def compute(self, a: NDArray):
-        return a.relu()
+        return _keep_layout(lambda x: x.relu(), a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         # relu(a) > 0 exactly where a > 0: a constant 0/1 mask (a bool array under numpy)
-        return out_grad * Tensor.make_const(node.realize_cached_data() > 0)
+        mask = _keep_layout(lambda x: x > 0, node.realize_cached_data())
+        return out_grad * Tensor.make_const(mask)
 
 
 def relu(a: Tensor) -> Tensor:
@@ -309,7 +377,7 @@ class Tanh(TensorOp):
     """tanh(a), element-wise; derivative 1 - tanh(a)²."""
 
     def compute(self, a: NDArray):
-        return a.tanh()
+        return _keep_layout(lambda x: x.tanh(), a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * (-(node * node) + 1)
@@ -354,6 +422,43 @@ def _unsorted_axes(axes, ndim):
 def transpose(a: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     """``a`` with two axes swapped (default: the last two)."""
     return Transpose(axes)(a)
+
+
+class Permute(TensorOp):
+    """Reorder every axis: output axis ``i`` is input axis ``axes[i]`` (an extension; the course
+    composes ``transpose`` calls). One view forward, one inverse permutation backward, so a
+    layout change such as NCHW -> NHWC is one graph node instead of two transposes. With
+    ``compact=True`` the result is a row-major copy, made once for every op that reads it."""
+
+    def __init__(self, axes: Sequence[int], compact: bool = False) -> None:
+        self.axes = tuple(axes)
+        self.compact = compact
+
+    def compute(self, a: NDArray):
+        out = a.permute(self.axes)  # which checks that the axes are a permutation
+        return out.compact() if self.compact else out
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        ndim = len(self.axes)
+        inverse = [0] * ndim
+        for i, ax in enumerate(self.axes):
+            inverse[ax % ndim] = i
+        return permute(out_grad, tuple(inverse))
+
+
+def permute(a: Tensor, axes: Sequence[int], compact: bool = False) -> Tensor:
+    """``a`` with its axes reordered: ``permute(a, axes).shape[i] == a.shape[axes[i]]`` (a
+    view; a row-major copy with ``compact=True``)."""
+    return Permute(axes, compact)(a)
+
+
+def compacted(a: Tensor) -> Tensor:
+    """``a`` itself when its array is row-major, else one node holding a row-major copy, for
+    several kernels that each need one (they would each copy)."""
+    data = a.realize_cached_data()
+    if not hasattr(data, "is_compact") or data.is_compact():
+        return a
+    return Permute(tuple(range(len(a.shape))), compact=True)(a)
 
 
 def _shape_arg(shape: ShapeArg) -> Tuple[int, ...]:
@@ -476,6 +581,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 __all__ = [
     "EWiseAdd",
     "add",
+    "BiasAdd",
+    "bias_add",
     "AddScalar",
     "add_scalar",
     "EWiseMul",
@@ -502,10 +609,14 @@ __all__ = [
     "tanh",
     "Transpose",
     "transpose",
+    "Permute",
+    "permute",
+    "compacted",
     "Reshape",
     "reshape",
     "BroadcastTo",
     "broadcast_to",
+    "SumToShape",
     "Summation",
     "summation",
     "MatMul",

@@ -160,6 +160,36 @@ CASES = [
         _same(1, ndim=4),
     ),
     Case(
+        "permute_nchw_to_nhwc",
+        lambda a: ndl.ops.permute(a, (0, 2, 3, 1)),
+        lambda a: np.transpose(a, (0, 2, 3, 1)),
+        _same(1, ndim=4),
+    ),
+    Case(
+        "permute_negative_axes",
+        lambda a: ndl.ops.permute(a, (-1, 0, -2)),
+        lambda a: np.transpose(a, (2, 0, 1)),
+        _same(1, ndim=3),
+    ),
+    Case(
+        "bias_add_row",
+        lambda a, b: ndl.ops.bias_add(a, b),
+        lambda a, b: a + b,
+        _gen_shapes((2, 3, 4), (4,)),
+    ),
+    Case(
+        "bias_add_course_linear_bias",
+        lambda a, b: ndl.ops.bias_add(a, b),
+        lambda a, b: a + b,
+        _gen_shapes((5, 3), (1, 3)),
+    ),
+    Case(
+        "bias_add_conv_bias",
+        lambda a, b: ndl.ops.bias_add(a, b),
+        lambda a, b: a + b,
+        _gen_shapes((2, 3, 2, 4), (1, 1, 1, 4)),
+    ),
+    Case(
         "reshape",
         lambda a: ndl.reshape(a, (3, 2, 2)),
         lambda a: a.reshape(3, 2, 2),
