@@ -1300,6 +1300,23 @@ void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray
          steps * batch, 4 * H);
 }
 
+void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
+                float momentum, float weight_decay) {
+  if (param->size == 0) return;
+  sgd_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, buf->ptr, param->size, lr,
+                                               momentum, weight_decay);
+  check_launch("sgd_update kernel");
+}
+
+void adam_update(CudaArray* param, const CudaArray& grad, CudaArray* m, CudaArray* v, float lr,
+                 float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2) {
+  if (param->size == 0) return;
+  adam_kernel<<<grid_for(param->size), BLOCK>>>(param->ptr, grad.ptr, m->ptr, v->ptr,
+                                                param->size, lr, beta1, beta2, eps, weight_decay,
+                                                bc1, bc2);
+  check_launch("adam_update kernel");
+}
+
 // ---- convolution --------------------------------------------------------------------------------
 // Row (b, i, j) of the im2col matrix (rows x depth, depth = kh*kw*c_in in (kh, kw, c) order) is
 // the zero-padded window of x at (i*stride, j*stride); one thread per matrix element.
