@@ -33,6 +33,7 @@
 #include "cpu/ndarray_backend_cpu_fused.h"
 #include "cpu/ndarray_backend_cpu_isa.h"
 #include "cpu/ndarray_backend_cpu_math.h"
+#include "cpu/ndarray_backend_cpu_strided.h"
 #include "cpu/ndarray_backend_cpu_threads.h"
 
 namespace needle::cpu {
@@ -101,9 +102,8 @@ void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const Ali
   for (idx_t t = 0; t < steps; ++t)
     cell_state(act.ptr + t * n4, t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr, batch, H,
                c_all.ptr + t * n);
-  AlignedArray w_t(4 * H * H), work(2 * n);
-  for (idx_t j = 0; j < H; ++j)
-    for (idx_t k = 0; k < 4 * H; ++k) w_t.ptr[k * H + j] = w_hh.ptr[j * 4 * H + k];
+  AlignedArray w_t(4 * H * H), work(2 * n);  // w_t = w_hhᵀ, by compact's blocked transpose
+  compact_into(w_hh.ptr, w_t.ptr, simplified({4 * H, H}, {1, 4 * H}, 0, 4 * H * H));
   float *dh_t = work.ptr, *tanh_c = work.ptr + n;
   for (idx_t t = steps - 1; t >= 0; --t) {
     const float* d = d_out.ptr + t * n;
