@@ -2,21 +2,23 @@
 and reductions, each timed through the NDArray API (so NDArray's own Python work and copies
 count), as the median of repeats.
 
-Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` and, separately, as
-the device kernel called on prepared buffers; the rest in billions of elements per second.
-The last column is needle's throughput over numpy's. On a machine with AVX-512 the matmul
-table is printed a second time from a subprocess that plays a machine without AVX-512: needle
-runs its AVX2 kernels (``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell (AVX2) kernels
-(``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set. Then, unless
-the portable kernels are already in use, every table is printed again from a subprocess on the
-portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside numpy's OpenBLAS on
-its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
+Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` (each library timed in
+processes of its own, so neither meets the other's spinning BLAS threads) and, separately, as
+the device kernel called on prepared buffers (one process, in blocks); the rest in billions of
+elements per second. The last column is needle's throughput over numpy's. On a machine with
+AVX-512 the matmul table is printed a second time from a subprocess that plays a machine without
+AVX-512: needle runs its AVX2 kernels (``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell
+(AVX2) kernels (``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set.
+Then, unless the portable kernels are already in use, every table is printed again from a
+subprocess on the portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside
+numpy's OpenBLAS on its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -47,19 +49,67 @@ def kernel_isa(device) -> str:
     return str(getattr(device.mod, "__matmul_kernel__", "unknown"))
 
 
-def bench_matmul(device) -> Table:
-    """GFLOP/s of ``A @ B`` for NDArrays on ``device`` beside numpy's ``a @ b``."""
+# Each library's products are timed in processes of their own (CHILD_RUNS children per
+# library and size, alternating): in one process the BLAS threads of the library timed before
+# slow the one timed after, by up to a factor of several on 2 cores.
+CHILD_RUNS = 3
+
+
+def time_matmul_here(library: str, m: int, n: int, p: int) -> float:
+    """Median seconds of one (m, n) @ (n, p) float32 product by ``library`` ("needle": NDArrays
+    on cpu(), "numpy"), timed in this process."""
+    if library not in ("needle", "numpy"):
+        raise ValueError(f"library must be 'needle' or 'numpy', got {library!r}")
     rng = np.random.default_rng(0)
-    table = Table(f"matmul (float32), cpu() kernels: {kernel_isa(device)}", "GFLOP/s")
+    a = rng.standard_normal((m, n), dtype=np.float32)
+    b = rng.standard_normal((n, p), dtype=np.float32)
+    repeats = REPEATS if m * n * p < 2e9 else 5
+    if library == "numpy":
+        return measure(lambda: a @ b, repeats=repeats)
+    A, B = nd.NDArray(a, device=nd.cpu()), nd.NDArray(b, device=nd.cpu())
+    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+    return measure(lambda: A @ B, repeats=repeats)
+
+
+def time_matmul_in_child(library: str, m: int, n: int, p: int) -> float:
+    """:func:`time_matmul_here` in a fresh Python process (the environment is inherited, so
+    NEEDLE_CPU_ISA and OPENBLAS_CORETYPE apply)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_ndarray",
+            "--child",
+            library,
+            str(m),
+            str(n),
+            str(p),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"timing {library} {m}x{n}x{p} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def bench_matmul(device) -> Table:
+    """GFLOP/s of ``A @ B`` for NDArrays on ``device`` beside numpy's ``a @ b``, each library
+    in its own processes (the median of CHILD_RUNS children each)."""
+    table = Table(
+        f"matmul (float32), cpu() kernels: {kernel_isa(device)}; each library in its own "
+        f"processes, median of {CHILD_RUNS}",
+        "GFLOP/s",
+    )
     for m, n, p in MATMUL_SIZES:
-        a = rng.standard_normal((m, n), dtype=np.float32)
-        b = rng.standard_normal((n, p), dtype=np.float32)
-        A, B = nd.NDArray(a, device=device), nd.NDArray(b, device=device)
-        np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+        times: dict = {"needle": [], "numpy": []}
+        for _ in range(CHILD_RUNS):
+            for library in times:
+                times[library].append(time_matmul_in_child(library, m, n, p))
         flops = 2.0 * m * n * p
-        repeats = REPEATS if m * n * p < 2e9 else 5
-        t_nd = measure(lambda: A @ B, repeats=repeats)
-        t_np = measure(lambda: a @ b, repeats=repeats)
+        t_nd, t_np = statistics.median(times["needle"]), statistics.median(times["numpy"])
         table.add(f"{m}x{n} @ {n}x{p}", flops / t_nd / 1e9, flops / t_np / 1e9)
     return table
 
@@ -196,7 +246,17 @@ def main(argv=None) -> None:
     """Print the matmul (and, unless ``--matmul-only``, kernel and element-wise) tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matmul-only", action="store_true", help="only the A @ B table")
+    parser.add_argument(
+        "--child",
+        nargs=4,
+        metavar=("LIBRARY", "M", "N", "P"),
+        help="internal: print the seconds of one product by LIBRARY (needle or numpy)",
+    )
     args = parser.parse_args([] if argv is None else argv)
+    if args.child:
+        library, m, n, p = args.child[0], *map(int, args.child[1:])
+        print(time_matmul_here(library, m, n, p))
+        return
     device = nd.cpu()
     if not device.enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")

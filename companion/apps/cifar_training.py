@@ -15,7 +15,7 @@ from tqdm import tqdm
 import needle as ndl
 import needle.nn as nn
 
-from .training_utils import loss_module, model_device, on_device
+from .training_utils import backward_for_training, loss_module, model_device, on_device
 
 __all__ = ["epoch_general_cifar10", "train_cifar10", "evaluate_cifar10"]
 
@@ -58,7 +58,7 @@ def epoch_general_cifar10(
         out = model(X)
         loss = loss_fn(out, y)
         if opt is not None:
-            loss.backward()
+            backward_for_training(loss)
             opt.step()
         labels = y.numpy().astype(np.int64).reshape(-1)
         batch_correct = int(np.sum(np.argmax(out.numpy(), axis=1) == labels))

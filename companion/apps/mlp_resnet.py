@@ -16,7 +16,7 @@ import needle as ndl
 import needle.nn as nn
 from companion.data.digits import MNIST_FILES
 
-from .training_utils import model_device, on_device
+from .training_utils import backward_for_training, model_device, on_device
 
 __all__ = ["ResidualBlock", "MLPResNet", "epoch", "train_mnist", "PROGRESS"]
 
@@ -102,7 +102,7 @@ def epoch(
         loss = loss_fn(logits, y)
         if opt is not None:
             opt.reset_grad()
-            loss.backward()
+            backward_for_training(loss)
             opt.step()
         labels = y.numpy().astype(np.int64)
         errors += int(np.sum(logits.numpy().argmax(axis=1) != labels))

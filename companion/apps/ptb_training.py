@@ -15,7 +15,7 @@ import needle as ndl
 import needle.nn as nn
 from needle.data.datasets.ptb_dataset import get_batch
 
-from .training_utils import loss_module
+from .training_utils import backward_for_training, loss_module
 
 __all__ = ["epoch_general_ptb", "train_ptb", "evaluate_ptb", "detach_state"]
 
@@ -80,7 +80,7 @@ def epoch_general_ptb(
         out, h = model(X, h)
         loss = loss_fn(out, y)
         if opt is not None:
-            loss.backward()
+            backward_for_training(loss)
             if clip is not None:
                 opt.clip_grad_norm(clip)
             opt.step()
