@@ -82,7 +82,7 @@ build: $(BUILT)
 find_tests    = $(wildcard $(foreach t,$(1),tests/$(t) tests/*/$(t)))
 MODULE_TESTS  = $(call find_tests,test_device_protocol.py test_device_protocol_attention.py \
                   test_cpu_module.py test_ndarray_fuzz.py \
-                  test_ndarray_errors.py)
+                  test_ndarray_errors.py test_lstm_layer.py)
 # Run pytest on MODULE_TESTS with the CPU module built in $(1) (tests/build/preload swaps it in,
 # in every process), after checking that the swap took effect.
 define run_module_tests

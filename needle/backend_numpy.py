@@ -389,6 +389,29 @@ def lstm_cell_bwd(
     return _run(spec.LSTM_CELL_BWD, kernels.lstm_cell_bwd, (dh, dc, act, c_prev, tanh_c))
 
 
+def lstm_layer_fwd(
+    xw: numpy.ndarray, h0: numpy.ndarray, c0: numpy.ndarray, w_hh: numpy.ndarray, steps: int
+) -> tuple:
+    """An LSTM layer over ``steps`` steps: ``(out, h, c, act)`` (see fused.py)."""
+    return _run(spec.LSTM_LAYER_FWD, kernels.lstm_layer_fwd, (xw, h0, c0, w_hh), given=(steps,))
+
+
+def lstm_layer_bwd(
+    d_out: numpy.ndarray,
+    dh: numpy.ndarray,
+    dc: numpy.ndarray,
+    act: numpy.ndarray,
+    out: numpy.ndarray,
+    h0: numpy.ndarray,
+    c0: numpy.ndarray,
+    w_hh: numpy.ndarray,
+    steps: int,
+) -> tuple:
+    """The exact gradients ``(dxw, dh0, dc0, dw_hh)`` of :func:`lstm_layer_fwd`."""
+    arrays = (d_out, dh, dc, act, out, h0, c0, w_hh)
+    return _run(spec.LSTM_LAYER_BWD, kernels.lstm_layer_bwd, arrays, given=(steps,))
+
+
 def _writable(fn: str, param: numpy.ndarray) -> None:
     if not param.flags.writeable:
         raise ValueError(

@@ -1,6 +1,6 @@
 """Fused kernels at the NDArray level: softmax cross-entropy, the (masked) softmax of attention,
-layer/batch norm, the LSTM cell, the in-place SGD/Adam updates and the embedding gather /
-scatter-add (the fused section of ``protocol.py``).
+layer/batch norm, the LSTM cell and a whole LSTM layer, the in-place SGD/Adam updates and the
+embedding gather / scatter-add (the fused section of ``protocol.py``).
 
 Each function checks its NDArrays (kind and device here; shapes against ``fused_spec.py``, the
 one specification shared with the numpy backend), compacts the inputs, allocates the outputs
@@ -225,6 +225,42 @@ def lstm_cell_bwd(
             *_h(dh, dc, act, c_prev, tanh_c), batch, hidden, *_out(dgates, dc_prev)
         )
     return dgates, dc_prev
+
+
+def lstm_layer_fwd(
+    xw: NDArray, h0: NDArray, c0: NDArray, w_hh: NDArray, steps: int
+) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
+    """An LSTM layer over ``steps`` steps in one device call: at step t the gates are
+    xw[t] + h_{t-1} @ w_hh (``xw`` (T, B, 4H), ``w_hh`` (H, 4H); h_{-1}, c_{-1} = ``h0``, ``c0``
+    (B, H)) and the step is :func:`lstm_cell_fwd`'s. Returns ``(out, h, c, act)``: every h_t
+    (T, B, H), the last state h_T, c_T (B, H), and for the backward pass every step's
+    activations (T, B, 4H)."""
+    device, dims = _check(spec.LSTM_LAYER_FWD, (xw, h0, c0, w_hh), (steps,))
+    out, h, c, act = _new(device, spec.LSTM_LAYER_FWD, dims)
+    device.lstm_layer_fwd(*_h(xw, h0, c0, w_hh), *dims, *_out(out, h, c, act))
+    return out, h, c, act
+
+
+def lstm_layer_bwd(
+    d_out: NDArray,
+    dh: NDArray,
+    dc: NDArray,
+    act: NDArray,
+    out: NDArray,
+    h0: NDArray,
+    c0: NDArray,
+    w_hh: NDArray,
+    steps: int,
+) -> Tuple[NDArray, NDArray, NDArray, NDArray]:
+    """The exact gradients ``(dxw (T, B, 4H), dh0, dc0 (B, H), dw_hh (H, 4H))`` of
+    :func:`lstm_layer_fwd` in one device call, given the adjoints ``d_out``, ``dh``, ``dc`` of
+    its out, h and c and its saved ``act`` and ``out`` (the kernel recomputes the cell states
+    from ``act``)."""
+    arrays = (d_out, dh, dc, act, out, h0, c0, w_hh)
+    device, dims = _check(spec.LSTM_LAYER_BWD, arrays, (steps,))
+    dxw, dh0, dc0, dw_hh = _new(device, spec.LSTM_LAYER_BWD, dims)
+    device.lstm_layer_bwd(*_h(*arrays), *dims, *_out(dxw, dh0, dc0, dw_hh))
+    return dxw, dh0, dc0, dw_hh
 
 
 def _update_in_place(fn: str, param: NDArray, kernel: Callable[[Array], None]) -> None:

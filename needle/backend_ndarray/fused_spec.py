@@ -61,13 +61,14 @@ class FusedKernel:
     ``source`` (a 2-D matrix), then off the inputs ``more_sources`` (each axis in turn: the
     embedding gather reads (vocab, cols) off its weight and rows off its ids), then the
     ``given`` sizes, which the caller passes (the vocabulary of the embedding scatter-add,
-    read off no input); ``dims`` is empty for the element-wise in-place updates, whose source
-    may have any shape. The device call takes the inputs, the sizes, the ``scalars`` and the
-    outputs, in that order; the numpy kernel takes the inputs, the given sizes and the
-    scalars. ``check_sizes(fn, dims, scalars)`` holds any further check; ``check_dims(fn,
-    dims)`` checks the sizes alone, before any operand's shape is computed from them (the
-    convolutions' output size divides by the stride). ``updates`` names the inputs the device
-    call writes in place (the optimizer updates' parameter and state)."""
+    read off no input; the LSTM layer's number of steps); ``dims`` is empty for the
+    element-wise in-place updates, whose source may have any shape. The device call takes
+    the inputs, the sizes, the ``scalars`` and the outputs, in that order; the numpy kernel
+    takes the inputs, the given sizes and the scalars. ``check_sizes(fn, dims, scalars)``
+    holds any further check; ``check_dims(fn, dims)`` checks the sizes alone, before any
+    operand's shape is computed from them (the convolutions' output size divides by the
+    stride). ``updates`` names the inputs the device call writes in place (the optimizer
+    updates' parameter and state)."""
 
     name: Optional[str]
     api_name: str
@@ -232,6 +233,23 @@ def _cols(rows: int, cols: int) -> Dims:
 
 def _gates(batch: int, hidden: int) -> Dims:
     return (batch, 4 * hidden)
+
+
+# the LSTM layer's sizes (batch, hidden, steps): read off c0, steps given (xw's first axis)
+def _state(batch: int, hidden: int, steps: int) -> Dims:
+    return (batch, hidden)
+
+
+def _sequence(batch: int, hidden: int, steps: int) -> Dims:
+    return (steps, batch, hidden)
+
+
+def _sequence_gates(batch: int, hidden: int, steps: int) -> Dims:
+    return (steps, batch, 4 * hidden)
+
+
+def _recurrent_weight(batch: int, hidden: int, steps: int) -> Dims:
+    return (hidden, 4 * hidden)
 
 
 def _elements(size: int) -> Dims:
@@ -509,6 +527,53 @@ LSTM_CELL_BWD = _kernel(
     outputs=(Operand("dgates", _gates), Operand("dc_prev", _rows_cols)),
 )
 
+# an LSTM layer over a sequence: lstm_cell_fwd after xw[t] + h_{t-1} @ w_hh at every step
+_BHT = ("batch", "hidden", "steps")
+
+LSTM_LAYER_FWD = _kernel(
+    "lstm_layer_fwd",
+    "lstm_layer_fwd",
+    "c0",
+    _BHT,
+    inputs=(
+        Operand("xw", _sequence_gates),
+        Operand("h0", _state),
+        Operand("c0", _state),
+        Operand("w_hh", _recurrent_weight),
+    ),
+    outputs=(
+        Operand("out", _sequence),
+        Operand("h", _state),
+        Operand("c", _state),
+        Operand("act", _sequence_gates),
+    ),
+    given=("steps",),
+)
+
+LSTM_LAYER_BWD = _kernel(
+    "lstm_layer_bwd",
+    "lstm_layer_bwd",
+    "c0",
+    _BHT,
+    inputs=(
+        Operand("d_out", _sequence),
+        Operand("dh", _state),
+        Operand("dc", _state),
+        Operand("act", _sequence_gates),
+        Operand("out", _sequence),
+        Operand("h0", _state),
+        Operand("c0", _state),
+        Operand("w_hh", _recurrent_weight),
+    ),
+    outputs=(
+        Operand("dxw", _sequence_gates),
+        Operand("dh0", _state),
+        Operand("dc0", _state),
+        Operand("dw_hh", _recurrent_weight),
+    ),
+    given=("steps",),
+)
+
 SGD_UPDATE = _kernel(
     "sgd_update",
     "sgd_update_",
@@ -610,6 +675,8 @@ __all__ = ["Operand", "FusedKernel", "KERNELS", "conv_out_hw"] + [
     "BATCHNORM_BWD",
     "LSTM_CELL_FWD",
     "LSTM_CELL_BWD",
+    "LSTM_LAYER_FWD",
+    "LSTM_LAYER_BWD",
     "SGD_UPDATE",
     "ADAM_UPDATE",
     "EMBEDDING_GATHER",

@@ -287,6 +287,59 @@ def lstm_cell_bwd(
     return dgates, dc_total * f
 
 
+def lstm_layer_fwd(
+    xw: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_hh: np.ndarray, steps: int
+) -> Tuple[np.ndarray, ...]:
+    """An LSTM layer over ``steps`` steps: at step t, :func:`lstm_cell_fwd` of the gates
+    xw[t] + h_{t-1} @ w_hh (xw (T, B, 4H), w_hh (H, 4H), h_{-1} = h0, c_{-1} = c0 (B, H)).
+    Returns (out (T, B, H): every h_t, h_T, c_T (B, H), act (T, B, 4H): every step's
+    activations)."""
+    out, act = np.empty(xw.shape[:2] + h0.shape[1:], xw.dtype), np.empty_like(xw)
+    h, c = h0, c0
+    for t in range(steps):
+        h, c, act[t], _ = lstm_cell_fwd(xw[t] + h @ w_hh, c)
+        out[t] = h
+    return out, np.array(h), np.array(c), act
+
+
+def _cell_states(act: np.ndarray, c0: np.ndarray) -> np.ndarray:
+    """c_t = σf_t·c_{t-1} + σi_t·tanh g_t for every step (T, B, H) from the activations act
+    (T, B, 4H) and c_{-1} = c0: the states :func:`lstm_cell_fwd` computed, recomputed."""
+    H = c0.shape[1]
+    c_all, c = np.empty(act.shape[:2] + (H,), act.dtype), c0
+    for t in range(act.shape[0]):
+        i, f, g = (act[t, :, k * H : (k + 1) * H] for k in range(3))
+        c = c_all[t] = f * c + i * g
+    return c_all
+
+
+def lstm_layer_bwd(
+    d_out: np.ndarray,
+    dh: np.ndarray,
+    dc: np.ndarray,
+    act: np.ndarray,
+    out: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray,
+    w_hh: np.ndarray,
+    steps: int,
+) -> Tuple[np.ndarray, ...]:
+    """The exact gradients (dxw (T, B, 4H), dh0, dc0 (B, H), dw_hh (H, 4H)) of
+    :func:`lstm_layer_fwd` given the adjoints d_out, dh, dc of its out, h_T, c_T and its saved
+    act and out (the cell states are recomputed from act): the steps in reverse, then
+    dw_hh = Σ_t h_{t-1}ᵀ dgates_t as one product."""
+    rows, hidden = steps * h0.shape[0], h0.shape[1]
+    c_all, dxw = _cell_states(act, c0), np.empty_like(act)
+    w_t = np.ascontiguousarray(w_hh.T)
+    for t in reversed(range(steps)):
+        c_prev = c_all[t - 1] if t else c0
+        dxw[t], dc = lstm_cell_bwd(dh + d_out[t], dc, act[t], c_prev, np.tanh(c_all[t]))
+        dh = dxw[t] @ w_t
+    h_prev = np.concatenate([h0[None], out])[:steps].reshape(rows, hidden)  # h_{t-1} for each t
+    dw_hh = h_prev.T @ dxw.reshape(rows, 4 * hidden)
+    return dxw, np.array(dh), np.array(dc), dw_hh
+
+
 def sgd_update(
     param: np.ndarray,
     grad: np.ndarray,

@@ -410,6 +410,51 @@ class DeviceModule(Protocol):
         """The exact gradients of :meth:`lstm_cell_fwd` given the adjoints ``dh`` and ``dc`` of
         its outputs: ``dgates`` (batch × 4·hidden) and ``dc_prev`` (batch × hidden)."""
 
+    def lstm_layer_fwd(
+        self,
+        xw: Buffer,
+        h0: Buffer,
+        c0: Buffer,
+        w_hh: Buffer,
+        batch: int,
+        hidden: int,
+        steps: int,
+        out: Buffer,
+        h: Buffer,
+        c: Buffer,
+        act: Buffer,
+    ) -> None:
+        """An LSTM layer over ``steps`` steps: for t = 0, 1, ..., the gates
+        ``xw[t] + h_{t-1} @ w_hh`` (``xw``: steps × batch × 4·hidden, ``w_hh``: hidden ×
+        4·hidden, h_{-1} = ``h0``, c_{-1} = ``c0``: batch × hidden) go through
+        :meth:`lstm_cell_fwd`; ``out[t]`` = h_t (steps × batch × hidden), ``act[t]`` the step's
+        activations (steps × batch × 4·hidden), ``h``, ``c`` the last state (h0, c0 when
+        steps = 0). One call for the whole loop."""
+
+    def lstm_layer_bwd(
+        self,
+        d_out: Buffer,
+        dh: Buffer,
+        dc: Buffer,
+        act: Buffer,
+        out: Buffer,
+        h0: Buffer,
+        c0: Buffer,
+        w_hh: Buffer,
+        batch: int,
+        hidden: int,
+        steps: int,
+        dxw: Buffer,
+        dh0: Buffer,
+        dc0: Buffer,
+        dw_hh: Buffer,
+    ) -> None:
+        """The exact gradients of :meth:`lstm_layer_fwd` given the adjoints ``d_out``, ``dh``,
+        ``dc`` of its ``out``, ``h``, ``c`` and its saved ``act`` and ``out`` (the cell states
+        c_t = σf·c_{t-1} + σi·tanh g are recomputed from ``act``, as the forward pass computed
+        them): ``dxw`` (every step's d gates), ``dh0``, ``dc0`` and ``dw_hh`` =
+        Σ_t h_{t-1}ᵀ dxw[t] (zeros when steps = 0)."""
+
     def sgd_update(
         self,
         param: Buffer,

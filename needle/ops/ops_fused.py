@@ -302,18 +302,6 @@ def lstm_cell_step(gates: Tensor, c_prev: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 # ---- LSTM layer over a sequence -----------------------------------------------------------------
-def _plus_step(x, a, t: int):
-    """x + a[t] for a (T, ...) and x of shape a.shape[1:]: the element-wise kernel reads the
-    slice in place (no copy of it first)."""
-    shape = tuple(x.shape)
-    return (x.compact().reshape((1,) + shape) + a[t : t + 1]).reshape(shape)
-
-
-def _put(out, t: int, value) -> None:
-    """out[t] = value, for out (T, ...) and value of shape out.shape[1:]."""
-    out[t : t + 1] = value.compact().reshape((1,) + tuple(value.shape))
-
-
 def _project(x, w_ih, biases):
     """x W_ih + b_ih + b_hh for x (T, B, I): the input projections (T, B, 4H) of every step,
     computed as ``nn_sequence._input_projection`` does on Tensors (the same kernels)."""
@@ -337,72 +325,55 @@ class LSTMLayer(TensorTupleOp):
     and the backward forms d x, d W_ih and d b from d xw. Step t is exactly LSTMCell's:
     gates = xw[t] + h_{t-1} W_hh, then :class:`LSTMCellStep`'s kernel.
 
-    Its backward runs the steps in reverse and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one
-    product of the stacked states, instead of T small products and T-1 additions."""
+    The loop over the steps runs in the device module (``lstm_layer_fwd``, one call), which
+    keeps for the backward pass each step's gate activations (T, B, 4H) beside the output; the
+    backward pass is one call too (``lstm_layer_bwd``): it recomputes the cell states from the
+    activations and forms dW_hh = Σ_t h_{t-1}ᵀ dgates_t as one product of the stacked states."""
 
     def __init__(self):
-        self.saved = self.out = None
+        self.act = self.out = None
 
     def compute(self, x, h0, c0, w_hh, *projection):
         xw = _project(x, projection[0], projection[1:]) if projection else x
-        steps, batch, four = xw.shape
-        out = array_api.empty((steps, batch, four // 4), dtype=xw.dtype, device=xw.device)
-        h, c, saved = h0, c0, []
-        for t in range(steps):
-            c_prev = c
-            h, c, act, tanh_c = array_api.lstm_cell_fwd(_plus_step(h @ w_hh, xw, t), c_prev)
-            saved.append((act, c_prev, tanh_c))
-            _put(out, t, h)
-        self.saved, self.out = saved, out
+        out, h, c, self.act = array_api.lstm_layer_fwd(xw, h0, c0, w_hh, xw.shape[0])
+        self.out = out
         return out, h, c
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
-        grads = LSTMLayerBackward(self.saved, self.out)(out_grad, *node.inputs)
+        grads = LSTMLayerBackward(self.act, self.out)(out_grad, *node.inputs)
         return tuple(grads[k] for k in range(len(node.inputs)))
 
 
 class LSTMLayerBackward(_BackwardOp, TensorTupleOp):
     """The adjoints of :class:`LSTMLayer`'s inputs: (d x, d h0, d c0, d W_hh), then d W_ih and
     d b_ih = d b_hh when it projects its input; inputs (the tuple adjoint (d output, d h_T,
-    d c_T), then the layer's inputs), and the forward pass's saved arrays: ``saved`` holds
-    (act, c_prev, tanh_c) of each step, ``out`` the hidden states (T, B, H)."""
+    d c_T), then the layer's inputs), and the forward pass's saved arrays: ``act`` (T, B, 4H),
+    every step's gate activations, and ``out`` (T, B, H), the hidden states."""
 
     forward_name = "lstm_layer"
 
-    def __init__(self, saved, out):
-        self.saved, self.out = saved, out
+    def __init__(self, act, out):
+        self.act, self.out = act, out
 
-    def compute(self, adjoint, x, h0, _c0, w_hh, *projection):
+    def compute(self, adjoint, x, h0, c0, w_hh, *projection):
         d_out, dh, dc = adjoint
-        saved, out = self.saved, self.out
-        steps, batch, hidden = out.shape
-        dxw = array_api.empty((steps, batch, 4 * hidden), dtype=x.dtype, device=x.device)
-        # compacted once: small products with a transposed (strided) operand are slower
-        w_hh_t = w_hh.permute((1, 0)).compact()
-        for t in reversed(range(steps)):
-            act, c_prev, tanh_c = saved[t]
-            dgates, dc = array_api.lstm_cell_bwd(_plus_step(dh, d_out, t), dc, act, c_prev, tanh_c)
-            _put(dxw, t, dgates)
-            dh = dgates @ w_hh_t
-        h_prev = array_api.empty((steps, batch, hidden), dtype=x.dtype, device=x.device)
-        _put(h_prev, 0, h0)
-        if steps > 1:
-            h_prev[1:] = out[: steps - 1]
-        rows = steps * batch
-        dz = dxw.reshape((rows, 4 * hidden))
-        d_w = h_prev.reshape((rows, hidden)).permute((1, 0)) @ dz
+        steps = x.shape[0]
+        dxw, dh0, dc0, d_w = array_api.lstm_layer_bwd(
+            d_out, dh, dc, self.act, self.out, h0, c0, w_hh, steps
+        )
         if not projection:
-            return dxw, dh, dc, d_w
+            return dxw, dh0, dc0, d_w
         # the projection's adjoints: d x = d xw W_ihᵀ, d W_ih = xᵀ d xw, d b = Σ_rows d xw
         w_ih = projection[0]
-        features = w_ih.shape[0]
-        x_rows = x.compact().reshape((rows, features))
-        dx = (dz @ w_ih.permute((1, 0))).reshape((steps, batch, features))
-        d_ih = x_rows.permute((1, 0)) @ dz
+        features, four = w_ih.shape
+        rows = x.size // features
+        dz = dxw.compact().reshape((rows, four))
+        dx = (dz @ w_ih.permute((1, 0))).reshape(tuple(x.shape))
+        d_ih = x.compact().reshape((rows, features)).permute((1, 0)) @ dz
         if len(projection) == 1:
-            return dx, dh, dc, d_w, d_ih
-        d_b = dz.sum(axis=0).reshape((4 * hidden,))
-        return dx, dh, dc, d_w, d_ih, d_b, d_b
+            return dx, dh0, dc0, d_w, d_ih
+        d_b = dz.sum(axis=0).reshape((four,))
+        return dx, dh0, dc0, d_w, d_ih, d_b, d_b
 
 
 def lstm_layer(

@@ -56,6 +56,16 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "gates", "c_prev", "batch", "hidden", "h", "c", "act", "tanh_c")                                \
   X(lstm_cell_bwd, "The exact gradients dgates (batch x 4*hidden) and dc_prev of lstm_cell_fwd.",   \
     "dh", "dc", "act", "c_prev", "tanh_c", "batch", "hidden", "dgates", "dc_prev")                  \
+  X(lstm_layer_fwd,                                                                                 \
+    "An LSTM layer over steps: gates_t = xw[t] + h_{t-1} @ w_hh (h_{-1} = h0, c_{-1} = c0), then "  \
+    "lstm_cell_fwd; out (steps x batch x hidden) holds every h_t, act every step's activations, "   \
+    "h and c the last state.",                                                                      \
+    "xw", "h0", "c0", "w_hh", "batch", "hidden", "steps", "out", "h", "c", "act")                   \
+  X(lstm_layer_bwd,                                                                                 \
+    "The exact gradients dxw, dh0, dc0 and dw_hh of lstm_layer_fwd given the adjoints d_out, dh, "  \
+    "dc of out, h, c and its saved act and out (the cell states are recomputed from act).",         \
+    "d_out", "dh", "dc", "act", "out", "h0", "c0", "w_hh", "batch", "hidden", "steps", "dxw",       \
+    "dh0", "dc0", "dw_hh")                                                                          \
   X(sgd_update,                                                                                     \
     "In place: g = grad + wd*param; buf = momentum*buf + (1-momentum)*g; param -= lr*buf.",         \
     "param", "grad", "buf", "lr", "momentum", "weight_decay")                                       \

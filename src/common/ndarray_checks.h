@@ -181,6 +181,53 @@ void check_lstm_cell_bwd(const char* fn, const A& dh, const A& dc, const A& act,
   check_size(fn, "dc_prev", dc_prev.size, n);
 }
 
+// ---- an LSTM layer over a sequence: (steps, batch, hidden) sequences, (batch, hidden) states,
+// (steps, batch, 4*hidden) gates and w_hh (hidden, 4*hidden) --------------------------------------
+struct LstmLayerSizes {
+  idx_t state, seq, gates, w;
+};
+
+inline LstmLayerSizes lstm_layer_sizes(const char* fn, idx_t batch, idx_t hidden, idx_t steps) {
+  check_sizes(fn, {batch, hidden, steps});
+  return {shape_size(fn, {batch, hidden}), shape_size(fn, {steps, batch, hidden}),
+          shape_size(fn, {steps, batch, 4, hidden}), shape_size(fn, {hidden, 4, hidden})};
+}
+
+template <class A>
+void check_lstm_layer_fwd(const char* fn, const A& xw, const A& h0, const A& c0, const A& w_hh,
+                          idx_t batch, idx_t hidden, idx_t steps, const A& out, const A& h,
+                          const A& c, const A& act) {
+  const LstmLayerSizes n = lstm_layer_sizes(fn, batch, hidden, steps);
+  check_size(fn, "xw", xw.size, n.gates);
+  check_size(fn, "h0", h0.size, n.state);
+  check_size(fn, "c0", c0.size, n.state);
+  check_size(fn, "w_hh", w_hh.size, n.w);
+  check_size(fn, "out", out.size, n.seq);
+  check_size(fn, "h", h.size, n.state);
+  check_size(fn, "c", c.size, n.state);
+  check_size(fn, "act", act.size, n.gates);
+}
+
+template <class A>
+void check_lstm_layer_bwd(const char* fn, const A& d_out, const A& dh, const A& dc, const A& act,
+                          const A& out, const A& h0, const A& c0, const A& w_hh,
+                          idx_t batch, idx_t hidden, idx_t steps, const A& dxw, const A& dh0,
+                          const A& dc0, const A& dw_hh) {
+  const LstmLayerSizes n = lstm_layer_sizes(fn, batch, hidden, steps);
+  check_size(fn, "d_out", d_out.size, n.seq);
+  check_size(fn, "dh", dh.size, n.state);
+  check_size(fn, "dc", dc.size, n.state);
+  check_size(fn, "act", act.size, n.gates);
+  check_size(fn, "out", out.size, n.seq);
+  check_size(fn, "h0", h0.size, n.state);
+  check_size(fn, "c0", c0.size, n.state);
+  check_size(fn, "w_hh", w_hh.size, n.w);
+  check_size(fn, "dxw", dxw.size, n.gates);
+  check_size(fn, "dh0", dh0.size, n.state);
+  check_size(fn, "dc0", dc0.size, n.state);
+  check_size(fn, "dw_hh", dw_hh.size, n.w);
+}
+
 // ---- the embedding kernels: ids are float32 holding whole numbers in [0, vocab) -----------------
 template <class A>
 void check_embedding_gather(const char* fn, const A& weight, const A& ids, idx_t vocab,

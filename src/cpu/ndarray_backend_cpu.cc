@@ -22,6 +22,7 @@
 #include "cpu/ndarray_backend_cpu_ewise.h"
 #include "cpu/ndarray_backend_cpu_fused.h"
 #include "cpu/ndarray_backend_cpu_isa.h"
+#include "cpu/ndarray_backend_cpu_lstm.h"
 #include "cpu/ndarray_backend_cpu_math.h"
 #include "cpu/ndarray_backend_cpu_strided.h"
 #include "common/ndarray_attention.h"

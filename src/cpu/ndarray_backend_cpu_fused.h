@@ -218,42 +218,55 @@ void batchnorm_bwd(const AlignedArray& dy, const AlignedArray& xhat, const Align
   }
 }
 
-void lstm_cell_fwd(const AlignedArray& gates, const AlignedArray& c_prev, idx_t batch,
-                   idx_t hidden, AlignedArray* h, AlignedArray* c, AlignedArray* act,
-                   AlignedArray* tanh_c) {
-  check_lstm_cell_fwd("lstm_cell_fwd", gates, c_prev, batch, hidden, *h, *c, *act, *tanh_c);
-  const idx_t H = hidden;
+// The cell state update c = σf·c_prev + σi·tanh g on `batch` rows from the activations act
+// (batch x 4H) (c may be c_prev itself). One function, never inlined, for the forward pass and
+// for lstm_layer_bwd's recomputation of the states, so that both give the same bits.
+[[gnu::noinline]] inline void cell_state(const float* act, const float* c_prev, idx_t batch,
+                                         idx_t H, float* c) {
   for (idx_t r = 0; r < batch; ++r) {
-    const float* g = gates.ptr + r * 4 * H;
-    float* a = act->ptr + r * 4 * H;
+    const float* a = act + r * 4 * H;
+    const float *ig = a, *fg = a + H, *gg = a + 2 * H;
+    const float* cp = c_prev + r * H;
+    float* cr = c + r * H;
+    for (idx_t j = 0; j < H; ++j) cr[j] = fg[j] * cp[j] + ig[j] * gg[j];
+  }
+}
+
+// The LSTM cell on `batch` rows: act (σi, σf, tanh g, σo) from gates (batch x 4H, i, f, g, o;
+// act may be gates itself: each element is read before it is written), c = σf·c_prev +
+// σi·tanh g (c may be c_prev itself), tanh_c = tanh(c), h = σo·tanh_c (batch x H each).
+inline void cell_fwd(const float* gates, const float* c_prev, idx_t batch, idx_t H, float* h,
+                     float* c, float* act, float* tanh_c) {
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* g = gates + r * 4 * H;
+    float* a = act + r * 4 * H;
     for (idx_t j = 0; j < 2 * H; ++j) a[j] = g[j] * 0.5f;
     for (idx_t j = 3 * H; j < 4 * H; ++j) a[j] = g[j] * 0.5f;
     for (idx_t j = 2 * H; j < 3 * H; ++j) a[j] = g[j];
     vmath::tanh_array(a, a, 4 * H);
     for (idx_t j = 0; j < 2 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
     for (idx_t j = 3 * H; j < 4 * H; ++j) a[j] = 0.5f * (a[j] + 1.0f);
-    const float *ig = a, *fg = a + H, *gg = a + 2 * H, *og = a + 3 * H;
-    const float* cp = c_prev.ptr + r * H;
-    float *cr = c->ptr + r * H, *tr = tanh_c->ptr + r * H, *hr = h->ptr + r * H;
-    for (idx_t j = 0; j < H; ++j) cr[j] = fg[j] * cp[j] + ig[j] * gg[j];
-    vmath::tanh_array(cr, tr, H);
+  }
+  cell_state(act, c_prev, batch, H, c);
+  vmath::tanh_array(c, tanh_c, batch * H);
+  for (idx_t r = 0; r < batch; ++r) {
+    const float* og = act + r * 4 * H + 3 * H;
+    const float* tr = tanh_c + r * H;
+    float* hr = h + r * H;
     for (idx_t j = 0; j < H; ++j) hr[j] = og[j] * tr[j];
   }
 }
 
-void lstm_cell_bwd(const AlignedArray& dh, const AlignedArray& dc, const AlignedArray& act,
-                   const AlignedArray& c_prev, const AlignedArray& tanh_c, idx_t batch,
-                   idx_t hidden, AlignedArray* dgates, AlignedArray* dc_prev) {
-  check_lstm_cell_bwd("lstm_cell_bwd", dh, dc, act, c_prev, tanh_c, batch, hidden, *dgates,
-                      *dc_prev);
-  const idx_t H = hidden;
+// The exact gradients of cell_fwd: dgates (batch x 4H) and dc_prev (batch x H) from the
+// adjoints dh, dc of h and c (dc_prev may be dc itself).
+inline void cell_bwd(const float* dh, const float* dc, const float* act, const float* c_prev,
+                     const float* tanh_c, idx_t batch, idx_t H, float* dgates, float* dc_prev) {
   for (idx_t r = 0; r < batch; ++r) {
-    const float* a = act.ptr + r * 4 * H;
+    const float* a = act + r * 4 * H;
     const float *ig = a, *fg = a + H, *gg = a + 2 * H, *og = a + 3 * H;
-    const float *dhr = dh.ptr + r * H, *dcr = dc.ptr + r * H, *cp = c_prev.ptr + r * H,
-                *tc = tanh_c.ptr + r * H;
-    float* d = dgates->ptr + r * 4 * H;
-    float* dcp = dc_prev->ptr + r * H;
+    const float *dhr = dh + r * H, *dcr = dc + r * H, *cp = c_prev + r * H, *tc = tanh_c + r * H;
+    float* d = dgates + r * 4 * H;
+    float* dcp = dc_prev + r * H;
     for (idx_t j = 0; j < H; ++j) {
       const float dct = dcr[j] + dhr[j] * og[j] * (1.0f - tc[j] * tc[j]);
       d[j] = dct * gg[j] * ig[j] * (1.0f - ig[j]);
@@ -263,6 +276,22 @@ void lstm_cell_bwd(const AlignedArray& dh, const AlignedArray& dc, const Aligned
       dcp[j] = dct * fg[j];
     }
   }
+}
+
+void lstm_cell_fwd(const AlignedArray& gates, const AlignedArray& c_prev, idx_t batch,
+                   idx_t hidden, AlignedArray* h, AlignedArray* c, AlignedArray* act,
+                   AlignedArray* tanh_c) {
+  check_lstm_cell_fwd("lstm_cell_fwd", gates, c_prev, batch, hidden, *h, *c, *act, *tanh_c);
+  cell_fwd(gates.ptr, c_prev.ptr, batch, hidden, h->ptr, c->ptr, act->ptr, tanh_c->ptr);
+}
+
+void lstm_cell_bwd(const AlignedArray& dh, const AlignedArray& dc, const AlignedArray& act,
+                   const AlignedArray& c_prev, const AlignedArray& tanh_c, idx_t batch,
+                   idx_t hidden, AlignedArray* dgates, AlignedArray* dc_prev) {
+  check_lstm_cell_bwd("lstm_cell_bwd", dh, dc, act, c_prev, tanh_c, batch, hidden, *dgates,
+                      *dc_prev);
+  cell_bwd(dh.ptr, dc.ptr, act.ptr, c_prev.ptr, tanh_c.ptr, batch, hidden, dgates->ptr,
+           dc_prev->ptr);
 }
 
 void sgd_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* buf, double lr,

@@ -837,17 +837,25 @@ __global__ void batchnorm_bwd_kernel(const float* dy, const float* xhat, const f
 
 dim3 column_grid(int64_t cols) { return dim3(grid_for(cols, COL_X)); }
 
-__global__ void lstm_cell_fwd_kernel(const float* gates, const float* c_prev, int64_t batch,
-                                     int64_t hidden, float* h, float* c, float* act,
-                                     float* tanh_c) {
+// One LSTM step, one thread per (row, j): act from gates (+ xw when not null; act may be gates
+// itself: a thread reads its four pre-activations before writing them), c, h and (when not
+// null) tanh_c.
+__global__ void lstm_cell_fwd_kernel(const float* gates, const float* xw, const float* c_prev,
+                                     int64_t batch, int64_t hidden, float* h, float* c,
+                                     float* act, float* tanh_c) {
   const needle::ops::Unary_sigmoid sigmoid;
   const needle::ops::Unary_tanh tanh_op;
   NEEDLE_GRID_LOOP(e, batch * hidden) {
     const int64_t row = e / hidden, j = e % hidden;
     const float* g = gates + row * 4 * hidden;
     float* a = act + row * 4 * hidden;
-    const float i_g = sigmoid(g[j]), f_g = sigmoid(g[hidden + j]);
-    const float g_g = tanh_op(g[2 * hidden + j]), o_g = sigmoid(g[3 * hidden + j]);
+    float pre[4];
+    for (int k = 0; k < 4; ++k) {
+      const int64_t at = k * hidden + j;
+      pre[k] = xw ? g[at] + xw[row * 4 * hidden + at] : g[at];
+    }
+    const float i_g = sigmoid(pre[0]), f_g = sigmoid(pre[1]);
+    const float g_g = tanh_op(pre[2]), o_g = sigmoid(pre[3]);
     a[j] = i_g;
     a[hidden + j] = f_g;
     a[2 * hidden + j] = g_g;
@@ -855,26 +863,48 @@ __global__ void lstm_cell_fwd_kernel(const float* gates, const float* c_prev, in
     const float cc = f_g * c_prev[e] + i_g * g_g;
     const float tc = tanh_op(cc);
     c[e] = cc;
-    tanh_c[e] = tc;
+    if (tanh_c) tanh_c[e] = tc;
     h[e] = o_g * tc;
   }
 }
 
-__global__ void lstm_cell_bwd_kernel(const float* dh, const float* dc, const float* act,
-                                     const float* c_prev, const float* tanh_c, int64_t batch,
-                                     int64_t hidden, float* dgates, float* dc_prev) {
+// The step's gradients with the adjoint dh (+ dh_add when not null) of h, and tanh(c) read from
+// tanh_c or, when that is null, computed from c; dc_prev may be dc itself.
+__global__ void lstm_cell_bwd_kernel(const float* dh, const float* dh_add, const float* dc,
+                                     const float* act, const float* c_prev, const float* tanh_c,
+                                     const float* c, int64_t batch, int64_t hidden,
+                                     float* dgates, float* dc_prev) {
+  const needle::ops::Unary_tanh tanh_op;
   NEEDLE_GRID_LOOP(e, batch * hidden) {
     const int64_t row = e / hidden, j = e % hidden;
     const float* a = act + row * 4 * hidden;
     float* dg = dgates + row * 4 * hidden;
     const float i_g = a[j], f_g = a[hidden + j], g_g = a[2 * hidden + j], o_g = a[3 * hidden + j];
-    const float tc = tanh_c[e];
-    const float dct = dc[e] + dh[e] * o_g * (1.f - tc * tc);  // adjoint of c, both paths
+    const float tc = tanh_c ? tanh_c[e] : tanh_op(c[e]);
+    const float dhe = dh_add ? dh[e] + dh_add[e] : dh[e];
+    const float dct = dc[e] + dhe * o_g * (1.f - tc * tc);  // adjoint of c, both paths
     dg[j] = dct * g_g * i_g * (1.f - i_g);
     dg[hidden + j] = dct * c_prev[e] * f_g * (1.f - f_g);
     dg[2 * hidden + j] = dct * i_g * (1.f - g_g * g_g);
-    dg[3 * hidden + j] = dh[e] * tc * o_g * (1.f - o_g);
+    dg[3 * hidden + j] = dhe * tc * o_g * (1.f - o_g);
     dc_prev[e] = dct * f_g;
+  }
+}
+
+// c_all[t] = σf_t·c_{t-1} + σi_t·tanh g_t for t < steps (c_{-1} = c0), from the activations act
+// (steps x batch x 4·hidden): the cell states lstm_layer_fwd did not keep, one thread per
+// (row, j) running through the steps.
+__global__ void lstm_cell_states_kernel(const float* act, const float* c0, int64_t batch,
+                                        int64_t hidden, int64_t steps, float* c_all) {
+  const int64_t n = batch * hidden;
+  NEEDLE_GRID_LOOP(e, n) {
+    const int64_t row = e / hidden, j = e % hidden;
+    float c = c0[e];
+    for (int64_t t = 0; t < steps; ++t) {
+      const float* a = act + (t * batch + row) * 4 * hidden;
+      c = a[hidden + j] * c + a[j] * a[2 * hidden + j];
+      c_all[t * n + e] = c;
+    }
   }
 }
 
@@ -1188,7 +1218,7 @@ void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, int64_t batc
                    CudaArray* tanh_c) {
   if (batch * hidden == 0) return;
   lstm_cell_fwd_kernel<<<grid_for(batch * hidden), BLOCK>>>(
-      gates.ptr, c_prev.ptr, batch, hidden, h->ptr, c->ptr, act->ptr, tanh_c->ptr);
+      gates.ptr, nullptr, c_prev.ptr, batch, hidden, h->ptr, c->ptr, act->ptr, tanh_c->ptr);
   check_launch("lstm_cell_fwd kernel");
 }
 
@@ -1196,9 +1226,78 @@ void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& ac
                    const CudaArray& c_prev, const CudaArray& tanh_c, int64_t batch,
                    int64_t hidden, CudaArray* dgates, CudaArray* dc_prev) {
   if (batch * hidden == 0) return;
-  lstm_cell_bwd_kernel<<<grid_for(batch * hidden), BLOCK>>>(
-      dh.ptr, dc.ptr, act.ptr, c_prev.ptr, tanh_c.ptr, batch, hidden, dgates->ptr, dc_prev->ptr);
+  lstm_cell_bwd_kernel<<<grid_for(batch * hidden), BLOCK>>>(dh.ptr, nullptr, dc.ptr, act.ptr,
+                                                            c_prev.ptr, tanh_c.ptr, nullptr, batch,
+                                                            hidden, dgates->ptr, dc_prev->ptr);
   check_launch("lstm_cell_bwd kernel");
+}
+
+namespace {
+void copy_device(float* dst, const float* src, int64_t n) {
+  if (n > 0)
+    check(cudaMemcpy(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice),
+          "cudaMemcpy device to device");
+}
+}  // namespace
+
+// The layer's loop on the host, two launches a step: the product h_{t-1} @ w_hh written into
+// act[t] (matrix t of act), then the cell kernel adding xw[t], turning act[t] into activations
+// in place and updating c in place. Only act and out are kept for the backward pass.
+void lstm_layer_fwd(const CudaArray& xw, const CudaArray& h0, const CudaArray& c0,
+                    const CudaArray& w_hh, int64_t batch, int64_t hidden, int64_t steps,
+                    CudaArray* out, CudaArray* h, CudaArray* c, CudaArray* act) {
+  const int64_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  if (n == 0) return;
+  copy_device(c->ptr, c0.ptr, n);
+  for (int64_t t = 0; t < steps; ++t) {
+    const CudaArray& h_prev = t ? *out : h0;
+    const MatrixView vh{t ? (t - 1) * n : 0, 0, H, 1}, vw{0, 0, 4 * H, 1};
+    matmul(h_prev, w_hh, act, {MatmulGroup{vh, vw, t, 1}}, batch, H, 4 * H);
+    lstm_cell_fwd_kernel<<<grid_for(n), BLOCK>>>(act->ptr + t * n4, xw.ptr + t * n4, c->ptr,
+                                                 batch, H, out->ptr + t * n, c->ptr,
+                                                 act->ptr + t * n4, nullptr);
+    check_launch("lstm_cell_fwd kernel");
+  }
+  copy_device(h->ptr, steps ? out->ptr + (steps - 1) * n : h0.ptr, n);
+}
+
+// Backward: the cell states recomputed from act (one launch), then two launches a step: the
+// cell's gradient (dh0 + d_out[t] as the adjoint of h_t; dc0 carries that of c_t) into dxw[t],
+// and dh0 = dxw[t] @ w_hhᵀ (a transposed view); then dw_hh = h_prevᵀ @ dxw over the stacked
+// states (h0, out[0], ..., out[T-2]).
+void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray& dc,
+                    const CudaArray& act, const CudaArray& out, const CudaArray& h0,
+                    const CudaArray& c0, const CudaArray& w_hh, int64_t batch, int64_t hidden,
+                    int64_t steps, CudaArray* dxw, CudaArray* dh0, CudaArray* dc0,
+                    CudaArray* dw_hh) {
+  const int64_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  copy_device(dh0->ptr, dh.ptr, n);
+  copy_device(dc0->ptr, dc.ptr, n);
+  if (n == 0 || steps == 0) {
+    if (dw_hh->size) {
+      fill_kernel<<<grid_for(dw_hh->size), BLOCK>>>(dw_hh->ptr, 0.f, dw_hh->size);
+      check_launch("fill kernel");
+    }
+    return;
+  }
+  CudaArray c_all(steps * n);
+  lstm_cell_states_kernel<<<grid_for(n), BLOCK>>>(act.ptr, c0.ptr, batch, H, steps, c_all.ptr);
+  check_launch("lstm_cell_states kernel");
+  for (int64_t t = steps - 1; t >= 0; --t) {
+    const float* c_prev = t ? c_all.ptr + (t - 1) * n : c0.ptr;
+    lstm_cell_bwd_kernel<<<grid_for(n), BLOCK>>>(dh0->ptr, d_out.ptr + t * n, dc0->ptr,
+                                                 act.ptr + t * n4, c_prev, nullptr,
+                                                 c_all.ptr + t * n, batch, H, dxw->ptr + t * n4,
+                                                 dc0->ptr);
+    check_launch("lstm_cell_bwd kernel");
+    const MatrixView vg{t * n4, 0, 4 * H, 1}, vw_t{0, 0, 1, 4 * H};
+    matmul(*dxw, w_hh, dh0, {MatmulGroup{vg, vw_t, 0, 1}}, batch, 4 * H, H);
+  }
+  // c_all's buffer holds the stacked states h_prev now
+  copy_device(c_all.ptr, h0.ptr, n);
+  copy_device(c_all.ptr + n, out.ptr, (steps - 1) * n);
+  matmul(c_all, MatrixView{0, 0, 1, H}, *dxw, MatrixView{0, 0, 4 * H, 1}, dw_hh, 1, H,
+         steps * batch, 4 * H);
 }
 
 void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,

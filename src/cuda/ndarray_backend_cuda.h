@@ -137,6 +137,17 @@ void lstm_cell_fwd(const CudaArray& gates, const CudaArray& c_prev, int64_t batc
 void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& act,
                    const CudaArray& c_prev, const CudaArray& tanh_c, int64_t batch,
                    int64_t hidden, CudaArray* dgates, CudaArray* dc_prev);
+// An LSTM layer over `steps` steps (protocol.py's lstm_layer_fwd / lstm_layer_bwd): a host loop
+// of the matmul and the LSTM cell kernels; m, n, p of its products (batch, hidden, 4*hidden,
+// steps*batch) < 2^31 - 1024 (the bindings check).
+void lstm_layer_fwd(const CudaArray& xw, const CudaArray& h0, const CudaArray& c0,
+                    const CudaArray& w_hh, int64_t batch, int64_t hidden, int64_t steps,
+                    CudaArray* out, CudaArray* h, CudaArray* c, CudaArray* act);
+void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray& dc,
+                    const CudaArray& act, const CudaArray& out, const CudaArray& h0,
+                    const CudaArray& c0, const CudaArray& w_hh, int64_t batch, int64_t hidden,
+                    int64_t steps, CudaArray* dxw, CudaArray* dh0, CudaArray* dc0,
+                    CudaArray* dw_hh);
 void sgd_update(CudaArray* param, const CudaArray& grad, CudaArray* buf, float lr,
                 float momentum, float weight_decay);
 // softmax_fwd / softmax_bwd: see protocol.py (the causal mask over blocks of `queries` rows).

@@ -37,6 +37,8 @@ using needle::checks::check_embedding_gather;
 using needle::checks::check_embedding_scatter_add;
 using needle::checks::check_lstm_cell_bwd;
 using needle::checks::check_lstm_cell_fwd;
+using needle::checks::check_lstm_layer_bwd;
+using needle::checks::check_lstm_layer_fwd;
 using needle::checks::check_norm_bwd;
 using needle::checks::check_norm_fwd;
 using needle::checks::check_op;
@@ -404,6 +406,36 @@ void lstm_cell_bwd(const CudaArray& dh, const CudaArray& dc, const CudaArray& ac
   check_lstm_cell_bwd("lstm_cell_bwd", dh, dc, act, c_prev, tanh_c, batch, hidden, dgates,
                       dc_prev);
   needle::cuda::lstm_cell_bwd(dh, dc, act, c_prev, tanh_c, batch, hidden, &dgates, &dc_prev);
+}
+
+// The layer's products, (batch x hidden) @ (hidden x 4·hidden), (batch x 4·hidden) @ (4·hidden x
+// hidden) and (hidden x steps·batch) @ (steps·batch x 4·hidden), within the matmul's int range.
+void check_lstm_layer_products(const char* fn, idx_t batch, idx_t hidden, idx_t steps) {
+  const idx_t n = shape_size(fn, {steps, batch});
+  check_matmul_sizes(fn, batch, hidden, shape_size(fn, {4, hidden}));
+  check_matmul_sizes(fn, hidden, n, 4 * hidden);
+}
+
+void lstm_layer_fwd(const CudaArray& xw, const CudaArray& h0, const CudaArray& c0,
+                    const CudaArray& w_hh, idx_t batch, idx_t hidden, idx_t steps, CudaArray& out,
+                    CudaArray& h, CudaArray& c, CudaArray& act) {
+  const char* fn = "lstm_layer_fwd";
+  check_lstm_layer_fwd(fn, xw, h0, c0, w_hh, batch, hidden, steps, out, h, c, act);
+  check_lstm_layer_products(fn, batch, hidden, steps);
+  needle::cuda::lstm_layer_fwd(xw, h0, c0, w_hh, batch, hidden, steps, &out, &h, &c, &act);
+}
+
+void lstm_layer_bwd(const CudaArray& d_out, const CudaArray& dh, const CudaArray& dc,
+                    const CudaArray& act, const CudaArray& out, const CudaArray& h0,
+                    const CudaArray& c0, const CudaArray& w_hh, idx_t batch, idx_t hidden,
+                    idx_t steps, CudaArray& dxw, CudaArray& dh0, CudaArray& dc0,
+                    CudaArray& dw_hh) {
+  const char* fn = "lstm_layer_bwd";
+  check_lstm_layer_bwd(fn, d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden, steps, dxw, dh0,
+                       dc0, dw_hh);
+  check_lstm_layer_products(fn, batch, hidden, steps);
+  needle::cuda::lstm_layer_bwd(d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden, steps, &dxw,
+                               &dh0, &dc0, &dw_hh);
 }
 
 void sgd_update(CudaArray& param, const CudaArray& grad, CudaArray& buf, float lr,

@@ -1,0 +1,127 @@
+// An LSTM layer over a whole sequence, one call each way (lstm_layer_fwd / lstm_layer_bwd of
+// protocol.py): the loop over the time steps runs here, not in Python, so a layer of T steps
+// costs one device call instead of about four per step.
+//
+// Forward, per step t: act[t] = h_{t-1} @ w_hh (the module's matrix engine), act[t] += xw[t],
+// then the cell of ndarray_backend_cpu_fused.h in place over act[t] (pre-activations become
+// activations) and over c; out[t] = h_t. Only act and out are kept for the backward pass
+// (besides the inputs): the cell states c_t and tanh(c_t) are recomputed from act by the
+// backward pass, with the same functions, so they are the same bits (c_t = σf·c_{t-1} +
+// σi·tanh g, one multiply-add per element and step: far cheaper than keeping (T, B, H) more
+// floats alive from the forward pass to the backward pass).
+// Backward: the states c_0 .. c_{T-1} into a scratch buffer, then for t = T-1 .. 0 the cell's
+// gradient with dh_t = dh + d_out[t] into dxw[t] and dh = dxw[t] @ w_hhᵀ (w_hh transposed once
+// per call); at the end dw_hh = h_prevᵀ @ dxw as one product over the stacked states h_prev =
+// (h0, out[0], ..., out[T-2]).
+//
+// Threads: each step's products are (batch x hidden) @ (hidden x 4·hidden) and back, 2^20
+// multiply-adds at the course LSTM LM's sizes (16 x 128 x 512), each waiting for the previous
+// step's result. The engine would split such a product between two threads; here they run on
+// the calling thread (kStepThreads): measured alternating in one process on the 2-core machine
+// under load (about 3.6), forward + backward of that layer (T = 32) took a median 1.9-2.1 ms on
+// one thread against 4.3-5.0 ms split (best cases 1.5 and 1.4 ms): a split product waits for a
+// worker that the load often has descheduled. The final weight-gradient product is shared
+// among the pool's threads as any other. Results do not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common/ndarray_checks.h"
+#include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_fused.h"
+#include "cpu/ndarray_backend_cpu_isa.h"
+#include "cpu/ndarray_backend_cpu_math.h"
+#include "cpu/ndarray_backend_cpu_strided.h"
+#include "cpu/ndarray_backend_cpu_threads.h"
+
+namespace needle::cpu {
+
+// Defined in ndarray_backend_cpu.cc: the instruction-set variant in use and the thread pool.
+extern const IsaKernels* g_isa;
+Runner runner();
+
+namespace fused {
+
+using needle::checks::check_lstm_layer_bwd;
+using needle::checks::check_lstm_layer_fwd;
+
+// Threads for each step's products (see the header comment).
+constexpr int kStepThreads = 1;
+
+// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0; on kStepThreads threads.
+inline void step_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
+  Runner run = runner();
+  run.threads = std::min(run.threads, kStepThreads);
+  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, run);
+}
+
+inline void copy_floats(float* dst, const float* src, idx_t n) {
+  if (n > 0) std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+
+void lstm_layer_fwd(const AlignedArray& xw, const AlignedArray& h0, const AlignedArray& c0,
+                    const AlignedArray& w_hh, idx_t batch, idx_t hidden, idx_t steps,
+                    AlignedArray* out, AlignedArray* h, AlignedArray* c, AlignedArray* act) {
+  check_lstm_layer_fwd("lstm_layer_fwd", xw, h0, c0, w_hh, batch, hidden, steps, *out, *h, *c,
+                       *act);
+  const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  if (n == 0) return;  // every output is empty
+  AlignedArray tanh_c(n);
+  copy_floats(c->ptr, c0.ptr, n);  // c carries c_t from step to step
+  const float* hp = h0.ptr;
+  for (idx_t t = 0; t < steps; ++t) {
+    float* g = act->ptr + t * n4;
+    step_product(hp, w_hh.ptr, g, batch, H, 4 * H);
+    const float* x = xw.ptr + t * n4;
+    for (idx_t i = 0; i < n4; ++i) g[i] += x[i];
+    float* ht = out->ptr + t * n;
+    cell_fwd(g, c->ptr, batch, H, ht, c->ptr, g, tanh_c.ptr);
+    hp = ht;
+  }
+  copy_floats(h->ptr, hp, n);
+}
+
+void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const AlignedArray& dc,
+                    const AlignedArray& act, const AlignedArray& out, const AlignedArray& h0,
+                    const AlignedArray& c0, const AlignedArray& w_hh, idx_t batch, idx_t hidden,
+                    idx_t steps, AlignedArray* dxw, AlignedArray* dh0, AlignedArray* dc0,
+                    AlignedArray* dw_hh) {
+  check_lstm_layer_bwd("lstm_layer_bwd", d_out, dh, dc, act, out, h0, c0, w_hh, batch, hidden,
+                       steps, *dxw, *dh0, *dc0, *dw_hh);
+  const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
+  // dh0 and dc0 carry the running adjoints of h_t and c_t through the steps
+  copy_floats(dh0->ptr, dh.ptr, n);
+  copy_floats(dc0->ptr, dc.ptr, n);
+  if (n == 0 || steps == 0) {  // no product: the weight gradient is zero
+    std::fill(dw_hh->ptr, dw_hh->ptr + dw_hh->size, 0.0f);
+    return;
+  }
+  AlignedArray c_all(steps * n);  // c_t of every step, as the forward pass computed them
+  for (idx_t t = 0; t < steps; ++t)
+    cell_state(act.ptr + t * n4, t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr, batch, H,
+               c_all.ptr + t * n);
+  AlignedArray w_t(4 * H * H), work(2 * n);  // w_t = w_hhᵀ, by compact's blocked transpose
+  compact_into(w_hh.ptr, w_t.ptr, simplified({4 * H, H}, {1, 4 * H}, 0, 4 * H * H));
+  float *dh_t = work.ptr, *tanh_c = work.ptr + n;
+  for (idx_t t = steps - 1; t >= 0; --t) {
+    const float* d = d_out.ptr + t * n;
+    for (idx_t i = 0; i < n; ++i) dh_t[i] = dh0->ptr[i] + d[i];
+    vmath::tanh_array(c_all.ptr + t * n, tanh_c, n);
+    const float* cp = t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr;
+    float* dg = dxw->ptr + t * n4;
+    cell_bwd(dh_t, dc0->ptr, act.ptr + t * n4, cp, tanh_c, batch, H, dg, dc0->ptr);
+    step_product(dg, w_t.ptr, dh0->ptr, batch, 4 * H, H);
+  }
+  // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H); c_all's buffer is
+  // free now and holds h_prev
+  float* h_prev = c_all.ptr;
+  copy_floats(h_prev, h0.ptr, n);
+  copy_floats(h_prev + n, out.ptr, (steps - 1) * n);
+  g_isa->gemm(MatView{h_prev, 0, 1, H}, MatView{dxw->ptr, 0, 4 * H, 1}, dw_hh->ptr, 1, H,
+              steps * batch, 4 * H, runner());
+}
+
+}  // namespace fused
+}  // namespace needle::cpu
