@@ -15,6 +15,7 @@ from conftest import DEVICES
 from helpers import backend_dtype, check_gradients, numerical_gradients, rand, tensor, tolerances
 
 import needle as ndl
+from needle.backend_selection import array_api
 
 pytestmark = [pytest.mark.ops, pytest.mark.conv, pytest.mark.both_backends]
 
@@ -220,6 +221,26 @@ def test_conv_forward_and_gradients_are_one_kernel_call_each(device, monkeypatch
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_one_pixel_input_with_same_padding_is_one_product(device, monkeypatch):
+    """ResNet-9's last blocks see 1x1 inputs with 3x3 kernels and padding 1: only the centre
+    tap meets the pixel, so forward and both gradients are one matrix product each (im2col
+    would multiply the eight other taps by padding); the values are the kernel path's."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((4, 1, 1, 6)), rng.standard_normal((3, 3, 6, 5))
+    xt, wt = tensor(x, device), tensor(w, device)
+    counts = _count_kernel_calls(device, monkeypatch, CONV_KERNELS)
+    out = ndl.conv(xt, wt, stride=1, padding=1)
+    out.backward(tensor(rng.standard_normal(out.shape), device, requires_grad=False))
+    assert counts == dict.fromkeys(CONV_KERNELS, 0)
+    monkeypatch.undo()
+    kernel = array_api.conv_fwd(xt.realize_cached_data(), wt.realize_cached_data(), 1, 1)
+    np.testing.assert_allclose(out.numpy(), kernel.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.numpy(), conv_loop(x, w, 1, 1), rtol=1e-4, atol=1e-4)
+    grad = xt.grad.numpy()
+    assert grad.shape == x.shape and not np.any(wt.grad.numpy()[[0, 0, 2, 2], [0, 2, 0, 2]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_conv_input_without_gradient_costs_no_input_gradient(device, monkeypatch):
     """A network's input images need no adjoint: the backward pass skips conv_input_grad."""
     counts = _count_kernel_calls(device, monkeypatch, CONV_KERNELS)
@@ -238,6 +259,8 @@ def test_conv_input_without_gradient_costs_no_input_gradient(device, monkeypatch
         ((1, 5, 5, 2), (1, 1, 2, 2), 1, 0),  # pointwise: the input is its own im2col matrix
         ((1, 4, 6, 1), (4, 6, 1, 2), 1, 0),  # kernel as large as the input: one window
         ((1, 3, 3, 2), (3, 3, 2, 2), 4, 3),  # stride beyond the kernel: padding-only windows
+        ((3, 1, 1, 4), (3, 3, 4, 5), 1, 1),  # 1x1 input, "same" padding: the centre tap only
+        ((2, 1, 1, 3), (5, 5, 3, 2), 2, 2),  # the same at stride 2, with a 5x5 kernel
     ],
 )
 def test_conv_odd_geometries_match_loop_and_finite_differences(
