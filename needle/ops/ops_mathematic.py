@@ -132,10 +132,16 @@ def _keep_layout(fn, *arrays: NDArray) -> NDArray:
         if b.shape != a.shape or b.strides != a.strides:
             return fn(*arrays)
     out = fn(*(x.permute(order) for x in arrays))
-    inverse = [0] * len(order)
-    for i, axis in enumerate(order):
-        inverse[axis] = i
-    return out.permute(tuple(inverse))
+    return out.permute(_inverse_permutation(order))
+
+
+@functools.lru_cache(maxsize=256)
+def _inverse_permutation(axes: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The axis order that undoes ``permute(axes)`` (negative axes allowed)."""
+    inverse = [0] * len(axes)
+    for i, axis in enumerate(axes):
+        inverse[axis % len(axes)] = i
+    return tuple(inverse)
 
 
 def _binary_adjoints(ga: Tensor, gb: Tensor, node: Tensor):
@@ -439,11 +445,7 @@ class Permute(TensorOp):
         return out.compact() if self.compact else out
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        ndim = len(self.axes)
-        inverse = [0] * ndim
-        for i, ax in enumerate(self.axes):
-            inverse[ax % ndim] = i
-        return permute(out_grad, tuple(inverse))
+        return permute(out_grad, _inverse_permutation(self.axes))
 
 
 def permute(a: Tensor, axes: Sequence[int], compact: bool = False) -> Tensor:
