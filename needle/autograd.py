@@ -689,8 +689,8 @@ def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
     """The adjoint of TensorTuple ``node`` given the adjoints of its picked components (lists
     indexed by component): their sums, and zeros for the components nobody picked."""
     parts = node.realize_cached_data()
-    missing = [parts[i] for i in range(len(parts)) if i not in picked]
-    zeros = iter(zero_adjoints(missing))
+    unpicked = frozenset(i for i in range(len(parts)) if i not in picked)
+    zeros = iter(zero_adjoints([parts[i] for i in sorted(unpicked)]))
     components: List[Value] = []
     for i in range(len(parts)):
         grads = picked.get(i)
@@ -699,7 +699,7 @@ def _tuple_adjoint(node: Value, picked: Dict[int, List[Value]]) -> Value:
         else:
             components.append(grads[0] if len(grads) == 1 else sum_node_list(grads))
     adjoint = needle.ops.make_tuple(*components)
-    adjoint.zero_components = frozenset(i for i in range(len(parts)) if i not in picked)
+    adjoint.zero_components = unpicked
     return adjoint
 
 
