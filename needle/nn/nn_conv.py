@@ -75,15 +75,19 @@ class Conv(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Convolve ``x`` (N, C_in, H, W); returns (N, C_out, H_out, W_out)."""
+        self.check_nchw(x)
+        # compact: the forward and the weight gradient's kernels share this one NHWC copy
+        # (none is made when x lies NHWC in memory already, as the layers' outputs here do)
+        out = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC, compact=True))
+        return ops.permute(out, NHWC_TO_NCHW)
+
+    def check_nchw(self, x: Tensor) -> None:
+        """Raise ValueError unless ``x`` is (N, C_in, H, W), the input :meth:`forward` takes."""
         if len(x.shape) != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"Conv({self.in_channels}, {self.out_channels}) expects input of "
                 f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        # compact: the forward and the weight gradient's kernels share this one NHWC copy
-        # (none is made when x lies NHWC in memory already, as the layers' outputs here do)
-        out = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC, compact=True))
-        return ops.permute(out, NHWC_TO_NCHW)
 
     def forward_nhwc(self, x: Tensor) -> Tensor:
         """Convolve channels-last ``x`` (N, H, W, C_in); returns (N, H_out, W_out, C_out).

@@ -108,6 +108,52 @@ def test_resnet9_channels_last_matches_nchw_layers(device):
         np.testing.assert_allclose(g_cl, g, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(g).max()))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_convbn_equals_its_layers_called_in_turn(device):
+    """ConvBN keeps the convolution's channels-last result through the norm and the ReLU
+    (one layout change each way for the block): the same output, gradients and running
+    statistics, bit for bit, as calling its Conv, BatchNorm2d and ReLU one after another."""
+    np.random.seed(3)
+    block = ConvBN(3, 4, 3, 2, device=device)
+    x = ndl.Tensor(np.random.randn(2, 3, 6, 6).astype(np.float32), device=device)
+    R = ndl.Tensor(np.random.randn(2, 4, 3, 3).astype(np.float32), device=device)
+    params = block.parameters()
+
+    def run(call):
+        for p in params:
+            p.grad = None
+        out = call(x)
+        (out * R).sum().backward()
+        stats = [block.bn.running_mean.numpy(), block.bn.running_var.numpy()]
+        return [out.numpy(), x.grad.numpy(), *(p.grad.numpy() for p in params), *stats]
+
+    def permutes(out):
+        seen, stack, count = set(), [out], 0
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            count += type(node.op).__name__ == "Permute"
+            stack.extend(node.inputs)
+        return count
+
+    x.grad = None
+    fused = run(block)
+    block.bn.running_mean, block.bn.running_var = (
+        ndl.init.zeros(4, device=device),
+        ndl.init.ones(4, device=device),
+    )
+    x.grad = None
+    layered = run(lambda t: block.relu(block.bn(block.conv(t))))
+    for got, want in zip(fused, layered):
+        np.testing.assert_array_equal(got, want)
+    assert permutes(block(x)) == 2
+    assert permutes(block.relu(block.bn(block.conv(x)))) == 4
+    with pytest.raises(ValueError, match=r"expects input of shape \(N, 3, H, W\)"):
+        block(ndl.init.rand(2, 6, 6, 3, device=device))
+
+
 def _modules(module):
     """``module`` and every module inside it, depth first."""
     yield module
