@@ -8,6 +8,13 @@
 // claim the rest, and the caller waits only for chunks that a worker has actually started.
 // A worker that wakes late finds nothing left and goes back to sleep.
 //
+// A job is handed over without a lock or an allocation: the caller writes the job's fields
+// and then one 64-bit claim word (generation, next chunk), which spinning workers watch and
+// claim chunks from by compare-exchange. A microsecond-scale job (a 72x73x74 product is two
+// halves of ~2.5 us) is worth sharing only so: a spinning worker starts ~0.1 us after the
+// caller publishes (measured with timestamps; the former mutex, shared_ptr and a spin that
+// looked every 64 pause instructions took 0.3-1.9 us).
+//
 // The thread count follows OMP_NUM_THREADS, else the CPUs the process may use. After fork()
 // the child has no workers (threads do not survive fork), so a pthread_atfork handler switches
 // it to running every job on the calling thread.
@@ -21,19 +28,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #ifdef __linux__
 #include <sched.h>
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define NEEDLE_CPU_RELAX() _mm_pause()
-#else
-#define NEEDLE_CPU_RELAX() std::this_thread::yield()
 #endif
 
 namespace needle::cpu {
@@ -86,77 +86,122 @@ class ThreadPool {
   int threads() const { return workers_ + 1; }
 
   // Calls body(i) for every i in [0, n) and returns when all calls have finished. The caller
-  // takes part; body must not throw.
+  // takes part; body must not throw. One job at a time is shared with the workers: a call
+  // made while another runs (from another thread, or from inside a body) runs on its caller.
   template <class F>
   void run(int64_t n, F& body) {
     if (n <= 0) return;
-    if (n == 1 || workers_ == 0 || forked_child().load(std::memory_order_relaxed)) {
+    if (n == 1 || workers_ == 0 || n >= kMaxChunks ||
+        forked_child().load(std::memory_order_relaxed) ||
+        owned_.exchange(true, std::memory_order_acquire)) {
       for (int64_t i = 0; i < n; ++i) body(i);
       return;
     }
-    auto job = std::make_shared<Job>();
-    job->invoke = [](void* ctx, int64_t i) { (*static_cast<F*>(ctx))(i); };
-    job->ctx = &body;
-    job->total = n;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      current_ = job;
-      generation_.fetch_add(1, std::memory_order_release);
+    // Publish: the fields first, then the claim word with the next generation, which is what
+    // a spinning worker watches. Sleeping workers are woken only when there are any (the
+    // seq_cst store and load pair with a worker's before it sleeps: one of the two sees the
+    // other).
+    invoke_.store([](void* ctx, int64_t i) { (*static_cast<F*>(ctx))(i); },
+                  std::memory_order_relaxed);
+    ctx_.store(&body, std::memory_order_relaxed);
+    total_.store(uint64_t(n), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+    claim_.store(gen << 32, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      // A worker about to wait checks the claim word under mu_: after this empty critical
+      // section it either has seen the new generation or waits and gets the notification.
+      // Notified outside the lock, a woken worker does not block again on a mutex held by
+      // the caller it may just have preempted.
+      { std::lock_guard<std::mutex> lock(mu_); }
+      cv_.notify_all();
     }
-    cv_.notify_all();
-    job->work();
-    for (int spin = 0; job->done.load(std::memory_order_acquire) < n; ++spin) {
-      if (spin < 1024)
-        NEEDLE_CPU_RELAX();
-      else
-        std::this_thread::yield();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (current_ == job) current_.reset();
+    // The caller claims by fetch_add (the job stays this generation until it closes it).
+    int64_t mine = 0;
+    for (uint64_t i; (i = claim_.fetch_add(1, std::memory_order_acq_rel) & kIndex) < uint64_t(n);
+         ++mine)
+      body(int64_t(i));
+    // Wait for the chunks the workers claimed, then close the job: a worker that read its
+    // fields but has not claimed yet finds the claim word changed and claims nothing.
+    for (int spin = 0; mine + done_.load(std::memory_order_acquire) < n; ++spin)
+      if (spin >= (1 << 14)) std::this_thread::yield();
+    claim_.exchange((gen << 32) | kIndex, std::memory_order_acq_rel);
+    owned_.store(false, std::memory_order_release);
   }
 
  private:
-  struct Job {
-    void (*invoke)(void*, int64_t) = nullptr;
-    void* ctx = nullptr;
-    int64_t total = 0;
-    std::atomic<int64_t> next{0}, done{0};
-    // Claims and runs chunks until none is left. The caller of run() waits for `done`, so
-    // ctx stays valid while any claimed chunk runs.
-    void work() {
-      for (;;) {
-        const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
-        if (i >= total) return;
-        invoke(ctx, i);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
+  // The claim word: generation << 32 | index of the next chunk (kIndex: closed).
+  static constexpr uint64_t kIndex = 0xffffffffu;
+  static constexpr int64_t kMaxChunks = int64_t(1) << 31;
 
   void worker_loop() {
-    uint64_t seen = generation_.load(std::memory_order_acquire);
+    using clock = std::chrono::steady_clock;
+    uint64_t seen = claim_.load(std::memory_order_acquire) >> 32;
     for (;;) {
-      // Spin briefly (jobs often come in bursts), then sleep until the next job.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-      while (generation_.load(std::memory_order_acquire) == seen &&
-             std::chrono::steady_clock::now() < until)
-        for (int k = 0; k < 64; ++k) NEEDLE_CPU_RELAX();
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
-        seen = generation_.load(std::memory_order_relaxed);
-        job = current_;
+      // Spin 200 us (jobs come in bursts) reading the claim word alone, then sleep until the
+      // next job. No pause instruction: one costs ~30 ns on the AMD EPYC this was measured on,
+      // and the former loop of 64 pauses between looks noticed a job ~1 us late (now ~0.1 us).
+      // Every 20 us the spin yields the core: on a loaded machine a woken worker can share
+      // the core of the caller waiting for it, which would otherwise wait out the whole spin
+      // (72x73x74 products took 210 us in 3 % of calls so).
+      auto now = clock::now();
+      const auto until = now + std::chrono::microseconds(200);
+      auto yield_at = now + std::chrono::microseconds(20);
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      for (unsigned k = 1; (c >> 32) == seen; ++k) {
+        if (k % 256 == 0) {
+          now = clock::now();
+          if (now >= until) break;
+          if (now >= yield_at) {
+            std::this_thread::yield();
+            yield_at = now + std::chrono::microseconds(20);
+          }
+        }
+        c = claim_.load(std::memory_order_acquire);
       }
-      if (job) job->work();
+      if ((c >> 32) == seen) {
+        std::unique_lock<std::mutex> lock(mu_);
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        cv_.wait(lock, [&] {
+          c = claim_.load(std::memory_order_seq_cst);
+          return (c >> 32) != seen;
+        });
+        sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      }
+      seen = c >> 32;
+      help(c);
+    }
+  }
+
+  // Claims and runs chunks of the job whose claim word was read as c, until none is left or
+  // the job changed. A claim is a compare-exchange of the whole word, so it succeeds only
+  // while the job is the one whose fields were read (they are written before its generation
+  // is published and rewritten only after the job is closed).
+  void help(uint64_t c) {
+    const auto invoke = invoke_.load(std::memory_order_relaxed);
+    void* const ctx = ctx_.load(std::memory_order_relaxed);
+    const uint64_t total = total_.load(std::memory_order_relaxed), gen = c >> 32;
+    while ((c >> 32) == gen && (c & kIndex) < total) {
+      if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        invoke(ctx, int64_t(c & kIndex));
+        done_.fetch_add(1, std::memory_order_release);
+        c = claim_.load(std::memory_order_acquire);
+      }
     }
   }
 
   int workers_ = 0;
+  // The current job, on one cache line: the claim word, the body and the chunk count.
+  alignas(64) std::atomic<uint64_t> claim_{0};
+  std::atomic<void (*)(void*, int64_t)> invoke_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<uint64_t> total_{0};
+  alignas(64) std::atomic<int64_t> done_{0};  // chunks the workers finished
+  alignas(64) std::atomic<bool> owned_{false};  // a caller is running a job
+  std::atomic<int> sleepers_{0};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::shared_ptr<Job> current_;  // guarded by mu_
 };
 
 // Threads the kernels may use: the pool's size, or 1 in a forked child.
