@@ -33,15 +33,22 @@ constexpr int64_t kTile = 8;
 // m*n*p at or below which a product takes the direct path (no packing, no threads): measured
 // with one thread on AVX-512, the packed engine wins from about 24^3 on.
 constexpr double kGemmDirectFlops = 20.0 * 20 * 20;
-// From kGemmSplitFlops (about 101^3) up to kGemmParallelFlops (about 290^3) a product of
-// rows-contiguous operands is split by rows or columns among the threads without packing (the
-// micro-kernel reads A and B in place): each part is long enough to pay for a worker that is
-// awake (the pool's workers spin briefly after each job), and at 256^3 this ran 1.2-1.4x the
-// packed engine on two threads. Below it one thread is as fast or faster (72x73x74: 5.8 us on
-// one thread, 6.4 us split in two; 96^3: 8.4 and 8.6 us). From kGemmParallelFlops on, and for
-// strided operands, the packed engine shares one product among every thread (packing B
-// together).
-constexpr double kGemmSplitFlops = double(1 << 20);
+// From kGemmSplitFlops (about 51^3) up to kGemmParallelFlops (about 290^3) a product of
+// rows-contiguous operands is shared among the threads without packing (the micro-kernel reads
+// A and B in place), in chunks of a sliver of B by a run of row blocks that the threads claim
+// in the one-thread order: a worker that is not running costs only the job's publication, so
+// no size gets slower than on one thread. Measured on a 2-core AMD EPYC VM (AVX-512), the
+// kernel alone, median of calls where the pool's worker took part against calls it did not:
+// 48^3 1.60 against 1.70 us, 64^3 2.0 against 2.8 us, 72x73x74 3.0-3.7 against 4.4-5.3 us,
+// 128^3 11 against 20 us (the worker is often busy with other processes on a shared machine,
+// and then the caller does it all). Below 2^17 a chunk is too short to share.
+constexpr double kGemmSplitFlops = double(1 << 17);
+// Chunks per thread of such a product, and the fewest multiply-adds in a chunk.
+constexpr int kSplitChunks = 4;
+constexpr double kSplitChunkFlops = double(1 << 15);
+// From kGemmParallelFlops on, and for strided operands, the packed engine shares one product
+// among every thread (packing B together); below it the unpacked split ran 1.2-1.4x the packed
+// engine at 256^3 on two threads.
 constexpr double kGemmParallelFlops = 24.0 * (1 << 20);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).

@@ -380,25 +380,32 @@ inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const 
     for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
 }
 
-// C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, on one thread
-// without packing (small products, where packing would cost a third of the time): the last,
-// narrow sliver of B alone is copied, zero-padded to NR columns.
+// C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, without packing
+// (small and mid-sized products, where packing would cost a third of the time): the last,
+// narrow sliver of B alone is copied, zero-padded to NR columns. Threaded, the work is cut
+// into chunks of one sliver of B by a run of row blocks, which the threads claim in the
+// one-thread order (slivers outer, the narrow one last): a worker that does not come costs
+// nothing but the job's publication, and each element of C is the same chain of
+// multiply-adds in k order whichever thread computes it.
 void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t ldc,
-                   idx_t m, idx_t n, idx_t p) {
+                   idx_t m, idx_t n, idx_t p, const Runner& run, bool threaded) {
   constexpr int R1 = MR / 3, R2 = 2 * MR / 3, C1 = NV / 2;
+  const idx_t slivers = (p + NR - 1) / NR, blocks = (m + MR - 1) / MR;
+  const idx_t last = (slivers - 1) * NR, tail = p - last;
   thread_local Scratch ebuf;
-  alignas(64) float tmp[MR * NR];
-  for (idx_t j = 0; j < p; j += NR) {
-    const idx_t nr = std::min<idx_t>(NR, p - j);
-    const float* bs = b + j;
-    idx_t bstride = brs;
-    if (nr < NR) {
-      float* e = ebuf.get(size_t(n * NR));
-      pack_b(b, brs, 1, 0, n, j, nr, e);
-      bs = e;
-      bstride = NR;
-    }
-    for (idx_t i = 0; i < m; i += MR) {
+  const float* edge = nullptr;
+  if (tail < NR) {
+    float* e = ebuf.get(size_t(n * NR));
+    pack_b(b, brs, 1, 0, n, last, tail, e);
+    edge = e;
+  }
+  // Row blocks [b0, b1) of C times sliver s of B.
+  auto part = [&](idx_t s, idx_t b0, idx_t b1) {
+    const idx_t j = s * NR, nr = std::min<idx_t>(NR, p - j);
+    const float* bs = nr < NR ? edge : b + j;
+    const idx_t bstride = nr < NR ? NR : brs;
+    alignas(64) float tmp[MR * NR];
+    for (idx_t i = b0 * MR; i < std::min(m, b1 * MR); i += MR) {
       const idx_t mr = std::min<idx_t>(MR, m - i);
       const float* ai = a + i * ars;
       if (mr == MR && nr == NR) {
@@ -416,6 +423,21 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
       }
       for (idx_t r = 0; r < mr; ++r) std::memcpy(C + (i + r) * ldc + j, tmp + r * NR, nr * sizeof(float));
     }
+  };
+  if (!threaded || run.threads <= 1) {
+    for (idx_t s = 0; s < slivers; ++s) part(s, 0, blocks);
+  } else {
+    // kSplitChunks chunks per thread (a whole sliver each when there are that many), of at
+    // least kSplitChunkFlops multiply-adds each.
+    const double flops = double(m) * double(n) * double(p);
+    const idx_t want = idx_t(kSplitChunks) * run.threads;
+    const idx_t fit = std::max<idx_t>(1, idx_t(flops / (kSplitChunkFlops * double(slivers))));
+    const idx_t groups = std::min({blocks, (want + slivers - 1) / slivers, fit});
+    auto chunk = [&](int64_t t) {
+      const idx_t g = t % groups;
+      part(t / groups, blocks * g / groups, blocks * (g + 1) / groups);
+    };
+    run_parallel(run, slivers * groups, chunk);
   }
   ebuf.trim(kKeepPacked);
 }
@@ -478,25 +500,11 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   const bool threaded = may_thread && run.threads > 1 && flops >= kGemmParallelFlops;
   if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
-  if (!threaded && acs == 1 && bcs == 1 && flops < kGemmParallelFlops) {
-    // Mid-sized products: whole register blocks of rows (or of columns, when there are more of
-    // those) per thread, no shared packing to wait on.
-    const idx_t row_blocks = (m + MR - 1) / MR, col_blocks = (p + NR - 1) / NR;
-    const bool by_rows = row_blocks >= col_blocks;
-    const idx_t blocks = by_rows ? row_blocks : col_blocks;
-    const idx_t parts = std::min<idx_t>(run.threads, blocks);
-    if (!may_thread || parts < 2 || flops < kGemmSplitFlops)
-      return gemm_unpacked(a, ars, b, brs, C, p, m, n, p);
-    const idx_t step = (blocks + parts - 1) / parts * (by_rows ? MR : NR);
-    auto part = [&](int64_t t) {
-      const idx_t s0 = t * step, len = std::min<idx_t>(step, (by_rows ? m : p) - s0);
-      if (len <= 0) return;
-      if (by_rows) gemm_unpacked(a + s0 * ars, ars, b, brs, C + s0 * p, p, len, n, p);
-      else gemm_unpacked(a, ars, b + s0, brs, C + s0, p, m, n, len);
-    };
-    run_parallel(run, parts, part);
-    return;
-  }
+  // Small and mid-sized products of rows-contiguous operands: no packing (shared among the
+  // threads in chunks from kGemmSplitFlops on).
+  if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
+    return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run,
+                         may_thread && flops >= kGemmSplitFlops);
   gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
 }
 
