@@ -563,31 +563,38 @@ class NDArray:
         """
         if not isinstance(other, NDArray):
             raise TypeError(f"matmul needs an NDArray operand, got {type(other).__name__}")
-        if other._device is not self._device:
+        device = self._device
+        if other._device is not device:
             self._check_device(other)
-        if len(self._shape) < 2 or len(other._shape) < 2:
-            raise ValueError(
-                f"matmul needs operands of at least 2 dimensions, got shapes "
-                f"{self.shape} and {other.shape}"
-            )
-        m, n = self._shape[-2:]
-        p = other._shape[-1]
-        if other._shape[-2] != n:
-            raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
-        if len(self._shape) == 2 and len(other._shape) == 2:
+        a_shape, b_shape = self._shape, other._shape
+        if len(a_shape) == 2 and len(b_shape) == 2:  # the plain product: no batch to work out
+            (m, n), (n_b, p) = a_shape, b_shape
+            if n_b != n:
+                raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
             batch_shape: Shape = ()
-            batch = 1
             a_strides, b_strides = self._strides, other._strides
+            out_shape: Shape = (m, p)
+            empty = not (m and p)
         else:
+            if len(a_shape) < 2 or len(b_shape) < 2:
+                raise ValueError(
+                    f"matmul needs operands of at least 2 dimensions, got shapes "
+                    f"{self.shape} and {other.shape}"
+                )
+            m, n = a_shape[-2:]
+            p = b_shape[-1]
+            if b_shape[-2] != n:
+                raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
             batch_shape = _broadcast_shapes(
-                self._shape[:-2], other._shape[:-2], "matmul batch dimensions of"
+                a_shape[:-2], b_shape[:-2], "matmul batch dimensions of"
             )
-            batch = prod(batch_shape)
-            a_strides = _broadcast_strides(self, batch_shape + self._shape[-2:])
-            b_strides = _broadcast_strides(other, batch_shape + other._shape[-2:])
-        out = _new(batch_shape + (m, p), self._device)
-        if batch and m and p:
-            self._device.matmul_strided(
+            a_strides = _broadcast_strides(self, batch_shape + a_shape[-2:])
+            b_strides = _broadcast_strides(other, batch_shape + b_shape[-2:])
+            out_shape = batch_shape + (m, p)
+            empty = not (m and p and prod(batch_shape))
+        out = _new(out_shape, device)
+        if not empty:
+            device.matmul_strided(
                 self._handle,
                 a_strides,
                 self._offset,
