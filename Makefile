@@ -81,7 +81,7 @@ build: $(BUILT)
 # The suites that exercise the compiled CPU module directly (found wherever tests/ groups them).
 find_tests    = $(wildcard $(foreach t,$(1),tests/$(t) tests/*/$(t)))
 MODULE_TESTS  = $(call find_tests,test_device_protocol.py test_device_protocol_attention.py \
-                  test_cpu_module.py test_ndarray_fuzz.py \
+                  test_cpu_module.py test_cpu_threads.py test_ndarray_fuzz.py \
                   test_ndarray_errors.py test_lstm_layer.py)
 # Run pytest on MODULE_TESTS with the CPU module built in $(1) (tests/build/preload swaps it in,
 # in every process), after checking that the swap took effect.
