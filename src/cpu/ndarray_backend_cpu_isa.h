@@ -36,9 +36,9 @@ constexpr double kGemmDirectFlops = 20.0 * 20 * 20;
 // From kGemmSplitFlops (about 51^3) up to kGemmParallelFlops (about 290^3) a product of
 // rows-contiguous operands is shared among the threads without packing (the micro-kernel reads
 // A and B in place), in chunks of a sliver of B by a run of row blocks that the threads claim
-// in the one-thread order: a worker that is not running costs only the job's publication, so
-// no size gets slower than on one thread. Measured on a 2-core AMD EPYC VM (AVX-512), the
-// kernel alone, median of calls where the pool's worker took part against calls it did not:
+// in the one-thread order: a worker that is not running costs only the job's publication.
+// Measured on a 2-core AMD EPYC VM (AVX-512), the kernel alone, median of calls where the
+// pool's worker took part against calls it did not:
 // 48^3 1.60 against 1.70 us, 64^3 2.0 against 2.8 us, 72x73x74 3.0-3.7 against 4.4-5.3 us,
 // 128^3 11 against 20 us (the worker is often busy with other processes on a shared machine,
 // and then the caller does it all). Below 2^17 a chunk is too short to share.
@@ -46,6 +46,20 @@ constexpr double kGemmSplitFlops = double(1 << 17);
 // Chunks per thread of such a product, and the fewest multiply-adds in a chunk.
 constexpr int kSplitChunks = 4;
 constexpr double kSplitChunkFlops = double(1 << 15);
+// A worker preempted while it holds a chunk (its time slice ends while another process wants
+// its core) makes the caller wait until it runs again, a millisecond or more: on a machine
+// whose other cores are busy, sharing then costs more than it saves. When the caller, done
+// with its own chunks, waits longer than kSplitStallNs plus a chunk's multiply-adds at
+// kSplitSlowRate per ns (a quarter of one thread's speed), sharing is off for kSplitBackoffNs,
+// then tried again; a stall soon after doubles the pause, up to kSplitBackoffMaxNs. Measured
+// at 72x73x74 while other processes kept the machine busy (load 1.7-2.1), the kernel called
+// every 3 us, mean per call over 40 blocks of 1000 calls, 4 runs: one thread 5.2-5.7 us;
+// shared without a back-off 5-25 % slower (6.0-6.8 us); with a fixed 50 ms pause 1-11 %
+// slower; with the doubling pause -1 to +3 %.
+constexpr double kSplitStallNs = 20e3;
+constexpr double kSplitSlowRate = 20.0;
+constexpr double kSplitBackoffNs = 50e6;
+constexpr double kSplitBackoffMaxNs = 2e9;
 // From kGemmParallelFlops on, and for strided operands, the packed engine shares one product
 // among every thread (packing B together); below it the unpacked split ran 1.2-1.4x the packed
 // engine at 256^3 on two threads.

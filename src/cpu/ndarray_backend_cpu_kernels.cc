@@ -22,7 +22,9 @@
 #include <memory>
 #include <new>
 
+#include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 #include "cpu/ndarray_backend_cpu_isa.h"
 
@@ -380,6 +382,29 @@ inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const 
     for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
 }
 
+// Sharing a mid-sized product is off until split_off_until (steady clock, ns) after a stall,
+// for split_backoff ns (see kSplitStallNs).
+std::atomic<int64_t> split_off_until{0}, split_backoff{int64_t(kSplitBackoffNs)};
+
+int64_t steady_ns() {  // clock_gettime, not <chrono>: no inline library code in this file
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+bool split_allowed() { return steady_ns() >= split_off_until.load(std::memory_order_relaxed); }
+
+// A stall at time `now`: sharing goes off, twice as long as last time when the stall came
+// within that long of the last pause's end (the machine is still busy), else for the base time.
+void split_stalled(int64_t now) {
+  const int64_t last = split_off_until.load(std::memory_order_relaxed);
+  int64_t pause = split_backoff.load(std::memory_order_relaxed);
+  pause = now - last < pause ? std::min(2 * pause, int64_t(kSplitBackoffMaxNs))
+                             : int64_t(kSplitBackoffNs);
+  split_backoff.store(pause, std::memory_order_relaxed);
+  split_off_until.store(now + pause, std::memory_order_relaxed);
+}
+
 // C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, without packing
 // (small and mid-sized products, where packing would cost a third of the time): the last,
 // narrow sliver of B alone is copied, zero-padded to NR columns. Threaded, the work is cut
@@ -433,11 +458,20 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
     const idx_t want = idx_t(kSplitChunks) * run.threads;
     const idx_t fit = std::max<idx_t>(1, idx_t(flops / (kSplitChunkFlops * double(slivers))));
     const idx_t groups = std::min({blocks, (want + slivers - 1) / slivers, fit});
+    const pthread_t caller = pthread_self();
+    int64_t own_end = 0;  // when the caller finished its last chunk (written by the caller)
     auto chunk = [&](int64_t t) {
       const idx_t g = t % groups;
       part(t / groups, blocks * g / groups, blocks * (g + 1) / groups);
+      if (pthread_equal(pthread_self(), caller)) own_end = steady_ns();
     };
     run_parallel(run, slivers * groups, chunk);
+    // How long the caller then waited for chunks that workers held: longer than a chunk takes
+    // means a worker was preempted with one (see kSplitStallNs).
+    const int64_t end = steady_ns();
+    const double chunk_flops = flops / double(slivers * groups);
+    if (own_end && double(end - own_end) > kSplitStallNs + chunk_flops / kSplitSlowRate)
+      split_stalled(end);
   }
   ebuf.trim(kKeepPacked);
 }
@@ -504,7 +538,7 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   // threads in chunks from kGemmSplitFlops on).
   if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
     return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run,
-                         may_thread && flops >= kGemmSplitFlops);
+                         may_thread && flops >= kGemmSplitFlops && split_allowed());
   gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
 }
 
