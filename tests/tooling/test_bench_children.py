@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +17,19 @@ import needle as ndl
 from benchmarks import bench_lm, common
 
 needs_cpu = pytest.mark.skipif(not ndl.cpu().enabled(), reason="needs the compiled cpu()")
+
+
+def test_the_child_runner_loads_neither_numpy_nor_needle_nor_torch():
+    # `python -m benchmarks` re-executes itself before numpy loads, and a child loads only what
+    # the timed function imports
+    code = (
+        "import sys, benchmarks.common; "
+        "print(sorted({'numpy', 'needle', 'torch'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=common.ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["[]"]
 
 
 # ---- the parent's side: parsing a child's output ------------------------------------------------
