@@ -37,13 +37,22 @@ class ConvBN(ndl.nn.Module):
 
     def forward(self, x: ndl.Tensor) -> ndl.Tensor:
         if self.channels_last:
-            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
+            return self._conv_bn_relu(x)
         # NCHW in and out, as the course's block, but the convolution's channels-last result
         # goes through the norm and the ReLU as it is: one layout change each way for the block
         # instead of one around each layer (the same values)
         self.conv.check_nchw(x)
-        h = self.conv.forward_nhwc(ops.permute(x, NCHW_TO_NHWC, compact=True))
-        return ops.permute(self.relu(self.bn.forward_nhwc(h)), NHWC_TO_NCHW)
+        h = self._conv_bn_relu(ops.permute(x, NCHW_TO_NHWC, compact=True))
+        return ops.permute(h, NHWC_TO_NCHW)
+
+    def _conv_bn_relu(self, x: ndl.Tensor) -> ndl.Tensor:
+        """The block on channels-last ``x``: the conv's bias, the norm and the ReLU are one
+        node (``BatchNorm2d.forward_nhwc(pre_bias=..., relu=True)``, the same values) unless
+        ``self.relu`` was replaced by another module."""
+        if type(self.relu) is not nn.ReLU:
+            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
+        h = self.conv.forward_nhwc(x, add_bias=False)
+        return self.bn.forward_nhwc(h, pre_bias=self.conv.bias, relu=True)
 
 
 class ResNet9(ndl.nn.Module):

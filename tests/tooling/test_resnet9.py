@@ -154,6 +154,23 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
 
 
+def test_convbn_calls_a_replaced_activation_module():
+    """The one-node norm + ReLU applies to nn.ReLU only: another activation module put in
+    ``block.relu`` is called on the norm's output."""
+
+    class Doubled(ndl.nn.Module):
+        def forward(self, x):
+            return ndl.ops.relu(x) * 2
+
+    np.random.seed(4)
+    block = ConvBN(3, 4, 3, 1)
+    x = ndl.Tensor(np.random.randn(2, 3, 5, 5).astype(np.float32))
+    want = block(x).numpy() * 2
+    block.bn.running_mean, block.bn.running_var = ndl.init.zeros(4), ndl.init.ones(4)
+    block.relu = Doubled()
+    np.testing.assert_array_equal(block(x).numpy(), want)
+
+
 def _modules(module):
     """``module`` and every module inside it, depth first."""
     yield module
