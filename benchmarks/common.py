@@ -93,9 +93,8 @@ def parse_child_seconds(stdout: str, what: str) -> dict[str, float]:
                     f"timing {what}: the child printed {text!r}, not {{case: seconds}}"
                 )
             for case, seconds in result.items():
-                if not (
-                    isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0
-                ):
+                number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                if not (number and math.isfinite(seconds) and seconds > 0):
                     raise RuntimeError(
                         f"timing {what}: the child measured {seconds!r} s for {case}"
                     )
@@ -177,7 +176,7 @@ def child_main(argv: Sequence[str]) -> int:
     """The child's side of :func:`time_in_child`: call the function, print its {case: seconds}
     as JSON."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.common")
-    parser.add_argument("target", help="MODULE:FUNCTION returning seconds")
+    parser.add_argument("target", help="MODULE:FUNCTION returning {case: seconds}")
     parser.add_argument("args", help="the function's arguments, a JSON list")
     parser.add_argument("--forbid", action="append", default=[], help="a module not to load")
     opts = parser.parse_args(argv)

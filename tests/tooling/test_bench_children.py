@@ -53,6 +53,7 @@ def test_the_last_marker_line_is_the_result():
         (f'{common.CHILD_MARKER} {{"a": 0.0}}\n', "measured 0.0 s for a"),
         (f'{common.CHILD_MARKER} {{"a": NaN}}\n', "measured nan s for a"),
         (f'{common.CHILD_MARKER} {{"a": "1"}}\n', "measured '1' s for a"),
+        (f'{common.CHILD_MARKER} {{"a": true}}\n', "measured True s for a"),
     ],
 )
 def test_output_without_positive_seconds_is_an_error(out, message):
