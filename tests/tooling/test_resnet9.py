@@ -154,6 +154,39 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
 
 
+def test_chained_convbns_skip_the_layout_changes_between_them():
+    """A ConvBN fed by another's NCHW output reads that block's NHWC result directly: two
+    chained blocks have one layout change in and one out, and the same output and gradients
+    as their layers called in turn."""
+    np.random.seed(8)
+    first, second = ConvBN(3, 4, 3, 1), ConvBN(4, 2, 3, 2)
+    x = ndl.Tensor(np.random.randn(2, 3, 6, 6).astype(np.float32))
+    params = first.parameters() + second.parameters()
+
+    def run(call):
+        for p in params:
+            p.grad = None
+        out = call()
+        out.sum().backward()
+        return out, [out.numpy()] + [p.grad.numpy() for p in params]
+
+    out, got = run(lambda: second(first(x)))
+    for block in (first, second):
+        dim = block.bn.dim
+        block.bn.running_mean, block.bn.running_var = ndl.init.zeros(dim), ndl.init.ones(dim)
+    _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    permutes, stack, seen = 0, [out], set()
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            permutes += isinstance(node.op, ndl.ops.Permute)
+            stack.extend(node.inputs)
+    assert permutes == 2
+
+
 def test_convbn_calls_a_replaced_activation_module():
     """The one-node norm + ReLU applies to nn.ReLU only: another activation module put in
     ``block.relu`` is called on the norm's output."""
