@@ -127,17 +127,6 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         stats = [block.bn.running_mean.numpy(), block.bn.running_var.numpy()]
         return [out.numpy(), x.grad.numpy(), *(p.grad.numpy() for p in params), *stats]
 
-    def permutes(out):
-        seen, stack, count = set(), [out], 0
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            count += type(node.op).__name__ == "Permute"
-            stack.extend(node.inputs)
-        return count
-
     x.grad = None
     fused = run(block)
     block.bn.running_mean, block.bn.running_var = (
@@ -148,8 +137,8 @@ def test_convbn_equals_its_layers_called_in_turn(device):
     layered = run(lambda t: block.relu(block.bn(block.conv(t))))
     for got, want in zip(fused, layered):
         np.testing.assert_array_equal(got, want)
-    assert permutes(block(x)) == 2
-    assert permutes(block.relu(block.bn(block.conv(x)))) == 4
+    assert _permutes(block(x)) == 2
+    assert _permutes(block.relu(block.bn(block.conv(x)))) == 4
     with pytest.raises(ValueError, match=r"expects input of shape \(N, 3, H, W\)"):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
 
@@ -177,14 +166,7 @@ def test_chained_convbns_skip_the_layout_changes_between_them():
     _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    permutes, stack, seen = 0, [out], set()
-    while stack:
-        node = stack.pop()
-        if id(node) not in seen:
-            seen.add(id(node))
-            permutes += isinstance(node.op, ndl.ops.Permute)
-            stack.extend(node.inputs)
-    assert permutes == 2
+    assert _permutes(out) == 2
 
 
 def test_convbn_calls_a_replaced_activation_module():
@@ -202,6 +184,18 @@ def test_convbn_calls_a_replaced_activation_module():
     block.bn.running_mean, block.bn.running_var = ndl.init.zeros(4), ndl.init.ones(4)
     block.relu = Doubled()
     np.testing.assert_array_equal(block(x).numpy(), want)
+
+
+def _permutes(out: ndl.Tensor) -> int:
+    """The Permute nodes of the graph that computed ``out``."""
+    seen, stack, count = set(), [out], 0
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            count += isinstance(node.op, ndl.ops.Permute)
+            stack.extend(node.inputs)
+    return count
 
 
 def _modules(module):
