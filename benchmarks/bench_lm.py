@@ -2,10 +2,12 @@
 
 Both at seq 32, batch 16, E = H = 128, vocabulary 1000 (the shapes of :mod:`companion.steps`):
 ids → embedding → 2-layer LSTM or pre-norm Transformer → Linear → mean softmax loss →
-backward → SGD. needle runs on ``cpu()``; PyTorch (CPU, float32) runs the same architecture
-after it. Each library is timed in blocks of steps (medians of repeats). The ratio is PyTorch's
-time over needle's: needle's speed relative to PyTorch (higher is better, 1.0 = parity).
-Run ``python -m benchmarks.bench_lm``; ``make bench`` runs it with the others.
+backward → SGD. needle runs on ``cpu()``; PyTorch (CPU, float32) runs the same architecture.
+Each library is timed in processes of its own (``CHILD_RUNS`` alternating children per library,
+each timing blocks of steps; the table shows the medians), so neither meets the other's
+threads, objects or allocator state. The ratio is PyTorch's time over needle's: needle's speed
+relative to PyTorch (higher is better, 1.0 = parity).
+Run ``python -m benchmarks.bench_lm [--runs N]``; ``make bench`` runs it with the others.
 """
 
 from __future__ import annotations
@@ -14,40 +16,65 @@ import argparse
 import sys
 
 import needle as ndl
-from benchmarks.common import Table
+from benchmarks.common import (
+    CHILD_RUNS,
+    Table,
+    libraries,
+    time_libraries_in_children,
+    time_step_here,
+)
 from companion.steps import TITLES, needle_step, torch_step
-from companion.timing import measure
 
 LM_CASES = ("lstm_lm", "transformer_lm")
+
+
+def time_lm_steps(library: str, cases: list[str]) -> dict[str, float]:
+    """{case: seconds per training step} for ``cases`` (of ``LM_CASES``) by ``library``
+    ("needle" on cpu(), "torch"), timed in this process in blocks of steps."""
+    unknown = [case for case in cases if case not in LM_CASES]
+    if unknown:
+        raise ValueError(f"cases must be among {', '.join(LM_CASES)}, got {unknown}")
+    return {
+        case: time_step_here(
+            library,
+            {"needle": lambda: needle_step(case, ndl.cpu()), "torch": lambda: torch_step(case)},
+        )
+        for case in cases
+    }
 
 
 def main(argv=None) -> dict:
     """Print ms per step for each LM case; return {case title: needle/PyTorch speed ratio}."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=CHILD_RUNS, help="children per library")
     args = parser.parse_args([] if argv is None else argv)
-    device = ndl.cpu()
-    if not device.enabled():
+    if not ndl.cpu().enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")
         return {}
+    libs = libraries()
     table = Table(
-        "language-model training step (forward + backward + SGD), ms; ratio = "
-        "PyTorch time / needle time",
+        "language-model training step (forward + backward + SGD), each library in its own "
+        f"processes, median of {args.runs}; ratio = PyTorch time / needle time",
         "ms",
         reference="PyTorch",
         higher_is_better=False,
     )
+    # one child per library and run times every case: PyTorch's import alone takes seconds
+    t = time_libraries_in_children(
+        "benchmarks.bench_lm:time_lm_steps",
+        list(LM_CASES),
+        what="language-model steps",
+        libraries=libs,
+        runs=args.runs,
+    )
     ratios = {}
     for case in LM_CASES:
-        t_needle = 1e3 * measure(needle_step(case, device), repeats=args.repeats, warmup=1)
-        ref = torch_step(case)
-        if ref is None:
-            print(f"{TITLES[case]}: needle {t_needle:.2f} ms; PyTorch: not installed")
+        t_needle = t["needle"][case]
+        if "torch" not in t:
+            print(f"{TITLES[case]}: needle {1e3 * t_needle:.2f} ms; PyTorch: not installed")
             continue
-        # PyTorch after needle: its idle OpenMP workers spin and would slow what runs next.
-        t_torch = 1e3 * measure(ref, repeats=args.repeats, warmup=1)
-        table.add(TITLES[case], t_needle, t_torch)
-        ratios[TITLES[case]] = table.ratio(t_needle, t_torch)
+        table.add(TITLES[case], 1e3 * t_needle, 1e3 * t["torch"][case])
+        ratios[TITLES[case]] = table.ratio(t_needle, t["torch"][case])
     if table.rows:
         table.print()
     return ratios

@@ -1,5 +1,6 @@
 """LSTM language-model speed: one truncated-BPTT training step in needle, beside a hand-written
-numpy LSTM (and PyTorch when installed), measured in the same process.
+numpy LSTM (measured in this process) and PyTorch when installed (each library in processes of
+its own: ``CHILD_RUNS`` alternating children per library, each timing blocks of steps).
 
 The step: ids (seq 20, batch 20) → Embedding(1000 → 200) → 1-layer LSTM(200 → 200) →
 Linear(200 → 1000) → mean softmax cross-entropy → backward → SGD update (lr 0.1), float32.
@@ -17,14 +18,16 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, enabled_devices
+from benchmarks.common import (
+    CHILD_RUNS,
+    Table,
+    enabled_devices,
+    libraries,
+    time_libraries_in_children,
+    time_step_here,
+)
 from companion.apps.language_model import LanguageModel
 from companion.timing import measure
-
-try:  # optional oracle; the benchmark never needs it
-    import torch
-except ImportError:
-    torch = None
 
 SEQ, BATCH, EMBED, HIDDEN, VOCAB, LR = 20, 20, 200, 200, 1000, 0.1
 
@@ -148,7 +151,9 @@ def check_reference(model: LanguageModel, device) -> None:
 
 def torch_step():
     """The same model in PyTorch (CPU, float32), or None without torch."""
-    if torch is None:
+    try:  # optional oracle, imported only by the process that times it
+        import torch
+    except ImportError:
         return None
     torch.manual_seed(0)
     emb = torch.nn.Embedding(VOCAB, EMBED)
@@ -170,10 +175,19 @@ def torch_step():
     return step
 
 
+def time_lstm_step(library: str) -> dict[str, float]:
+    """{"lstm": seconds per BPTT step} by ``library`` ("needle" on its first enabled device,
+    "torch"), timed in this process in blocks of steps."""
+    builders = {"needle": lambda: needle_step(enabled_devices()[0])[0], "torch": torch_step}
+    return {"lstm": time_step_here(library, builders)}
+
+
 def main(argv=None) -> None:
-    """Print ms per BPTT step for needle on each enabled device, numpy, and PyTorch if present."""
+    """Print ms per BPTT step for needle on each enabled device beside numpy (this process), and
+    needle's first device beside PyTorch if installed (each in its own processes)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="samples in this process")
+    parser.add_argument("--runs", type=int, default=CHILD_RUNS, help="children per library")
     args = parser.parse_args([] if argv is None else argv)
     print(
         f"LSTM language model, one truncated-BPTT step (forward + backward + SGD): seq {SEQ}, "
@@ -182,36 +196,35 @@ def main(argv=None) -> None:
     ids, target = data()
     np_model = NumpyLSTMLM(needle_step(enabled_devices()[0])[1])
     t_np = measure(lambda: np_model.step(ids, target), repeats=args.repeat, warmup=1) * 1e3
-    needle_ms = {}
-    for dev in enabled_devices():
-        step, model = needle_step(dev)
-        check_reference(model, dev)
-        needle_ms[dev] = measure(step, repeats=args.repeat, warmup=1) * 1e3
-    # PyTorch last: its idle OpenMP workers keep spinning for a while after each call and
-    # would steal the second core from whatever is timed next.
-    ref = torch_step()
-    t_torch = measure(ref, repeats=args.repeat, warmup=1) * 1e3 if ref else None
     vs_numpy = Table(
-        "ms per step; ratio = numpy time / needle time (above 1: needle faster)",
+        "ms per step (this process); ratio = numpy time / needle time (above 1: needle faster)",
         "ms",
         reference="numpy",
         higher_is_better=False,
     )
+    for dev in enabled_devices():
+        step, model = needle_step(dev)
+        check_reference(model, dev)
+        vs_numpy.add(f"needle {dev}", measure(step, repeats=args.repeat, warmup=1) * 1e3, t_np)
+    vs_numpy.print()
+    libs = libraries()
+    if "torch" not in libs:
+        print("PyTorch: not installed (pip install torch to add it as a reference)")
+        return
+    t = time_libraries_in_children(
+        "benchmarks.bench_lstm:time_lstm_step", what="LSTM LM step", libraries=libs, runs=args.runs
+    )
     vs_torch = Table(
-        "ms per step; ratio = PyTorch time / needle time",
+        f"ms per step, each library in its own processes, median of {args.runs}; "
+        "ratio = PyTorch time / needle time",
         "ms",
         reference="PyTorch",
         higher_is_better=False,
     )
-    for dev, t in needle_ms.items():
-        vs_numpy.add(f"needle {dev}", t, t_np)
-        if t_torch:
-            vs_torch.add(f"needle {dev}", t, t_torch)
-    vs_numpy.print()
-    if t_torch:
-        vs_torch.print()
-    else:
-        print("PyTorch: not installed (pip install torch to add it as a reference)")
+    vs_torch.add(
+        f"needle {enabled_devices()[0]}", 1e3 * t["needle"]["lstm"], 1e3 * t["torch"]["lstm"]
+    )
+    vs_torch.print()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """MLP-ResNet training speed (hw2's model): one epoch in needle beside a hand-written numpy
-version (and PyTorch when installed), measured in the same process.
+version (measured in this process) and PyTorch when installed (each library in processes of its
+own: ``CHILD_RUNS`` alternating children per library, medians).
 
 The epoch: 10,000 MNIST-shaped samples (784 inputs: the offline digits resized to 28 x 28 and
 repeated), shuffled batches of 100, MLPResNet(784, hidden 100, 3 blocks, BatchNorm1d, dropout
@@ -24,15 +25,16 @@ import numpy as np
 
 import companion.data
 import needle as ndl
-from benchmarks.common import Table
+from benchmarks.common import (
+    CHILD_RUNS,
+    Table,
+    libraries,
+    time_libraries_in_children,
+    time_step_here,
+)
 from companion.apps import mlp_resnet
 from companion.steps import torch_mlp_resnet
 from companion.timing import measure
-
-try:  # optional oracle; the benchmark never needs it
-    import torch
-except ImportError:
-    torch = None
 
 DIM, HIDDEN, BLOCKS, CLASSES, BATCH, DROP = 784, 100, 3, 10, 100, 0.1
 LR, WD, EPS_BN = 0.001, 0.001, 1e-5
@@ -212,7 +214,9 @@ def check_numpy_against_needle(device) -> float:
 
 def torch_epoch_fn(X, y):
     """A closure running one PyTorch epoch of the same model, or None without PyTorch."""
-    if torch is None:
+    try:  # optional oracle, imported only by the process that times it
+        import torch
+    except ImportError:
         return None
     nn = torch.nn
     torch.manual_seed(0)
@@ -239,11 +243,33 @@ def torch_epoch_fn(X, y):
     return run
 
 
+def needle_epoch_fn(X, y, device):
+    """(a closure running one needle epoch of ``mlp_resnet.epoch``, DataLoader included, the
+    model): MLPResNet seeded as the numpy reference's weights are."""
+    np.random.seed(0)
+    model = mlp_resnet.MLPResNet(DIM, HIDDEN, BLOCKS, CLASSES, drop_prob=DROP)
+    opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
+    loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), BATCH, shuffle=True, device=device)
+    return (lambda: mlp_resnet.epoch(loader, model, opt, progress=False)), model
+
+
+def time_epoch(library: str, samples: int, repeats: int) -> dict[str, float]:
+    """{"epoch": median seconds of one epoch over ``samples``} by ``library`` ("needle" on
+    cpu(), "torch"), timed in this process (``repeats`` epochs after one warm-up epoch)."""
+    X, y = data(samples)
+    builders = {
+        "needle": lambda: needle_epoch_fn(X, y, ndl.cpu())[0],
+        "torch": lambda: torch_epoch_fn(X, y),
+    }
+    return {"epoch": time_step_here(library, builders, repeats=repeats, warmup=1, min_sample_s=0)}
+
+
 def main(argv=None) -> dict:
     """Print the epoch tables; return {"MLP-ResNet epoch": PyTorch time / needle time}."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10_000, help="samples per epoch")
     parser.add_argument("--repeats", type=int, default=3, help="epochs timed (median)")
+    parser.add_argument("--runs", type=int, default=CHILD_RUNS, help="children per library")
     args = parser.parse_args(argv if argv is not None else [])
     X, y = data(args.samples)
     device = ndl.cpu()  # the course's MLPResNet takes no device: its layers live on cpu()
@@ -256,30 +282,35 @@ def main(argv=None) -> dict:
         f"{BLOCKS} blocks), Adam; median of {args.repeats} epochs"
     )
 
-    np.random.seed(0)
-    model = mlp_resnet.MLPResNet(DIM, HIDDEN, BLOCKS, CLASSES, drop_prob=DROP)
+    run_needle, model = needle_epoch_fn(X, y, device)
     ref = NumpyMLPResNet(weights_from_needle(model))
-    opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
-    loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), BATCH, shuffle=True, device=device)
-    t_needle = measure(
-        lambda: mlp_resnet.epoch(loader, model, opt, progress=False),
-        repeats=args.repeats,
-        warmup=1,
-        min_sample_s=0,
-    )
+    t_needle = measure(run_needle, repeats=args.repeats, warmup=1, min_sample_s=0)
     t_numpy = measure(lambda: ref.epoch(X, y), repeats=args.repeats, warmup=1, min_sample_s=0)
 
-    table = Table("MLP-ResNet training epoch", "s", reference="numpy", higher_is_better=False)
+    table = Table(
+        "MLP-ResNet training epoch (this process)", "s", reference="numpy", higher_is_better=False
+    )
     table.add(str(device), t_needle, t_numpy)
     table.print()
-    run_torch = torch_epoch_fn(X, y)
-    if run_torch is None:
+    libs = libraries()
+    if "torch" not in libs:
         print("PyTorch is not installed: no PyTorch comparison")
         return {}
-    t_torch = measure(run_torch, repeats=args.repeats, warmup=1, min_sample_s=0)
-    torch_table = Table(
-        "MLP-ResNet training epoch", "s", reference="pytorch", higher_is_better=False
+    t = time_libraries_in_children(
+        "benchmarks.bench_mlp_resnet:time_epoch",
+        args.samples,
+        args.repeats,
+        what="MLP-ResNet epoch",
+        libraries=libs,
+        runs=args.runs,
     )
+    torch_table = Table(
+        f"MLP-ResNet training epoch, each library in its own processes, median of {args.runs}",
+        "s",
+        reference="pytorch",
+        higher_is_better=False,
+    )
+    t_needle, t_torch = t["needle"]["epoch"], t["torch"]["epoch"]
     torch_table.add(str(device), t_needle, t_torch)
     torch_table.print()
     return {"MLP-ResNet epoch": torch_table.ratio(t_needle, t_torch)}

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import needle.backend_ndarray as nd
-from benchmarks.common import Table
+from benchmarks.common import CHILD_RUNS, ROOT, Table, time_libraries_in_children
 from companion.machine import cpu_flags
 from companion.timing import measure
 
@@ -49,67 +47,46 @@ def kernel_isa(device) -> str:
     return str(getattr(device.mod, "__matmul_kernel__", "unknown"))
 
 
-# Each library's products are timed in processes of their own (CHILD_RUNS children per
-# library and size, alternating): in one process the BLAS threads of the library timed before
-# slow the one timed after, by up to a factor of several on 2 cores.
-CHILD_RUNS = 3
-
-
-def time_matmul_here(library: str, m: int, n: int, p: int) -> float:
-    """Median seconds of one (m, n) @ (n, p) float32 product by ``library`` ("needle": NDArrays
-    on cpu(), "numpy"), timed in this process."""
+def time_matmul_here(library: str, sizes: list) -> dict[str, float]:
+    """{"MxNxP": median seconds of one (m, n) @ (n, p) float32 product} by ``library``
+    ("needle": NDArrays on cpu(), "numpy") for each (m, n, p) in ``sizes``, timed in this
+    process (``bench_matmul`` calls it with one size per child process; children inherit the
+    environment, so NEEDLE_CPU_ISA and OPENBLAS_CORETYPE apply)."""
     if library not in ("needle", "numpy"):
         raise ValueError(f"library must be 'needle' or 'numpy', got {library!r}")
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, n), dtype=np.float32)
-    b = rng.standard_normal((n, p), dtype=np.float32)
-    repeats = REPEATS if m * n * p < 2e9 else 5
-    if library == "numpy":
-        return measure(lambda: a @ b, repeats=repeats)
-    A, B = nd.NDArray(a, device=nd.cpu()), nd.NDArray(b, device=nd.cpu())
-    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
-    return measure(lambda: A @ B, repeats=repeats)
-
-
-def time_matmul_in_child(library: str, m: int, n: int, p: int) -> float:
-    """:func:`time_matmul_here` in a fresh Python process (the environment is inherited, so
-    NEEDLE_CPU_ISA and OPENBLAS_CORETYPE apply)."""
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_ndarray",
-            "--child",
-            library,
-            str(m),
-            str(n),
-            str(p),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise RuntimeError(f"timing {library} {m}x{n}x{p} failed:\n{done.stderr[-2000:]}")
-    return float(done.stdout.split()[-1])
+    seconds = {}
+    for m, n, p in sizes:
+        a = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal((n, p), dtype=np.float32)
+        repeats = REPEATS if m * n * p < 2e9 else 5
+        if library == "numpy":
+            seconds[f"{m}x{n}x{p}"] = measure(lambda: a @ b, repeats=repeats)
+            continue
+        A, B = nd.NDArray(a, device=nd.cpu()), nd.NDArray(b, device=nd.cpu())
+        np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+        seconds[f"{m}x{n}x{p}"] = measure(lambda: A @ B, repeats=repeats)
+    return seconds
 
 
 def bench_matmul(device) -> Table:
     """GFLOP/s of ``A @ B`` for NDArrays on ``device`` beside numpy's ``a @ b``, each library
-    in its own processes (the median of CHILD_RUNS children each)."""
+    in its own processes (one size per child; the median of CHILD_RUNS alternating children
+    each): in one process the BLAS threads of the library timed before slow the one after."""
     table = Table(
         f"matmul (float32), cpu() kernels: {kernel_isa(device)}; each library in its own "
         f"processes, median of {CHILD_RUNS}",
         "GFLOP/s",
     )
     for m, n, p in MATMUL_SIZES:
-        times: dict = {"needle": [], "numpy": []}
-        for _ in range(CHILD_RUNS):
-            for library in times:
-                times[library].append(time_matmul_in_child(library, m, n, p))
-        flops = 2.0 * m * n * p
-        t_nd, t_np = statistics.median(times["needle"]), statistics.median(times["numpy"])
+        t = time_libraries_in_children(
+            "benchmarks.bench_ndarray:time_matmul_here",
+            [[m, n, p]],
+            what=f"{m}x{n}x{p} product",
+            libraries=("needle", "numpy"),
+        )
+        flops, case = 2.0 * m * n * p, f"{m}x{n}x{p}"
+        t_nd, t_np = t["needle"][case], t["numpy"][case]
         table.add(f"{m}x{n} @ {n}x{p}", flops / t_nd / 1e9, flops / t_np / 1e9)
     return table
 
@@ -232,11 +209,10 @@ def bench_other_isa(isa: str, matmul_only: bool) -> None:
     needle's ``isa`` kernels beside numpy's OpenBLAS pinned to a matching instruction set."""
     extra, what = OTHER_ISA_RUNS[isa]
     env = {**os.environ, **extra}
-    root = Path(__file__).resolve().parents[1]
     print(f"{'matmul' if matmul_only else 'all tables'} {what}, in a subprocess:", flush=True)
     args = ["--matmul-only"] if matmul_only else []
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_ndarray", *args], env=env, cwd=root
+        [sys.executable, "-m", "benchmarks.bench_ndarray", *args], env=env, cwd=ROOT
     )
     if done.returncode:
         print(f"(the {isa} run failed with exit status {done.returncode})")
@@ -246,17 +222,7 @@ def main(argv=None) -> None:
     """Print the matmul (and, unless ``--matmul-only``, kernel and element-wise) tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matmul-only", action="store_true", help="only the A @ B table")
-    parser.add_argument(
-        "--child",
-        nargs=4,
-        metavar=("LIBRARY", "M", "N", "P"),
-        help="internal: print the seconds of one product by LIBRARY (needle or numpy)",
-    )
     args = parser.parse_args([] if argv is None else argv)
-    if args.child:
-        library, m, n, p = args.child[0], *map(int, args.child[1:])
-        print(time_matmul_here(library, m, n, p))
-        return
     device = nd.cpu()
     if not device.enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")

@@ -1,11 +1,14 @@
-"""ResNet-9 and convolution speed: needle beside numpy (and PyTorch when installed), measured in
-the same process.
+"""ResNet-9 and convolution speed: needle beside numpy (in this process) and PyTorch (each
+library in processes of its own) when installed.
 
 * ResNet-9 training step: batch 32 of 3x32x32 images, forward + softmax loss + backward (train
   mode) on every enabled needle device, beside a hand-written numpy ResNet-9 (im2col
-  convolutions, BatchNorm, ReLU, residuals, the head, all gradients by hand). The numpy loss and
-  a gradient are first checked against needle's on identical weights, so both time the same
-  arithmetic. PyTorch runs the same architecture on the same shapes when importable.
+  convolutions, BatchNorm, ReLU, residuals, the head, all gradients by hand), timed in this
+  process. The numpy loss and a gradient are first checked against needle's on identical
+  weights, so both time the same arithmetic. PyTorch runs the same architecture on the same
+  shapes when installed: needle's first device and PyTorch are then timed in blocks of steps in
+  alternating child processes, ``CHILD_RUNS`` per library (medians), so neither meets the
+  other's threads or allocator state.
 * One convolution forward alone (``ops.conv``, NHWC) beside numpy's im2col: a strided view of
   the padded input, reshaped into an (N·H_out·W_out, K·K·C_in) matrix, times the weight matrix;
   and its two gradients alone (the input's by col2im, the weight's as im2col(x)ᵀ @ G).
@@ -25,14 +28,16 @@ import sys
 import numpy as np
 
 import needle as ndl
-from benchmarks.common import Table, enabled_devices
+from benchmarks.common import (
+    CHILD_RUNS,
+    Table,
+    enabled_devices,
+    libraries,
+    time_libraries_in_children,
+    time_step_here,
+)
 from companion.apps.models import ConvBN, ResNet9
 from companion.timing import measure
-
-try:  # optional oracle; the benchmark never needs it
-    import torch
-except ImportError:
-    torch = None
 
 BATCH = 32
 # (N, H, W, C_in, C_out, K, stride, padding): ResNet-9's first layer, two later layers, and a
@@ -225,7 +230,9 @@ def check_numpy_reference(device) -> None:
 
 def torch_step():
     """The same architecture and shapes in PyTorch (CPU, float32), or None without torch."""
-    if torch is None:
+    try:  # optional oracle, imported only by the process that times it
+        import torch
+    except ImportError:
         return None
     tnn = torch.nn
 
@@ -263,7 +270,14 @@ def torch_step():
     return step
 
 
-def bench_resnet9(repeats: int) -> dict:
+def time_resnet9_step(library: str) -> dict[str, float]:
+    """{"resnet9": seconds per ResNet-9 step} by ``library`` ("needle" on its first enabled
+    device, "torch"), timed in this process in blocks of steps."""
+    builders = {"needle": lambda: needle_step(enabled_devices()[0])[0], "torch": torch_step}
+    return {"resnet9": time_step_here(library, builders)}
+
+
+def bench_resnet9(repeats: int, runs: int = CHILD_RUNS) -> dict:
     """Print the ResNet-9 step tables; return {"ResNet-9 step": PyTorch time / needle time}."""
     devices = enabled_devices()
     check_numpy_reference(devices[0])
@@ -271,31 +285,36 @@ def bench_resnet9(repeats: int) -> dict:
     xs, ys = batch()
     t_np = measure(lambda: ref.step(xs, ys), repeats=repeats, warmup=1)
     table = Table(
-        f"ResNet-9 training step, batch {BATCH}, forward + backward",
+        f"ResNet-9 training step, batch {BATCH}, forward + backward (this process)",
         "ms",
         reference="numpy",
         higher_is_better=False,
     )
-    t_needle = {}
     for dev in devices:
-        t_needle[dev] = measure(needle_step(dev)[0], repeats=repeats, warmup=1)
-        table.add(f"needle {dev}", 1e3 * t_needle[dev], 1e3 * t_np)
+        t_needle = measure(needle_step(dev)[0], repeats=repeats, warmup=1)
+        table.add(f"needle {dev}", 1e3 * t_needle, 1e3 * t_np)
     table.print()
-    step = torch_step()
-    if step is None:
+    libs = libraries()
+    if "torch" not in libs:
         print("PyTorch: not installed (no PyTorch column)")
         return {}
-    t_torch = measure(step, repeats=repeats, warmup=1)
+    t = time_libraries_in_children(
+        "benchmarks.bench_resnet9:time_resnet9_step",
+        what="ResNet-9 step",
+        libraries=libs,
+        runs=runs,
+    )
     table = Table(
-        f"ResNet-9 training step, batch {BATCH}, forward + backward",
+        f"ResNet-9 training step, batch {BATCH}, forward + backward; each library in its own "
+        f"processes, median of {runs}",
         "ms",
         reference="torch",
         higher_is_better=False,
     )
-    for dev, t in t_needle.items():
-        table.add(f"needle {dev}", 1e3 * t, 1e3 * t_torch)
+    t_needle, t_torch = t["needle"]["resnet9"], t["torch"]["resnet9"]
+    table.add(f"needle {devices[0]}", 1e3 * t_needle, 1e3 * t_torch)
     table.print()
-    return {"ResNet-9 step": t_torch / t_needle[devices[0]]}
+    return {"ResNet-9 step": table.ratio(t_needle, t_torch)}
 
 
 def bench_conv(repeats: int) -> None:
@@ -370,10 +389,11 @@ def profile_step(device, top: int = 15) -> None:
 def main(argv=None) -> dict:
     """Print the ResNet-9 and conv tables; return the ResNet-9 needle/PyTorch speed ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="samples in this process")
+    parser.add_argument("--runs", type=int, default=CHILD_RUNS, help="children per library")
     parser.add_argument("--profile", action="store_true", help="add a cProfile table")
     args = parser.parse_args([] if argv is None else argv)
-    ratios = bench_resnet9(args.repeats)
+    ratios = bench_resnet9(args.repeats, args.runs)
     bench_conv(args.repeats)
     bench_conv_grads(args.repeats)
     if args.profile:

@@ -13,8 +13,9 @@ Each case builds the same architecture, shapes and optimizer in both libraries (
 
 A :class:`Step` has ``forward`` (clear the gradients, run the model and the loss, return the
 loss), ``backward(loss)`` and ``update``; calling it runs all three. The module imports only
-numpy, needle and (optionally) torch, so the step profiler can also run it against an older
-needle checkout.
+numpy, needle and (optionally, on the first PyTorch step built) torch, so the step profiler can
+also run it against an older needle checkout, and a process that builds only needle's steps
+never loads PyTorch (``make bench`` times each library in processes of its own).
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 import numpy as np
-
-try:  # optional oracle; nothing here needs it
-    import torch
-except ImportError:
-    torch = None
 
 SEQ, BATCH_LM, EMBED, HIDDEN, VOCAB, LAYERS = 32, 16, 128, 128, 1000, 2
 HEADS, DIM_HEAD = 8, 32
@@ -151,7 +147,9 @@ def needle_step(case: str, device) -> Step:
 
 def torch_step(case: str) -> Optional[Step]:
     """The PyTorch twin of ``case`` (CPU, float32), or None when torch is not installed."""
-    if torch is None:
+    try:  # optional oracle, imported here: needle's steps never need it
+        import torch
+    except ImportError:
         return None
     nn = torch.nn
     torch.manual_seed(0)
@@ -218,6 +216,8 @@ def torch_step(case: str) -> Optional[Step]:
 
 def torch_mlp_resnet():
     """needle's MLPResNet(784, 100, 3 blocks, 10 classes, dropout 0.1) in PyTorch."""
+    import torch
+
     nn = torch.nn
 
     def block():
@@ -248,6 +248,8 @@ def torch_mlp_resnet():
 
 def _torch_transformer_lm():
     """needle's LanguageModel(seq_model="transformer") rebuilt module for module in PyTorch."""
+    import torch
+
     nn = torch.nn
     inner = HEADS * DIM_HEAD
 

@@ -37,13 +37,35 @@ class ConvBN(ndl.nn.Module):
 
     def forward(self, x: ndl.Tensor) -> ndl.Tensor:
         if self.channels_last:
-            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
+            return self._conv_bn_relu(x)
         # NCHW in and out, as the course's block, but the convolution's channels-last result
         # goes through the norm and the ReLU as it is: one layout change each way for the block
         # instead of one around each layer (the same values)
         self.conv.check_nchw(x)
-        h = self.conv.forward_nhwc(ops.permute(x, NCHW_TO_NHWC, compact=True))
-        return ops.permute(self.relu(self.bn.forward_nhwc(h)), NHWC_TO_NCHW)
+        h = self._conv_bn_relu(_channels_last(x))
+        return ops.permute(h, NHWC_TO_NCHW)
+
+    def _conv_bn_relu(self, x: ndl.Tensor) -> ndl.Tensor:
+        """The block on channels-last ``x``: the conv's bias, the norm and the ReLU are one
+        node (``BatchNorm2d.forward_nhwc(pre_bias=..., relu=True)``, the same values) unless
+        ``self.relu`` was replaced by another module."""
+        if type(self.relu) is not nn.ReLU:
+            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
+        h = self.conv.forward_nhwc(x, add_bias=False)
+        return self.bn.forward_nhwc(h, pre_bias=self.conv.bias, relu=True)
+
+
+def _channels_last(x: ndl.Tensor) -> ndl.Tensor:
+    """``x`` (N, C, H, W) as a compact (N, H, W, C) tensor. When x is the NCHW view that a
+    block before made of its own NHWC output, that output itself (no node: the two layout
+    changes cancel, and reverse mode skips them); otherwise one permute (which copies unless x
+    lies NHWC in memory)."""
+    op = x.op
+    if isinstance(op, ops.Permute) and op.axes == NHWC_TO_NCHW and not op.compact:
+        source = x.inputs[0]
+        if source.realize_cached_data().is_compact():
+            return source
+    return ops.permute(x, NCHW_TO_NHWC, compact=True)
 
 
 class ResNet9(ndl.nn.Module):

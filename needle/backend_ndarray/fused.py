@@ -292,12 +292,37 @@ def _state(fn: str, **state: NDArray) -> None:
             raise ValueError(f"{fn}: the state buffer {name} must be compact")
 
 
+def _plain(first: object, *others: object) -> bool:
+    """True when every argument is a compact NDArray with the first's shape and device: the
+    optimizers' every-step case, which then skips the specification's general checks (their
+    outcome is known) and goes straight to the kernel."""
+    if type(first) is not NDArray or not first.is_compact():
+        return False
+    device, shape = first._device, first._shape
+    for a in others:
+        if type(a) is not NDArray or a._device is not device or a._shape != shape:
+            return False
+        if not a.is_compact():
+            return False
+    return True
+
+
 def sgd_update_(
     param: NDArray, grad: NDArray, buf: NDArray, lr: float, momentum: float, weight_decay: float
 ) -> None:
     """In place, element-wise over ``param``'s shape: g = grad + weight_decay·param;
     buf = momentum·buf + (1 - momentum)·g; param -= lr·buf (the course's averaged momentum).
     ``buf`` must be a compact array of param's shape (zeros before the first step)."""
+    if _plain(param, grad, buf) and param.size:
+        param._device.sgd_update(
+            param._handle,
+            grad._handle,
+            buf._handle,
+            float(lr),
+            float(momentum),
+            float(weight_decay),
+        )
+        return
     device, _ = _check(spec.SGD_UPDATE, (param, grad, buf))
     _state("sgd_update_", buf=buf)
     g, u = _h(grad, buf)
@@ -322,6 +347,20 @@ def adam_update_(
 ) -> None:
     """In place: one Adam step (L2 decay added to the gradient, bias corrections for ``step`` ≥
     1) on ``param`` with the compact moment buffers ``m``, ``v`` of param's shape."""
+    if _plain(param, grad, m, v) and param.size and isinstance(step, int) and step >= 1:
+        param._device.adam_update(
+            param._handle,
+            grad._handle,
+            m._handle,
+            v._handle,
+            float(lr),
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(weight_decay),
+            step,
+        )
+        return
     device, _ = _check(spec.ADAM_UPDATE, (param, grad, m, v), step=step)
     _state("adam_update_", m=m, v=v)
     g, mh, vh = _h(grad, m, v)

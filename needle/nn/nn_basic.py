@@ -309,12 +309,18 @@ class BatchNorm1d(Module):
         _check_features(x, self.dim, type(self).__name__)
         return self._normalise(x)
 
-    def _normalise(self, x: Tensor) -> Tensor:
-        """Normalise each column of ``x`` (..., dim) over all its leading indices."""
+    def _normalise(
+        self, x: Tensor, pre_bias: Optional[Tensor] = None, relu: bool = False
+    ) -> Tensor:
+        """Normalise each column of ``x`` (..., dim) over all its leading indices; with
+        ``pre_bias`` (dim elements) added to x first and max(·, 0) applied after when ``relu``
+        (in training, all in one node: ``ops_fused.BatchNormTrain``)."""
         n = math.prod(x.shape[:-1])
         if self.training and n > 0:
-            out = ops_fused.BatchNormColumns(self.eps)(x, self.weight, self.bias)
-            _, mean, var = out.realize_cached_data()  # the op returns (y, mean, var)
+            op = ops_fused.BatchNormTrain(self.eps, pre_bias=pre_bias is not None, relu=relu)
+            out = op(x, *([pre_bias] if pre_bias is not None else []), self.weight, self.bias)
+            out.realize_cached_data()  # computed now even in lazy mode: the statistics are read
+            mean, var = op.statistics()
             m = self.momentum
             # plain arrays: the running statistics never join the graph
             self.running_mean = Tensor.make_const(
@@ -323,15 +329,18 @@ class BatchNorm1d(Module):
             self.running_var = Tensor.make_const(
                 self.running_var.realize_cached_data() * (1 - m) + var * m
             )
-            return out[0]
+            return out
         # Evaluation, and an empty training batch (which has no statistics: the running
         # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
+        if pre_bias is not None:
+            x = ops.bias_add(x, pre_bias)
         row = (1,) * (len(x.shape) - 1) + (self.dim,)
         centred = x - self.running_mean.reshape(row).broadcast_to(x.shape)
         std = ((self.running_var + self.eps) ** 0.5).reshape(row).broadcast_to(x.shape)
         w = self.weight.reshape(row).broadcast_to(x.shape)
         b = self.bias.reshape(row).broadcast_to(x.shape)
-        return w * (centred / std) + b
+        out = w * (centred / std) + b
+        return ops.relu(out) if relu else out
 
 
 class BatchNorm2d(BatchNorm1d):
@@ -349,16 +358,21 @@ class BatchNorm2d(BatchNorm1d):
         y = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC))
         return ops.permute(y, NHWC_TO_NCHW)
 
-    def forward_nhwc(self, x: Tensor) -> Tensor:
+    def forward_nhwc(
+        self, x: Tensor, pre_bias: Optional[Tensor] = None, relu: bool = False
+    ) -> Tensor:
         """Normalise channels-last ``x`` (N, H, W, C) per channel; returns (N, H, W, C).
 
-        The same map as :meth:`forward` without its two layout changes."""
+        The same map as :meth:`forward` without its two layout changes. ``pre_bias`` (C
+        elements, say the convolution's bias) is added to x first and ``relu`` applies max(·, 0)
+        after: the same values as ``bias_add``, this layer and ``ReLU`` in turn, one graph node
+        in training."""
         if len(x.shape) != 4 or x.shape[3] != self.dim:
             raise ValueError(
                 f"BatchNorm2d.forward_nhwc expects input of shape "
                 f"(N, H, W, {self.dim}), got {x.shape}"
             )
-        return self._normalise(x)
+        return self._normalise(x, pre_bias, relu)
 
 
 class LayerNorm1d(Module):

@@ -19,7 +19,7 @@ from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
 from ..backend_selection import array_api
-from .ops_mathematic import MatMul, matmul, summation, transpose
+from .ops_mathematic import MatMul, ReLU, SumToShape, _keep_layout, matmul, summation, transpose
 
 __all__ = [
     "SoftmaxCrossEntropy",
@@ -28,6 +28,8 @@ __all__ = [
     "layernorm_rows",
     "BatchNormColumns",
     "batchnorm_columns",
+    "BatchNormTrain",
+    "batchnorm_train",
     "LSTMCellStep",
     "lstm_cell_step",
     "LSTMLayer",
@@ -261,6 +263,80 @@ def batchnorm_columns(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
     """Training-mode batch norm of ``x`` (N ≥ 1, C) with ``w``, ``b`` (C,), batch statistics
     (the normalised output only; :class:`BatchNormColumns` also returns the statistics)."""
     return BatchNormColumns(eps)(x, w, b)[0]
+
+
+class BatchNormTrain(TensorOp):
+    """Training-mode batch norm of x (..., C) per channel as ONE node with one output:
+    y = w·(x' - mean)/sqrt(var + eps) + b over every leading index, where x' = x + bias when
+    ``pre_bias`` (the bias of the layer before, e.g. a convolution's, added first) and the
+    result passes through max(·, 0) when ``relu``. Inputs (x, [bias,] w, b); w, b and bias have
+    C elements.
+
+    The same values as bias_add, :class:`BatchNormColumns`'s y and relu in turn (the same
+    kernels on the same arrays), with one graph node instead of four and no intermediate
+    Tensor kept alive by the graph: only x (an input) and the saved x̂ and 1/std. The batch
+    statistics are data for the running averages, not outputs: after the forward pass
+    :meth:`statistics` hands them over once. Its gradient is one backward kernel
+    (:class:`BatchNormTrainBackward`), not differentiable again, like batch norm's."""
+
+    def __init__(self, eps: float, pre_bias: bool = False, relu: bool = False):
+        self.eps = eps
+        self.pre_bias, self.relu = pre_bias, relu
+        self.xhat = self.rstd = None
+        self._stats: Tuple = ()
+
+    def compute(self, x, *params):
+        w, b = params[-2:]
+        if self.pre_bias:
+            x = x + params[0].reshape((x.shape[-1],))  # as BiasAdd computes it
+        y, self.xhat, self.rstd, mean, var = array_api.batchnorm_fwd(_as_rows(x), w, b, self.eps)
+        self._stats = (mean, var)
+        y = y.reshape(x.shape) if len(x.shape) != 2 else y
+        return ReLU().compute(y) if self.relu else y
+
+    def statistics(self) -> Tuple:
+        """(batch mean, biased batch variance), arrays of C elements, once per forward pass."""
+        stats, self._stats = self._stats, ()
+        if not stats:
+            raise RuntimeError("batch norm's statistics were already taken, or never computed")
+        return stats
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        backward = BatchNormTrainBackward(self.xhat, self.rstd, self.pre_bias, self.relu)
+        grads = backward(out_grad, node, *node.inputs)
+        return tuple(grads[k] for k in range(len(node.inputs)))
+
+
+class BatchNormTrainBackward(_BackwardOp, TensorTupleOp):
+    """The adjoints (dx, [dbias,] dw, db) of :class:`BatchNormTrain` from its output adjoint:
+    the ReLU's mask (output > 0) applied first when it has one, then batch norm's backward
+    kernel, and dbias = dx summed over the leading axes. Inputs (adjoint, output, x, [bias,]
+    w, b): the output is read for the mask, w by the kernel."""
+
+    forward_name = "batchnorm_train"
+
+    def __init__(self, xhat, rstd, pre_bias: bool, relu: bool):
+        self.xhat, self.rstd, self.pre_bias, self.relu = xhat, rstd, pre_bias, relu
+
+    def compute(self, adjoint, out, x, *params):
+        w = params[-2]
+        if self.relu:  # as ReLU's gradient: the adjoint times a 0/1 mask
+            adjoint = adjoint * _keep_layout(lambda a: a > 0, out)
+        dx, dw, db = array_api.batchnorm_bwd(_as_rows(adjoint), self.xhat, self.rstd, w)
+        dx = dx.reshape(x.shape) if len(x.shape) != 2 else dx
+        if not self.pre_bias:
+            return dx, dw, db
+        return dx, SumToShape(params[0].shape).compute(dx), dw, db
+
+
+def batchnorm_train(
+    x: Tensor, w: Tensor, b: Tensor, eps: float, bias: Tensor | None = None, relu: bool = False
+) -> Tensor:
+    """Training-mode batch norm of ``x`` (..., C) per channel with ``w``, ``b`` (C,) and batch
+    statistics, one node; ``bias`` (C elements) is added to x first and ``relu`` applies
+    max(·, 0) after (see :class:`BatchNormTrain`, whose ``statistics()`` gives mean and var)."""
+    op = BatchNormTrain(eps, pre_bias=bias is not None, relu=relu)
+    return op(x, *([bias] if bias is not None else []), w, b)
 
 
 # ---- LSTM cell ----------------------------------------------------------------------------------

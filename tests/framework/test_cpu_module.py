@@ -307,6 +307,23 @@ def test_buffer_cache_reports_and_empties(mod):
     assert mod.cache_info()["bytes"] == 0 and mod.cache_info()["buffers"] == 0
 
 
+def test_buffer_cache_keeps_mid_sized_buffers(mod):
+    """Buffers from 64 KiB (an attention matrix, a layer's activations) are reused when the
+    next allocation has their size, so a training step stops page-faulting fresh heap memory;
+    smaller ones go back to malloc."""
+    mod.cache_clear()
+    assert mod.cache_info()["min_bytes"] == 64 << 10
+    a = mod.Array((256 << 10) // 4)
+    first = a.ptr()
+    del a
+    assert mod.cache_info()["buffers"] == 1
+    assert mod.Array((256 << 10) // 4).ptr() == first  # the same buffer, handed back
+    del_small = mod.Array(1000)
+    del del_small
+    assert mod.cache_info()["buffers"] == 1  # the freed 4 KB buffer was not kept
+    mod.cache_clear()
+
+
 def test_memory_stats_follow_allocations(mod):
     before = mod.memory_stats()["live_bytes"]
     mod.reset_peak()

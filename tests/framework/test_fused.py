@@ -777,7 +777,67 @@ def test_batchnorm_op_returns_its_statistics_with_exact_gradients(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("which", ["softmax", "layernorm", "batchnorm", "lstm", "lstm_layer"])
+@pytest.mark.parametrize("pre_bias", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_batchnorm_train_is_bias_norm_and_relu_in_one_node(device, pre_bias, relu):
+    """BatchNormTrain gives the bits of bias_add, BatchNormColumns's y and relu called in
+    turn, output and every gradient, on channels-last (N, H, W, C) input, as one graph node;
+    its gradients pass finite differences."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 3, 4)) * 2 + 0.5
+    c, w, b = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4)
+    adjoint = rng.standard_normal(x.shape)
+
+    def one_node(xt, ct, wt, bt):
+        bias = ct if pre_bias else None
+        return ops_fused.batchnorm_train(xt, wt, bt, 1e-3, bias=bias, relu=relu)
+
+    def in_turn(xt, ct, wt, bt):
+        h = ops.bias_add(xt, ct) if pre_bias else xt
+        y = ops_fused.BatchNormColumns(1e-3)(h, wt, bt)[0]
+        return ops.relu(y) if relu else y
+
+    def run(fn):
+        ts = [float32_tensor(a, device) for a in (x, c, w, b)]
+        out = fn(*ts)
+        out.backward(float32_tensor(adjoint, device, requires_grad=False))
+        return out, [out.numpy()] + [t.grad.numpy() for t in ts if t.grad is not None]
+
+    out, got = run(one_node)
+    _, want = run(in_turn)
+    assert len(got) == len(want) == (5 if pre_bias else 4)
+    for g, v in zip(got, want):
+        np.testing.assert_array_equal(g, v)
+    assert isinstance(out.op, ops_fused.BatchNormTrain) and len(out.inputs) == len(got) - 1
+    assert all(t.op is None for t in out.inputs)  # the leaves themselves: nothing in between
+    bias = float32_tensor(c, device) if pre_bias else None
+    dx = check_gradients(lambda xt, wt, bt: one_node(xt, bias, wt, bt), x, w, b, device=device)[0]
+    if pre_bias:  # the norm removes any shift: the bias's exact adjoint is 0 (rounding aside)
+        assert np.abs(got[2]).max() <= 1e-5 * np.abs(dx).max() * dx[..., 0].size
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm_train_hands_over_its_statistics_once(device):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((5, 2, 3))
+    op = ops_fused.BatchNormTrain(1e-5)
+    op(
+        float32_tensor(x, device),
+        float32_tensor(np.ones(3), device),
+        float32_tensor(np.zeros(3), device),
+    )
+    mean, var = op.statistics()
+    rows = x.reshape(-1, 3)
+    np.testing.assert_allclose(mean.numpy(), rows.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var.numpy(), rows.var(axis=0), rtol=1e-4, atol=1e-6)
+    with pytest.raises(RuntimeError, match="already taken"):
+        op.statistics()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "which", ["softmax", "layernorm", "batchnorm", "batchnorm_train", "lstm", "lstm_layer"]
+)
 def test_second_derivative_of_a_fused_op_raises(device, which):
     rng = np.random.default_rng(9)
     x = float32_tensor(rng.standard_normal((3, 4)), device)
@@ -791,6 +851,8 @@ def test_second_derivative_of_a_fused_op_raises(device, which):
         state = float32_tensor(rng.standard_normal((3, 1)), device)
         w_hh = float32_tensor(rng.standard_normal((1, 4)), device)
         out = ops_fused.lstm_layer(x.reshape((1, 3, 4)), state, state, w_hh)[0]
+    elif which == "batchnorm_train":
+        out = ops_fused.batchnorm_train(x, w, b, 1e-5, bias=b, relu=True)
     else:
         out = getattr(ops_fused, which + "_rows" if which == "layernorm" else which + "_columns")(
             x, w, b, 1e-5

@@ -127,17 +127,6 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         stats = [block.bn.running_mean.numpy(), block.bn.running_var.numpy()]
         return [out.numpy(), x.grad.numpy(), *(p.grad.numpy() for p in params), *stats]
 
-    def permutes(out):
-        seen, stack, count = set(), [out], 0
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            count += type(node.op).__name__ == "Permute"
-            stack.extend(node.inputs)
-        return count
-
     x.grad = None
     fused = run(block)
     block.bn.running_mean, block.bn.running_var = (
@@ -148,10 +137,65 @@ def test_convbn_equals_its_layers_called_in_turn(device):
     layered = run(lambda t: block.relu(block.bn(block.conv(t))))
     for got, want in zip(fused, layered):
         np.testing.assert_array_equal(got, want)
-    assert permutes(block(x)) == 2
-    assert permutes(block.relu(block.bn(block.conv(x)))) == 4
+    assert _permutes(block(x)) == 2
+    assert _permutes(block.relu(block.bn(block.conv(x)))) == 4
     with pytest.raises(ValueError, match=r"expects input of shape \(N, 3, H, W\)"):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
+
+
+def test_chained_convbns_skip_the_layout_changes_between_them():
+    """A ConvBN fed by another's NCHW output reads that block's NHWC result directly: two
+    chained blocks have one layout change in and one out, and the same output and gradients
+    as their layers called in turn."""
+    np.random.seed(8)
+    first, second = ConvBN(3, 4, 3, 1), ConvBN(4, 2, 3, 2)
+    x = ndl.Tensor(np.random.randn(2, 3, 6, 6).astype(np.float32))
+    params = first.parameters() + second.parameters()
+
+    def run(call):
+        for p in params:
+            p.grad = None
+        out = call()
+        out.sum().backward()
+        return out, [out.numpy()] + [p.grad.numpy() for p in params]
+
+    out, got = run(lambda: second(first(x)))
+    for block in (first, second):
+        dim = block.bn.dim
+        block.bn.running_mean, block.bn.running_var = ndl.init.zeros(dim), ndl.init.ones(dim)
+    _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert _permutes(out) == 2
+
+
+def test_convbn_calls_a_replaced_activation_module():
+    """The one-node norm + ReLU applies to nn.ReLU only: another activation module put in
+    ``block.relu`` is called on the norm's output."""
+
+    class Doubled(ndl.nn.Module):
+        def forward(self, x):
+            return ndl.ops.relu(x) * 2
+
+    np.random.seed(4)
+    block = ConvBN(3, 4, 3, 1)
+    x = ndl.Tensor(np.random.randn(2, 3, 5, 5).astype(np.float32))
+    want = block(x).numpy() * 2
+    block.bn.running_mean, block.bn.running_var = ndl.init.zeros(4), ndl.init.ones(4)
+    block.relu = Doubled()
+    np.testing.assert_array_equal(block(x).numpy(), want)
+
+
+def _permutes(out: ndl.Tensor) -> int:
+    """The Permute nodes of the graph that computed ``out``."""
+    seen, stack, count = set(), [out], 0
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            count += isinstance(node.op, ndl.ops.Permute)
+            stack.extend(node.inputs)
+    return count
 
 
 def _modules(module):
