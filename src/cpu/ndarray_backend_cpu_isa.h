@@ -51,12 +51,13 @@ constexpr double kSplitChunkFlops = double(1 << 15);
 // whose other cores are busy, sharing then costs more than it saves. When the caller, done
 // with its own chunks, waits longer than kSplitStallNs plus a chunk's multiply-adds at
 // kSplitSlowRate per ns (a quarter of one thread's speed), sharing is off for kSplitBackoffNs,
-// then tried again; a stall soon after doubles the pause, up to kSplitBackoffMaxNs. Measured
-// at 72x73x74 while other processes kept the machine busy (load 1.7-2.1), the kernel called
-// every 3 us, mean per call over 40 blocks of 1000 calls, 4 runs: one thread 5.2-5.7 us;
-// shared without a back-off 5-25 % slower (6.0-6.8 us); with a fixed 50 ms pause 1-11 %
-// slower; with the doubling pause -1 to +3 %.
-constexpr double kSplitStallNs = 20e3;
+// then tried again; a stall soon after doubles the pause, up to kSplitBackoffMaxNs. The wait
+// that counts is a millisecond: shorter waits (wake-ups, interrupts) happen on a quiet
+// machine too, and a 20 us threshold kept sharing off most of the time there (72x73x74,
+// kernel every 3 us, mean per call, load 0.9: one thread 4.8 us, shared 3.5 us, shared with
+// the 20 us threshold 4.7-6.6 us, with 1 ms 3.6-3.7 us; 128^3: 18.9, 11.2-12.4, 17.4-18.4,
+// 12.2-13.0 us).
+constexpr double kSplitStallNs = 1e6;
 constexpr double kSplitSlowRate = 20.0;
 constexpr double kSplitBackoffNs = 50e6;
 constexpr double kSplitBackoffMaxNs = 2e9;
