@@ -417,8 +417,8 @@ else:
 # * `matmul` — the engine behind `@`. It picks one of three paths by the number of
 #   multiply-adds $mnp$ (thresholds in `__gemm__`, printed below): tiny products run a plain
 #   loop nest; mid-sized ones run a register-blocked SIMD micro-kernel that reads $A$ and $B$
-#   **in place** (no packing), split by rows or columns between the threads from $2^{20}$
-#   (about $101^3$) on, below which one thread is as fast as two;
+#   **in place** (no packing), shared between the threads in chunks from $2^{17}$ (about
+#   $51^3$) on, below which a chunk is too short to share;
 #   from about $293^3$ on, the blocked (Goto/BLIS-style) engine **packs** panels of $A$ and $B$
 #   into the exact order the micro-kernel reads them, sized to fit the caches, and shares one
 #   product among all threads. Notebook 06 does the packed engine's arithmetic.
@@ -480,9 +480,9 @@ def engine_path(m: int, n: int, p: int) -> str:
 
 
 print(f"thresholds (multiply-adds m*n*p): direct <= {GEMM['direct_flops']:.0f} "
-      f"(= 20^3), split >= {GEMM['split_flops']:.0f} (= 2^20), packed >= "
+      f"(= 20^3), split >= {GEMM['split_flops']:.0f} (= 2^17), packed >= "
       f"{GEMM['parallel_flops']:.0f} (~ {GEMM['parallel_flops'] ** (1 / 3):.0f}^3)")
-assert GEMM["split_flops"] == 2**20 and 289 < GEMM["parallel_flops"] ** (1 / 3) < 294
+assert GEMM["split_flops"] == 2**17 and 289 < GEMM["parallel_flops"] ** (1 / 3) < 294
 tile_demo = tiles(nd.array(np.arange(4 * T * T).reshape(2 * T, 2 * T), device=cpu))
 print("tiled layout of a", (2 * T, 2 * T), "matrix:", tile_demo.shape)
 assert tile_demo.numpy()[0, 1, 0, 0] == T  # tile (0, 1) starts at column T of row 0
@@ -580,10 +580,12 @@ else:
 #   caches, so the column walk down $B$ still hits cache, and the naive loop can even beat the
 #   tiled one, whose tiling then buys nothing; from $n = 128$ on, each step of that walk is
 #   likely a cache miss;
-# * **`matmul` at $n = 64$ to $256$** takes the unpacked path, on one thread at $n = 64$ and
-#   split between the two threads from $n = 128$ (each thread's micro-kernel reads its rows of
-#   $A$ and all of $B$ in place): no packing cost, which counts most at $n = 64$, where a
-#   product takes microseconds (too few to wake a second thread for); but reading $B$
+# * **`matmul` at $n = 64$ to $256$** takes the unpacked path, shared between the two threads
+#   in chunks that each thread claims when it is free (each chunk's micro-kernel reads rows of
+#   $A$ and a sliver of $B$ in place): no packing cost, which counts most at $n = 64$, where a
+#   product takes microseconds (a second thread that is not already running leaves the whole
+#   product to the first, and one preempted in the middle of a chunk pauses the sharing for a
+#   while); but reading $B$
 #   in place with a row stride of $4n$ bytes, a power of two, is also what can cause
 #   cache-set conflicts (next paragraph), and a single sample on a shared machine can dip for
 #   no reason of its own;
