@@ -63,7 +63,9 @@ def _channels_last(x: ndl.Tensor) -> ndl.Tensor:
     op = x.op
     if isinstance(op, ops.Permute) and op.axes == NHWC_TO_NCHW and not op.compact:
         source = x.inputs[0]
-        if source.realize_cached_data().is_compact():
+        # numpy arrays (NEEDLE_BACKEND=np) have no is_compact: they take the permute
+        is_compact = getattr(source.realize_cached_data(), "is_compact", None)
+        if is_compact is not None and is_compact():
             return source
     return ops.permute(x, NCHW_TO_NHWC, compact=True)
 
