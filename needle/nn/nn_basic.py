@@ -318,7 +318,7 @@ class BatchNorm1d(Module):
         n = math.prod(x.shape[:-1])
         if self.training and n > 0:
             op = ops_fused.BatchNormTrain(self.eps, pre_bias=pre_bias is not None, relu=relu)
-            out = op(x, *([pre_bias] if pre_bias is not None else []), self.weight, self.bias)
+            out = op.apply(x, self.weight, self.bias, pre_bias)
             out.realize_cached_data()  # computed now even in lazy mode: the statistics are read
             mean, var = op.statistics()
             m = self.momentum

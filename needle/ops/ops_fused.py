@@ -19,7 +19,7 @@ from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
 from ..backend_selection import array_api
-from .ops_mathematic import MatMul, ReLU, SumToShape, _keep_layout, matmul, summation, transpose
+from .ops_mathematic import MatMul, ReLU, SumToShape, _relu_mask, matmul, summation, transpose
 
 __all__ = [
     "SoftmaxCrossEntropy",
@@ -294,6 +294,13 @@ class BatchNormTrain(TensorOp):
         y = y.reshape(x.shape) if len(x.shape) != 2 else y
         return ReLU().compute(y) if self.relu else y
 
+    def apply(self, x: Tensor, w: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+        """This op on (x, [bias,] w, b), its inputs' order; ``bias`` is given exactly when the
+        op was made with ``pre_bias``."""
+        if (bias is not None) != self.pre_bias:
+            raise ValueError("BatchNormTrain: give a bias exactly when made with pre_bias=True")
+        return self(x, *([bias] if bias is not None else []), w, b)
+
     def statistics(self) -> Tuple:
         """(batch mean, biased batch variance), arrays of C elements, once per forward pass."""
         stats, self._stats = self._stats, ()
@@ -320,8 +327,8 @@ class BatchNormTrainBackward(_BackwardOp, TensorTupleOp):
 
     def compute(self, adjoint, out, x, *params):
         w = params[-2]
-        if self.relu:  # as ReLU's gradient: the adjoint times a 0/1 mask
-            adjoint = adjoint * _keep_layout(lambda a: a > 0, out)
+        if self.relu:  # as ReLU's gradient
+            adjoint = adjoint * _relu_mask(out)
         dx, dw, db = array_api.batchnorm_bwd(_as_rows(adjoint), self.xhat, self.rstd, w)
         dx = dx.reshape(x.shape) if len(x.shape) != 2 else dx
         if not self.pre_bias:
@@ -335,8 +342,7 @@ def batchnorm_train(
     """Training-mode batch norm of ``x`` (..., C) per channel with ``w``, ``b`` (C,) and batch
     statistics, one node; ``bias`` (C elements) is added to x first and ``relu`` applies
     max(·, 0) after (see :class:`BatchNormTrain`, whose ``statistics()`` gives mean and var)."""
-    op = BatchNormTrain(eps, pre_bias=bias is not None, relu=relu)
-    return op(x, *([bias] if bias is not None else []), w, b)
+    return BatchNormTrain(eps, pre_bias=bias is not None, relu=relu).apply(x, w, b, bias)
 
 
 # ---- LSTM cell ----------------------------------------------------------------------------------

@@ -369,9 +369,13 @@ class ReLU(TensorOp):
         return _keep_layout(lambda x: x.relu(), a)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
-        # relu(a) > 0 exactly where a > 0: a constant 0/1 mask (a bool array under numpy)
-        mask = _keep_layout(lambda x: x > 0, node.realize_cached_data())
-        return out_grad * Tensor.make_const(mask)
+        return out_grad * Tensor.make_const(_relu_mask(node.realize_cached_data()))
+
+
+def _relu_mask(out: NDArray) -> NDArray:
+    """The derivative of relu read off its output: 1 where ``out`` > 0, else 0 (relu(a) > 0
+    exactly where a > 0, so the derivative at a = 0 is 0); a bool array under numpy."""
+    return _keep_layout(lambda x: x > 0, out)
 
 
 def relu(a: Tensor) -> Tensor:

@@ -832,6 +832,9 @@ def test_batchnorm_train_hands_over_its_statistics_once(device):
     np.testing.assert_allclose(var.numpy(), rows.var(axis=0), rtol=1e-4, atol=1e-6)
     with pytest.raises(RuntimeError, match="already taken"):
         op.statistics()
+    ones = float32_tensor(np.ones(3), device)
+    with pytest.raises(ValueError, match="bias exactly when made with pre_bias"):
+        op.apply(float32_tensor(x, device), ones, ones, bias=ones)
 
 
 @pytest.mark.parametrize("device", DEVICES)
