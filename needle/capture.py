@@ -87,6 +87,7 @@ _WRITES: Dict[str, Tuple[str, ...]] = {
             "ewise_unary",
             "reduce",
             "matmul_strided",
+            "matmul",
         ),
         ("out",),
     ),

@@ -274,8 +274,12 @@ class DeviceModule(Protocol):
         permuted batch (attention's per-head (B, H, T, D) view of (B, T, H, D)) is read in
         place. n == 0 gives zeros."""
 
-    # course: matmul(a, b, out, m, n, p) on compact row-major operands;
-    # matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
+    def matmul(self, a: Buffer, b: Buffer, out: Buffer, m: int, n: int, p: int) -> None:
+        """The course's product of compact row-major operands: ``out`` (m × p) = ``a``
+        (m × n) @ ``b`` (n × p). ``NDArray.__matmul__`` uses it for two compact 2-D operands
+        (it converts no strides); n == 0 gives zeros."""
+
+    # course: matmul_tiled(a, b, out, m, n, p) (compiled modules, a lecture exhibit): operands and
     # result in the (rows/T, cols/T, T, T) tiled layout, T = __tile_size__.
 
     # ---- memory accounting ----------------------------------------------------------------

@@ -356,6 +356,29 @@ def test_matmul_is_one_strided_call_on_the_operands_own_buffers(device, mult):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,p", [(72, 73, 74), (5, 0, 3), (0, 4, 2), (1, 1, 1)])
+def test_compact_matmul_is_the_plain_kernel_with_the_strided_bits(device, m, n, p):
+    # Two compact 2-D operands take the course's plain ``matmul`` (no strides to convert); the
+    # same product through matmul_strided (a copy of b's buffer, a view that is not known to
+    # be compact) gives the same bits.
+    spy = RecordingModule(device.mod)
+    dev = nd.BackendDevice(device.name, spy)
+    x, y = rand(4, (m, n)), rand(5, (n, p))
+    a, b = nd.array(x, device=dev), nd.array(y, device=dev)
+    spy.calls.clear()
+    plain = a @ b
+    assert [name for name, _ in spy.calls] == (["matmul"] if m and p else [])
+    if m and p:
+        assert spy.calls[0][1][0] is a._handle and spy.calls[0][1][1] is b._handle
+    b_view = b.permute((1, 0)).permute((1, 0))  # same layout, compactness not yet asked
+    spy.calls.clear()
+    strided = a @ b_view
+    assert [name for name, _ in spy.calls] == (["matmul_strided"] if m and p else [])
+    assert plain.shape == (m, p) and np.array_equal(plain.numpy(), strided.numpy())
+    np.testing.assert_allclose(plain.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mult", [(1, 1, 1), (2, 3, 1), (3, 2, 4)])
 @pytest.mark.hw3_matmul
 def test_matmul_tiled_exhibit(device, mult):
