@@ -428,7 +428,8 @@ def sgd_update_(
     weight_decay: float,
 ) -> None:
     """In place: g = grad + weight_decay·param; buf = momentum·buf + (1 - momentum)·g;
-    param -= lr·buf. ``buf`` has param's shape (zeros before the first step)."""
+    param -= lr·buf. ``buf`` has param's shape (zeros before the first step; not read with
+    momentum 0)."""
     _check(spec.SGD_UPDATE, (param, grad, buf))
     _writable("sgd_update_", param)
     kernels.sgd_update(param, grad, buf, float(lr), float(momentum), float(weight_decay))

@@ -102,6 +102,11 @@ class Optimizer:
         """A zero optimizer-state array shaped like the raw array ``w``, on its device."""
         return array_api.full(tuple(w.shape), 0.0, dtype=w.dtype, device=w.device)
 
+    def _scratch(self, w):
+        """An uninitialised array shaped like the raw array ``w``, on its device (a kernel's
+        workspace for one call)."""
+        return array_api.empty(tuple(w.shape), dtype=w.dtype, device=w.device)
+
 
 def _hyper(
     owner: str,
@@ -133,6 +138,11 @@ class SGD(Optimizer):
 
     g = grad + weight_decay·θ;  u = momentum·u + (1 - momentum)·g  (u starts at 0);
     θ = θ - lr·u. Note the average: PyTorch's SGD uses u = momentum·u + g instead.
+
+    ``self.u`` holds u per parameter index while momentum > 0. With momentum 0 the rule is
+    θ = θ - lr·g, which needs no state, so none is kept (as in PyTorch's SGD): a step at momentum
+    0 drops u, and a momentum raised later starts u again from 0, as at construction (the
+    course's code would keep the last g as u; keeping it costs a copy of every parameter).
 
     Each step is one fused kernel per parameter (``array_api.sgd_update_``) that updates the
     parameter's array in place: tensors sharing that array (``p.data``, ``p.detach()``) see the
@@ -169,6 +179,10 @@ class SGD(Optimizer):
             if arrays is None:
                 continue
             g, w = arrays
+            if beta == 0.0:  # u = g: a scratch for the kernel, not state (see the docstring)
+                self.u.pop(i, None)
+                array_api.sgd_update_(w, g, self._scratch(w), lr, beta, wd)
+                continue
             if i not in self.u:
                 self.u[i] = self._zeros(w)
             array_api.sgd_update_(w, g, self.u[i], lr, beta, wd)

@@ -312,7 +312,8 @@ def sgd_update_(
 ) -> None:
     """In place, element-wise over ``param``'s shape: g = grad + weight_decay·param;
     buf = momentum·buf + (1 - momentum)·g; param -= lr·buf (the course's averaged momentum).
-    ``buf`` must be a compact array of param's shape (zeros before the first step)."""
+    ``buf`` must be a compact array of param's shape (zeros before the first step); with
+    momentum 0 its contents are not read (buf = g), so a scratch array will do."""
     if _plain(param, grad, buf) and param.size:
         param._device.sgd_update(
             param._handle,

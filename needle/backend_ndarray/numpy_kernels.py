@@ -348,10 +348,14 @@ def sgd_update(
     momentum: float,
     weight_decay: float,
 ) -> None:
-    """In place: g = grad + wd·param; buf = momentum·buf + (1-momentum)·g; param -= lr·buf."""
+    """In place: g = grad + wd·param; buf = momentum·buf + (1-momentum)·g; param -= lr·buf.
+    With momentum 0, buf = g: its previous contents are not read."""
     g = grad + weight_decay * param if weight_decay else grad
-    buf *= momentum
-    buf += (1 - momentum) * g
+    if momentum:
+        buf *= momentum
+        buf += (1 - momentum) * g
+    else:
+        buf[...] = g
     param -= lr * buf
 
 

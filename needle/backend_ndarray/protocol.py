@@ -469,7 +469,9 @@ class DeviceModule(Protocol):
         weight_decay: float,
     ) -> None:
         """In place, over param.size elements: ``g = grad + weight_decay·param``;
-        ``buf = momentum·buf + (1 - momentum)·g``; ``param -= lr·buf`` (the course's form)."""
+        ``buf = momentum·buf + (1 - momentum)·g``; ``param -= lr·buf`` (the course's form).
+        With momentum 0, ``buf = g`` and its previous contents are not read (any scratch
+        buffer will do: SGD keeps no state at momentum 0)."""
 
     def adam_update(
         self,

@@ -304,6 +304,14 @@ void sgd_update(AlignedArray* param, const AlignedArray& grad, AlignedArray* buf
               one_m = float(1.0 - momentum);
   float *p = param->ptr, *b = buf->ptr;
   const float* g = grad.ptr;
+  if (momentum == 0.0) {  // buf = g: its previous contents are not read (a scratch will do)
+    for (idx_t i = 0; i < n; ++i) {
+      const float gi = g[i] + wd * p[i];
+      b[i] = gi;
+      p[i] -= lr_f * gi;
+    }
+    return;
+  }
   for (idx_t i = 0; i < n; ++i) {
     const float gi = g[i] + wd * p[i];
     b[i] = mom * b[i] + one_m * gi;

@@ -912,7 +912,8 @@ __global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t 
                            float momentum, float weight_decay) {
   NEEDLE_GRID_LOOP(i, n) {
     const float g = grad[i] + weight_decay * param[i];
-    const float u = momentum * buf[i] + (1.f - momentum) * g;
+    // momentum 0: buf = g, its previous contents not read (the optimizer passes a scratch)
+    const float u = momentum == 0.f ? g : momentum * buf[i] + (1.f - momentum) * g;
     buf[i] = u;
     param[i] -= lr * u;
   }

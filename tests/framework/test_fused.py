@@ -341,6 +341,13 @@ def test_kernel_optimizer_updates(dev, size):
     np.testing.assert_allclose(_read(mod, vb, (size,)), v64, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError):  # grad of another size
         sgd(pb, mod.Array(size + 1), ub, 0.1, 0.0, 0.0)
+
+    # momentum 0: buf = g + wd·p, its old contents (here NaN) not read, so any scratch will do
+    pb, ub = _buf(mod, p), _buf(mod, np.full(size, np.nan, F32))
+    sgd(pb, gb, ub, 0.1, 0.0, 0.01)
+    p64, u64 = sgd64(p.astype(np.float64), g, np.zeros(size), 0.1, 0.0, 0.01)
+    np.testing.assert_allclose(_read(mod, pb, (size,)), p64, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_read(mod, ub, (size,)), u64, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         adam(pb, gb, mb, mod.Array(size + 1), 0.01, 0.9, 0.999, 1e-8, 0.0, 1)
 

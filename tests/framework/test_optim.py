@@ -107,6 +107,41 @@ def test_sgd_matches_reference(device, kwargs):
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_sgd_without_momentum_keeps_no_state(device):
+    # θ -= lr·(g + wd·θ) needs no u: none is kept (the memory of a parameter copy), and a
+    # momentum raised later starts u from 0 as at construction.
+    model = Quadratic(device)
+    params = model.parameters()
+    opt = optim.SGD(params, lr=0.1, weight_decay=0.1)
+    start = [p.numpy().copy() for p in params]
+    mod = params[0].realize_cached_data().device
+    gc.collect()
+    live = mod.memory_stats()["live_bytes"] if hasattr(mod, "memory_stats") else None
+    for _ in range(3):
+        opt.reset_grad()
+        model.loss().backward()
+        opt.step()
+    assert opt.u == {}
+    if live is not None:  # the NDArray backend: nothing new is held once the grads go
+        opt.reset_grad()
+        gc.collect()
+        assert mod.memory_stats()["live_bytes"] == live
+    for p, r in zip(params, sgd_reference(start, model, 0.1, 0.0, 0.1, 3)):
+        np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
+    opt.momentum = 0.5
+    before = [p.numpy().astype(np.float64) for p in params]
+    opt.reset_grad()
+    model.loss().backward()
+    opt.step()
+    assert sorted(opt.u) == [0, 1]
+    for p, r in zip(params, sgd_reference(before, model, 0.1, 0.5, 0.1, 1)):
+        np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
+    opt.momentum = 0.0
+    opt.step()
+    assert opt.u == {}  # back at 0: the state is dropped
+
+
 @pytest.mark.hw2_sgd
 def test_sgd_momentum_is_an_average_not_pytorch_form():
     # one step from u = 0: the course moves by lr·(1-β)·g, PyTorch's form would move by lr·g
