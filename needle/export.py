@@ -181,6 +181,11 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
     if kind is ops.BiasAdd:  # the bias as a (C,) row, broadcast by ONNX's Add
         row = b.node("Reshape", [args[1], b.ints([node.shape[-1]], "shape")])
         return b.node("Add", [args[0], row])
+    if kind is ops_fused.MatMulAddBias:  # nn.Linear's one node: MatMul, the bias row, Relu
+        product = b.node("MatMul", args[:2])
+        row = b.node("Reshape", [args[2], b.ints([node.shape[-1]], "shape")])
+        out = b.node("Add", [product, row])
+        return b.node("Relu", [out]) if op.relu else out
     if kind in _REDUCE:
         axes = _reduce_axes(op.axes, len(node.inputs[0].shape))
         if not axes:  # needle sums over no axis: the identity (ONNX would reduce over all)
