@@ -115,18 +115,11 @@ def test_sgd_without_momentum_keeps_no_state(device):
     params = model.parameters()
     opt = optim.SGD(params, lr=0.1, weight_decay=0.1)
     start = [p.numpy().copy() for p in params]
-    mod = params[0].realize_cached_data().device
-    gc.collect()
-    live = mod.memory_stats()["live_bytes"] if hasattr(mod, "memory_stats") else None
     for _ in range(3):
         opt.reset_grad()
         model.loss().backward()
         opt.step()
     assert opt.u == {}
-    if live is not None:  # the NDArray backend: nothing new is held once the grads go
-        opt.reset_grad()
-        gc.collect()
-        assert mod.memory_stats()["live_bytes"] == live
     for p, r in zip(params, sgd_reference(start, model, 0.1, 0.0, 0.1, 3)):
         np.testing.assert_allclose(p.numpy(), r, rtol=1e-5, atol=1e-5)
     opt.momentum = 0.5
