@@ -126,6 +126,12 @@ class Op(Generic[V]):
     selects_component = False
     index: int  # the component such an op picks
 
+    # False for ops whose gradient reads only their inputs and saved state, never the node's own
+    # array (a product, a sum): a backward that records no graph then frees that array before
+    # computing the node's gradient when nothing but the pass holds the node (the logits of a
+    # language model, 2 MB, are then gone before their product's two adjoints are allocated).
+    gradient_reads_output = True
+
     def gradient_as_tuple(self, out_grad: V, node: V) -> Tuple[Optional["Value"], ...]:
         """``gradient`` always returned as a tuple (one entry per input)."""
         output = self.gradient(out_grad, node)
@@ -594,15 +600,15 @@ def compute_gradient_of_variables(
             if op is None:  # a leaf
                 continue
             if op.selects_component:
-                source = node.inputs[0]
-                if source.requires_grad:
-                    component_grads.setdefault(source, {}).setdefault(op.index, []).append(grad)
+                if node.inputs[0].requires_grad:
+                    picks = component_grads.setdefault(node.inputs[0], {})
+                    picks.setdefault(op.index, []).append(grad)
                 if not record:
                     _release(node)
                 continue
-            for inp, inp_grad in zip(node.inputs, op.gradient_as_tuple(grad, node)):
-                if inp_grad is not None and inp.requires_grad:
-                    node_to_output_grads_list.setdefault(inp, []).append(inp_grad)
+            if not record and not op.gradient_reads_output and _only_the_pass_holds(node):
+                node.cached_data = None  # see Op.gradient_reads_output
+            _pass_on(node_to_output_grads_list, node.inputs, op.gradient_as_tuple(grad, node))
             if not record:
                 _release(node)
 
@@ -625,6 +631,24 @@ _RELEASED_MESSAGE = (
     "backward() with create_graph=True (the default), or run the forward pass again"
 )
 _RELEASED = _Released()
+
+
+def _pass_on(
+    adjoints: Dict[Value, List[Value]],
+    inputs: Sequence[Value],
+    grads: Tuple[Optional[Value], ...],
+) -> None:
+    """Append each input's adjoint contribution (a function, so that no loop variable of the
+    pass keeps an input alive into the next node's turn: see :func:`_only_the_pass_holds`)."""
+    for inp, inp_grad in zip(inputs, grads):
+        if inp_grad is not None and inp.requires_grad:
+            adjoints.setdefault(inp, []).append(inp_grad)
+
+
+def _only_the_pass_holds(node: Value) -> bool:
+    """True when the backward pass's own variable is the only reference to ``node`` (CPython's
+    count: that variable and this call's argument): no Tensor of the caller can see its array."""
+    return sys.getrefcount(node) <= 3  # the caller's local, this argument, getrefcount's own
 
 
 def _release(node: Value) -> None:

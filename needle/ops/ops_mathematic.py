@@ -154,6 +154,8 @@ def _binary_adjoints(ga: Tensor, gb: Tensor, node: Tensor):
 class EWiseAdd(TensorOp):
     """a + b, broadcasting like numpy."""
 
+    gradient_reads_output = False
+
     def compute(self, a: NDArray, b: NDArray):
         return _keep_layout(operator.add, a, b)
 
@@ -171,6 +173,8 @@ class BiasAdd(TensorOp):
     broadcast over the leading axes inside the array op: one node where the course writes
     reshape, broadcast_to and add (an extension; same values). The bias adjoint is the
     output adjoint summed over the leading axes."""
+
+    gradient_reads_output = False
 
     def compute(self, x: NDArray, b: NDArray):
         return x + b.reshape((x.shape[-1],))
@@ -559,6 +563,8 @@ class MatMul(TensorOp):
     a: (*batch_a, m, n), b: (*batch_b, n, p) -> (*broadcast(batch_a, batch_b), m, p); both
     operands need at least 2 dimensions. The gradient sums over broadcast batch dimensions.
     """
+
+    gradient_reads_output = False
 
     def compute(self, a: NDArray, b: NDArray):
         if a.ndim < 2 or b.ndim < 2:

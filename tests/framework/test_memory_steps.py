@@ -396,3 +396,36 @@ def test_positional_embedding_is_looked_up_once_per_position(device):
     np.testing.assert_allclose(
         model.positional_embedding.weight.grad.numpy(), x.grad.numpy().sum(1), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("device", COUNTED)
+@pytest.mark.parametrize("hold, create_graph", [(False, False), (True, False), (False, True)])
+def test_backward_without_graph_frees_a_product_before_its_adjoints(
+    device, hold, create_graph, monkeypatch
+):
+    """A backward that records no graph drops the array of a node whose gradient never reads
+    it (ops.MatMul: Op.gradient_reads_output is False) before computing that gradient, when
+    only the pass holds the node: the product's (N, P) array is gone before its two adjoints
+    are allocated. A node the caller holds keeps its value; a recording backward keeps all."""
+    seen = []
+    gradient = ndl.ops.MatMul.gradient
+
+    def spy(self, out_grad, node):
+        seen.append(node.cached_data is None)
+        return gradient(self, out_grad, node)
+
+    monkeypatch.setattr(ndl.ops.MatMul, "gradient", spy)
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 5))
+    x = ndl.Tensor(a, device=device)
+    w = ndl.Tensor(b, device=device)
+    y = x @ w
+    loss = (y * 2.0).sum()
+    held = y if hold else None
+    del y
+    loss.backward(create_graph=create_graph)
+    assert seen == [not hold and not create_graph]
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.ones((6, 5)) @ b.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), a.T @ (2 * np.ones((6, 5))), rtol=1e-5, atol=1e-5)
+    if held is not None:
+        np.testing.assert_allclose(held.numpy(), a @ b, rtol=1e-5, atol=1e-5)
