@@ -18,7 +18,7 @@ import math
 from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
-from ..backend_selection import array_api
+from ..backend_selection import BACKEND, array_api
 from .ops_mathematic import MatMul, ReLU, SumToShape, _relu_mask, matmul, summation, transpose
 
 __all__ = [
@@ -103,8 +103,8 @@ class SoftmaxCrossEntropy(TensorOp):
 
 
 # Rows of the probabilities turned into the gradient per block when done in place: the
-# one-hot temporary of a block is then at most this many elements (512 KiB of float32).
-_XENT_BLOCK_ELEMENTS = 1 << 17
+# one-hot temporary of a block is then at most this many elements (256 KiB of float32).
+_XENT_BLOCK_ELEMENTS = 1 << 16
 
 
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
@@ -540,6 +540,20 @@ def softmax_last_axis(x: Tensor, scale: float = 1.0, causal: bool = False) -> Te
 
 
 # ---- a linear layer's product and bias ---------------------------------------------------------
+if BACKEND == "nd":
+    from ..backend_ndarray.fused import _binary_into
+
+    def _add_over(out, row) -> None:
+        """out += row, element by element, written over the compact array ``out``."""
+        _binary_into("add", out, row, out)
+
+else:  # numpy arrays add in place themselves (the NDArray layer is never loaded then)
+
+    def _add_over(out, row) -> None:
+        """out += row, element by element, written over the compact array ``out``."""
+        out += row
+
+
 class MatMulAddBias(TensorOp):
     """x @ w + b for x (N, I), w (I, O) and a bias b of O elements (shape (O,) or (1, O)): what
     ``nn.Linear`` computes as ``X @ W + b.broadcast_to``, as one node; with ``relu`` the
@@ -551,10 +565,12 @@ class MatMulAddBias(TensorOp):
 
     def __init__(self, relu: bool = False):
         self.relu = relu
+        self.gradient_reads_output = relu  # ReLU's mask is read off the output
 
     def compute(self, x, w, b):
         out = x @ w
-        out = out + b.compact().reshape((1, out.shape[1])).broadcast_to(out.shape)
+        row = b.compact().reshape((1, out.shape[1])).broadcast_to(out.shape)
+        _add_over(out, row)  # over the fresh product: no second (N, O) array
         return out.relu() if self.relu else out
 
     def gradient(self, out_grad: Tensor, node: Tensor):
