@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import needle.nn as nn
 from needle.autograd import Tensor
+from needle.nn.nn_transformer import _linear as linear_as_one_op
 
 __all__ = ["LanguageModel"]
 
@@ -81,4 +82,6 @@ class LanguageModel(nn.Module):
         seq_len, bs = x.shape
         out, h = self.seq_model(self.embedding(x), h)
         out = out.reshape((seq_len * bs, out.shape[2]))
-        return self.linear(out), h
+        # self.linear(out) as one op (the same values): the graph keeps the logits alone, not
+        # the (seq_len·bs, output_size) product beside them
+        return linear_as_one_op(self.linear, out), h

@@ -165,8 +165,7 @@ class Linear(Module):
 
     x is (N, in_features) (or (..., in_features)); y is (N, out_features). W is drawn first as
     kaiming_uniform(in, out), then b as kaiming_uniform(out, 1) reshaped to (1, out), matching
-    the course's RNG order. For a 2-D x with a bias, the product and the bias are one graph
-    node (``ops_fused.matmul_add_bias``), which keeps only y for backward.
+    the course's RNG order.
     """
 
     def __init__(
@@ -198,11 +197,6 @@ class Linear(Module):
                 f"Linear expects inputs with {self.in_features} features in the last "
                 f"dimension, got shape {X.shape}"
             )
-        if self.bias is not None and len(X.shape) == 2:
-            # X @ W + b.broadcast_to as one node: the graph keeps the result alone, not the
-            # product beside it (the same values; the course's ops would keep both until
-            # backward, a second (N, out_features) array)
-            return ops_fused.matmul_add_bias(X, self.weight, self.bias)
         out = X @ self.weight
         if self.bias is not None:
             out = ops.bias_add(out, self.bias)  # = out + bias.broadcast_to(out.shape)

@@ -643,6 +643,28 @@ def test_ptb_dataset(tmp_path, device):
 
 @pytest.mark.apps
 @pytest.mark.parametrize("device", DEVICES)
+def test_language_model_logits_are_one_node_with_the_linear_values(device):
+    # The output layer runs as one MatMulAddBias (the graph keeps the logits, not the product
+    # beside them): the same bits as model.linear, and the same gradients reach its parameters.
+    np.random.seed(4)
+    model = models.LanguageModel(8, 12, 10, seq_model="lstm", seq_len=4, device=device)
+    X = ndl.Tensor(np.random.randint(0, 12, (4, 2)).astype(np.float32), device=device)
+    out, _ = model(X)
+    assert type(out.op) is ndl.ops.MatMulAddBias
+    features = out.inputs[0]
+    course = model.linear(features.detach())
+    np.testing.assert_array_equal(out.numpy(), course.numpy())
+    out.sum().backward()
+    grads = [p.grad.numpy() for p in model.linear.parameters()]
+    for p in model.linear.parameters():
+        p.grad = None
+    model.linear(features.detach()).sum().backward()
+    for got, want in zip(grads, (p.grad.numpy() for p in model.linear.parameters())):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.apps
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seq_model", ["rnn", "lstm", "transformer"])
 def test_language_model_and_ptb_loops(device, seq_model):
     data = np.random.randint(0, 12, size=(9, 2)).astype(np.float32)

@@ -58,36 +58,6 @@ def test_linear_rng_order_shapes_forward_backward(device):
     np.testing.assert_allclose(x.grad.numpy(), w @ W.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_linear_is_one_node_with_the_course_values(device):
-    # A 2-D input with a bias: one MatMulAddBias node, the same bits as the course's
-    # X @ W + b.broadcast_to and gradients by central differences (test_fused checks the op's
-    # second derivative). A 3-D input keeps the product and bias_add.
-    np.random.seed(3)
-    lin = nn.Linear(4, 3, device=device)
-    X = np.random.randn(5, 4).astype(F32)
-    out = lin(T(X, device))
-    assert type(out.op) is ndl.ops.MatMulAddBias
-    course = T(X, device) @ lin.weight + lin.bias.broadcast_to((5, 3))
-    np.testing.assert_array_equal(out.numpy(), course.numpy())
-    lin3 = lin(T(X.reshape(1, 5, 4), device))
-    assert type(lin3.op) is ndl.ops.BiasAdd
-    np.testing.assert_array_equal(lin3.numpy()[0], out.numpy())
-
-    x = T(X, device)
-    loss = (lin(x) ** 2).sum()
-    loss.backward()
-    w = lin.weight.numpy().astype(np.float64)
-    b = lin.bias.numpy().astype(np.float64)
-
-    def f(x_):
-        return float(np.sum((x_ @ w + b) ** 2))
-
-    np.testing.assert_allclose(
-        x.grad.numpy(), central_difference(f, X.astype(np.float64)), rtol=1e-3, atol=1e-3
-    )
-
-
 def test_linear_without_bias_draws_once():
     np.random.seed(2)
     lin = nn.Linear(3, 2, bias=False)
