@@ -458,3 +458,39 @@ def test_small_calls_keep_working_from_threads(mod):
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("n, hw, c, stride", [(32, 4, 32, 1), (32, 8, 16, 2), (3, 4, 32, 1)])
+def test_conv_gradients_keep_no_batch_sized_buffer(mod, n, hw, c, stride):
+    # ResNet-9's small layers: the input adjoint works through groups of images and the weight
+    # adjoint through blocks of rows (per-thread scratch), so neither holds an im2col matrix of
+    # the whole batch (n·h_out·w_out × 9c floats) as an allocated array; values against numpy.
+    rng = np.random.default_rng(n + hw)
+    k, pad = 3, 1
+    ho = (hw + 2 * pad - k) // stride + 1
+    x = rng.standard_normal((n, hw, hw, c)).astype(np.float32)
+    w = rng.standard_normal((k, k, c, c)).astype(np.float32)
+    g = rng.standard_normal((n, ho, ho, c)).astype(np.float32)
+    xb, wb, gb = put(mod, x), put(mod, w), put(mod, g)
+    dx, dw = mod.Array(x.size), mod.Array(w.size)
+    whole = n * ho * ho * k * k * c * 4
+    mod.reset_peak()
+    live = mod.memory_stats()["live_bytes"]
+    mod.conv_input_grad(gb, wb, k, k, c, c, n, hw, hw, stride, pad, dx)
+    mod.conv_weight_grad(xb, gb, n, hw, hw, c, k, k, c, stride, pad, dw)
+    extra = mod.memory_stats()["peak_bytes"] - live
+    if n >= mod.num_threads():  # (a batch smaller than the thread count keeps one product)
+        assert extra < whole // 2, (extra, whole)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    want_dx, want_dw = np.zeros_like(xp), np.zeros((k, k, c, c))
+    for i in range(k):
+        for j in range(k):
+            win = xp[:, i : i + stride * ho : stride, j : j + stride * ho : stride, :]
+            want_dw[i, j] = np.einsum("nhwc,nhwd->cd", win, g)
+            want_dx[:, i : i + stride * ho : stride, j : j + stride * ho : stride, :] += np.einsum(
+                "nhwd,cd->nhwc", g, w[i, j]
+            )
+    got_dx = mod.to_numpy(dx, x.shape, (hw * hw * c, hw * c, c, 1), 0)
+    got_dw = mod.to_numpy(dw, w.shape, (k * c * c, c * c, c, 1), 0)
+    np.testing.assert_allclose(got_dx, want_dx[:, pad:-pad, pad:-pad, :], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got_dw, want_dw, rtol=1e-4, atol=1e-3)
