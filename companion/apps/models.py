@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import needle as ndl
 import needle.nn as nn
 from needle import ops
 from needle.nn.nn_basic import NCHW_TO_NHWC, NHWC_TO_NCHW
+from needle.ops import ops_fused
 
 from .language_model import LanguageModel
 
@@ -42,24 +45,38 @@ class ConvBN(ndl.nn.Module):
         # goes through the norm and the ReLU as it is: one layout change each way for the block
         # instead of one around each layer (the same values)
         self.conv.check_nchw(x)
-        h = self._conv_bn_relu(_channels_last(x))
+        source = _nhwc_source(x)
+        h = self._conv_bn_relu(source) if source is not None else self._conv_bn_relu(x, True)
         return ops.permute(h, NHWC_TO_NCHW)
 
-    def _conv_bn_relu(self, x: ndl.Tensor) -> ndl.Tensor:
-        """The block on channels-last ``x``: the conv's bias, the norm and the ReLU are one
-        node (``BatchNorm2d.forward_nhwc(pre_bias=..., relu=True)``, the same values) unless
-        ``self.relu`` was replaced by another module."""
+    def _conv_bn_relu(self, x: ndl.Tensor, channels_first: bool = False) -> ndl.Tensor:
+        """The block on channels-last ``x`` (on NCHW ``x`` when ``channels_first``), returning
+        channels-last output: in training the conv, its bias, the norm and the ReLU are one node
+        (``ops_fused.ConvBatchNormTrain``: the same values, and neither the conv's output nor a
+        channels-last copy of an NCHW input is kept until backward); otherwise the conv and one
+        node for the rest (``BatchNorm2d.forward_nhwc(pre_bias=..., relu=True)``); the layers
+        in turn if ``self.relu`` was replaced by another module."""
+        conv, bn = self.conv, self.bn
+        fused = type(self.relu) is nn.ReLU and bn.training and conv.bias is not None
+        if fused and math.prod(x.shape) > 0:
+            if not channels_first:
+                conv.check_nhwc(x)
+            op = ops_fused.ConvBatchNormTrain(
+                conv.stride, conv.padding, bn.eps, relu=True, channels_first=channels_first
+            )
+            return bn.fold_statistics(op, op(x, conv.weight, conv.bias, bn.weight, bn.bias))
+        if channels_first:
+            x = ops.permute(x, NCHW_TO_NHWC, compact=True)
         if type(self.relu) is not nn.ReLU:
-            return self.relu(self.bn.forward_nhwc(self.conv.forward_nhwc(x)))
-        h = self.conv.forward_nhwc(x, add_bias=False)
-        return self.bn.forward_nhwc(h, pre_bias=self.conv.bias, relu=True)
+            return self.relu(bn.forward_nhwc(conv.forward_nhwc(x)))
+        h = conv.forward_nhwc(x, add_bias=False)
+        return bn.forward_nhwc(h, pre_bias=conv.bias, relu=True)
 
 
-def _channels_last(x: ndl.Tensor) -> ndl.Tensor:
-    """``x`` (N, C, H, W) as a compact (N, H, W, C) tensor. When x is the NCHW view that a
-    block before made of its own NHWC output, that output itself (no node: the two layout
-    changes cancel, and reverse mode skips them); otherwise one permute (which copies unless x
-    lies NHWC in memory)."""
+def _nhwc_source(x: ndl.Tensor) -> ndl.Tensor | None:
+    """When ``x`` (N, C, H, W) is the NCHW view that a block before made of its own compact
+    NHWC output, that output (no node: the two layout changes cancel, and reverse mode skips
+    them); otherwise None (the block then changes the layout itself)."""
     op = x.op
     if isinstance(op, ops.Permute) and op.axes == NHWC_TO_NCHW and not op.compact:
         source = x.inputs[0]
@@ -67,7 +84,7 @@ def _channels_last(x: ndl.Tensor) -> ndl.Tensor:
         is_compact = getattr(source.realize_cached_data(), "is_compact", None)
         if is_compact is not None and is_compact():
             return source
-    return ops.permute(x, NCHW_TO_NHWC, compact=True)
+    return None
 
 
 class ResNet9(ndl.nn.Module):

@@ -309,6 +309,22 @@ class BatchNorm1d(Module):
         _check_features(x, self.dim, type(self).__name__)
         return self._normalise(x)
 
+    def fold_statistics(self, op: Any, out: Tensor) -> Tensor:
+        """``out``, the result of a training-mode batch-norm ``op`` over this module's channels
+        (one with ``statistics()``: ``ops_fused.BatchNormTrain``, ``ConvBatchNormTrain``), after
+        folding the op's batch mean and variance into the running averages (an extension)."""
+        out.realize_cached_data()  # computed now even in lazy mode: the statistics are read
+        mean, var = op.statistics()
+        m = self.momentum
+        # plain arrays: the running statistics never join the graph
+        self.running_mean = Tensor.make_const(
+            self.running_mean.realize_cached_data() * (1 - m) + mean * m
+        )
+        self.running_var = Tensor.make_const(
+            self.running_var.realize_cached_data() * (1 - m) + var * m
+        )
+        return out
+
     def _normalise(
         self, x: Tensor, pre_bias: Optional[Tensor] = None, relu: bool = False
     ) -> Tensor:
@@ -318,18 +334,7 @@ class BatchNorm1d(Module):
         n = math.prod(x.shape[:-1])
         if self.training and n > 0:
             op = ops_fused.BatchNormTrain(self.eps, pre_bias=pre_bias is not None, relu=relu)
-            out = op.apply(x, self.weight, self.bias, pre_bias)
-            out.realize_cached_data()  # computed now even in lazy mode: the statistics are read
-            mean, var = op.statistics()
-            m = self.momentum
-            # plain arrays: the running statistics never join the graph
-            self.running_mean = Tensor.make_const(
-                self.running_mean.realize_cached_data() * (1 - m) + mean * m
-            )
-            self.running_var = Tensor.make_const(
-                self.running_var.realize_cached_data() * (1 - m) + var * m
-            )
-            return out
+            return self.fold_statistics(op, op.apply(x, self.weight, self.bias, pre_bias))
         # Evaluation, and an empty training batch (which has no statistics: the running
         # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
         if pre_bias is not None:

@@ -89,18 +89,23 @@ class Conv(Module):
                 f"shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
 
-    def forward_nhwc(self, x: Tensor, add_bias: bool = True) -> Tensor:
-        """Convolve channels-last ``x`` (N, H, W, C_in); returns (N, H_out, W_out, C_out).
-
-        The same map as :meth:`forward` without its two layout changes, for networks that
-        keep their activations channels-last throughout. ``add_bias=False`` leaves the bias out,
-        for a caller that adds it itself (``BatchNorm2d.forward_nhwc(pre_bias=...)``)."""
+    def check_nhwc(self, x: Tensor) -> None:
+        """Raise ValueError unless ``x`` is (N, H, W, C_in), the input :meth:`forward_nhwc`
+        takes."""
         if len(x.shape) != 4 or x.shape[3] != self.in_channels:
             raise ValueError(
                 f"Conv({self.in_channels}, {self.out_channels}).forward_nhwc "
                 f"expects input of shape (N, H, W, {self.in_channels}), "
                 f"got {tuple(x.shape)}"
             )
+
+    def forward_nhwc(self, x: Tensor, add_bias: bool = True) -> Tensor:
+        """Convolve channels-last ``x`` (N, H, W, C_in); returns (N, H_out, W_out, C_out).
+
+        The same map as :meth:`forward` without its two layout changes, for networks that
+        keep their activations channels-last throughout. ``add_bias=False`` leaves the bias out,
+        for a caller that adds it itself (``BatchNorm2d.forward_nhwc(pre_bias=...)``)."""
+        self.check_nhwc(x)
         out = ops.conv(x, self.weight, stride=self.stride, padding=self.padding)
         if self.bias is not None and add_bias:
             # = out + bias.reshape((1, 1, 1, C_out)).broadcast_to(out.shape), one node

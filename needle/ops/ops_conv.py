@@ -178,15 +178,20 @@ class Conv(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
-        s, p = self.stride, self.padding
-        out_grad = compacted(out_grad)  # read by both kernels below: copied once if strided
-        # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
-        # images the input gradient would be the most expensive product of a ResNet-9 step.
-        grad_X = None
-        if X.requires_grad:
-            grad_X = ConvInputGrad((X.shape[1], X.shape[2]), s, p)(out_grad, Wt)
-        grad_W = ConvWeightGrad((Wt.shape[0], Wt.shape[1]), s, p)(X, out_grad)
-        return grad_X, grad_W
+        return conv_adjoints(X, Wt, out_grad, self.stride, self.padding)
+
+
+def conv_adjoints(X: Tensor, Wt: Tensor, out_grad: Tensor, stride: int, padding: int):
+    """(adjoint of X or None, adjoint of Wt) of ``conv(X, Wt, stride, padding)`` for the
+    output adjoint ``out_grad``: the input gradient and the weight gradient, each one op."""
+    out_grad = compacted(out_grad)  # read by both kernels below: copied once if strided
+    # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
+    # images the input gradient would be the most expensive product of a ResNet-9 step.
+    grad_X = None
+    if X.requires_grad:
+        grad_X = ConvInputGrad((X.shape[1], X.shape[2]), stride, padding)(out_grad, Wt)
+    grad_W = ConvWeightGrad((Wt.shape[0], Wt.shape[1]), stride, padding)(X, out_grad)
+    return grad_X, grad_W
 
 
 class ConvWeightGrad(TensorOp):
@@ -263,4 +268,14 @@ def conv(a: Tensor, b: Tensor, stride: int = 1, padding: int = 1) -> Tensor:
     return Conv(stride, padding)(a, b)
 
 
-__all__ = ["Flip", "flip", "Dilate", "dilate", "UnDilate", "undilate", "Conv", "conv"]
+__all__ = [
+    "Flip",
+    "flip",
+    "Dilate",
+    "dilate",
+    "UnDilate",
+    "undilate",
+    "Conv",
+    "conv",
+    "conv_adjoints",
+]

@@ -19,7 +19,17 @@ from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
 from ..backend_selection import BACKEND, array_api
-from .ops_mathematic import MatMul, ReLU, SumToShape, _relu_mask, matmul, summation, transpose
+from . import ops_conv
+from .ops_mathematic import (
+    MatMul,
+    ReLU,
+    SumToShape,
+    _relu_mask,
+    matmul,
+    permute,
+    summation,
+    transpose,
+)
 
 __all__ = [
     "SoftmaxCrossEntropy",
@@ -29,6 +39,7 @@ __all__ = [
     "BatchNormColumns",
     "batchnorm_columns",
     "BatchNormTrain",
+    "ConvBatchNormTrain",
     "batchnorm_train",
     "LSTMCellStep",
     "lstm_cell_step",
@@ -318,22 +329,79 @@ class BatchNormTrainBackward(_BackwardOp, TensorTupleOp):
     """The adjoints (dx, [dbias,] dw, db) of :class:`BatchNormTrain` from its output adjoint:
     the ReLU's mask (output > 0) applied first when it has one, then batch norm's backward
     kernel, and dbias = dx summed over the leading axes. Inputs (adjoint, output, x, [bias,]
-    w, b): the output is read for the mask, w by the kernel."""
+    w, b): the output is read for the mask, w by the kernel; dx has x's shape, or ``shape``
+    when given (:class:`ConvBatchNormTrain` passes the convolution's input as x, for the graph,
+    and the shape of its output, which it did not keep)."""
 
     forward_name = "batchnorm_train"
 
-    def __init__(self, xhat, rstd, pre_bias: bool, relu: bool):
+    def __init__(self, xhat, rstd, pre_bias: bool, relu: bool, shape: Tuple | None = None):
         self.xhat, self.rstd, self.pre_bias, self.relu = xhat, rstd, pre_bias, relu
+        self.shape = shape
 
     def compute(self, adjoint, out, x, *params):
         w = params[-2]
         if self.relu:  # as ReLU's gradient
             adjoint = adjoint * _relu_mask(out)
         dx, dw, db = array_api.batchnorm_bwd(_as_rows(adjoint), self.xhat, self.rstd, w)
-        dx = dx.reshape(x.shape) if len(x.shape) != 2 else dx
+        shape = self.shape or x.shape
+        dx = dx.reshape(shape) if len(shape) != 2 else dx
         if not self.pre_bias:
             return dx, dw, db
         return dx, SumToShape(params[0].shape).compute(dx), dw, db
+
+
+_NCHW_TO_NHWC, _NHWC_TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+class ConvBatchNormTrain(TensorOp):
+    """conv(x, weight) (NHWC, see :class:`~needle.ops.ops_conv.Conv`), then training-mode batch
+    norm with the conv's bias added first and, when ``relu``, max(·, 0) — ResNet-9's ConvBN
+    block — as ONE node with channels-last output. Inputs (x, weight, bias, w, b); with
+    ``channels_first`` x is (N, C, H, W) and its channels-last copy is made inside, forward and
+    again backward for the weight gradient, rather than kept through the step (the network's
+    input images: 0.39 MB of ResNet-9's step).
+
+    The convolution's output is a temporary of the forward pass: batch norm's backward reads
+    its saved x̂ (and the output, for the ReLU's mask), never its input, so the graph keeps
+    the block's output and x̂, not the convolution's result beside them (PyTorch keeps the
+    norm's input instead of x̂: the same count). The same kernels on the same arrays as
+    :class:`BatchNormTrain` after ``conv`` (the same bits, forward and backward);
+    :meth:`statistics` hands over the batch statistics as BatchNormTrain's does."""
+
+    def __init__(
+        self, stride: int, padding: int, eps: float, relu: bool = False, channels_first=False
+    ):
+        self.conv = ops_conv.Conv(stride, padding)
+        self.norm = BatchNormTrain(eps, pre_bias=True, relu=relu)
+        self.channels_first = channels_first
+        self.conv_shape: Tuple = ()
+
+    def compute(self, x, weight, bias, w, b):
+        if self.channels_first:  # the channels-last copy is a temporary too (made again below)
+            x = x.permute(_NCHW_TO_NHWC).compact()
+        h = self.conv.compute(x, weight)
+        self.conv_shape = tuple(h.shape)
+        return self.norm.compute(h, bias, w, b)
+
+    def statistics(self) -> Tuple:
+        """(batch mean, biased batch variance) of the convolution's output channels, once."""
+        return self.norm.statistics()
+
+    def gradient(self, out_grad: Tensor, node: Tensor):
+        x, weight, bias, w, b = node.inputs
+        norm = self.norm
+        backward = BatchNormTrainBackward(
+            norm.xhat, norm.rstd, True, norm.relu, shape=self.conv_shape
+        )
+        grads = backward(out_grad, node, x, bias, w, b)
+        x_nhwc = permute(x, _NCHW_TO_NHWC, compact=True) if self.channels_first else x
+        dx, dweight = ops_conv.conv_adjoints(
+            x_nhwc, weight, grads[0], self.conv.stride, self.conv.padding
+        )
+        if dx is not None and self.channels_first:
+            dx = permute(dx, _NHWC_TO_NCHW)
+        return dx, dweight, grads[1], grads[2], grads[3]
 
 
 def batchnorm_train(

@@ -1,5 +1,7 @@
 """ResNet-9 (hw4) and the CIFAR-10 training loops, on the offline ShapesDataset."""
 
+import gc
+
 import numpy as np
 import pytest
 from conftest import DEVICES
@@ -8,6 +10,7 @@ import companion.data
 import needle as ndl
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
 from companion.apps.models import ConvBN, ResNet9
+from needle.ops import ops_fused
 
 pytestmark = [pytest.mark.conv, pytest.mark.apps]
 
@@ -137,7 +140,8 @@ def test_convbn_equals_its_layers_called_in_turn(device):
     layered = run(lambda t: block.relu(block.bn(block.conv(t))))
     for got, want in zip(fused, layered):
         np.testing.assert_array_equal(got, want)
-    assert _permutes(block(x)) == 2
+    out = block(x)  # the layout change in is inside the node (ConvBatchNormTrain), one out
+    assert _permutes(out) == 1 and isinstance(out.inputs[0].op, ops_fused.ConvBatchNormTrain)
     assert _permutes(block.relu(block.bn(block.conv(x)))) == 4
     with pytest.raises(ValueError, match=r"expects input of shape \(N, 3, H, W\)"):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
@@ -166,7 +170,32 @@ def test_chained_convbns_skip_the_layout_changes_between_them():
     _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert _permutes(out) == 2
+    assert _permutes(out) == 1  # the first block's layout change in is inside its node
+
+
+def test_convbn_in_training_keeps_its_output_and_xhat_alone():
+    """In training a ConvBN is one ConvBatchNormTrain node: until backward the step holds the
+    block's output and batch norm's x̂, not the convolution's output nor a channels-last copy
+    of the NCHW input (both are made again where backward needs them)."""
+    device = ndl.cpu()
+    if ndl.backend_selection.BACKEND != "nd" or not device.enabled():
+        pytest.skip("counts the compiled CPU module's bytes")
+    np.random.seed(5)
+    block = ConvBN(8, 16, 3, 2, device=device)
+    x = ndl.Tensor(np.random.randn(8, 8, 16, 16).astype(np.float32), device=device)
+    out_bytes = 8 * 16 * 8 * 8 * 4
+    mod = device.mod
+    gc.collect()
+    gc.disable()
+    try:
+        before = mod.memory_stats()["live_bytes"]
+        out = block(x)
+        kept = mod.memory_stats()["live_bytes"] - before
+    finally:
+        gc.enable()
+    assert 2 * out_bytes <= kept <= 2 * out_bytes + 4096, kept  # output and x̂ (+ statistics)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and block.conv.weight.grad is not None
 
 
 def test_convbn_calls_a_replaced_activation_module():
