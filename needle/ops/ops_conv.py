@@ -178,17 +178,21 @@ class Conv(TensorOp):
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
-        return conv_adjoints(X, Wt, out_grad, self.stride, self.padding)
+        return conv_adjoints(X, Wt, out_grad, self.stride, self.padding, X.requires_grad)
 
 
-def conv_adjoints(X: Tensor, Wt: Tensor, out_grad: Tensor, stride: int, padding: int):
-    """(adjoint of X or None, adjoint of Wt) of ``conv(X, Wt, stride, padding)`` for the
-    output adjoint ``out_grad``: the input gradient and the weight gradient, each one op."""
+def conv_adjoints(
+    X: Tensor, Wt: Tensor, out_grad: Tensor, stride: int, padding: int, input_grad: bool
+):
+    """(adjoint of X, or None unless ``input_grad``; adjoint of Wt) of ``conv(X, Wt, stride,
+    padding)`` for the output adjoint ``out_grad``: the input and the weight gradient, each one
+    op. ``input_grad`` is the caller's to say: X may be a tensor made during a backward pass
+    that records no graph, whose requires_grad is then False."""
     out_grad = compacted(out_grad)  # read by both kernels below: copied once if strided
     # Inputs that need no adjoint get None, which reverse mode skips: for a network's input
     # images the input gradient would be the most expensive product of a ResNet-9 step.
     grad_X = None
-    if X.requires_grad:
+    if input_grad:
         grad_X = ConvInputGrad((X.shape[1], X.shape[2]), stride, padding)(out_grad, Wt)
     grad_W = ConvWeightGrad((Wt.shape[0], Wt.shape[1]), stride, padding)(X, out_grad)
     return grad_X, grad_W

@@ -397,7 +397,7 @@ class ConvBatchNormTrain(TensorOp):
         grads = backward(out_grad, node, x, bias, w, b)
         x_nhwc = permute(x, _NCHW_TO_NHWC, compact=True) if self.channels_first else x
         dx, dweight = ops_conv.conv_adjoints(
-            x_nhwc, weight, grads[0], self.conv.stride, self.conv.padding
+            x_nhwc, weight, grads[0], self.conv.stride, self.conv.padding, x.requires_grad
         )
         if dx is not None and self.channels_first:
             dx = permute(dx, _NHWC_TO_NCHW)

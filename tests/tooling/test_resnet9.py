@@ -112,7 +112,8 @@ def test_resnet9_channels_last_matches_nchw_layers(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_convbn_equals_its_layers_called_in_turn(device):
+@pytest.mark.parametrize("create_graph", [True, False])
+def test_convbn_equals_its_layers_called_in_turn(device, create_graph):
     """ConvBN keeps the convolution's channels-last result through the norm and the ReLU
     (one layout change each way for the block): the same output, gradients and running
     statistics, bit for bit, as calling its Conv, BatchNorm2d and ReLU one after another."""
@@ -126,7 +127,7 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         for p in params:
             p.grad = None
         out = call(x)
-        (out * R).sum().backward()
+        (out * R).sum().backward(create_graph=create_graph)
         stats = [block.bn.running_mean.numpy(), block.bn.running_var.numpy()]
         return [out.numpy(), x.grad.numpy(), *(p.grad.numpy() for p in params), *stats]
 
@@ -147,7 +148,8 @@ def test_convbn_equals_its_layers_called_in_turn(device):
         block(ndl.init.rand(2, 6, 6, 3, device=device))
 
 
-def test_chained_convbns_skip_the_layout_changes_between_them():
+@pytest.mark.parametrize("create_graph", [True, False])
+def test_chained_convbns_skip_the_layout_changes_between_them(create_graph):
     """A ConvBN fed by another's NCHW output reads that block's NHWC result directly: two
     chained blocks have one layout change in and one out, and the same output and gradients
     as their layers called in turn."""
@@ -160,17 +162,18 @@ def test_chained_convbns_skip_the_layout_changes_between_them():
         for p in params:
             p.grad = None
         out = call()
-        out.sum().backward()
-        return out, [out.numpy()] + [p.grad.numpy() for p in params]
+        permutes = _permutes(out)  # before a backward without graph frees it
+        out.sum().backward(create_graph=create_graph)
+        return permutes, [out.numpy()] + [p.grad.numpy() for p in params]
 
-    out, got = run(lambda: second(first(x)))
+    permutes, got = run(lambda: second(first(x)))
     for block in (first, second):
         dim = block.bn.dim
         block.bn.running_mean, block.bn.running_var = ndl.init.zeros(dim), ndl.init.ones(dim)
     _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert _permutes(out) == 1  # the first block's layout change in is inside its node
+    assert permutes == 1  # the first block's layout change in is inside its node
 
 
 def test_convbn_in_training_keeps_its_output_and_xhat_alone():
@@ -305,3 +308,22 @@ def test_train_cifar10_rejects_bad_epochs():
     _, loader = _loader(4, 4)
     with pytest.raises(ValueError, match="n_epochs"):
         train_cifar10(ResNet9(), loader, n_epochs=0, progress=False)
+
+
+def test_resnet9_backward_without_graph_reaches_every_parameter():
+    """A backward that records no graph (create_graph=False, the benchmarks' and PyTorch's
+    kind) gives every parameter the gradient the recording backward gives: a fused block's
+    input gradient must not depend on tensors made inside that backward asking for one."""
+    np.random.seed(2)
+    model = ResNet9()
+    x = ndl.Tensor(np.random.randn(4, 3, 32, 32).astype(np.float32), requires_grad=False)
+    y = ndl.Tensor(np.random.randint(0, 10, 4).astype(np.float32), requires_grad=False)
+    grads = {}
+    for create_graph in (True, False):
+        for p in model.parameters():
+            p.grad = None
+        ndl.nn.SoftmaxLoss()(model(x), y).backward(create_graph=create_graph)
+        assert all(p.grad is not None for p in model.parameters()), create_graph
+        grads[create_graph] = [p.grad.numpy() for p in model.parameters()]
+    for with_graph, without in zip(grads[True], grads[False]):
+        np.testing.assert_allclose(without, with_graph, rtol=1e-5, atol=1e-6)
