@@ -480,3 +480,65 @@ def test_train_eval_reach_every_submodule():
     x = ndl.Tensor(np.ones((3, 2), F32), device=ndl.cpu())
     model.eval()
     np.testing.assert_array_equal(model.seq(x).numpy(), 2 * np.ones((3, 2)))  # x + dropout(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "layers",
+    [("linear", "norm", "relu"), ("linear", "norm"), ("norm", "relu"), ("linear", "relu")],
+)
+def test_sequential_joins_linear_norm_and_relu_with_the_same_bits(device, layers):
+    # In training a BatchNorm1d after a Linear (and a ReLU after the norm) run as one
+    # BatchNormTrain node: output, every gradient and the running statistics are the bits of
+    # the modules called in turn; in eval mode, and for a subclass, the modules are called.
+    def build():
+        np.random.seed(6)
+        make = {
+            "linear": lambda: nn.Linear(5, 4, device=device),
+            "norm": lambda: nn.BatchNorm1d(4 if layers[0] == "linear" else 5, device=device),
+            "relu": lambda: nn.ReLU(),
+        }
+        return nn.Sequential(*(make[name]() for name in layers))
+
+    X = np.random.default_rng(1).standard_normal((6, 5)).astype(F32)
+
+    def run(model, in_turn):
+        x = T(X, device)
+        out = x
+        if in_turn:
+            for m in model.modules:
+                out = m(out)
+        else:
+            out = model(x)
+        (out * out).sum().backward()
+        norms = [m for m in model.modules if isinstance(m, nn.BatchNorm1d)]
+        stats = [a.numpy() for m in norms for a in (m.running_mean, m.running_var)]
+        return out, [out.numpy(), x.grad.numpy()] + [
+            p.grad.numpy() for p in model.parameters()
+        ] + stats
+
+    out, joined = run(build(), in_turn=False)
+    _, separate = run(build(), in_turn=True)
+    for got, want in zip(joined, separate):
+        np.testing.assert_array_equal(got, want)
+    if "norm" in layers:
+        assert type(out.op) is ndl.ops.BatchNormTrain
+        expected_inputs = 4 if layers[0] == "linear" else 3  # (x W, bias, w, b) or (x, w, b)
+        assert len(out.inputs) == expected_inputs
+    model = build().eval()
+    assert type(model(T(X, device)).op) is not ndl.ops.BatchNormTrain
+
+
+def test_sequential_calls_a_subclassed_linear():
+    class Doubled(nn.Linear):
+        def forward(self, X):
+            return super().forward(X) * 2.0
+
+    np.random.seed(7)
+    model = nn.Sequential(Doubled(3, 2), nn.BatchNorm1d(2))
+    x = ndl.Tensor(np.random.randn(4, 3).astype(F32))
+    out = model(x)
+    np.random.seed(7)
+    lin, norm = Doubled(3, 2), nn.BatchNorm1d(2)
+    np.testing.assert_array_equal(out.numpy(), norm(lin(x)).numpy())
+    assert type(out.inputs[0].op) is ndl.ops.MulScalar
