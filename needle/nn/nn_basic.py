@@ -14,10 +14,7 @@ import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
 from needle.ops import ops_fused
-
-# Axis orders between the course's NCHW images and the channels-last layout of the kernels.
-NCHW_TO_NHWC = (0, 2, 3, 1)
-NHWC_TO_NCHW = (0, 3, 1, 2)
+from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
 
 
 class Parameter(Tensor):

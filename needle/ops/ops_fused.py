@@ -21,6 +21,8 @@ from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_g
 from ..backend_selection import BACKEND, array_api
 from . import ops_conv
 from .ops_mathematic import (
+    NCHW_TO_NHWC,
+    NHWC_TO_NCHW,
     MatMul,
     ReLU,
     SumToShape,
@@ -351,9 +353,6 @@ class BatchNormTrainBackward(_BackwardOp, TensorTupleOp):
         return dx, SumToShape(params[0].shape).compute(dx), dw, db
 
 
-_NCHW_TO_NHWC, _NHWC_TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
-
-
 class ConvBatchNormTrain(TensorOp):
     """conv(x, weight) (NHWC, see :class:`~needle.ops.ops_conv.Conv`), then training-mode batch
     norm with the conv's bias added first and, when ``relu``, max(·, 0) — ResNet-9's ConvBN
@@ -379,7 +378,7 @@ class ConvBatchNormTrain(TensorOp):
 
     def compute(self, x, weight, bias, w, b):
         if self.channels_first:  # the channels-last copy is a temporary too (made again below)
-            x = x.permute(_NCHW_TO_NHWC).compact()
+            x = x.permute(NCHW_TO_NHWC).compact()
         h = self.conv.compute(x, weight)
         self.conv_shape = tuple(h.shape)
         return self.norm.compute(h, bias, w, b)
@@ -395,12 +394,12 @@ class ConvBatchNormTrain(TensorOp):
             norm.xhat, norm.rstd, True, norm.relu, shape=self.conv_shape
         )
         grads = backward(out_grad, node, x, bias, w, b)
-        x_nhwc = permute(x, _NCHW_TO_NHWC, compact=True) if self.channels_first else x
+        x_nhwc = permute(x, NCHW_TO_NHWC, compact=True) if self.channels_first else x
         dx, dweight = ops_conv.conv_adjoints(
             x_nhwc, weight, grads[0], self.conv.stride, self.conv.padding, x.requires_grad
         )
         if dx is not None and self.channels_first:
-            dx = permute(dx, _NHWC_TO_NCHW)
+            dx = permute(dx, NHWC_TO_NCHW)
         return dx, dweight, grads[1], grads[2], grads[3]
 
 

@@ -438,6 +438,11 @@ def transpose(a: Tensor, axes: Optional[Sequence[int]] = None) -> Tensor:
     return Transpose(axes)(a)
 
 
+# Axis orders between the course's NCHW images and the channels-last layout of the kernels.
+NCHW_TO_NHWC = (0, 2, 3, 1)
+NHWC_TO_NCHW = (0, 3, 1, 2)
+
+
 class Permute(TensorOp):
     """Reorder every axis: output axis ``i`` is input axis ``axes[i]`` (an extension; the course
     composes ``transpose`` calls). One view forward, one inverse permutation backward, so a
