@@ -3,7 +3,7 @@
 ``import needle as ndl`` gives the course's namespace: tensors and autodiff (``ndl.Tensor``),
 every op (``ndl.relu``, ``ndl.ops.relu``), devices (``ndl.cpu()``, ``ndl.cuda()``), and the
 submodules ``init``, ``nn``, ``optim``, ``data`` and ``backend_ndarray``, and ``ndl.compile`` (a
-training step captured once and replayed as a kernel list, ``needle/capture.py``).
+training step captured once and replayed as a kernel list, ``needle/fast/compile.py``).
 """
 
 from . import autograd, backend_ndarray, data, init, nn, ops, optim
@@ -20,6 +20,6 @@ from .autograd import (
     set_grad_enabled,
 )
 from .backend_selection import *
-from .capture import compile
+from .fast.compile import compile
 from .init import ones, ones_like, zeros, zeros_like
 from .ops import *

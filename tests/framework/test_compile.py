@@ -489,7 +489,7 @@ def test_unsupported_result_runs_once_and_stays_eager():
 def test_the_table_of_written_buffers_names_real_parameters():
     # The table is derived from the fused kernels' specifications; each name it lists must be a
     # parameter of the device function (else the replay planner would miss a write).
-    from needle import capture
+    from needle.fast import compile as capture
     from needle.backend_ndarray import protocol
 
     assert {"sgd_update", "adam_update", "conv_fwd", "softmax_fwd"} <= set(capture._WRITES)

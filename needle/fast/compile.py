@@ -65,9 +65,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import autograd, backend_selection
-from .autograd import Tensor
-from .backend_ndarray import fused_spec
+from .. import autograd, backend_selection
+from ..autograd import Tensor
+from ..backend_ndarray import fused_spec
 
 __all__ = ["compile", "CompiledStep"]
 
@@ -148,7 +148,7 @@ class _Trace:
 
 
 def _devices() -> list:
-    from .backend_ndarray.device import all_devices
+    from ..backend_ndarray.device import all_devices
 
     return [d for d in all_devices() if d.enabled()]
 
@@ -165,7 +165,7 @@ class _Recorder:
         self.array_types: tuple = ()
 
     def __enter__(self) -> "_Recorder":
-        from .backend_ndarray import protocol
+        from ..backend_ndarray import protocol
 
         names = [n for n in vars(protocol.DeviceModule) if not n.startswith("_")]
         types_ = []
@@ -254,8 +254,8 @@ def _state_objects(fn: Callable, extra: Iterable[Any]) -> List[Tuple[Any, Any, A
     """(container, key, kind) entries naming what ``fn`` can read: closure cells, the globals its
     code names, a bound method's object, plus ``extra``; modules and optimizers are expanded
     into their attributes (submodules recursively)."""
-    from .nn import Module
-    from .optim import Optimizer
+    from ..nn import Module
+    from ..optim import Optimizer
 
     entries: List[Tuple[Any, Any, Any]] = []
     seen: set = set()
@@ -325,7 +325,7 @@ def _describe(value: Any) -> Any:
     """What the guard compares for one state value: the value for numbers and strings, the
     object's identity (and its array's) for Tensors and arrays, a summary for containers;
     callables and other objects are compared by identity."""
-    from .backend_ndarray import NDArray
+    from ..backend_ndarray import NDArray
 
     if isinstance(value, _SCALARS):
         return ("=", value)
@@ -669,7 +669,7 @@ def _param_names(dev: Any, name: str) -> List[str]:
     if names is None:
         import inspect
 
-        from .backend_ndarray import protocol
+        from ..backend_ndarray import protocol
 
         names = list(inspect.signature(getattr(protocol.DeviceModule, name)).parameters)[1:]
         _PARAMS[name] = names
@@ -854,7 +854,7 @@ class CompiledStep:
         return _rebuild(trace.outputs, lambda key: arrays[key]._handle)
 
     def _replay(self, p: _Program, handles: List[Any]) -> Any:
-        from .backend_ndarray import NDArray
+        from ..backend_ndarray import NDArray
 
         if p.baked is None:
             _bake(p)
@@ -969,7 +969,7 @@ def _check_guard(p: _Program) -> Optional[str]:
 
 def _signature(args: tuple, kwargs: dict) -> Tuple[tuple, List[Any]]:
     """(hashable signature, input buffers) of one call's arguments."""
-    from .backend_ndarray import NDArray
+    from ..backend_ndarray import NDArray
 
     sig: List[Any] = [autograd.is_grad_enabled()]
     handles: List[Any] = []
@@ -1010,7 +1010,7 @@ def _signature(args: tuple, kwargs: dict) -> Tuple[tuple, List[Any]]:
 def _describe_outputs(result: Any, trace: _Trace) -> Tuple[Any, Dict[Any, Any]]:
     """(structure, arrays) of a step's result: Tensors become ("tensor", buffer key, shape,
     strides, offset) and their arrays are returned by key, to be copied."""
-    from .backend_ndarray import NDArray
+    from ..backend_ndarray import NDArray
 
     arrays: Dict[Any, Any] = {}
 
@@ -1034,7 +1034,7 @@ def _describe_outputs(result: Any, trace: _Trace) -> Tuple[Any, Dict[Any, Any]]:
 def _rebuild(out: Any, handle: Callable[[Any], Any]) -> Any:
     """The result structure with fresh detached Tensors, each a compact copy of its view;
     ``handle(key)`` is the buffer of a key."""
-    from .backend_ndarray import NDArray
+    from ..backend_ndarray import NDArray
 
     if out[0] == "tensor":
         _, key, shape, strides, offset, device = out
