@@ -330,8 +330,8 @@ def _kept(tmp: List[Any], arrays: Dict[Any, Any]) -> set:
     base = sys.getrefcount(probe[0])
     held: Dict[int, int] = {}
     for a in arrays.values():
-        h = a.buffer[0]
-        held[id(h)] = held.get(id(h), 0) + 1
+        key = id(a.buffer[0])  # no local holding the handle while references are counted
+        held[key] = held.get(key, 0) + 1
     kept = set()
     for k in range(len(tmp)):
         if sys.getrefcount(tmp[k]) - held.get(id(tmp[k]), 0) > base:
