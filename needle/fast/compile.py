@@ -35,11 +35,11 @@ re-traces (or, when it cannot be captured, runs eagerly with the reason in ``sta
   every non-Tensor argument, grad mode) selects another captured program or traces a new one;
 * the **Python state the step reads**: every object that ``fn`` names (closure variables, the
   globals its code names, a bound method's object, objects passed in ``watch=``) and, through
-  them, every object reachable by attributes, lists, tuples and dicts (modules, optimizers,
-  plain config or scheduler objects): their numbers, flags and strings, the contents of numpy
-  arrays, the identity and ``requires_grad`` of Tensors (``p.requires_grad = False`` freezes a
-  layer: re-trace), the set of attribute names (a ``forward`` assigned on an instance), the
-  class and, for modules, the class's ``forward``;
+  them, every object reachable by attributes (``__dict__`` or ``__slots__``), lists, tuples and
+  dicts (modules, optimizers, plain config or scheduler objects): their numbers, flags and
+  strings, the contents of numpy arrays, the identity and ``requires_grad`` of Tensors
+  (``p.requires_grad = False`` freezes a layer: re-trace), the set of attribute names (a
+  ``forward`` assigned on an instance), the class and, for modules, the class's ``forward``;
 * **state the step changes**: a number, flag, numpy array or container the step itself changes
   cannot be repeated by a replay (which runs no Python), so such a step is refused (runs
   eagerly) with the value named in ``stats["reasons"]``: a branch on a step counter kept by
@@ -60,8 +60,8 @@ Not guarded (stated honestly; pass such state in ``watch=`` or call :meth:`Compi
 after changing it):
 
 * state reached only through objects the step does not name: another module's globals, class
-  attributes (other than a module's ``forward``), state held by C extension objects or objects
-  without a ``__dict__`` (``__slots__``), values computed by properties from such state, and
+  attributes (other than a module's ``forward``), state held inside C extension objects (not in
+  a ``__dict__`` or Python ``__slots__``), values computed by properties from such state, and
   anything deeper than 8 references from ``fn``;
 * the outside world: files, clocks, environment variables, a random generator other than
   numpy's global one;

@@ -38,7 +38,7 @@ class Layout:
     def __init__(self, obj: Any) -> None:
         cls = type(obj)
         methods = tuple(_class_attribute(cls, n) for n in ("forward", "__call__"))
-        self.key = (id(cls), tuple(vars(obj)), tuple(id(m) for m in methods))
+        self.key = (id(cls), tuple(attributes(obj)), tuple(id(m) for m in methods))
         self.objects = (cls, methods)
 
 
@@ -140,7 +140,7 @@ class _Walk:
         elif _has_state(obj):
             self.seen.add(id(obj))
             self.entries.append((obj, "", "keys"))
-            for key, value in list(vars(obj).items()):
+            for key, value in attributes(obj).items():
                 self.entries.append((obj, key, "attr"))
                 self.value(value, depth + 1)
 
@@ -173,8 +173,37 @@ class _Walk:
 
 def _has_state(obj: Any) -> bool:
     """An object whose attributes are guarded: a module, an optimizer, a config or scheduler
-    object... anything with a ``__dict__`` except classes and Python modules."""
-    return hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType))
+    object... anything with a ``__dict__`` or with ``__slots__`` declared in Python, except
+    classes, Python modules and arrays."""
+    from ..backend_ndarray import NDArray
+
+    if isinstance(obj, (type, types.ModuleType, NDArray, np.ndarray)):
+        return False
+    return hasattr(obj, "__dict__") or bool(_slot_names(type(obj)))
+
+
+def _slot_names(cls: type) -> Tuple[str, ...]:
+    """The attribute names declared by ``__slots__`` in the Python classes of ``cls``'s MRO."""
+    names: List[str] = []
+    for klass in cls.__mro__:
+        declared = vars(klass).get("__slots__", ())
+        for n in (declared,) if isinstance(declared, str) else declared:
+            if n.startswith("__") and not n.endswith("__"):
+                n = f"_{klass.__name__.lstrip('_')}{n}"  # a private name, as Python mangles it
+            if n not in ("__dict__", "__weakref__") and n not in names:
+                names.append(n)
+    return tuple(names)
+
+
+def attributes(obj: Any) -> Dict[str, Any]:
+    """An object's attributes: its ``__dict__`` and its set ``__slots__``, by name."""
+    found = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+    for n in _slot_names(type(obj)):
+        try:
+            found[n] = getattr(obj, n)
+        except AttributeError:  # a slot never set
+            continue
+    return found
 
 
 def _names(code: types.CodeType) -> set:

@@ -799,3 +799,34 @@ def test_gradients_accumulated_over_calls_and_reset_outside_every_third():
     for i, (a, b) in enumerate(zip(g_eager, g_comp)):
         for ga, gb in zip(a, b):
             np.testing.assert_array_equal(ga, gb, err_msg=f"call {i}")
+
+
+class _SlottedConfig:
+    __slots__ = ("scale", "__private")
+
+    def __init__(self):
+        self.scale = 1.0
+        self.__private = 0.0
+
+    def offset(self):
+        return self.__private
+
+    def set_offset(self, v):
+        self.__private = v
+
+
+def test_attributes_in_slots_are_guarded():
+    """A config object with ``__slots__`` (no ``__dict__``), public and name-mangled."""
+
+    def make(ctx):
+        cfg = ctx.cfg = _SlottedConfig()
+        return _loss_step(ctx, scale=lambda _: cfg.scale + cfg.offset())
+
+    def change(i, ctx):
+        if i == 4:
+            ctx.cfg.scale = 3.0
+        if i == 7:
+            ctx.cfg.set_offset(2.0)
+
+    _, _, f = _twins(make, change, steps=11)
+    assert f.stats["replays"] > 0 and f.stats["retraces"] >= 2, f.stats
