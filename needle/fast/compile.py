@@ -174,9 +174,11 @@ class CompiledStep:
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if backend_selection.BACKEND != "nd":
+            return self._eager(args, kwargs, None)
         from ..backend_ndarray.device import is_recording
 
-        if backend_selection.BACKEND != "nd" or is_recording():
+        if is_recording():  # called inside a trace (or another recording): run as written
             return self._eager(args, kwargs, None)
         with self._lock:
             return self._call(args, kwargs)

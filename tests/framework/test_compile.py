@@ -830,3 +830,18 @@ def test_attributes_in_slots_are_guarded():
 
     _, _, f = _twins(make, change, steps=11)
     assert f.stats["replays"] > 0 and f.stats["retraces"] >= 2, f.stats
+
+
+def test_import_needle_leaves_the_speed_wing_unloaded():
+    """``import needle`` runs the course's code only; ``ndl.compile`` loads ``needle.fast``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, needle\n"
+        "assert 'needle.fast' not in sys.modules, 'needle.fast loaded by import needle'\n"
+        "from needle.fast import compile\n"
+        "assert needle.compile is compile\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
