@@ -7,6 +7,6 @@ imports this package.
   (``needle/fast/compile.py``); also reachable as ``ndl.compile``.
 """
 
-from .compile import CompiledStep, compile
+from .compile import CaptureWarning, CompiledStep, compile
 
-__all__ = ["compile", "CompiledStep"]
+__all__ = ["compile", "CompiledStep", "CaptureWarning"]

@@ -41,10 +41,11 @@ re-traces (or, when it cannot be captured, runs eagerly with the reason in ``sta
   (``p.requires_grad = False`` freezes a layer: re-trace), the set of attribute names (a
   ``forward`` assigned on an instance), the class and, for modules, the class's ``forward``;
 * **state the step changes**: a number, flag, numpy array or container the step itself changes
-  cannot be repeated by a replay (which runs no Python), so such a step is refused (runs
-  eagerly) with the value named in ``stats["reasons"]``: a branch on a step counter kept by
-  the step is never frozen. The one exception is an optimizer's step count ``t``, which the
-  replay advances and passes to the kernels that take it (Adam's bias correction);
+  cannot be repeated by a replay (which runs no Python), so such a step is refused: it runs
+  eagerly, and a :class:`CaptureWarning` and ``stats["reasons"]`` name the value (so a branch
+  on a step counter kept by the step is never frozen). The one exception is an optimizer's
+  step count ``t``, which the replay advances and passes to the kernels that take it (Adam's
+  bias correction);
 * **device values read by Python** (``x.numpy()`` inside the step, e.g. batch norm's test
   whether a statistic's adjoint is zero) are read again during the replay and compared with the
   traced value; a difference abandons the replay (before any buffer that outlives the call was
@@ -82,6 +83,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -93,7 +95,12 @@ from .guards import SCALARS, CaptureError
 from .program import Program, bake, build, owned_entries
 from .recording import Trace, TraceRecorder
 
-__all__ = ["compile", "CompiledStep"]
+__all__ = ["compile", "CompiledStep", "CaptureWarning"]
+
+
+class CaptureWarning(UserWarning):
+    """A compiled step refused to capture (it runs eagerly from then on); the message names
+    the cause."""
 
 
 class _Replay(Exception):
@@ -104,7 +111,8 @@ class CompiledStep:
     """A step function captured by :func:`compile`; call it like the function.
 
     ``stats`` counts ``traces`` (eager calls that were recorded), ``replays``, ``eager`` calls
-    (not captured), ``retraces`` (a program dropped by a guard) and keeps the ``reasons``.
+    (not captured), ``retraces`` (a program dropped by a guard) and keeps the ``reasons``; a
+    :class:`CaptureWarning` names the cause when the step stops capturing an input signature.
     Calls from several threads run one at a time.
     """
 
@@ -130,6 +138,7 @@ class CompiledStep:
         self._pending: Dict[tuple, List[Trace]] = {}
         self._given_up: Dict[tuple, str] = {}
         self._short: Dict[tuple, int] = {}  # programs in a row dropped after < 2 replays
+        self._traced: Dict[tuple, int] = {}  # traced calls since the last program was built
         self._lock = threading.RLock()  # one call at a time: a replay owns the program's pool
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -140,6 +149,7 @@ class CompiledStep:
             self._pending.clear()
             self._given_up.clear()
             self._short.clear()
+            self._traced.clear()
 
     @property
     def program(self) -> Optional[Program]:
@@ -209,9 +219,16 @@ class CompiledStep:
             short = self._short.get(sig, 0) + 1 if program.replays < 2 else 0
             self._short[sig] = short
             if short >= self.max_traces:
-                self._given_up[sig] = f"{short} programs in a row failed their guard: {reason}"
-                return self._eager(args, kwargs, self._given_up[sig])
+                why = f"{short} programs in a row failed their guard: {reason}"
+                self._give_up(sig, why)
+                return self._eager(args, kwargs, why)
         return self._trace(sig, args, kwargs, handles)
+
+    def _give_up(self, sig: tuple, reason: str) -> None:
+        """Run calls of this signature eagerly from now on, saying why once (a warning)."""
+        self._given_up[sig] = reason
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        warnings.warn(f"compile: {name} runs eagerly (not captured): {reason}", CaptureWarning, 2)
 
     def _note(self, reason: str) -> None:
         reasons = self.stats["reasons"]
@@ -236,7 +253,7 @@ class CompiledStep:
             try:  # inside the recording: realizing a lazy output runs kernels
                 trace.outputs, arrays = _describe_outputs(result, trace)
             except CaptureError as exc:
-                self._given_up[sig] = str(exc)
+                self._give_up(sig, str(exc))
                 self._note(str(exc))
                 self.stats["eager"] += 1
                 return result  # this call ran eagerly; the next ones will too
@@ -252,6 +269,7 @@ class CompiledStep:
         """Keep a traced call; once two agree, build their program."""
         pending = self._pending.setdefault(sig, [])
         pending.append(trace)
+        self._traced[sig] = self._traced.get(sig, 0) + 1
         if len(pending) < 2:
             return
         prev2 = pending[-3] if len(pending) >= 3 else None
@@ -259,13 +277,13 @@ class CompiledStep:
             program = build(prev2, pending[-2], pending[-1])
         except CaptureError as exc:
             self._note(str(exc))
-            if len(pending) >= self.max_traces:
-                self._given_up[sig] = str(exc)
-                del self._pending[sig]
+            if self._traced[sig] >= self.max_traces:
+                self._give_up(sig, str(exc))
+                del self._pending[sig], self._traced[sig]
             else:
                 del pending[:-2]
             return
-        del self._pending[sig]
+        del self._pending[sig], self._traced[sig]
         if len(self._programs) >= self.cache:
             self._programs.pop(next(iter(self._programs)))
         self._programs[sig] = program

@@ -22,6 +22,7 @@ import needle.nn as nn
 from companion.apps.language_model import LanguageModel
 from companion.apps.models import ConvBN
 from needle import backend_selection
+from needle.fast import CaptureWarning
 
 pytestmark = pytest.mark.skipif(
     backend_selection.BACKEND != "nd", reason="capture records the nd backend's device calls"
@@ -631,7 +632,8 @@ def test_branch_on_a_counter_is_not_frozen(where):
 
         return _loss_step(ctx, scale=scale)
 
-    _, _, f = _twins(make, lambda i, ctx: None)
+    with pytest.warns(CaptureWarning, match="Linear.steps" if where == "module" else "'_IT'"):
+        _, _, f = _twins(make, lambda i, ctx: None)
     assert f.stats["replays"] == 0, f.stats
     assert any("steps" in r or "_IT" in r for r in f.stats["reasons"]), f.stats
 
@@ -845,3 +847,23 @@ def test_import_needle_leaves_the_speed_wing_unloaded():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_gives_up_after_max_traces_traced_calls_and_warns():
+    """With the default ``max_traces`` (6), a step whose kernels change at every call is
+    traced 6 times, then runs eagerly with a warning naming why (it used to be traced at
+    every call: only the last traces were counted)."""
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        for _ in range(len(calls)):
+            x = x + 1
+        return x
+
+    compiled = ndl.compile(f)
+    x = ndl.Tensor(np.zeros(3, np.float32), device=ndl.cpu())
+    with pytest.warns(CaptureWarning, match="device calls"):
+        for n in range(1, 11):
+            np.testing.assert_array_equal(compiled(x).numpy(), np.full(3, n, np.float32))
+    assert compiled.stats["traces"] == 6 and compiled.stats["eager"] == 4, compiled.stats
