@@ -314,10 +314,12 @@ def _set_dispatch(recorded: bool) -> None:
 
 
 def _recorded(device: BackendDevice, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         stack = getattr(_thread, "stack", None)
         if not stack:
-            return fn(*args)
+            return fn(*args, **kwargs)
+        if kwargs:  # reported as the positional arguments they stand for
+            args, kwargs = _positional(name, args, kwargs), {}
         _thread.stack = ()  # calls made by this call are not reported
         try:
             result = fn(*args)
@@ -328,3 +330,14 @@ def _recorded(device: BackendDevice, name: str, fn: Callable[..., Any]) -> Calla
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
+
+
+def _positional(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The arguments of a call of the protocol function ``name``, all positional, in order."""
+    import inspect
+
+    spec = getattr(protocol.DeviceModule, name, None)
+    if spec is None:
+        raise TypeError(f"device function {name!r} called with keywords cannot be recorded")
+    bound = inspect.signature(spec).bind(None, *args, **kwargs)
+    return tuple(bound.arguments.values())[1:]

@@ -780,6 +780,14 @@ def test_recording_hook_reports_this_threads_calls_until_its_block_ends():
             assert is_recording()
             raise ZeroDivisionError("the block ends by an exception")
     assert outer.names == [("cpu", "Array"), ("cpu", "ewise_scalar")]
+    calls = []  # keyword arguments reach the module, and are reported positionally
+    rec = Log()
+    rec.record = lambda device, name, args, result: calls.append((name, args))
+    with recording(rec):
+        out = NDArray.make((4,), device=ndl.cpu())
+        ndl.cpu().fill(out=out.buffer[0], val=3.0)
+    assert calls[-1] == ("fill", (out.buffer[0], 3.0))
+    np.testing.assert_array_equal(out.numpy(), np.full(4, 3, np.float32))
     assert inner.names == [("cpu", "rand")]
     assert not is_recording()
     np.testing.assert_array_equal((b * 2).numpy(), np.full(4, 4, np.float32))
