@@ -875,3 +875,17 @@ def test_gives_up_after_max_traces_traced_calls_and_warns():
         for n in range(1, 11):
             np.testing.assert_array_equal(compiled(x).numpy(), np.full(3, n, np.float32))
     assert compiled.stats["traces"] == 6 and compiled.stats["eager"] == 4, compiled.stats
+
+
+def test_forward_replaced_on_the_class_is_guarded(monkeypatch):
+    """A module class's ``forward`` replaced after capture (a patched layer)."""
+    plain = nn.Linear.forward
+
+    def change(i, ctx):
+        if i == 5:
+            monkeypatch.setattr(nn.Linear, "forward", lambda self, x: plain(self, x) * 2.0)
+        if i == 0:
+            monkeypatch.setattr(nn.Linear, "forward", plain)
+
+    _, _, f = _twins(_loss_step, change)
+    assert f.stats["replays"] > 0 and f.stats["retraces"] >= 1, f.stats
