@@ -10,6 +10,7 @@ objects it keeps alive, :func:`form` what a step may change between calls.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import types
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -38,7 +39,8 @@ class Layout:
     def __init__(self, obj: Any) -> None:
         cls = type(obj)
         methods = tuple(_class_attribute(cls, n) for n in ("forward", "__call__"))
-        self.key = (id(cls), tuple(attributes(obj)), tuple(id(m) for m in methods))
+        names = tuple(vars(obj)) if not _slot_names(cls) else tuple(attributes(obj))
+        self.key = (id(cls), names, tuple(id(m) for m in methods))
         self.objects = (cls, methods)
 
 
@@ -182,6 +184,7 @@ def _has_state(obj: Any) -> bool:
     return hasattr(obj, "__dict__") or bool(_slot_names(type(obj)))
 
 
+@functools.cache
 def _slot_names(cls: type) -> Tuple[str, ...]:
     """The attribute names declared by ``__slots__`` in the Python classes of ``cls``'s MRO."""
     names: List[str] = []
