@@ -10,9 +10,9 @@ objects it keeps alive, :func:`form` what a step may change between calls.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import types
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
@@ -184,18 +184,25 @@ def _has_state(obj: Any) -> bool:
     return hasattr(obj, "__dict__") or bool(_slot_names(type(obj)))
 
 
-@functools.cache
+_SLOTS: "weakref.WeakKeyDictionary[type, Tuple[str, ...]]" = weakref.WeakKeyDictionary()
+
+
 def _slot_names(cls: type) -> Tuple[str, ...]:
-    """The attribute names declared by ``__slots__`` in the Python classes of ``cls``'s MRO."""
-    names: List[str] = []
+    """The attribute names declared by ``__slots__`` in the Python classes of ``cls``'s MRO
+    (looked up once per class: a class's slots cannot change)."""
+    names = _SLOTS.get(cls)
+    if names is not None:
+        return names
+    found: List[str] = []
     for klass in cls.__mro__:
         declared = vars(klass).get("__slots__", ())
         for n in (declared,) if isinstance(declared, str) else declared:
             if n.startswith("__") and not n.endswith("__"):
                 n = f"_{klass.__name__.lstrip('_')}{n}"  # a private name, as Python mangles it
-            if n not in ("__dict__", "__weakref__") and n not in names:
-                names.append(n)
-    return tuple(names)
+            if n not in ("__dict__", "__weakref__") and n not in found:
+                found.append(n)
+    names = _SLOTS[cls] = tuple(found)
+    return names
 
 
 def attributes(obj: Any) -> Dict[str, Any]:
