@@ -262,6 +262,14 @@ class NDArray:
         return math.prod(self._shape)
 
     @property
+    def buffer(self) -> tuple[Any, int]:
+        """``(handle, offset)``: the device buffer this array views (shared by its views) and
+        the index of its first element, read-only (for tools such as ``needle.fast.compile``
+        that follow buffers through kernel calls; ``NDArray.make(..., handle=, offset=)``
+        builds a view of one)."""
+        return self._handle, self._offset
+
+    @property
     def flat(self) -> "NDArray":
         """A 1-D view (or compact copy) of every element in row-major order."""
         return self.compact().reshape((self.size,))
