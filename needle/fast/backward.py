@@ -33,8 +33,7 @@ def _check_out_grad(output: Tensor, out_grad: Tensor) -> None:
         raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
     if tuple(out_grad.shape) != tuple(output.shape):
         raise ValueError(
-            f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
-            f"{tuple(output.shape)}"
+            f"backward's out_grad has shape {tuple(out_grad.shape)}, expected {tuple(output.shape)}"
         )
 
 

@@ -72,11 +72,7 @@ def course_forward(m: Module, cls: type) -> bool:
     """True when ``m`` runs ``cls``'s course forward unchanged: ``m`` is an instance of exactly
     ``cls`` (or of its fused twin), and neither the class nor the instance replaced ``forward``."""
     course = getattr(type(m), "_course_class", type(m))
-    return (
-        course is cls
-        and "forward" not in vars(m)
-        and _COURSE_FORWARDS.get(cls) is cls.forward
-    )
+    return course is cls and "forward" not in vars(m) and _COURSE_FORWARDS.get(cls) is cls.forward
 
 
 def _check_features(x: Tensor, dim: int, name: str) -> None:
@@ -94,9 +90,7 @@ def fold_statistics(norm: BatchNorm1d, op, out: Tensor) -> Tensor:
     norm.running_mean = Tensor.make_const(
         norm.running_mean.realize_cached_data() * (1 - m) + mean * m
     )
-    norm.running_var = Tensor.make_const(
-        norm.running_var.realize_cached_data() * (1 - m) + var * m
-    )
+    norm.running_var = Tensor.make_const(norm.running_var.realize_cached_data() * (1 - m) + var * m)
     return out
 
 

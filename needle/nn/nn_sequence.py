@@ -322,9 +322,7 @@ class LSTM(Module):
             layer_input = output.reshape((seq_len * bs, self.hidden_size))
         return output, (ops.stack(h_n, 0), ops.stack(c_n, 0))
 
-    def initial_states(
-        self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]]
-    ) -> list:
+    def initial_states(self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]]) -> list:
         """Each layer's (h0, c0), each (bs, hidden_size), after checking X and h's shapes."""
         _check_input(X, 3, self.lstm_cells[0], "LSTM")
         bs, H = X.shape[1], self.hidden_size

@@ -67,9 +67,7 @@ MODELS = {
         lambda: ndl.Tensor(_ids(seed=2).reshape(-1)),
     ),
     "gan_discriminator": (
-        lambda: nn.Sequential(
-            nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)
-        ),
+        lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)),
         lambda m: m(ndl.Tensor(np.random.default_rng(3).standard_normal((8, 6)).astype("f4"))),
         lambda: ndl.Tensor(np.arange(8, dtype=np.float32) % 2),
     ),

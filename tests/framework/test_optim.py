@@ -351,11 +351,14 @@ def test_step_on_a_strided_parameter(device):
     np.testing.assert_allclose(p.numpy(), np.arange(6, dtype=F32).reshape(2, 3).T - 0.5)
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda ps: ndl.optim.SGD(ps, lr=0.1),
-    lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
-    lambda ps: ndl.optim.Adam(ps, lr=0.1),
-])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: ndl.optim.SGD(ps, lr=0.1),
+        lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+        lambda ps: ndl.optim.Adam(ps, lr=0.1),
+    ],
+)
 def test_a_snapshot_of_a_parameter_keeps_its_values(make_opt):
     """As the course's p.data = ..., a step gives the parameter a new array: ndl.Tensor(p),
     which shares p's array, keeps the values it had (a "best weights" copy)."""
