@@ -200,7 +200,7 @@ class CheckpointOp(TensorOp):
         recomputation's backward pass, which frees every node it reaches."""
         order = autograd.find_topo_sort([out])
         self._refuse_unlisted_leaves(order, x)
-        freed = [n for n in order if isinstance(n.op, autograd._Released)]
+        freed = [n for n in order if n.requires_grad and isinstance(n.op, autograd._Released)]
         if freed:
             raise RuntimeError(
                 f"checkpoint: fn uses a tensor computed outside the block that needs a "
