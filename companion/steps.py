@@ -95,8 +95,10 @@ def _data(case: str):
     raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
 
 
-def needle_step(case: str, device) -> Step:
-    """The needle step of ``case`` on ``device`` (a needle device such as ``ndl.cpu()``)."""
+def needle_step(case: str, device, fast: bool = False) -> Step:
+    """The needle step of ``case`` on ``device`` (a needle device such as ``ndl.cpu()``): the
+    course's modules and backward, or with ``fast`` the opt-in fast path
+    (``needle.fast.fuse`` on the model and the loss, ``needle.fast.backward``)."""
     import needle as ndl
 
     x_np, y_np = _data(case)
@@ -134,6 +136,13 @@ def needle_step(case: str, device) -> Step:
     x = ndl.Tensor(x_np.astype(np.float32), device=device, requires_grad=False)
     y = ndl.Tensor(y_np.astype(np.float32), device=device, requires_grad=False)
     loss_fn = ndl.nn.SoftmaxLoss()
+    backward = _fast_backward
+    if fast:
+        import needle.fast
+
+        needle.fast.fuse(model)
+        needle.fast.fuse(loss_fn)
+        backward = needle.fast.backward
 
     def forward():
         opt.reset_grad()
@@ -142,7 +151,7 @@ def needle_step(case: str, device) -> Step:
             out = out[0]
         return loss_fn(out, y)
 
-    return Step(forward, _fast_backward, opt.step)
+    return Step(forward, backward, opt.step)
 
 
 def torch_step(case: str) -> Optional[Step]:

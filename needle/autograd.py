@@ -16,6 +16,7 @@ from operator import add
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     Dict,
     FrozenSet,
     Generic,
@@ -91,9 +92,8 @@ class Op(Generic[V]):
     index: int  # the component such an op picks
 
     # False for ops whose gradient reads only their inputs and saved state, never the node's own
-    # array (a product, a sum): a backward that records no graph then frees that array before
-    # computing the node's gradient when nothing but the pass holds the node (the logits of a
-    # language model, 2 MB, are then gone before their product's two adjoints are allocated).
+    # array (a product, a sum): needle.fast.backward then frees that array before computing the
+    # node's gradient when nothing but the pass holds the node.
     gradient_reads_output = True
 
     def gradient_as_tuple(self, out_grad: V, node: V) -> Tuple[Optional["Value"], ...]:
@@ -321,9 +321,12 @@ def _squeezed(shape: Iterable[int]) -> Tuple[int, ...]:
 class Tensor(Value):
     """An n-dimensional array with autograd.
 
-    ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` copies ``array`` (a numpy
-    array, nested list, NDArray or Tensor) to ``device`` (default: ``default_tensor_device()``,
-    the compiled ``cpu()`` when it is built; an NDArray or Tensor stays on its own device). On the
+    ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` makes a leaf holding
+    ``array`` (a numpy array, nested list, NDArray or Tensor) on ``device`` (default:
+    ``default_tensor_device()``, the compiled ``cpu()`` when it is built; an NDArray or Tensor
+    stays on its own device). As in the course, a Tensor of the same device and dtype shares its
+    array (nothing in needle writes a parameter's array in place: the optimizers give it a new
+    one), anything else is copied. On the
     numpy backend ``dtype=None`` keeps numpy's
     dtype (as in the course); on the NDArray backend every array is float32. An unknown keyword
     argument is a TypeError naming it.
@@ -527,7 +530,11 @@ class Tensor(Value):
 
 
 def compute_gradient_of_variables(
-    output_tensor: Value, out_grad: Value, *, create_graph: bool = True
+    output_tensor: Value,
+    out_grad: Value,
+    *,
+    create_graph: bool = True,
+    before_gradient: Optional[Callable[[Value], None]] = None,
 ) -> None:
     """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for the leaves.
 
@@ -542,6 +549,9 @@ def compute_gradient_of_variables(
     RuntimeError), so each activation and saved array is freed as soon as the pass has used
     it, instead of living until the output is dropped. Tensors the caller holds keep their
     values; a second backward through the freed graph raises.
+
+    ``before_gradient(node)``, when given, is called before each interior node's gradient is
+    computed in a pass that records no graph (``needle.fast.backward`` frees arrays there).
     """
     record = create_graph and _grad_mode.enabled
     with set_grad_enabled(record):
@@ -570,8 +580,8 @@ def compute_gradient_of_variables(
                 if not record:
                     _release(node)
                 continue
-            if not record and not op.gradient_reads_output and _only_the_pass_holds(node):
-                node.cached_data = None  # see Op.gradient_reads_output
+            if not record and before_gradient is not None:
+                before_gradient(node)
             _pass_on(node_to_output_grads_list, node.inputs, op.gradient_as_tuple(grad, node))
             if not record:
                 _release(node)
@@ -603,34 +613,11 @@ def _pass_on(
     grads: Tuple[Optional[Value], ...],
 ) -> None:
     """Append each input's adjoint contribution (a function, so that no loop variable of the
-    pass keeps an input alive into the next node's turn: see :func:`_only_the_pass_holds`)."""
+    pass keeps an input alive into the next node's turn: ``needle.fast.backward`` counts the
+    references to a node)."""
     for inp, inp_grad in zip(inputs, grads):
         if inp_grad is not None and inp.requires_grad:
             adjoints.setdefault(inp, []).append(inp_grad)
-
-
-def _only_the_pass_holds(node: Value) -> bool:
-    """True when the backward pass's own variable is the only reference to ``node``: no Tensor
-    of the caller can see its array. (CPython's count for a caller's local passed here, which
-    differs between versions: 3 from 3.11, 4 on 3.10; measured once, below.)"""
-    return sys.getrefcount(node) <= _ONLY_A_LOCAL
-
-
-def _count_of_a_local() -> int:
-    """sys.getrefcount inside :func:`_only_the_pass_holds`'s pattern for an object that only a
-    local variable of the caller holds."""
-    seen = []
-
-    def probe(obj: object) -> bool:
-        seen.append(sys.getrefcount(obj))
-        return True
-
-    local = object()
-    probe(local)
-    return seen[0]
-
-
-_ONLY_A_LOCAL = _count_of_a_local()
 
 
 def _release(node: Value) -> None:

@@ -47,9 +47,10 @@ import numpy as np
 
 from needle import autograd, ops
 from needle.autograd import Tensor, TensorOp
+from needle.fast import ops as ops_fused
 from needle.nn import Module
 from needle.nn.nn_sequence import Embedding
-from needle.ops import ops_conv, ops_fused
+from needle.ops import ops_conv
 
 try:
     import onnx
@@ -291,7 +292,7 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
 def _refuse_training_mode(model: Callable) -> None:
     if not isinstance(model, Module):
         return
-    training = [m for m in [model, *model._children()] if m.training]
+    training = [m for m in [model, *model.submodules()] if m.training]
     if training:
         kinds = sorted({type(m).__name__ for m in training})
         raise ValueError(

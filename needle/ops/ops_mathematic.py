@@ -10,7 +10,6 @@ input's own shape.
 from __future__ import annotations
 
 import functools
-import operator
 from numbers import Integral, Real
 from typing import Iterable, Optional, Sequence, Tuple, Union, cast
 
@@ -115,26 +114,6 @@ class SumToShape(TensorOp):
         return broadcast_to(out_grad, node.inputs[0].shape)
 
 
-def _keep_layout(fn, *arrays: NDArray) -> NDArray:
-    """``fn(*arrays)`` for an element-wise ``fn`` whose operands share one shape and a
-    permuted-but-dense layout (say an NCHW view of NHWC memory): computed on the compact views
-    in memory order and returned in the operands' layout, instead of a strided pass into a
-    row-major result that the next channels-last kernel would have to copy back. Any other
-    operands (compact, sliced, broadcast, numpy arrays) go straight to ``fn``."""
-    a = arrays[0]
-    memory_order = getattr(a, "memory_order", None)
-    if memory_order is None or a.is_compact():
-        return fn(*arrays)
-    order = memory_order()
-    if order is None:
-        return fn(*arrays)
-    for b in arrays[1:]:
-        if b.shape != a.shape or b.strides != a.strides:
-            return fn(*arrays)
-    out = fn(*(x.permute(order) for x in arrays))
-    return out.permute(_inverse_permutation(order))
-
-
 @functools.lru_cache(maxsize=256)
 def _inverse_permutation(axes: Tuple[int, ...]) -> Tuple[int, ...]:
     """The axis order that undoes ``permute(axes)`` (negative axes allowed)."""
@@ -157,7 +136,7 @@ class EWiseAdd(TensorOp):
     gradient_reads_output = False
 
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.add, a, b)
+        return a + b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _binary_adjoints(out_grad, out_grad, node)
@@ -211,7 +190,7 @@ class AddScalar(_ScalarOp):
     """a + scalar."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x + self.scalar, a)
+        return a + self.scalar
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad
@@ -226,7 +205,7 @@ class EWiseMul(TensorOp):
     """a * b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.mul, a, b)
+        return a * b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
@@ -242,7 +221,7 @@ class MulScalar(_ScalarOp):
     """a * scalar."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x * self.scalar, a)
+        return a * self.scalar
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return (out_grad * self.scalar,)
@@ -260,7 +239,7 @@ class EWisePow(TensorOp):
     """
 
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.pow, a, b)
+        return a**b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
@@ -276,7 +255,7 @@ class PowerScalar(_ScalarOp):
     """a ** scalar; the exponent may be any real number (non-integers need a >= 0)."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x**self.scalar, a)
+        return a**self.scalar
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         a = node.inputs[0]
@@ -294,7 +273,7 @@ class EWiseDiv(TensorOp):
     """a / b, broadcasting like numpy."""
 
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.truediv, a, b)
+        return a / b
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
@@ -310,7 +289,7 @@ class DivScalar(_ScalarOp):
     """a / scalar."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x / self.scalar, a)
+        return a / self.scalar
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / self.scalar
@@ -325,7 +304,7 @@ class Negate(TensorOp):
     """-a."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(operator.neg, a)
+        return -a
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return -out_grad
@@ -340,7 +319,7 @@ class Log(TensorOp):
     """Natural logarithm, element-wise (log 0 = -inf, negative -> NaN)."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.log(), a)
+        return a.log()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / node.inputs[0]
@@ -355,7 +334,7 @@ class Exp(TensorOp):
     """exp(a), element-wise."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.exp(), a)
+        return a.exp()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * node
@@ -370,7 +349,7 @@ class ReLU(TensorOp):
     """max(a, 0), element-wise; its derivative is taken as 0 at a = 0."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.relu(), a)
+        return a.relu()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * Tensor.make_const(_relu_mask(node.realize_cached_data()))
@@ -379,7 +358,7 @@ class ReLU(TensorOp):
 def _relu_mask(out: NDArray) -> NDArray:
     """The derivative of relu read off its output: 1 where ``out`` > 0, else 0 (relu(a) > 0
     exactly where a > 0, so the derivative at a = 0 is 0); a bool array under numpy."""
-    return _keep_layout(lambda x: x > 0, out)
+    return out > 0
 
 
 def relu(a: Tensor) -> Tensor:
@@ -391,7 +370,7 @@ class Tanh(TensorOp):
     """tanh(a), element-wise; derivative 1 - tanh(a)²."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.tanh(), a)
+        return a.tanh()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * (-(node * node) + 1)

@@ -21,7 +21,7 @@ import needle as ndl
 from needle import backend_ndarray as nd
 from needle import backend_numpy as npf
 from needle import nn, ops
-from needle.ops import ops_fused
+from needle.fast import ops as ops_fused
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 

@@ -192,7 +192,7 @@ def test_attention_keeps_its_weights_and_one_result(device):
 def test_attention_ops_differentiate_twice_like_the_ops_they_replace(device):
     """attention_weights and attention_values against matmul + softmax_last_axis + matmul
     (the composition they replace): values, first and second derivatives."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rng = np.random.default_rng(4)
     shapes = ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4))
@@ -301,7 +301,7 @@ def test_softmax_loss_fast_backward_overwrites_its_probabilities(device):
     the last time: the gradient overwrites them, block of rows by block of rows, so the pass
     allocates one block's temporary instead of a new (N, C) array. The default backward keeps
     them (a second backward works) and both give the same gradient."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rows, cols = 512, 1000
     rng = np.random.default_rng(6)
@@ -333,7 +333,7 @@ def test_transformer_feed_forward_keeps_one_array_per_linear(device):
     (ops_fused.matmul_add_bias): the graph keeps each result alone, not the product x W, the
     sum with the bias and the ReLU beside it. Values, gradients and second derivatives equal
     those of nn.Linear and nn.ReLU."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rows, features, hidden = 128, 32, 64
     rng = np.random.default_rng(7)

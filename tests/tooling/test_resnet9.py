@@ -10,7 +10,7 @@ import companion.data
 import needle as ndl
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
 from companion.apps.models import ConvBN, ResNet9
-from needle.ops import ops_fused
+from needle.fast import ops as ops_fused
 
 pytestmark = [pytest.mark.conv, pytest.mark.apps]
 
