@@ -9,9 +9,7 @@ graph and second derivatives work.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import types
 from functools import reduce
 from operator import add
@@ -41,6 +39,13 @@ from .backend_selection import Device, default_tensor_device
 from .backend_selection import NDArray as NDArray
 from .backend_selection import array_api as array_api
 
+# Grad mode (per thread) lives in its own module, re-exported here; every op reads _grad_mode.
+from .grad_mode import _grad_mode as _grad_mode
+from .grad_mode import enable_grad as enable_grad
+from .grad_mode import is_grad_enabled as is_grad_enabled
+from .grad_mode import no_grad as no_grad
+from .grad_mode import set_grad_enabled as set_grad_enabled
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -56,47 +61,6 @@ if TYPE_CHECKING:
 # Number of live Values: +1 when a Value is initialised, -1 in ``Value.__del__`` (a Value whose
 # construction failed is never counted).
 TENSOR_COUNTER = 0
-
-
-class _GradMode(threading.local):
-    """Whether ops record the graph, per thread (a class default, so every new thread starts
-    with recording on): one thread's ``no_grad()`` or fast backward pass never stops another
-    thread's ops from recording theirs."""
-
-    enabled = True
-    lazy = False
-
-
-_grad_mode = _GradMode()
-
-
-def is_grad_enabled() -> bool:
-    """True when ops called in this thread record the graph (the default)."""
-    return _grad_mode.enabled
-
-
-@contextlib.contextmanager
-def set_grad_enabled(mode: bool) -> Iterator[None]:
-    """Inside the block, ops in this thread record the graph iff ``mode``; the previous mode is
-    restored on exit, also after an exception. Usable as a decorator too."""
-    previous = _grad_mode.enabled
-    _grad_mode.enabled = bool(mode)
-    try:
-        yield
-    finally:
-        _grad_mode.enabled = previous
-
-
-def no_grad() -> contextlib.AbstractContextManager[None]:
-    """``with no_grad():`` ops in this thread record no graph: every result is a constant with
-    ``requires_grad=False`` and keeps no reference to its inputs (evaluation, in-place updates).
-    An extension (PyTorch's ``torch.no_grad``); the course's needle has no grad mode."""
-    return set_grad_enabled(False)
-
-
-def enable_grad() -> contextlib.AbstractContextManager[None]:
-    """``with enable_grad():`` ops in this thread record the graph, even inside ``no_grad()``."""
-    return set_grad_enabled(True)
 
 
 class Op(Generic[V]):

@@ -26,20 +26,29 @@ class Optimizer:
 
     ``params`` is any iterable of Tensors (usually ``model.parameters()``). It must be
     non-empty and must not contain the same tensor twice: a duplicate would be updated twice
-    per step and given two sets of optimizer state.
+    per step and given two sets of optimizer state. ``step()`` checks this again, so a tensor
+    appended to ``opt.params`` later is refused too.
     """
 
     def __init__(self, params: Iterable[Tensor]) -> None:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        seen: Dict[int, int] = {}
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
                 raise TypeError(
                     f"{type(self).__name__}: parameter {i} is a "
                     f"{type(p).__name__}, not a needle Tensor"
                 )
+        self.params: List[Tensor] = params
+        self._refuse_duplicates()
+
+    def _refuse_duplicates(self) -> None:
+        """ValueError naming the positions of a tensor that ``params`` holds twice."""
+        if len({id(p) for p in self.params}) == len(self.params):
+            return
+        seen: Dict[int, int] = {}
+        for i, p in enumerate(self.params):
             if id(p) in seen:
                 raise ValueError(
                     f"{type(self).__name__}: the parameter list contains the same "
@@ -47,7 +56,6 @@ class Optimizer:
                     f"{p.shape}); it would be updated twice per step"
                 )
             seen[id(p)] = i
-        self.params: List[Tensor] = params
 
     def step(self) -> None:
         """Apply one update to every parameter that has a gradient."""
@@ -176,6 +184,7 @@ class SGD(Optimizer):
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
         lr, beta, wd = self._hypers()
+        self._refuse_duplicates()
         for i, p in enumerate(self.params):
             arrays = self._grad_and_param(i, p)
             if arrays is None:
@@ -235,6 +244,7 @@ class Adam(Optimizer):
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
         lr, b1, b2, eps, wd = self._hypers()
+        self._refuse_duplicates()
         self.t += 1
         for i, p in enumerate(self.params):
             arrays = self._grad_and_param(i, p)

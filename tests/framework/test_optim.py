@@ -351,6 +351,26 @@ def test_step_on_a_strided_parameter(device):
     np.testing.assert_allclose(p.numpy(), np.arange(6, dtype=F32).reshape(2, 3).T - 0.5)
 
 
+@pytest.mark.parametrize("make", [lambda ps: optim.SGD(ps, lr=0.5), lambda ps: optim.Adam(ps)])
+def test_a_parameter_appended_twice_after_construction_is_refused_at_step(make):
+    """The constructor refuses duplicates, but one appended to opt.params later was updated
+    twice per step, silently. step() now refuses it (and changes nothing)."""
+    a = nn.Parameter(np.ones(2, F32))
+    b = nn.Parameter(np.ones(3, F32))
+    opt = make([a])
+    opt.params.append(b)
+    opt.params.append(b)
+    for p in (a, b):
+        p.grad = ndl.Tensor(np.ones(p.shape, F32))
+    with pytest.raises(ValueError, match=r"same tensor twice \(positions 1 and 2, shape \(3,\)\)"):
+        opt.step()
+    np.testing.assert_array_equal(b.numpy(), np.ones(3, F32))
+    np.testing.assert_array_equal(a.numpy(), np.ones(2, F32))
+    opt.params.pop()
+    opt.step()  # one copy: updated once
+    assert np.all(b.numpy() < 1.0)
+
+
 @pytest.mark.parametrize(
     "make_opt",
     [

@@ -73,3 +73,25 @@ def test_a_notebook_names_the_lecture_modules_it_lacks_in_one_line():
     assert "\n" not in message and message.startswith("Lecture 13 needs no_such_module_a, ")
     assert "no_such_module_b" in message and "json" not in message
     assert "companion.extras" in message
+
+
+def test_main_without_needles_metadata_never_fails(capsys, monkeypatch, tmp_path):
+    """Without needle's installed metadata main() raised PackageNotFoundError, although it
+    never fails: it now reads the extra from the checkout's pyproject.toml, and says so in one
+    line where that is missing too."""
+    import importlib.metadata
+
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", no_metadata)
+    asked = []
+    assert extras.main([], pip=lambda args: asked.append(args[-1]) or 0) == 0
+    assert asked == extras.declared() and asked  # the extra, from pyproject.toml
+    declared = extras.declared
+    monkeypatch.setattr(extras, "declared", lambda: declared(pyproject=tmp_path / "none"))
+    asked.clear()
+    assert extras.main([], pip=lambda args: asked.append(args[-1]) or 0) == 0
+    assert asked == []  # nothing to install
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "needle's package metadata is missing" in out[0]
