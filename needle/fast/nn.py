@@ -16,7 +16,7 @@ import numpy as np
 
 from needle import ops
 from needle.autograd import Tensor
-from needle.nn import nn_basic, nn_sequence, nn_transformer
+from needle.nn import nn_basic, nn_conv, nn_sequence, nn_transformer
 from needle.nn.nn_basic import BatchNorm1d, BatchNorm2d, Linear, Module, ReLU
 from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
 
@@ -52,6 +52,7 @@ _COURSE_FORWARDS = {
         nn_basic.BatchNorm2d,
         nn_basic.LayerNorm1d,
         nn_basic.SoftmaxLoss,
+        nn_conv.Conv,
         nn_sequence.LSTMCell,
         nn_sequence.LSTM,
         nn_sequence.Embedding,

@@ -219,3 +219,14 @@ def test_register_checks_the_twin():
         fast.register(nn.ReLU, NotATwin)
     with pytest.raises(TypeError, match="needle.nn.Module"):
         fast.fuse(object())
+
+
+def test_a_fused_convbn_block_is_one_node_in_training():
+    """The twin takes its fused branch (a twin that fell back to the layers would pass the
+    equality tests too): in training the block's output is a permute of one ConvBatchNormTrain."""
+    np.random.seed(0)
+    block = fast.fuse(ConvBN(3, 8, 3, 1))
+    out = block(ndl.Tensor(_images(2)))
+    assert isinstance(out.inputs[0].op, fast.ops.ConvBatchNormTrain)
+    block.eval()
+    assert not isinstance(block(ndl.Tensor(_images(2))).inputs[0].op, fast.ops.ConvBatchNormTrain)
