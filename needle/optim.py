@@ -173,6 +173,7 @@ class SGD(Optimizer):
             _hyper("SGD", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_sgd
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
         lr, beta, wd = self._hypers()
@@ -232,6 +233,7 @@ class Adam(Optimizer):
             _hyper("Adam", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_adam
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
         lr, b1, b2, eps, wd = self._hypers()

@@ -139,6 +139,7 @@ def read_idx(filename: str | Path, expected_magic: Optional[int] = None) -> np.n
             raise _idx_error(path, f"not a valid gzip file (truncated or corrupt): {exc}") from exc
 
 
+# question: hw0_parse_mnist
 def parse_mnist(
     image_filename: str | Path, label_filename: str | Path
 ) -> Tuple[np.ndarray, np.ndarray]:
@@ -167,6 +168,7 @@ def _read_mnist(
     return images, labels
 
 
+# question: hw2_mnist_dataset
 class MNISTDataset(Dataset):
     """MNIST from gzipped IDX files (hw2): items are (image (rows*cols,) float32 in [0, 1], label).
 
