@@ -622,20 +622,7 @@ class NDArray:
             out_shape: Shape = (m, p)
             empty = not (m and p)
         else:
-            if len(a_shape) < 2 or len(b_shape) < 2:
-                raise ValueError(
-                    f"matmul needs operands of at least 2 dimensions, got shapes "
-                    f"{self.shape} and {other.shape}"
-                )
-            m, n = a_shape[-2:]
-            p = b_shape[-1]
-            if b_shape[-2] != n:
-                raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
-            batch_shape = _broadcast_shapes(
-                a_shape[:-2], b_shape[:-2], "matmul batch dimensions of"
-            )
-            a_strides = _broadcast_strides(self, batch_shape + a_shape[-2:])
-            b_strides = _broadcast_strides(other, batch_shape + b_shape[-2:])
+            batch_shape, a_strides, b_strides, (m, n, p) = _batched_matmul_plan(self, other)
             out_shape = batch_shape + (m, p)
             empty = not (m and p and prod(batch_shape))
         out = _new(out_shape, device)
@@ -838,6 +825,27 @@ def _reduce_plan(
     view_shape = tuple(shape[a] for a in order)
     empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
     return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
+
+
+def _batched_matmul_plan(
+    a: NDArray, b: NDArray
+) -> Tuple[Shape, Shape, Shape, Tuple[int, int, int]]:
+    """For ``a @ b`` with a batch: the broadcast batch shape, each operand's strides over
+    (batch..., rows, cols), and (m, n, p); ValueError for fewer than 2 dimensions or inner
+    sizes that differ."""
+    a_shape, b_shape = a._shape, b._shape
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise ValueError(
+            f"matmul needs operands of at least 2 dimensions, got shapes {a.shape} and {b.shape}"
+        )
+    m, n = a_shape[-2:]
+    p = b_shape[-1]
+    if b_shape[-2] != n:
+        raise ValueError(f"matmul inner sizes differ: {a.shape} @ {b.shape}")
+    batch_shape = _broadcast_shapes(a_shape[:-2], b_shape[:-2], "matmul batch dimensions of")
+    a_strides = _broadcast_strides(a, batch_shape + a_shape[-2:])
+    b_strides = _broadcast_strides(b, batch_shape + b_shape[-2:])
+    return batch_shape, a_strides, b_strides, (m, n, p)
 
 
 def _broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:
