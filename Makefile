@@ -197,6 +197,9 @@ check: $(INSTALLED)
 progress: $(INSTALLED)
 	$(PY) -m companion.check --progress "$${HW:-.}"
 
+where: $(INSTALLED)
+	$(PY) -m companion.where $(Q)
+
 # Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
 lecture-report: $(BUILT)
 	@test -n "$$(echo $${NEEDLE_IMPL-})" || { echo "usage: make lecture-report NEEDLE_IMPL=path/to/hwN/python [NB=notebooks/NN_topic.py]"; exit 2; }

@@ -529,6 +529,7 @@ class Tensor(Value):
     __rmul__ = __mul__
 
 
+# question: hw1_compute_gradient
 def compute_gradient_of_variables(
     output_tensor: Value,
     out_grad: Value,
@@ -628,6 +629,7 @@ def _release(node: Value) -> None:
         node.op, node.inputs = _RELEASED, []
 
 
+# question: hw1_topo_sort
 def find_topo_sort(node_list: List[Value]) -> List[Value]:
     """Nodes reachable from ``node_list`` in topological order (inputs before consumers).
 
@@ -641,6 +643,7 @@ def find_topo_sort(node_list: List[Value]) -> List[Value]:
     return topo_order
 
 
+# question: hw1_topo_sort
 def topo_sort_dfs(node: Value, visited: set[Value], topo_order: List[Value]) -> None:
     """Post-order DFS from ``node``: appends every unvisited node after all its inputs.
 

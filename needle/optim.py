@@ -181,6 +181,7 @@ class SGD(Optimizer):
             _hyper("SGD", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_sgd
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
         lr, beta, wd = self._hypers()
@@ -241,6 +242,7 @@ class Adam(Optimizer):
             _hyper("Adam", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_adam
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
         lr, b1, b2, eps, wd = self._hypers()

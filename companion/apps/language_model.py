@@ -11,6 +11,7 @@ from needle.autograd import Tensor
 __all__ = ["LanguageModel"]
 
 
+# question: hw4_language_model
 class LanguageModel(nn.Module):
     """Predicts the next word at every position of a (seq_len, bs) batch of word ids.
 

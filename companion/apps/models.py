@@ -16,6 +16,7 @@ from .language_model import LanguageModel
 __all__ = ["ConvBN", "FastConvBN", "ResNet9", "LanguageModel"]
 
 
+# question: hw4_resnet9
 class ConvBN(ndl.nn.Module):
     """Conv(a, b, k, stride=s) -> BatchNorm2d(b) -> ReLU; (N, a, H, W) -> (N, b, H', W')."""
 
@@ -63,6 +64,7 @@ class FastConvBN(ConvBN):
 fast.register(ConvBN, FastConvBN)
 
 
+# question: hw4_resnet9
 class ResNet9(ndl.nn.Module):
     """hw4's ResNet-9: (N, 3, 32, 32) images -> (N, 10) logits; 431,946 parameters.
 

@@ -160,6 +160,7 @@ class Identity(Module):
         return x
 
 
+# question: hw2_linear
 class Linear(Module):
     """y = x @ W + b with W (in_features, out_features) and b (1, out_features).
 
@@ -203,6 +204,7 @@ class Linear(Module):
         return out
 
 
+# question: hw2_flatten
 class Flatten(Module):
     """(N, d1, d2, ...) -> (N, d1·d2·...)."""
 
@@ -210,6 +212,7 @@ class Flatten(Module):
         return X.reshape((X.shape[0], int(np.prod(X.shape[1:]))))
 
 
+# question: hw2_relu
 class ReLU(Module):
     """max(x, 0) element-wise."""
 
@@ -236,6 +239,7 @@ class Sigmoid(Module):
         return (ops.tanh(x * 0.5) + 1) * 0.5
 
 
+# question: hw2_sequential
 class Sequential(Module):
     """Applies ``modules`` in order; they are stored as the tuple ``self.modules``."""
 
@@ -264,6 +268,7 @@ def check_softmax_loss_shapes(logits: Tensor, y: Tensor) -> None:
         )
 
 
+# question: hw2_softmax_loss
 class SoftmaxLoss(Module):
     """Mean cross-entropy of logits (N, k) against integer labels y (N,); returns a scalar.
 
@@ -284,6 +289,7 @@ def _check_features(x: Tensor, dim: int, name: str) -> None:
         raise ValueError(f"{name} expects input of shape (N, {dim}), got {x.shape}")
 
 
+# question: hw2_batchnorm
 class BatchNorm1d(Module):
     """Batch normalisation over the batch axis: x (N, dim) -> (N, dim).
 
@@ -346,6 +352,7 @@ class BatchNorm2d(BatchNorm1d):
         return y.transpose((2, 3)).transpose((1, 2))
 
 
+# question: hw2_layernorm
 class LayerNorm1d(Module):
     """Layer normalisation over the last axis: x (..., dim) -> (..., dim).
 
@@ -378,6 +385,7 @@ class LayerNorm1d(Module):
         return y.reshape(shape) if len(shape) != 2 else y
 
 
+# question: hw2_dropout
 class Dropout(Module):
     """Zeroes each element with probability p in training and scales survivors by 1/(1-p).
 
@@ -398,6 +406,7 @@ class Dropout(Module):
         return x * mask / (1 - self.p)
 
 
+# question: hw2_residual
 class Residual(Module):
     """fn(x) + x; fn must keep the shape."""
 

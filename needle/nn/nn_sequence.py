@@ -91,6 +91,7 @@ def _zeros(bs: int, hidden_size: int, like: Tensor) -> Tensor:
     return init.zeros(bs, hidden_size, device=like.device, dtype=like.dtype)
 
 
+# question: hw4_rnn_cell
 class RNNCell(Module):
     """One Elman RNN step: h' = σ(X W_ih + b_ih + h W_hh + b_hh), σ = tanh or relu.
 
@@ -140,6 +141,7 @@ class RNNCell(Module):
         return ops.tanh(z) if self.nonlinearity == "tanh" else ops.relu(z)
 
 
+# question: hw4_rnn
 class RNN(Module):
     """A stack of ``num_layers`` RNNCells run over a sequence (``rnn_cells[k]``).
 
@@ -201,6 +203,7 @@ class RNN(Module):
         return output, ops.stack(h_n, 0)
 
 
+# question: hw4_lstm_cell
 class LSTMCell(Module):
     """One LSTM step with gates i, f, g, o packed (in that order) along the last axis.
 
@@ -270,6 +273,7 @@ class LSTMCell(Module):
         return o * ops.tanh(c_out), c_out
 
 
+# question: hw4_lstm
 class LSTM(Module):
     """A stack of ``num_layers`` LSTMCells run over a sequence (``lstm_cells[k]``)."""
 
@@ -336,6 +340,7 @@ class LSTM(Module):
         return list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
 
 
+# question: hw4_embedding
 class Embedding(Module):
     """A lookup table: integer ids (seq_len, bs) → vectors (seq_len, bs, embedding_dim).
 

@@ -45,6 +45,7 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> int:
     return q_dim
 
 
+# question: hw4_extra_attention
 class MultiHeadAttention(Module):
     """Scaled dot-product attention over already-split heads.
 
@@ -103,6 +104,7 @@ class MultiHeadAttention(Module):
         return result, probs
 
 
+# question: hw4_extra_attention_layer
 class AttentionLayer(Module):
     """Multi-head attention with pre-norm inputs and bias-free projections.
 
@@ -191,6 +193,7 @@ class AttentionLayer(Module):
         return self.out_projection(out).reshape((batch_size, queries_len, self.out_features))
 
 
+# question: hw4_extra_transformer_layer
 class TransformerLayer(Module):
     """A pre-norm Transformer block, as in hw4_extra:
 
@@ -240,6 +243,7 @@ class TransformerLayer(Module):
         return x + self.dropout(y.reshape((b, t, f)))
 
 
+# question: hw4_extra_transformer
 class Transformer(Module):
     """A decoder-only Transformer: learned positional embeddings + ``num_layers`` blocks.
 
