@@ -8,6 +8,7 @@ import sys
 
 from . import progress
 from .questions import HOMEWORKS, questions_for
+from .boxed import GIB, Limits
 from .runner import check, detect_homework
 
 
@@ -59,6 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
     parser.add_argument(
+        "--memory", type=_seconds, default=4.0, metavar="GIB",
+        help="memory a worker may use, in GiB (RLIMIT_DATA; default 4)",
+    )
+    parser.add_argument(
+        "--cpu-time", type=_seconds, default=None, metavar="SECONDS",
+        help="CPU seconds a worker may use (RLIMIT_CPU; default: --timeout per question)",
+    )
+    parser.add_argument(
+        "--max-processes", type=int, default=64, metavar="N",
+        help="processes a worker may have running at once (default 64)",
+    )
+    parser.add_argument(
         "--progress",
         action="store_true",
         help="print passed/total, changes and the next question per homework",
@@ -87,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             isolate=args.isolate,
             do_build=not args.no_build,
             build_timeout=args.build_timeout,
+            limits=Limits(int(args.memory * GIB), args.cpu_time, args.max_processes),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"companion check: {exc}", file=sys.stderr)

@@ -7,7 +7,9 @@ whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): t
 checks (``companion.check.hwN``) import it like any user code. The homework's folders go first
 on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...).
 
-It appends one JSON line per event to the result file: ``{"start": "__import__"}`` and then
+It writes one JSON line per event to the pipe whose fd is its second argument (the config names
+no results file; ``sandbox.py`` starts it, limited and unable to write outside the homework
+and scratch folders where Landlock is available): ``{"start": "__import__"}`` and then
 ``{"imported": path}`` or ``{"import_error": text}`` for the import probe (the student's package
 imported once, before any question, so a hang, an exit or a syntax error at import is reported
 once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "needle",
@@ -25,6 +27,7 @@ import sys
 import traceback
 
 from companion import impl
+from companion.check.nothing import none_culprit
 
 IMPORT_PROBE = "__import__"
 
@@ -73,7 +76,7 @@ def _base_exception(exc: BaseException, roots) -> str:
 def _run_one(qid, hw_module, ctx, roots):
     import numpy as np
 
-    from companion.check.diagnose import CheckFailure
+    from companion.check.diagnose import CheckFailure, NotImplementedYet
 
     np.random.seed(0)
     fn = getattr(hw_module, qid, None)
@@ -84,9 +87,21 @@ def _run_one(qid, hw_module, ctx, roots):
         return "pass", ""
     except NotImplementedError as exc:
         return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}"
+    except NotImplementedYet as exc:
+        return "not implemented", str(exc)
     except CheckFailure as exc:
         return "fail", str(exc)
+    except MemoryError as exc:
+        return "fail", (
+            f"ran out of memory (MemoryError {exc}) at {_where(exc, roots)}: the checker "
+            f"limits a worker to {os.environ.get('COMPANION_CHECK_MEMORY', '?')} of memory "
+            "(RLIMIT_DATA); these checks use small arrays, so look for an allocation that "
+            "grows without bound"
+        )
     except Exception as exc:  # the student's code raised: report where, not a crash
+        culprit = none_culprit(exc, roots)
+        if culprit is not None:
+            return "not implemented", culprit
         lines = traceback.format_exception_only(type(exc), exc)
         return "fail", (
             f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
@@ -104,10 +119,15 @@ class Context:
         self.root = root
         self.scratch = scratch
         self._out = out
+        self.warnings: list[str] = []
 
     def note(self, text: str) -> None:
         self._out.write(json.dumps({"note": text}) + "\n")
         self._out.flush()
+
+    def warn(self, text: str) -> None:
+        """A robustness problem the course's tests do not check: shown beside a pass."""
+        self.warnings.append(text)
 
 
 def _probe(hw: str, roots) -> str | None:
@@ -129,7 +149,7 @@ def _probe(hw: str, roots) -> str | None:
     return None
 
 
-def main(config_path: str) -> None:
+def main(config_path: str, fd: int) -> None:
     with open(config_path) as f:
         config = json.load(f)
     faulthandler.enable()
@@ -139,8 +159,10 @@ def main(config_path: str) -> None:
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
     from companion.check.diagnose import NumpyGuard, Recorder
 
+    import companion.check.diagnose as diagnose
+
     guard = NumpyGuard()  # before any student code runs
-    with open(config["results"], "a", buffering=1) as out:
+    with os.fdopen(fd, "w", buffering=1) as out:
         if config.get("probe"):
             out.write(json.dumps({"start": IMPORT_PROBE}) + "\n")
             out.flush()
@@ -156,9 +178,13 @@ def main(config_path: str) -> None:
         for qid in config["questions"]:
             out.write(json.dumps({"start": qid}) + "\n")
             out.flush()
+            ctx.warnings = []
             with Recorder() as recorded:
                 status, detail = _run_one(qid, hw_module, ctx, roots)
-            tampered = guard.tampered()
+                swapped = diagnose._RECORD is not recorded
+            tampered = guard.tampered() or (
+                "your code replaced the checker's record of comparisons" if swapped else None
+            )
             if tampered:
                 status, detail = "fail", tampered
             needle = sys.modules.get("needle")
@@ -170,6 +196,7 @@ def main(config_path: str) -> None:
                         "status": status,
                         "detail": detail,
                         "needle": where,
+                        "warnings": ctx.warnings if status == "pass" else [],
                         "comparisons": recorded,
                     }
                 )
@@ -179,7 +206,7 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))
     # End now: an atexit handler or a thread that student code left running must not keep
     # the worker (and so the checker) alive after the last answer is written.
     sys.stdout.flush()
