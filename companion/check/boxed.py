@@ -66,6 +66,25 @@ class Limits:
         return f"the worker reached its memory limit of {self.memory / GIB:g} GiB (RLIMIT_DATA)"
 
 
+def describe_box(limits: Limits, timeout: float) -> str:
+    """One line saying what the box enforces here (for the report)."""
+    from .sandbox import landlock_abi
+
+    abi = landlock_abi()
+    cpu = f"{limits.cpu:g} s" if limits.cpu is not None else f"{timeout:g} s a question"
+    files = (
+        "files may be changed only under the homework and scratch folders (Landlock ABI "
+        f"{abi}{', no signals out of the box' if abi >= 6 else ''})"
+        if abi
+        else "writes outside the homework folder are NOT blocked (this kernel has no Landlock)"
+    )
+    return (
+        f"each worker: memory {limits.memory / GIB:g} GiB (RLIMIT_DATA), CPU {cpu} "
+        f"(RLIMIT_CPU), at most {limits.processes} processes, all ended with it; {files}. "
+        "Code that sets out to fake a verdict from inside the worker can still do so."
+    )
+
+
 class Boxed:
     """One worker under ``sandbox.py``: ``events(wait)`` gives its decoded JSON lines,
     ``stop()`` ends it and everything it started, ``status`` is the launcher's report."""

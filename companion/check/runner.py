@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .boxed import GIB, Boxed, Limits
+from .boxed import GIB, Boxed, Limits, describe_box
 from .diagnose import recheck
 from .questions import HOMEWORKS, Question, questions_for
 
@@ -53,6 +53,7 @@ class Report:
     build: list[str] = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     needle: str | None = None
+    sandbox: str = ""
 
     @property
     def ok(self) -> bool:
@@ -65,6 +66,8 @@ class Report:
         if self.needle:
             lines.append(f"needle imported from {self.needle}")
         lines += [f"build: {b}" for b in self.build]
+        if self.sandbox:
+            lines.append(f"sandbox: {self.sandbox}")
         width = max((len(r.question.id) for r in self.results), default=10)
         for r in self.results:
             tag = (
@@ -484,7 +487,7 @@ def check(
         raise FileNotFoundError(
             f"{expected} is missing: {root} does not have the course's {hw} layout"
         )
-    report = Report(hw, root)
+    report = Report(hw, root, sandbox=describe_box(limits or Limits(), timeout))
     if do_build:
         report.build = build(root, hw, build_timeout)
     report.results, report.needle = run_questions(

@@ -56,6 +56,15 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when it has none."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    return max(0, libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
 def landlock_writable_only(paths: list[str]) -> str:
     """Allow changes to the file system only beneath ``paths`` (and /dev/null), for this process
     and everything it starts. Returns what was applied, or why nothing was (no Landlock)."""

@@ -91,12 +91,17 @@ def _run_one(qid, hw_module, ctx, roots):
         return "not implemented", str(exc)
     except CheckFailure as exc:
         return "fail", str(exc)
+    except BlockingIOError as exc:  # fork() refused: RLIMIT_NPROC (not applied to root)
+        return "fail", (
+            f"starting a process failed ({exc}) at {_where(exc, roots)}: the checker limits "
+            "the processes a worker may run (RLIMIT_NPROC); a check needs none"
+        )
     except MemoryError as exc:
         return "fail", (
-            f"ran out of memory (MemoryError {exc}) at {_where(exc, roots)}: the checker "
-            f"limits a worker to {os.environ.get('COMPANION_CHECK_MEMORY', '?')} of memory "
-            "(RLIMIT_DATA); these checks use small arrays, so look for an allocation that "
-            "grows without bound"
+            f"ran out of memory (MemoryError{': ' + str(exc) if str(exc) else ''}) at "
+            f"{_where(exc, roots)}: it reached the checker's memory limit of "
+            f"{os.environ.get('COMPANION_CHECK_MEMORY', '?')} (RLIMIT_DATA); these checks use "
+            "small arrays, so look for an allocation that grows without bound"
         )
     except Exception as exc:  # the student's code raised: report where, not a crash
         culprit = none_culprit(exc, roots)
