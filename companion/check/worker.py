@@ -32,10 +32,16 @@ from companion.check.nothing import none_culprit
 IMPORT_PROBE = "__import__"
 
 
-def _isolate(paths):
-    """Put the student's folders first on sys.path; ``import needle`` comes from NEEDLE_IMPL."""
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")  # mugrade
+
+
+def _isolate(paths, root):
+    """Put the student's folders first on sys.path, then the homework folder (the course's tests
+    run from it, so ``tests.hw2...`` and ``python.needle`` import), and last the stand-ins for
+    what the course's environment has (``mugrade``); ``import needle`` comes from NEEDLE_IMPL."""
     impl.install()  # already done at start-up by the .pth where the wheel or `make build` put it
-    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
+    first = list(paths) + [root]
+    sys.path[:] = first + [p for p in sys.path if p not in first and p != ""] + [STUBS]
 
 
 def _where(exc: BaseException, roots) -> str:
@@ -158,7 +164,7 @@ def main(config_path: str, fd: int) -> None:
     with open(config_path) as f:
         config = json.load(f)
     faulthandler.enable()
-    _isolate(config["paths"])
+    _isolate(config["paths"], config["root"])
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
