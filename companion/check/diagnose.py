@@ -118,8 +118,7 @@ def check_close(
     """
     if got is None:
         raise NotImplementedYet(
-            f"{what}: your code returned None where a value is due (a body still `pass`, "
-            "or a missing `return`): not implemented yet"
+            f"{what} is None where a value is due (a body still `pass`, or a missing `return`)"
         )
     record(what, got, expected, rtol, atol)
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
@@ -135,6 +134,12 @@ def check_close(
     if hint:
         text += "\n  hint: " + hint
     raise CheckFailure(text)
+
+
+def present(value, message: str) -> None:
+    """Raise ``NotImplementedYet(message)`` when ``value`` is None (nothing was computed)."""
+    if value is None:
+        raise NotImplementedYet(message + " (not implemented yet?)")
 
 
 def require(condition: bool, message: str) -> None:

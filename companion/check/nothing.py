@@ -86,6 +86,65 @@ def _stubs_on_line(frame, lineno: int) -> list[str]:
     return found
 
 
+def stub_codes(roots) -> dict:
+    """code object -> "name (file:line)" of every function with an empty body in the student's
+    loaded modules (those whose file is under ``roots``)."""
+    import sys
+
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or not any(os.path.abspath(path).startswith(r) for r in roots):
+            continue
+        for value in list(vars(module).values()):
+            members = vars(value).values() if isinstance(value, type) else [value]
+            for fn in members:
+                fn = getattr(fn, "__func__", fn)
+                if isinstance(fn, types.FunctionType) and os.path.abspath(
+                    fn.__code__.co_filename
+                ) == os.path.abspath(path) and is_stub(fn):
+                    where = f"{os.path.relpath(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
+                    found[fn.__code__] = f"{fn.__qualname__} ({where})"
+    return found
+
+
+def stubs_returning_none(call, roots) -> list[str]:
+    """Run ``call()`` again, noting each empty-bodied student function that returned None (in
+    the order they did); whatever ``call`` raises is ignored."""
+    import sys
+
+    codes = stub_codes(roots)
+    if not codes:
+        return []
+    seen: list[str] = []
+
+    def hook(frame, event, arg):
+        if event == "return" and arg is None and frame.f_code in codes:
+            name = codes[frame.f_code]
+            if name not in seen:
+                seen.append(name)
+
+    sys.setprofile(hook)
+    try:
+        call()
+    except BaseException:  # the failure already reported; only the names are wanted
+        pass
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def named_stubs(names: list[str], saw: str) -> str:
+    """The "not implemented" text naming the empty functions the question ran; ``saw`` is the
+    first line of what went wrong because of them."""
+    one = len(names) == 1
+    return (
+        f"{', '.join(names[:3])}{' and more' if len(names) > 3 else ''}: "
+        f"{'its body is' if one else 'their bodies are'} still empty (`pass`), so "
+        f"{'it is' if one else 'they are'} not implemented yet (what the check saw: {saw})"
+    )
+
+
 def none_culprit(exc: BaseException, roots) -> str | None:
     """"Not implemented" text when ``exc`` came from using a None that a function returned,
     naming that function when its body is empty; else None."""

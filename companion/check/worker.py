@@ -27,7 +27,7 @@ import sys
 import traceback
 
 from companion import impl
-from companion.check.nothing import none_culprit
+from companion.check.nothing import named_stubs, none_culprit, stubs_returning_none
 
 IMPORT_PROBE = "__import__"
 
@@ -80,6 +80,19 @@ def _base_exception(exc: BaseException, roots) -> str:
 
 
 def _run_one(qid, hw_module, ctx, roots):
+    """(status, detail) of one question; a failure in a question that ran an empty-bodied
+    student function (a blank skeleton's ``pass``) is "not implemented", naming it."""
+    status, detail, exc = _outcome(qid, hw_module, ctx, roots)
+    if status in ("fail", "not implemented") and exc is not None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        named = _name_the_stub(qid, hw_module, ctx, roots, f"{type(exc).__name__}: {first}"
+                               if not isinstance(exc, AssertionError) else first)
+        if named:
+            return "not implemented", named
+    return status, detail
+
+
+def _outcome(qid, hw_module, ctx, roots):
     import numpy as np
 
     from companion.check.diagnose import CheckFailure, NotImplementedYet
@@ -87,39 +100,59 @@ def _run_one(qid, hw_module, ctx, roots):
     np.random.seed(0)
     fn = getattr(hw_module, qid, None)
     if fn is None:
-        return "error", f"the checker has no check for {qid}"
+        return "error", f"the checker has no check for {qid}", None
     try:
         fn(ctx)
-        return "pass", ""
+        return "pass", "", None
     except NotImplementedError as exc:
-        return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}"
+        return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}", None
     except NotImplementedYet as exc:
-        return "not implemented", str(exc)
+        return "not implemented", str(exc), exc  # named below when an empty function did it
     except CheckFailure as exc:
-        return "fail", str(exc)
+        return "fail", str(exc), exc
     except BlockingIOError as exc:  # fork() refused: RLIMIT_NPROC (not applied to root)
         return "fail", (
             f"starting a process failed ({exc}) at {_where(exc, roots)}: the checker limits "
             "the processes a worker may run (RLIMIT_NPROC); a check needs none"
-        )
+        ), None
     except MemoryError as exc:
         return "fail", (
             f"ran out of memory (MemoryError{': ' + str(exc) if str(exc) else ''}) at "
             f"{_where(exc, roots)}: it reached the checker's memory limit of "
             f"{os.environ.get('COMPANION_CHECK_MEMORY', '?')} (RLIMIT_DATA); these checks use "
             "small arrays, so look for an allocation that grows without bound"
-        )
+        ), None
     except Exception as exc:  # the student's code raised: report where, not a crash
+        lines = traceback.format_exception_only(type(exc), exc)
         culprit = none_culprit(exc, roots)
         if culprit is not None:
-            return "not implemented", culprit
-        lines = traceback.format_exception_only(type(exc), exc)
+            return "not implemented", culprit, exc
         return "fail", (
             f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
-            + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip()
-        )
+            + "".join(_student_frames(exc, roots)[-3:]).rstrip()
+        ), exc
     except BaseException as exc:  # sys.exit, KeyboardInterrupt: named, not a crash
-        return "fail", _base_exception(exc, roots)
+        return "fail", _base_exception(exc, roots), None
+
+
+def _student_frames(exc, roots) -> list[str]:
+    """The formatted traceback entries outside the checker's own package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    keep = [
+        s for s in traceback.extract_tb(exc.__traceback__)
+        if not os.path.abspath(s.filename).startswith(here)
+    ]
+    return traceback.format_list(keep)
+
+
+def _name_the_stub(qid, hw_module, ctx, roots, saw: str) -> str | None:
+    """Run the question again, watching which empty-bodied student functions it runs, and
+    name them (None when it ran none: the failure is a real one)."""
+    import numpy as np
+
+    np.random.seed(0)
+    names = stubs_returning_none(lambda: getattr(hw_module, qid)(ctx), roots)
+    return named_stubs(names, saw) if names else None
 
 
 class Context:
