@@ -413,19 +413,22 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
                                    + _died(box.returncode, "", _tail(log_file)))
     elif current is not None and current not in results:
         call = f" during the call {state['note']}" if state["note"] else f" during {current}"
-        results[current] = _crash_result(by_id[current], box, limit, call, _tail(log_file))
+        results[current] = _crash_result(by_id[current], box, limit, call, log_file)
     ctx["import_problem"] = state["import_problem"]
     ctx["current"] = None if state["timed_out"] else current
     ctx["returncode"] = box.returncode
 
 
-def _crash_result(question: Question, box: Boxed, limit: str, call: str, tail: str) -> Result:
+def _crash_result(question: Question, box: Boxed, limit: str, call: str, log_file: Path) -> Result:
     """A question whose worker died: a C++ stub's failed assertion is "not implemented"."""
-    if box.returncode == -signal.SIGABRT and "Not Implemented" in tail:
-        return Result(question, "not implemented", (
-            f"a C++ function is still the course's stub: its `assert(false && \"Not "
-            f"Implemented\")` failed{call}, which aborts the process; its last output:\n{tail}"))
-    return Result(question, "crashed", limit + _died(box.returncode, call, tail))
+    if box.returncode == -signal.SIGABRT:
+        text = log_file.read_text(errors="replace")
+        stub = [ln for ln in text.splitlines() if "Not Implemented" in ln and "ssert" in ln]
+        if stub:
+            return Result(question, "not implemented", (
+                f"a C++ function is still the course's stub: its `assert(false && \"Not "
+                f"Implemented\")` failed{call}, which aborts the process:\n  {stub[-1].strip()}"))
+    return Result(question, "crashed", limit + _died(box.returncode, call, _tail(log_file)))
 
 
 def run_questions(

@@ -148,10 +148,17 @@ def _student_frames(exc, roots) -> list[str]:
 def _name_the_stub(qid, hw_module, ctx, roots, saw: str) -> str | None:
     """Run the question again, watching which empty-bodied student functions it runs, and
     name them (None when it ran none: the failure is a real one)."""
+    import tempfile
+
     import numpy as np
 
     np.random.seed(0)
-    names = stubs_returning_none(lambda: getattr(hw_module, qid)(ctx), roots)
+    scratch = ctx.scratch
+    ctx.scratch = tempfile.mkdtemp(dir=scratch)  # the first run's files may be in the way
+    try:
+        names = stubs_returning_none(lambda: getattr(hw_module, qid)(ctx), roots)
+    finally:
+        ctx.scratch = scratch
     return named_stubs(names, saw) if names else None
 
 
