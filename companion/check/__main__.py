@@ -7,8 +7,8 @@ import argparse
 import sys
 
 from . import progress
-from .questions import HOMEWORKS, questions_for
 from .boxed import GIB, Limits
+from .questions import HOMEWORKS, questions_for
 from .runner import check, detect_homework
 
 
@@ -23,8 +23,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Check a homework folder and print the report; exit status 0 when every question passes."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     parser = argparse.ArgumentParser(
         prog="python -m companion.check",
         description="Check your own needle (course skeleton layout) question by question.",
@@ -60,15 +60,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
     parser.add_argument(
-        "--memory", type=_seconds, default=4.0, metavar="GIB",
+        "--memory",
+        type=_seconds,
+        default=4.0,
+        metavar="GIB",
         help="memory a worker may use, in GiB (RLIMIT_DATA; default 4)",
     )
     parser.add_argument(
-        "--cpu-time", type=_seconds, default=None, metavar="SECONDS",
+        "--cpu-time",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
         help="CPU seconds a worker may use (RLIMIT_CPU; default: --timeout per question)",
     )
     parser.add_argument(
-        "--max-processes", type=int, default=64, metavar="N",
+        "--max-processes",
+        type=int,
+        default=64,
+        metavar="N",
         help="processes a worker may have running at once (default 64)",
     )
     parser.add_argument(
@@ -76,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print passed/total, changes and the next question per homework",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check a homework folder and print the report; exit status 0 when every question passes."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.progress:
         return _progress(args.folder or ["."])

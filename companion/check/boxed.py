@@ -48,7 +48,11 @@ class Limits:
     processes: int = 64
 
     def __post_init__(self) -> None:
-        if not self.memory > 0 or not self.processes > 0 or (self.cpu is not None and not self.cpu > 0):
+        if (
+            not self.memory > 0
+            or not self.processes > 0
+            or (self.cpu is not None and not self.cpu > 0)
+        ):
             raise ValueError(f"limits must be positive, got {self}")
 
     def describe(self, what: str, cpu: float) -> str:
@@ -89,8 +93,17 @@ class Boxed:
     """One worker under ``sandbox.py``: ``events(wait)`` gives its decoded JSON lines,
     ``stop()`` ends it and everything it started, ``status`` is the launcher's report."""
 
-    def __init__(self, tmp: Path, tag: str, root: Path, config: dict, env: dict,
-                 limits: Limits, cpu: float, log) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        tag: str,
+        root: Path,
+        config: dict,
+        env: dict,
+        limits: Limits,
+        cpu: float,
+        log,
+    ) -> None:
         config_path = tmp / f"config{tag}.json"
         config_path.write_text(json.dumps(config))
         events_r, events_w = os.pipe()
@@ -172,12 +185,22 @@ class Boxed:
                 except (ProcessLookupError, PermissionError):
                     pass
                 self.proc.wait()
-        ready, _, _ = select.select([self._status_fd], [], [], 0)
-        if ready:
+        text = b""
+        while select.select([self._status_fd], [], [], 0)[0]:
+            chunk = os.read(self._status_fd, 1 << 16)
+            if not chunk:
+                break
+            text += chunk
+        for line in text.splitlines():
             try:
-                self.status = json.loads(os.read(self._status_fd, 1 << 16) or b"{}")
-            except ValueError:
-                self.status = {}
+                self.status.update(json.loads(line))
+            except (ValueError, TypeError):
+                continue
+        if "returncode" not in self.status and "worker" in self.status:
+            try:  # the launcher died before cleaning up: end the worker's session at least
+                os.killpg(int(self.status["worker"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
+                pass
 
     def close(self) -> None:
         for fd in (self._events, self._status_fd):

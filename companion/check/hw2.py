@@ -487,7 +487,9 @@ def hw2_sgd(ctx):
         )
     make = lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)  # noqa: E731
     _warn_unless_skipped(
-        ctx, "SGD(lr=0.1, momentum=0.9, weight_decay=0.01)", make,
+        ctx,
+        "SGD(lr=0.1, momentum=0.9, weight_decay=0.01)",
+        make,
         sgd_reference(0.1, 0.9, 0.01, _grads(skip=True)),
     )
 

@@ -7,7 +7,6 @@ import numpy as np
 
 from .common import randn
 from .diagnose import check_close, require
-from .stubprobe import BINARY, SCALAR, UNARY, require_written
 from .mistakes import (
     compact_variants,
     getitem_variants,
@@ -16,6 +15,7 @@ from .mistakes import (
     setitem_variants,
     tile_variants,
 )
+from .stubprobe import BINARY, SCALAR, UNARY, require_written
 
 
 def np_view(base: np.ndarray, view: np.ndarray) -> tuple[tuple, tuple, int]:

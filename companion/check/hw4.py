@@ -595,7 +595,6 @@ def hw4_rnn(ctx):
 def _check_cell_gradients(what, cell, run, ref, x, h):
     """backward() of Σ run(x, h)·g: the adjoints of x, h, W_ih and W_hh against finite
     differences of ``ref(x, h, W_ih, W_hh)`` (the biases held at the cell's values)."""
-    import needle as ndl
 
     w_ih, w_hh, _ = _cell_params(cell)
     g = np.random.default_rng(120).standard_normal((x.shape[0], w_hh.shape[0]))

@@ -17,7 +17,6 @@ import traceback
 import types
 
 
-
 def is_stub(fn) -> bool:
     """True when ``fn`` is a Python function whose body does nothing (``pass``, ``...``, a
     docstring, or the course's ``### BEGIN YOUR SOLUTION`` block left empty)."""
@@ -59,7 +58,9 @@ def _called_names(line: str) -> list[str]:
 def _resolve(name: str, frame) -> object:
     parts = name.split(".")
     scope = {**frame.f_globals, **frame.f_locals}
-    obj = scope.get(parts[0], __builtins__.get(parts[0]) if isinstance(__builtins__, dict) else None)
+    obj = scope.get(
+        parts[0], __builtins__.get(parts[0]) if isinstance(__builtins__, dict) else None
+    )
     for part in parts[1:]:
         obj = getattr(obj, part, None)
     return obj
@@ -75,9 +76,7 @@ def _stubs_on_line(frame, lineno: int) -> list[str]:
             continue
         if target is None:
             continue
-        call = getattr(target, "__call__", None) if not callable(target) else target
-        fn = getattr(target, "forward", None) if hasattr(target, "forward") else call
-        for candidate in (target, fn, getattr(type(target), "__call__", None)):
+        for candidate in (target, getattr(target, "forward", None), type(target).__call__):
             if candidate is not None and is_stub(candidate):
                 code = inspect.unwrap(getattr(candidate, "__func__", candidate)).__code__
                 where = f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}"
@@ -100,10 +99,14 @@ def stub_codes(roots) -> dict:
             members = vars(value).values() if isinstance(value, type) else [value]
             for fn in members:
                 fn = getattr(fn, "__func__", fn)
-                if isinstance(fn, types.FunctionType) and os.path.abspath(
-                    fn.__code__.co_filename
-                ) == os.path.abspath(path) and is_stub(fn):
-                    where = f"{os.path.relpath(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
+                if (
+                    isinstance(fn, types.FunctionType)
+                    and os.path.abspath(fn.__code__.co_filename) == os.path.abspath(path)
+                    and is_stub(fn)
+                ):
+                    where = (
+                        f"{os.path.relpath(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
+                    )
                     found[fn.__code__] = f"{fn.__qualname__} ({where})"
     return found
 
@@ -146,7 +149,7 @@ def named_stubs(names: list[str], saw: str) -> str:
 
 
 def none_culprit(exc: BaseException, roots) -> str | None:
-    """"Not implemented" text when ``exc`` came from using a None that a function returned,
+    """ "Not implemented" text when ``exc`` came from using a None that a function returned,
     naming that function when its body is empty; else None."""
     if not isinstance(exc, (TypeError, AttributeError)) or "NoneType" not in str(exc):
         return None
@@ -161,9 +164,7 @@ def none_culprit(exc: BaseException, roots) -> str | None:
         if stubs:
             break
     summary = traceback.extract_tb(exc.__traceback__)
-    mine = [
-        s for s in summary if any(os.path.abspath(s.filename).startswith(r) for r in roots)
-    ]
+    mine = [s for s in summary if any(os.path.abspath(s.filename).startswith(r) for r in roots)]
     at = mine[-1] if mine else summary[-1] if summary else None
     line = f"\n  at {os.path.relpath(at.filename)}:{at.lineno}: {at.line}" if at else ""
     if stubs:

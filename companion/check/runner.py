@@ -3,17 +3,25 @@
 The folder has the course's skeleton layout: ``hw0/src/simple_ml.py`` (+ ``simple_ml_ext.cpp``)
 for hw0, ``hwN/python/needle/...``, ``hwN/apps/...`` and ``hwN/src/*.cc|*.cu`` (with the course's
 ``CMakeLists.txt``) for the others. Compiled sources are built the way the course's Makefile
-does (with a time limit); then a worker process (``worker.py``, in its own process session so
-that it is stopped with everything it started) imports the student's package once -- a hang,
-an exit or an error there is one diagnosis for every question -- and runs the questions in
-order. A worker that dies (segfault, abort, exit) or overruns the time limit costs only the
-question it was running: a fresh worker continues with the rest. Every comparison a question
-made is checked again here, in the runner's process, from the values the worker copied out.
+does (with a time limit; the CPU module alone when only CUDA fails); then a worker process
+(``worker.py``) imports the student's package once -- a hang, an exit or an error there is one
+diagnosis for every question -- and runs the questions in order. A worker that dies (segfault,
+abort, exit) or overruns the time limit costs only the question it was running: a fresh worker
+continues with the rest.
+
+Each worker runs in a box (``sandbox.py``, started through ``boxed.py``): memory, CPU-time and
+process-count limits that the report names when hit; every process it starts, ``setsid`` or
+not, ended with it; on Linux with Landlock, no file changed outside the homework folder and a
+scratch folder, and no signal sent outside the box. Its answers come over a pipe (no results
+file it could append to), and every comparison a passing question made is checked again here,
+from the values the worker copied out. What this does not do: the references are computed in
+the worker, beside the student's code, so code written to fake a verdict from inside that
+process (rather than to compute an answer) can still do so; the report says this in its
+``sandbox:`` line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -207,11 +215,15 @@ def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
 
 # CMake 4 refuses the course's cmake_minimum_required(VERSION 3.2) unless told to try anyway.
 _CONFIGURE_EXTRA = ["-DCMAKE_POLICY_VERSION_MINIMUM=3.5"]
-_WITHOUT_CUDA = ["-DCMAKE_DISABLE_FIND_PACKAGE_CUDA=TRUE", "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE"]
+_WITHOUT_CUDA = [
+    "-DCMAKE_DISABLE_FIND_PACKAGE_CUDA=TRUE",
+    "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE",
+]
 
 
-def _cmake_steps(cmake: str, source: str, folder: Path, env: dict, timeout: float,
-                 extra: list[str]) -> tuple[bool, str]:
+def _cmake_steps(
+    cmake: str, source: str, folder: Path, env: dict, timeout: float, extra: list[str]
+) -> tuple[bool, str]:
     """Configure (``source`` relative to ``folder``) and build; (ok, the end of the output)."""
     import pybind11
 
@@ -348,8 +360,9 @@ def _apply(event: dict, state: dict, ctx: dict) -> None:
     elif "import_error" in event:
         state.update(import_problem=("error", str(event["import_error"])), current=None)
     elif event.get("id") in by_id and event["id"] not in results:
-        results[event["id"]] = _result(by_id[event["id"]], event, ctx["hw"], ctx["paths"],
-                                       ctx["allowed"])
+        results[event["id"]] = _result(
+            by_id[event["id"]], event, ctx["hw"], ctx["paths"], ctx["allowed"]
+        )
         if ctx["hw"] != "hw0" and isinstance(event.get("needle"), str):
             ctx["needle"] = ctx["needle"] or event["needle"]
         state["current"] = None
@@ -383,12 +396,24 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
     log_file = tmp / f"stderr{round_}.txt"
     scratch = tmp / f"scratch{round_}"
     scratch.mkdir()
-    config = {"paths": ctx["paths"], "root": str(root), "hw": hw, "questions": batch,
-              "scratch": str(scratch), "probe": True}
+    config = {
+        "paths": ctx["paths"],
+        "root": str(root),
+        "hw": hw,
+        "questions": batch,
+        "scratch": str(scratch),
+        "probe": True,
+    }
     cpu = limits.cpu if limits.cpu is not None else timeout * (len(batch) + 1)
     env = _worker_env(root, hw, scratch, limits)
-    state = {"current": None, "started": 0.0, "note": "", "done_at": 0.0,
-             "import_problem": None, "timed_out": False}
+    state = {
+        "current": None,
+        "started": 0.0,
+        "note": "",
+        "done_at": 0.0,
+        "import_problem": None,
+        "timed_out": False,
+    }
     with open(log_file, "w") as log:
         box = Boxed(tmp, str(round_), root, config, env, limits, cpu, log)
         try:
@@ -401,16 +426,23 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
     box.status["cpu_limit"] = cpu
     current, limit = state["current"], _limit_text(box, limits)
     if state["timed_out"] and current == IMPORT_PROBE:
-        state["import_problem"] = ("timeout", (
-            f"importing your package did not finish within {timeout:g} s (an endless loop "
-            "or a long computation at import time?), so no question could run; its last "
-            f"output:\n{_tail(log_file)}"))
+        state["import_problem"] = (
+            "timeout",
+            (
+                f"importing your package did not finish within {timeout:g} s (an endless loop "
+                "or a long computation at import time?), so no question could run; its last "
+                f"output:\n{_tail(log_file)}"
+            ),
+        )
     elif state["timed_out"]:
-        results[current] = Result(by_id[current], "timeout",
-                                  limit + f"still running after {timeout:g} s")
+        results[current] = Result(
+            by_id[current], "timeout", limit + f"still running after {timeout:g} s"
+        )
     elif current == IMPORT_PROBE:
-        state["import_problem"] = ("crashed", limit + "while importing your package, "
-                                   + _died(box.returncode, "", _tail(log_file)))
+        state["import_problem"] = (
+            "crashed",
+            limit + "while importing your package, " + _died(box.returncode, "", _tail(log_file)),
+        )
     elif current is not None and current not in results:
         call = f" during the call {state['note']}" if state["note"] else f" during {current}"
         results[current] = _crash_result(by_id[current], box, limit, call, log_file)
@@ -425,15 +457,25 @@ def _crash_result(question: Question, box: Boxed, limit: str, call: str, log_fil
         text = log_file.read_text(errors="replace")
         stub = [ln for ln in text.splitlines() if "Not Implemented" in ln and "ssert" in ln]
         if stub:
-            return Result(question, "not implemented", (
-                f"a C++ function is still the course's stub: its `assert(false && \"Not "
-                f"Implemented\")` failed{call}, which aborts the process:\n  {stub[-1].strip()}"))
+            return Result(
+                question,
+                "not implemented",
+                (
+                    f"a C++ function is still the course's stub: its `assert(false && \"Not "
+                    f'Implemented")` failed{call}, which aborts the process:\n  {stub[-1].strip()}'
+                ),
+            )
     return Result(question, "crashed", limit + _died(box.returncode, call, _tail(log_file)))
 
 
 def run_questions(
-    root: Path, hw: str, questions: list[Question], *, timeout: float = 120.0,
-    isolate: bool = False, limits: Limits | None = None,
+    root: Path,
+    hw: str,
+    questions: list[Question],
+    *,
+    timeout: float = 120.0,
+    isolate: bool = False,
+    limits: Limits | None = None,
 ) -> tuple[list[Result], str | None]:
     """Run ``questions`` in boxed worker processes; returns the results and the needle file.
 
@@ -444,8 +486,15 @@ def run_questions(
     fails if one of its comparisons, recomputed here, does not hold.
     """
     paths = search_paths(root, hw)
-    ctx = {"root": root, "hw": hw, "paths": paths, "by_id": {q.id: q for q in questions},
-           "allowed": [os.path.abspath(p) for p in paths], "results": {}, "needle": None}
+    ctx = {
+        "root": root,
+        "hw": hw,
+        "paths": paths,
+        "by_id": {q.id: q for q in questions},
+        "allowed": [os.path.abspath(p) for p in paths],
+        "results": {},
+        "needle": None,
+    }
     opts = {"limits": limits or Limits(), "timeout": timeout}
     results, by_id = ctx["results"], ctx["by_id"]
     with tempfile.TemporaryDirectory(prefix="companion-check-") as tmp:
@@ -463,8 +512,11 @@ def run_questions(
             elif left and left[0] == remaining[0] and ctx["current"] is None and ctx["returncode"]:
                 # The worker died before starting anything (the checker itself is broken).
                 for qid in left:
-                    results[qid] = Result(by_id[qid], "error", "the checker could not start:\n"
-                                          + _tail(Path(tmp) / f"stderr{round_}.txt"))
+                    results[qid] = Result(
+                        by_id[qid],
+                        "error",
+                        "the checker could not start:\n" + _tail(Path(tmp) / f"stderr{round_}.txt"),
+                    )
                 left = []
             remaining = left
     return [results[q.id] for q in questions], ctx["needle"]
@@ -487,10 +539,14 @@ def _result(
             (f"imported needle from {where}, not from {' or '.join(paths)}: fix the layout"),
         )
     elif result.status == "pass" and not event.get("comparisons"):
-        result.status, result.detail, result.warnings = "error", (
-            "the worker claimed a pass without a single comparison to recheck (every "
-            "question compares values): something other than the checker wrote this verdict"
-        ), []
+        result.status, result.detail, result.warnings = (
+            "error",
+            (
+                "the worker claimed a pass without a single comparison to recheck (every "
+                "question compares values): something other than the checker wrote this verdict"
+            ),
+            [],
+        )
     elif result.status == "pass":
         try:
             problem = recheck(event.get("comparisons") or [])

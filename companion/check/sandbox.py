@@ -29,13 +29,25 @@ import signal
 import sys
 import time
 
+LINUX = sys.platform.startswith("linux")
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on x86-64 and arm64
 _WRITE_RIGHTS = [  # LANDLOCK_ACCESS_FS_* bits that change the file system, by ABI
-    (1, (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10)
-     | (1 << 11) | (1 << 12)),  # WRITE_FILE, REMOVE_*, MAKE_*
+    (
+        1,
+        (1 << 1)
+        | (1 << 4)
+        | (1 << 5)
+        | (1 << 6)
+        | (1 << 7)
+        | (1 << 8)
+        | (1 << 9)
+        | (1 << 10)
+        | (1 << 11)
+        | (1 << 12),
+    ),  # WRITE_FILE, REMOVE_*, MAKE_*
     (2, 1 << 13),  # REFER
     (3, 1 << 14),  # TRUNCATE
 ]
@@ -58,7 +70,7 @@ class _PathBeneath(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when it has none."""
-    if not sys.platform.startswith("linux"):
+    if not LINUX:
         return 0
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
@@ -68,6 +80,8 @@ def landlock_abi() -> int:
 def landlock_writable_only(paths: list[str]) -> str:
     """Allow changes to the file system only beneath ``paths`` (and /dev/null), for this process
     and everything it starts. Returns what was applied, or why nothing was (no Landlock)."""
+    if not LINUX:
+        return "not applied: Landlock is Linux's; writes outside the folder are allowed"
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -106,7 +120,7 @@ def landlock_writable_only(paths: list[str]) -> str:
 
 def _set_limits(limits: dict) -> None:
     memory, cpu, procs = limits["memory"], limits["cpu"], limits["processes"]
-    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))  # Linux 4.7+: mmap counts too
     cpu = int(max(1, cpu))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
     if os.getuid() != 0:  # per user, threads included: on top of what the user runs now
@@ -118,7 +132,7 @@ def _set_limits(limits: dict) -> None:
 def _user_tasks() -> int:
     """Tasks (processes and threads) of this user now, which RLIMIT_NPROC counts."""
     uid, count = os.getuid(), 0
-    for name in os.listdir("/proc"):
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if name.isdigit():
             try:
                 if os.stat(f"/proc/{name}").st_uid == uid:
@@ -130,7 +144,7 @@ def _user_tasks() -> int:
 
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not name.isdigit():
             continue
         try:
@@ -143,14 +157,38 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
+def _children(pid: int) -> list[int] | None:
+    """Children of ``pid`` from /proc/PID/task/*/children (None when the kernel lacks it)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            return None if tid == tasks[0] and not found else found
+        except OSError:
+            continue
+    return found
+
+
 def descendants(pid: int | None = None) -> list[int]:
-    """Live (non-zombie) descendants of ``pid`` (default: this process), from /proc."""
-    children = _children_map()
-    found, todo = [], [pid or os.getpid()]
+    """Live descendants of ``pid`` (default: this process), from /proc: each process's
+    ``children`` file where the kernel has it (cheap: only this tree is read), else a scan."""
+    root = pid or os.getpid()
+    children_of: dict[int, list[int]] | None = None
+    found, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+        current = todo.pop()
+        kids = _children(current) if children_of is None else None
+        if kids is None:
+            children_of = children_of or _children_map()
+            kids = children_of.get(current, [])
+        found += kids
+        todo += kids
     return found
 
 
@@ -197,9 +235,10 @@ def _child(spec: dict) -> None:
 
 def run(spec: dict, status_fd: int) -> None:
     """Start the worker in its box, watch it, clean up after it, and report on ``status_fd``."""
-    libc = _libc()
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if LINUX:  # elsewhere: no subreaper, the worker's session is killed, not its escapees
+        libc = _libc()
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
     worker = os.fork()
@@ -210,6 +249,7 @@ def run(spec: dict, status_fd: int) -> None:
         finally:
             os._exit(127)
     os.close(spec["worker_fd"])
+    os.write(status_fd, (json.dumps({"worker": worker}) + "\n").encode())  # for a fallback kill
     status, usage, limit = None, None, None
     while status is None and not stop["asked"]:
         for pid, st, ru in _reap():
@@ -218,7 +258,11 @@ def run(spec: dict, status_fd: int) -> None:
         if status is None and len(descendants()) > spec["limits"]["processes"]:
             limit = "processes"
             break
-        time.sleep(0.02)
+        time.sleep(0.05)
+    try:
+        os.killpg(worker, signal.SIGKILL)  # its session (the worker made it its group too)
+    except (ProcessLookupError, PermissionError):
+        pass
     reaped: list = []
     leftover = kill_tree(reaped)
     if status is None:

@@ -85,8 +85,13 @@ def _run_one(qid, hw_module, ctx, roots):
     status, detail, exc = _outcome(qid, hw_module, ctx, roots)
     if status in ("fail", "not implemented") and exc is not None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        named = _name_the_stub(qid, hw_module, ctx, roots, f"{type(exc).__name__}: {first}"
-                               if not isinstance(exc, AssertionError) else first)
+        named = _name_the_stub(
+            qid,
+            hw_module,
+            ctx,
+            roots,
+            f"{type(exc).__name__}: {first}" if not isinstance(exc, AssertionError) else first,
+        )
         if named:
             return "not implemented", named
     return status, detail
@@ -111,26 +116,38 @@ def _outcome(qid, hw_module, ctx, roots):
     except CheckFailure as exc:
         return "fail", str(exc), exc
     except BlockingIOError as exc:  # fork() refused: RLIMIT_NPROC (not applied to root)
-        return "fail", (
-            f"starting a process failed ({exc}) at {_where(exc, roots)}: the checker limits "
-            "the processes a worker may run (RLIMIT_NPROC); a check needs none"
-        ), None
+        return (
+            "fail",
+            (
+                f"starting a process failed ({exc}) at {_where(exc, roots)}: the checker limits "
+                "the processes a worker may run (RLIMIT_NPROC); a check needs none"
+            ),
+            None,
+        )
     except MemoryError as exc:
-        return "fail", (
-            f"ran out of memory (MemoryError{': ' + str(exc) if str(exc) else ''}) at "
-            f"{_where(exc, roots)}: it reached the checker's memory limit of "
-            f"{os.environ.get('COMPANION_CHECK_MEMORY', '?')} (RLIMIT_DATA); these checks use "
-            "small arrays, so look for an allocation that grows without bound"
-        ), None
+        return (
+            "fail",
+            (
+                f"ran out of memory (MemoryError{': ' + str(exc) if str(exc) else ''}) at "
+                f"{_where(exc, roots)}: it reached the checker's memory limit of "
+                f"{os.environ.get('COMPANION_CHECK_MEMORY', '?')} (RLIMIT_DATA); these checks use "
+                "small arrays, so look for an allocation that grows without bound"
+            ),
+            None,
+        )
     except Exception as exc:  # the student's code raised: report where, not a crash
         lines = traceback.format_exception_only(type(exc), exc)
         culprit = none_culprit(exc, roots)
         if culprit is not None:
             return "not implemented", culprit, exc
-        return "fail", (
-            f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
-            + "".join(_student_frames(exc, roots)[-3:]).rstrip()
-        ), exc
+        return (
+            "fail",
+            (
+                f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
+                + "".join(_student_frames(exc, roots)[-3:]).rstrip()
+            ),
+            exc,
+        )
     except BaseException as exc:  # sys.exit, KeyboardInterrupt: named, not a crash
         return "fail", _base_exception(exc, roots), None
 
@@ -139,7 +156,8 @@ def _student_frames(exc, roots) -> list[str]:
     """The formatted traceback entries outside the checker's own package."""
     here = os.path.dirname(os.path.abspath(__file__))
     keep = [
-        s for s in traceback.extract_tb(exc.__traceback__)
+        s
+        for s in traceback.extract_tb(exc.__traceback__)
         if not os.path.abspath(s.filename).startswith(here)
     ]
     return traceback.format_list(keep)
@@ -208,9 +226,8 @@ def main(config_path: str, fd: int) -> None:
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
-    from companion.check.diagnose import NumpyGuard, Recorder
-
     import companion.check.diagnose as diagnose
+    from companion.check.diagnose import NumpyGuard, Recorder
 
     guard = NumpyGuard()  # before any student code runs
     with os.fdopen(fd, "w", buffering=1) as out:

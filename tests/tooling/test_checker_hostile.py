@@ -240,8 +240,9 @@ def test_a_process_that_escapes_with_setsid_is_ended(tmp_path):
     report = check(root, only=["flatten"])
     assert statuses(report) == {"hw2_flatten": "pass"}, report.format()
     pid = int(pid_file.read_text())
-    alive = Path(f"/proc/{pid}").exists() and "Z" not in (
-        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]
+    alive = (
+        Path(f"/proc/{pid}").exists()
+        and "Z" not in (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1])
     )
     if alive:
         os.kill(pid, signal.SIGKILL)

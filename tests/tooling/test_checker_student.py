@@ -12,7 +12,7 @@ from test_checker import failures, plant, skeleton
 
 from companion.check import check
 
-COURSE_TEST_FILE = '''
+COURSE_TEST_FILE = """
 import sys
 sys.path.append("./python")
 sys.path.append("./apps")
@@ -27,14 +27,14 @@ def num_params(model):
 
 def submit_mlp_resnet():
     mugrade.submit(0)
-'''
+"""
 
-APP_IMPORTING_THE_COURSE_TESTS = '''
+APP_IMPORTING_THE_COURSE_TESTS = """
 import sys
 sys.path.append("../python")
 from tests.hw2.test_nn_and_optim import num_params  # the course's test file, as some students do
 from companion.apps.mlp_resnet import *
-'''
+"""
 
 
 def test_an_app_that_imports_the_course_tests_and_mugrade_runs(tmp_path):
@@ -47,7 +47,7 @@ def test_an_app_that_imports_the_course_tests_and_mugrade_runs(tmp_path):
     assert "Traceback" not in report.format()
 
 
-PARAMETERS_ON_THE_NUMPY_DEVICE = '''
+PARAMETERS_ON_THE_NUMPY_DEVICE = """
 _conv_init = Conv.__init__
 
 
@@ -59,7 +59,7 @@ def _numpy_by_default(self, *args, device=None, **kwargs):
 
 
 Conv.__init__ = _numpy_by_default
-'''
+"""
 
 
 def test_modules_and_inputs_are_built_on_one_device_as_the_course_does(tmp_path):

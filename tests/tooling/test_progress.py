@@ -242,6 +242,6 @@ def test_a_malformed_history_does_not_crash_progress(tmp_path, doc, capsys):
     mine = progress.Progress("hw2", root, progress.load_history(root))
     assert mine.format()  # the lines `make check` prints after its report
     record(root, "hw2", {}, 1)  # and the next run is recorded over it
-    assert progress.load_history(root)[-1]["time"] == (T0 + datetime.timedelta(minutes=1)).isoformat(
-        timespec="seconds"
-    )
+    assert progress.load_history(root)[-1]["time"] == (
+        T0 + datetime.timedelta(minutes=1)
+    ).isoformat(timespec="seconds")

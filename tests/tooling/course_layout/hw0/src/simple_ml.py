@@ -1,9 +1,6 @@
 """A blank hw0 skeleton in the course's style (written for this project's tests): every
 function a student writes has the body ``pass``; the helpers below them are given code."""
 
-import gzip
-import struct
-
 import numpy as np
 
 try:

@@ -3,7 +3,7 @@
 import sys
 
 sys.path.append("python/")
-import needle as ndl  # noqa: E402
+import needle as ndl  # noqa: E402, F401
 
 
 def parse_mnist(image_filesname, label_filename):

@@ -13,8 +13,9 @@ def ResidualBlock(dim, hidden_dim, norm=nn.BatchNorm1d, drop_prob=0.1):
     ### END YOUR SOLUTION
 
 
-def MLPResNet(dim, hidden_dim=100, num_blocks=3, num_classes=10, norm=nn.BatchNorm1d,
-              drop_prob=0.1):
+def MLPResNet(
+    dim, hidden_dim=100, num_blocks=3, num_classes=10, norm=nn.BatchNorm1d, drop_prob=0.1
+):
     ### BEGIN YOUR SOLUTION
     raise NotImplementedError()
     ### END YOUR SOLUTION
@@ -26,8 +27,15 @@ def epoch(dataloader, model, opt=None):
     ### END YOUR SOLUTION
 
 
-def train_mnist(batch_size=100, epochs=10, optimizer=ndl.optim.Adam, lr=0.001,
-                weight_decay=0.001, hidden_dim=100, data_dir="data"):
+def train_mnist(
+    batch_size=100,
+    epochs=10,
+    optimizer=ndl.optim.Adam,
+    lr=0.001,
+    weight_decay=0.001,
+    hidden_dim=100,
+    data_dir="data",
+):
     ### BEGIN YOUR SOLUTION
     raise NotImplementedError()
     ### END YOUR SOLUTION

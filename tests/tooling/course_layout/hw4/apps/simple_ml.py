@@ -12,8 +12,16 @@ def epoch_general_cifar10(dataloader, model, loss_fn=ndl.nn.SoftmaxLoss, opt=Non
     ### END YOUR SOLUTION
 
 
-def epoch_general_ptb(data, model, seq_len=40, loss_fn=ndl.nn.SoftmaxLoss, opt=None,
-                      clip=None, device=None, dtype="float32"):
+def epoch_general_ptb(
+    data,
+    model,
+    seq_len=40,
+    loss_fn=ndl.nn.SoftmaxLoss,
+    opt=None,
+    clip=None,
+    device=None,
+    dtype="float32",
+):
     ### BEGIN YOUR SOLUTION
     raise NotImplementedError()
     ### END YOUR SOLUTION
