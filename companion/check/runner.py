@@ -315,12 +315,18 @@ def _signal_name(code: int) -> str:
     return f"exited with status {code}"
 
 
+_CHECKER_FRAMES = (f"{os.sep}companion{os.sep}check{os.sep}", "<frozen runpy>", 'File "<string>"')
+
+
 def _tail(log_file: Path, lines: int = 15) -> str:
-    return "\n".join(
+    """The end of a worker's output, without the checker's own frames (faulthandler's)."""
+    kept = [
         line
-        for line in log_file.read_text(errors="replace").splitlines()[-lines:]
+        for line in log_file.read_text(errors="replace").splitlines()
         if not line.startswith("Extension modules:")
-    )
+        and not any(frame in line for frame in _CHECKER_FRAMES)
+    ]
+    return "\n".join(kept[-lines:])
 
 
 def _died(code: int | None, call: str, tail: str) -> str:
