@@ -314,30 +314,13 @@ class NDArray:
         """The axis order in which this array's elements lie in its buffer, when it is a
         permuted view of a whole compact buffer: ``self.permute(order)`` is then compact (the
         identity for a compact array). None for any other view (a slice, a broadcast, an
-        offset). An extension: element-wise tensor ops use it to keep such a layout."""
+        offset). An extension, for callers that choose a layout."""
         if self._offset or math.prod(self._shape) != self._handle.size:
             return None
         strides = self._strides
         order = tuple(sorted(range(len(strides)), key=lambda i: -strides[i]))
         shape = self._shape
         if tuple(strides[i] for i in order) != _compact_strides(tuple(shape[i] for i in order)):
-            return None
-        return order
-
-    def _kept_layout(self, other: Any = None) -> Optional[Tuple[int, ...]]:
-        """The layout policy of element-wise ops: when this array is a permuted view of a whole
-        compact buffer (say an NCHW view of NHWC memory) and ``other`` is a scalar or an array
-        of the same shape and strides, the axis order in which to compute, so that the result
-        has the operands' layout instead of a row-major one the next channels-last kernel would
-        copy back; None otherwise (compact, sliced or broadcast operands)."""
-        if self.is_compact():
-            return None
-        order = self.memory_order()
-        if order is None:
-            return None
-        if isinstance(other, NDArray) and (
-            other._shape != self._shape or other._strides != self._strides
-        ):
             return None
         return order
 
@@ -498,11 +481,6 @@ class NDArray:
     def _binary(self, other: Union["NDArray", Scalar], op: int, reverse: bool = False) -> "NDArray":
         """BINARY_OPS[op](self, other) for an NDArray (broadcast with numpy's rules) or a
         scalar ``other``; (other, self) when ``reverse``."""
-        order = self._kept_layout(other)
-        if order is not None:  # work in memory order, hand back the operands' layout
-            other = other.permute(order) if isinstance(other, NDArray) else other
-            out = self.permute(order)._binary(other, op, reverse)
-            return out.permute(_inverse_permutation(order))
         dev = self._device
         if isinstance(other, NDArray):
             if other._device is not dev:
@@ -538,10 +516,6 @@ class NDArray:
         return out
 
     def _unary(self, op: int) -> "NDArray":
-        order = self._kept_layout()
-        if order is not None:
-            out = self.permute(order)._unary(op)
-            return out.permute(_inverse_permutation(order))
         shape = self._shape
         out = _new(shape, self._device)
         if 0 not in shape:
@@ -963,12 +937,3 @@ def flip(a: NDArray, axes: Axes) -> NDArray:
 def pad(a: NDArray, axes: Sequence[Sequence[int]]) -> NDArray:
     """``a`` zero-padded by one (before, after) pair per dimension."""
     return a.pad(axes)
-
-
-@functools.lru_cache(maxsize=256)
-def _inverse_permutation(axes: Tuple[int, ...]) -> Tuple[int, ...]:
-    """The axis order that undoes ``permute(axes)``."""
-    inverse = [0] * len(axes)
-    for i, axis in enumerate(axes):
-        inverse[axis % len(axes)] = i
-    return tuple(inverse)
