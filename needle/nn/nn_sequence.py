@@ -370,7 +370,7 @@ class Embedding(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim); an id
-        that is not a whole number in that range is an IndexError naming it."""
+        that is not a whole number in that range is a ValueError naming it (from init.one_hot)."""
         check_ids(x)
         seq_len, bs = x.shape
         n = self.num_embeddings
