@@ -40,7 +40,8 @@ def _check_out_grad(output: Tensor, out_grad: Tensor) -> None:
 def _free_unread_array(node: Value) -> None:
     """Drop ``node``'s array when its op's gradient does not read it and only the pass holds
     ``node`` (no Tensor of the caller can see the array)."""
-    if not node.op.gradient_reads_output and _only_the_pass_holds(node):
+    op = node.op
+    if op is not None and not op.gradient_reads_output and _only_the_pass_holds(node):
         node.cached_data = None
 
 

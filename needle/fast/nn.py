@@ -10,7 +10,7 @@ twin with its course module (outputs, gradients, running statistics) is tested.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -42,7 +42,7 @@ __all__ = [
 
 # The course's forward of each class, as imported: a class whose ``forward`` was since replaced
 # (a monkey-patch) is no longer the code a fused twin reproduces, so it is not fused.
-_COURSE_FORWARDS = {
+_COURSE_FORWARDS: Dict[type, Any] = {
     cls: cls.forward
     for cls in (
         nn_basic.Sequential,
@@ -187,11 +187,16 @@ class FastSequential(nn_basic.Sequential):
             m = modules[i]
             norm = modules[i + 1] if i + 1 < len(modules) else None
             relu_next = i + 2 < len(modules) and course_forward(modules[i + 2], ReLU)
-            if _joins_norm(m, norm, x):
+            if isinstance(m, Linear) and isinstance(norm, BatchNorm1d) and _joins_norm(m, norm, x):
                 x = _linear_norm(m, norm, x, relu_next)
                 i += 3 if relu_next else 2
                 continue
-            if _is_training_norm(m) and norm is not None and course_forward(norm, ReLU):
+            if (
+                isinstance(m, BatchNorm1d)
+                and _is_training_norm(m)
+                and norm is not None
+                and course_forward(norm, ReLU)
+            ):
                 _check_features(x, m.dim, "BatchNorm1d")
                 x = normalise(m, x, relu=True)
                 i += 2
@@ -205,13 +210,12 @@ def _is_training_norm(m: Module) -> bool:
     return course_forward(m, BatchNorm1d) and m.training
 
 
-def _joins_norm(m: Module, norm: Optional[Module], x: Tensor) -> bool:
+def _joins_norm(m: Linear, norm: BatchNorm1d, x: Tensor) -> bool:
     """True when ``m`` is a course ``Linear`` with a bias taking ``x`` (2-D) as it is, followed
     by a course ``BatchNorm1d`` in training."""
     return (
         course_forward(m, Linear)
         and m.bias is not None
-        and norm is not None
         and _is_training_norm(norm)
         and len(x.shape) == 2
         and x.shape[1] == m.in_features

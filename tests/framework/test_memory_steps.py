@@ -405,9 +405,10 @@ def test_backward_without_graph_frees_a_product_before_its_adjoints(
     device, hold, create_graph, monkeypatch
 ):
     """needle.fast.backward (a backward that records no graph) drops the array of a node whose
-    gradient never reads it (ops.MatMul: Op.gradient_reads_output is False) before computing that gradient, when
-    only the pass holds the node: the product's (N, P) array is gone before its two adjoints
-    are allocated. A node the caller holds keeps its value; a recording backward keeps all."""
+    gradient never reads it (ops.MatMul: Op.gradient_reads_output is False) before computing
+    that gradient, when only the pass holds the node: the product's (N, P) array is gone before
+    its two adjoints are allocated. A node the caller holds keeps its value; a recording
+    backward keeps all."""
     seen = []
     gradient = ndl.ops.MatMul.gradient
 

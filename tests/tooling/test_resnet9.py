@@ -8,9 +8,9 @@ from conftest import DEVICES
 
 import companion.data
 import needle as ndl
+import needle.fast as fast
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
 from companion.apps.models import ConvBN, ResNet9
-import needle.fast as fast
 from needle.fast import ops as ops_fused
 
 pytestmark = [pytest.mark.conv, pytest.mark.apps]
