@@ -8,17 +8,15 @@ copies a view into row-major order.
 The kernels take strided operands (``protocol.py``): element-wise ops read broadcast (stride 0),
 permuted and sliced views directly, reductions run over a permuted view, and ``@`` passes
 transposed and batched operands as strides. What stays in Python is the bookkeeping — shapes,
-broadcasting, axis normalisation and the argument checks that give a Python user a precise
-message — done once per call, before a device module runs. The device modules check again at
-their border (the compiled bindings with ``src/common/ndarray_checks.h``, the numpy module in
-Python), since they can be called directly: a bad buffer, size or view is a ValueError there,
-never a crash.
+broadcasting, axis normalisation (their helpers are in ``shapes.py``) and the argument checks
+that give a Python user a precise message — done once per call, before a device module runs.
+The device modules check again at their border (the compiled bindings with
+``src/common/ndarray_checks.h``, the numpy module in Python), since they can be called
+directly: a bad buffer, size or view is a ValueError there, never a crash.
 """
 
 from __future__ import annotations
 
-import builtins
-import functools
 import math
 from typing import (
     TYPE_CHECKING,
@@ -53,14 +51,25 @@ from .protocol import (
     Array,
     module_functions,
 )
+from .shapes import (
+    Axes,
+    Index,
+    Shape,
+    _batched_matmul_plan,
+    _broadcast_shapes,
+    _broadcast_strides,
+    _check_as_strided,
+    _compact_strides,
+    _norm_axis,
+    _normalize_shape,
+    _permutation,
+    _reduce_plan,
+    _slice_bound,
+    prod,
+)
 
-Shape = Tuple[int, ...]
 # A scalar operand of the element-wise ops (see _scalar).
 Scalar = Union[int, float, np.integer[Any], np.floating[Any], np.bool_]
-# An axis argument: None (all axes), one axis, or several.
-Axes = Union[None, int, Sequence[int]]
-# One subscript of __getitem__ / __setitem__.
-Index = Union[int, np.integer[Any], slice]
 
 __all__ = [
     "BackendDevice",
@@ -86,21 +95,6 @@ __all__ = [
 
 # Op codes of the reductions (the tables are identical in every device module).
 _SUM, _MAX = (REDUCE_OPS.index(n) for n in ("sum", "max"))
-
-
-def prod(x: Iterable[int]) -> int:
-    """Product of the integers in ``x`` (1 for an empty sequence)."""
-    return math.prod(x)
-
-
-@functools.lru_cache(maxsize=4096)
-def _compact_strides(shape: Shape) -> Shape:
-    stride = 1
-    res: list[int] = []
-    for n in reversed(shape):
-        res.append(stride)
-        stride *= n
-    return tuple(reversed(res))
 
 
 #: The largest integer magnitude up to which every integer is exactly representable in float32.
@@ -158,14 +152,6 @@ def _view(base: "NDArray", shape: Shape, strides: Shape, offset: int) -> "NDArra
     array._handle = base._handle
     array._compact = None
     return array
-
-
-def _slice_bound(v: int, n: int, dim: int, name: str) -> int:
-    """A slice start/stop ``v`` of a dimension of size ``n`` made non-negative (IndexError
-    outside [-n, n])."""
-    if not -n <= v <= n:
-        raise IndexError(f"slice {name} {v} is out of range for dimension {dim} of size {n}")
-    return v + n if v < 0 else v
 
 
 class NDArray:
@@ -342,19 +328,7 @@ class NDArray:
         Raises ValueError when an element of the view would fall outside the buffer.
         """
         dims, steps = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
-        if len(dims) != len(steps):
-            raise ValueError(f"as_strided: shape {dims} and strides {steps} differ in length")
-        if any(n < 0 for n in dims):
-            raise ValueError(f"as_strided: negative dimension in shape {dims}")
-        if any(s < 0 for s in steps):
-            raise ValueError(f"as_strided: negative strides {steps} are not supported")
-        if prod(dims) > 0:
-            last = self._offset + builtins.sum((n - 1) * s for n, s in zip(dims, steps))
-            if last >= self._handle.size:
-                raise ValueError(
-                    f"as_strided: shape {dims} with strides {steps} and offset {self._offset} "
-                    f"reaches element {last}, beyond the buffer of {self._handle.size}"
-                )
+        _check_as_strided(dims, steps, self._offset, self._handle.size)
         return _view(self, dims, steps, self._offset)
 
     # ---- views -----------------------------------------------------------------------------
@@ -749,127 +723,6 @@ def _scalar(value: object) -> float:
     if isinstance(value, (bool, np.bool_, int, float, np.integer, np.floating)):
         return float(value)
     raise TypeError(f"expected a number or an NDArray, got {type(value).__name__}")
-
-
-def _norm_axis(axis: object, ndim: int) -> int:
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for an array with {ndim} dimensions")
-    return int(axis) % ndim
-
-
-@functools.lru_cache(maxsize=1024)
-def _permutation(axes: Tuple[int, ...], ndim: int) -> Optional[Shape]:
-    """``axes`` with negative axes normalised, or None when it is not a permutation of
-    range(ndim) (cached: the same permutations recur every step)."""
-    norm = tuple(_norm_axis(a, ndim) for a in axes)
-    return norm if sorted(norm) == list(range(ndim)) else None
-
-
-def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[int]:
-    """The set of non-negative axes named by an int or a tuple/list of ints (no duplicates)."""
-    if isinstance(axis, (tuple, list)):
-        axes = [_norm_axis(a, ndim) for a in axis]
-        if len(set(axes)) != len(axes):
-            raise ValueError(f"duplicate axis in {tuple(axis)} for an array of shape {shape}")
-        return set(axes)
-    return {_norm_axis(axis, ndim)}
-
-
-@functools.lru_cache(maxsize=4096)
-def _reduce_plan(
-    shape: Shape, strides: Shape, axis: Axes, keepdims: bool
-) -> Tuple[Shape, Shape, int, Shape, bool]:
-    """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
-    last) as (shape, strides), the number of kept axes, the output shape, and whether a
-    non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
-    ndim = len(shape)
-    if axis is None or axis == ():
-        axes = set(range(ndim))
-        out_shape = (1,) * ndim if keepdims else (1,)
-    else:
-        axes = _norm_axes(axis, ndim, shape)
-        if keepdims:
-            out_shape = tuple(1 if a in axes else shape[a] for a in range(ndim))
-        else:
-            out_shape = tuple(shape[a] for a in range(ndim) if a not in axes)
-    order = [a for a in range(ndim) if a not in axes] + sorted(axes)
-    keep = ndim - len(axes)
-    view_shape = tuple(shape[a] for a in order)
-    empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
-    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
-
-
-def _batched_matmul_plan(
-    a: NDArray, b: NDArray
-) -> Tuple[Shape, Shape, Shape, Tuple[int, int, int]]:
-    """For ``a @ b`` with a batch: the broadcast batch shape, each operand's strides over
-    (batch..., rows, cols), and (m, n, p); ValueError for fewer than 2 dimensions or inner
-    sizes that differ."""
-    a_shape, b_shape = a._shape, b._shape
-    if len(a_shape) < 2 or len(b_shape) < 2:
-        raise ValueError(
-            f"matmul needs operands of at least 2 dimensions, got shapes {a.shape} and {b.shape}"
-        )
-    m, n = a_shape[-2:]
-    p = b_shape[-1]
-    if b_shape[-2] != n:
-        raise ValueError(f"matmul inner sizes differ: {a.shape} @ {b.shape}")
-    batch_shape = _broadcast_shapes(a_shape[:-2], b_shape[:-2], "matmul batch dimensions of")
-    a_strides = _broadcast_strides(a, batch_shape + a_shape[-2:])
-    b_strides = _broadcast_strides(b, batch_shape + b_shape[-2:])
-    return batch_shape, a_strides, b_strides, (m, n, p)
-
-
-def _broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:
-    """numpy's broadcast of two shapes; ValueError naming both when they do not broadcast."""
-    if len(a) < len(b):
-        a = (1,) * (len(b) - len(a)) + a
-    elif len(b) < len(a):
-        b = (1,) * (len(a) - len(b)) + b
-    out = []
-    for x, y in zip(a, b):
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            raise ValueError(f"{what} could not be broadcast together: shapes {a} and {b}")
-    return tuple(out)
-
-
-def _broadcast_strides(x: NDArray, shape: Shape) -> Shape:
-    """Strides of ``x`` viewed with the (broadcast) ``shape``: 0 along new and stretched axes."""
-    lead = len(shape) - len(x._shape)
-    strides = [0] * lead
-    for old, new, stride in zip(x._shape, shape[lead:], x._strides):
-        if old == new:
-            strides.append(stride)
-        elif old == 1:
-            strides.append(0)
-        else:
-            raise ValueError(
-                f"cannot broadcast shape {x.shape} to {shape}: "
-                f"dimension of size {old} is not 1 and differs from {new}"
-            )
-    return tuple(strides)
-
-
-def _normalize_shape(shape: Union[int, Iterable[int]], size: int) -> Shape:
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    shape = tuple(int(s) for s in shape)
-    if shape.count(-1) > 1:
-        raise ValueError(f"only one dimension can be -1, got {shape}")
-    if -1 in shape:
-        known = prod(s for s in shape if s != -1)
-        if known == 0 or size % known:
-            raise ValueError(f"cannot infer -1 in shape {shape} for {size} elements")
-        shape = tuple(size // known if s == -1 else s for s in shape)
-    if any(s < 0 for s in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
 
 
 # ---- module functions (the course's array_api, plus the methods added above) -------------------
