@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         help="only questions whose id contains TEXT (repeatable)",
     )
     parser.add_argument("--list", action="store_true", help="list the questions and exit")
+    _add_run_options(parser)
+    return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How the check runs: its time, build, isolation and resource limits, and --progress."""
     parser.add_argument(
         "--timeout",
         type=_seconds,
@@ -85,7 +91,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print passed/total, changes and the next question per homework",
     )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,8 +117,6 @@ def check_backward(
     gradient check does, so this question does not depend on the reverse-mode question;
     ``via_backward`` runs ``out.backward(out_grad)`` instead (for ops returning tuples, modules).
     """
-    import needle as ndl
-
     arrays = case.arrays
     xs = tensors(arrays)
     out = case.call(*xs)
@@ -126,42 +124,11 @@ def check_backward(
     expected = case.ref(*ref64)
     rng = np.random.default_rng(7)
     if isinstance(expected, (tuple, list)):
-        weights = [rng.standard_normal(np.shape(e)) for e in expected]
-
-        def objective(*a):
-            return np.concatenate([np.ravel(o) for o in case.ref(*a)])
-
-        flat_w = np.concatenate([w.ravel() for w in weights])
-        numeric = numerical_vjp(objective, ref64, flat_w)
-        loss = None
-        for o, w in zip(out, weights):
-            term = (o * ndl.Tensor(w.astype(np.float32), requires_grad=False)).sum()
-            loss = term if loss is None else loss + term
-        loss.backward()
-        analytic = [x.grad for x in xs]
-        shown_w = flat_w
+        numeric, analytic, shown_w = _adjoints_of_tuple(case, xs, out, ref64, expected, rng)
     else:
-        w = rng.standard_normal(np.shape(expected))
-        numeric = numerical_vjp(case.ref, ref64, w)
-        require(
-            tuple(out.shape) == tuple(np.shape(expected)),
-            f"{case.label}: output shape "
-            f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)",
+        numeric, analytic, shown_w = _adjoints_of_one(
+            case, xs, out, ref64, expected, rng, via_backward
         )
-        out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
-        before = to_numpy(out).copy()
-        if via_backward:
-            out.backward(out_grad)
-            analytic = [x.grad for x in xs]
-        else:
-            analytic = list(out.op.gradient_as_tuple(out_grad, out))
-        require_unchanged(
-            f"{case.label}: the gradient",
-            [out_grad, out],
-            [w.astype(np.float32), before],
-            ["out_grad", "the op's output (node)"],
-        )
-        shown_w = w
     require_unchanged(
         f"{case.label} (forward and backward)",
         xs,
@@ -186,6 +153,57 @@ def check_backward(
         op=f"({case.label})",
         variants=case.variants,
     )
+
+
+def _adjoints_of_tuple(case: OpCase, xs: list, out, ref64: list, expected, rng) -> tuple:
+    """For an op returning several outputs: (numeric, analytic, out_grad shown) of
+    ``sum_i <out_i, w_i>`` for random weights, the analytic adjoints from ``backward``."""
+    import needle as ndl
+
+    weights = [rng.standard_normal(np.shape(e)) for e in expected]
+
+    def objective(*a):
+        return np.concatenate([np.ravel(o) for o in case.ref(*a)])
+
+    flat_w = np.concatenate([w.ravel() for w in weights])
+    numeric = numerical_vjp(objective, ref64, flat_w)
+    loss = None
+    for o, w in zip(out, weights):
+        term = (o * ndl.Tensor(w.astype(np.float32), requires_grad=False)).sum()
+        loss = term if loss is None else loss + term
+    loss.backward()
+    return numeric, [x.grad for x in xs], flat_w
+
+
+def _adjoints_of_one(
+    case: OpCase, xs: list, out, ref64: list, expected, rng, via_backward: bool
+) -> tuple:
+    """For an op returning one output: (numeric, analytic, out_grad) for a random out_grad,
+    the analytic adjoints from ``gradient_as_tuple`` (or ``backward`` when ``via_backward``);
+    out_grad and the output node must be unchanged afterwards."""
+    import needle as ndl
+
+    w = rng.standard_normal(np.shape(expected))
+    numeric = numerical_vjp(case.ref, ref64, w)
+    require(
+        tuple(out.shape) == tuple(np.shape(expected)),
+        f"{case.label}: output shape "
+        f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)",
+    )
+    out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
+    before = to_numpy(out).copy()
+    if via_backward:
+        out.backward(out_grad)
+        analytic = [x.grad for x in xs]
+    else:
+        analytic = list(out.op.gradient_as_tuple(out_grad, out))
+    require_unchanged(
+        f"{case.label}: the gradient",
+        [out_grad, out],
+        [w.astype(np.float32), before],
+        ["out_grad", "the op's output (node)"],
+    )
+    return numeric, analytic, w
 
 
 def randn(*shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:

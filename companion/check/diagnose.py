@@ -215,6 +215,28 @@ def check_adjoints(
         return
     text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
     text += "does not match a finite-difference check.\n"
+    found = _known_adjoint_mistakes(names, numeric, inputs, out_grad, op, variants)
+    for name, got, _fd, _problem in wrong:
+        i = list(names).index(name)
+        named = name_mistake(got, found[i], rtol=rtol, atol=tolerances[i])
+        if named:
+            text += f"  {named}\n"
+    text += show_inputs(inputs)
+    text += "    " + show(out_grad, "out_grad") + "\n"
+    text += _show_wrong_adjoints(wrong)
+    raise CheckFailure(text.rstrip())
+
+
+def _known_adjoint_mistakes(
+    names: Sequence[str],
+    numeric: Sequence[np.ndarray],
+    inputs: Mapping[str, object],
+    out_grad: np.ndarray,
+    op: str | None,
+    variants: Callable[..., list[list]] | None,
+) -> list[list]:
+    """The known wrong adjoints of each input (``variants``'s op-specific ones first), to name
+    the one a wrong adjoint matches."""
     arrays = [np.asarray(to_numpy(v), dtype=np.float64) for v in inputs.values()][: len(names)]
     arrays += [np.zeros_like(n) for n in numeric[len(arrays) :]]  # adjoints of parameters
     found = adjoint_variants(
@@ -233,13 +255,12 @@ def check_adjoints(
             )
         ):
             found[i] = list(extra) + found[i]
-    for name, got, _fd, _problem in wrong:
-        i = list(names).index(name)
-        named = name_mistake(got, found[i], rtol=rtol, atol=tolerances[i])
-        if named:
-            text += f"  {named}\n"
-    text += show_inputs(inputs)
-    text += "    " + show(out_grad, "out_grad") + "\n"
+    return found
+
+
+def _show_wrong_adjoints(wrong: list) -> str:
+    """Each wrong adjoint (name, got, finite difference, problem) beside its finite difference."""
+    text = ""
     for name, got, fd, problem in wrong:
         got = to_numpy(got)
         text += f"  adjoint of {name!r}:\n"
@@ -250,7 +271,7 @@ def check_adjoints(
             text += f"    off by up to {err:.4g} (largest |finite difference| is "
             text += f"{float(np.abs(fd).max()):.4g})\n"
         text += "    " + problem.replace("\n", "\n    ") + "\n"
-    raise CheckFailure(text.rstrip())
+    return text
 
 
 def name_mistake(got, variants: Sequence, *, rtol: float, atol: float) -> str | None:

@@ -115,58 +115,65 @@ def adjoint_variants(
                         "input, in the order of the inputs)",
                     )
                 )
+        out.append(found + _shape_variants(name, c, out_grad))
+    return out
+
+
+def _shape_variants(name: str, c: np.ndarray, g: np.ndarray) -> list[Variant]:
+    """The wrong adjoints of input ``name`` (correct adjoint ``c``, out_grad ``g``) that get its
+    shape wrong: right values in the wrong shape, the output's shape without the sum over the
+    broadcast axes, a sum over the wrong axes, out_grad broadcast back without restoring the
+    summed axes."""
+    found: list[Variant] = [
+        Reshaped(
+            c,
+            f"your adjoint of {name} has the right values in the wrong "
+            f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
+            "the dimensions a sum removed, with reshape)",
+        )
+    ]
+    if g.shape != c.shape and g.size > c.size:
         found.append(
-            Reshaped(
+            SumsTo(
                 c,
-                f"your adjoint of {name} has the right values in the wrong "
-                f"shape: it must have {name}'s shape {tuple(c.shape)} (restore "
-                "the dimensions a sum removed, with reshape)",
+                g.shape,
+                f"your adjoint of {name} has the output's shape "
+                f"{tuple(g.shape)}: sum it over the broadcast axes "
+                f"down to {name}'s shape {tuple(c.shape)}",
             )
         )
-        g = out_grad
-        if g.shape != c.shape and g.size > c.size:
+        for k in range(1, min(g.ndim, 3) + 1):
+            for axes in itertools.combinations(range(g.ndim), k):
+                s = g.sum(axis=axes)
+                if s.size == c.size and _differs(s.reshape(c.shape), c):
+                    found.append(
+                        Variant(
+                            s,
+                            f"your adjoint of {name} sums out_grad over "
+                            f"axes {axes}, which are not the axes that "
+                            "were broadcast: sum over the axes where "
+                            f"{name}'s shape {tuple(c.shape)} has 1 (or "
+                            "that it lacks)",
+                            reshape_ok=True,
+                        )
+                    )
+    if g.size < c.size:
+        try:
+            b = np.broadcast_to(g, c.shape)
+        except ValueError:
+            b = None
+        if b is not None and _differs(b, c):
             found.append(
-                SumsTo(
-                    c,
-                    g.shape,
-                    f"your adjoint of {name} has the output's shape "
-                    f"{tuple(g.shape)}: sum it over the broadcast axes "
-                    f"down to {name}'s shape {tuple(c.shape)}",
+                Variant(
+                    b,
+                    f"your adjoint of {name} broadcasts out_grad "
+                    f"{tuple(g.shape)} to {tuple(c.shape)} without first "
+                    "putting the summed axes back as size 1: reshape "
+                    "out_grad so the reduced axes keep size 1, then "
+                    "broadcast",
                 )
             )
-            for k in range(1, min(g.ndim, 3) + 1):
-                for axes in itertools.combinations(range(g.ndim), k):
-                    s = g.sum(axis=axes)
-                    if s.size == c.size and _differs(s.reshape(c.shape), c):
-                        found.append(
-                            Variant(
-                                s,
-                                f"your adjoint of {name} sums out_grad over "
-                                f"axes {axes}, which are not the axes that "
-                                "were broadcast: sum over the axes where "
-                                f"{name}'s shape {tuple(c.shape)} has 1 (or "
-                                "that it lacks)",
-                                reshape_ok=True,
-                            )
-                        )
-        if g.size < c.size:
-            try:
-                b = np.broadcast_to(g, c.shape)
-            except ValueError:
-                b = None
-            if b is not None and _differs(b, c):
-                found.append(
-                    Variant(
-                        b,
-                        f"your adjoint of {name} broadcasts out_grad "
-                        f"{tuple(g.shape)} to {tuple(c.shape)} without first "
-                        "putting the summed axes back as size 1: reshape "
-                        "out_grad so the reduced axes keep size 1, then "
-                        "broadcast",
-                    )
-                )
-        out.append(found)
-    return out
+    return found
 
 
 def matmul_variants(
