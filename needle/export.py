@@ -248,6 +248,13 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
         if not axes:  # needle sums over no axis: the identity (ONNX would reduce over all)
             return b.node("Identity", args)
         return b.node(_REDUCE[kind], [args[0], b.ints(axes)], keepdims=0)
+    return _emit_composite(b, op, node, args)
+
+
+def _emit_composite(b: _Builder, op, node: Node, args: InputNames) -> Names:
+    """``_emit`` for the ops that rearrange layouts, gather, or make and take tuples (Conv, the
+    embedding lookups, tuples, Stack, Split); NotImplementedError for an op without one."""
+    kind = type(op)
     if kind is ops_conv.Conv:
         # needle: NHWC input, (K, K, C_in, C_out) weight; ONNX: NCHW, (C_out, C_in, K, K)
         x = b.node("Transpose", [args[0]], perm=[0, 3, 1, 2])
