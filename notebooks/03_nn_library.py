@@ -775,28 +775,27 @@ print("values:", np.array2string(w.numpy(), precision=5))
 assert np.allclose(w.numpy(), np.array([1.0, -2.0, 3.0]) * 0.8 ** 5)
 
 # %% [markdown]
-# ### `.data` shares the array: take a copy for a snapshot
+# ### `.data` shares the array, and the optimizer replaces it
 #
-# `w.data` is a new tensor *without history* but with the **same array** as `w`. needle's
-# optimizers update each parameter's array in place, so a `w.data` taken before a step shows the
-# new values after it: it is an alias, not a snapshot. To remember the old weights (to measure
-# how far a step moved, or to roll it back), copy them: `ndl.Tensor(w.numpy())` (or keep
-# `w.numpy()`).
+# `w.data` is a new tensor *without history* but with the **same array** as `w`. The optimizer's
+# update, as the course writes it, is `w.data = new value`: the setter gives `w` a *new* array
+# and leaves the old one alone. So a tensor taken before a step (`w.data`, `w.detach()`, or
+# `ndl.Tensor(w)`, which also shares the array) keeps the old values after it: it works as a
+# snapshot, because nothing writes a parameter's array in place. An update written in place
+# would move every such alias with it, and a "best weights" copy kept this way would silently
+# follow training; that is why needle's optimizers, fused kernels and all, assign a new array.
 
 # %%
 p = nn.Parameter(np.array([1.0, -2.0, 3.0], dtype=np.float32), device=device)
-alias = p.data                             # shares p's array
-snapshot = ndl.Tensor(p.numpy(), device=device, requires_grad=False)   # a copy
+alias = p.data                             # shares p's array (for now)
 opt = optim.SGD([p], lr=0.1)
 opt.reset_grad()
 (p * p).sum().backward()                   # gradient 2p
-opt.step()                                 # p <- p - 0.1 * 2p = 0.8 p
+opt.step()                                 # p.data = p - 0.1 * 2p = 0.8 p: a new array
 print("p after the step:", p.numpy())
 print("alias:           ", alias.numpy())
-print("snapshot:        ", snapshot.numpy())
 assert np.allclose(p.numpy(), 0.8 * np.array([1.0, -2.0, 3.0]))
-assert np.array_equal(alias.numpy(), p.numpy())           # the alias moved with p
-assert np.array_equal(snapshot.numpy(), [1.0, -2.0, 3.0])  # the copy did not
+assert np.array_equal(alias.numpy(), [1.0, -2.0, 3.0])   # the old array, untouched
 assert alias.is_leaf() and not alias.requires_grad
 
 
@@ -1206,8 +1205,8 @@ draw_graph(L_tuple, names={"x": x_tuple, "(u, v)": pair, "u": u_first, "L": L_tu
 #   records each gradient's graph, so a later `backward()` can differentiate through an update
 #   written with ops. The loop is clear, forward, backward, update; skipping the clear lets a
 #   stale gradient move an unused parameter.
-# * The optimizer updates through `.data`, outside the graph, so memory stays flat; `.data`
-#   aliases the parameter's array, so a snapshot needs a copy.
+# * The optimizer updates through `.data`, outside the graph, so memory stays flat; the setter
+#   gives the parameter a new array, so what shared the old one keeps the old values.
 # * Softmax, log-softmax and cross-entropy subtract the row maximum; NaN rows stay NaN, −∞
 #   logits get probability 0; the cross-entropy gradient is softmax minus one-hot.
 # * $\sigma_w^2 = 2/n_{in}$ keeps the second moment of ReLU activations constant with depth.

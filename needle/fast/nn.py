@@ -66,7 +66,7 @@ _COURSE_FORWARDS: Dict[type, Any] = {
 def remember_course_forward(cls: type) -> None:
     """Record ``cls.forward`` as the course forward of ``cls`` (a class registered with
     :func:`needle.fast.register`), unless one is recorded already."""
-    _COURSE_FORWARDS.setdefault(cls, cls.forward)
+    _COURSE_FORWARDS.setdefault(cls, cls.forward)  # type: ignore[attr-defined]
 
 
 def course_forward(m: Module, cls: type) -> bool:
