@@ -149,9 +149,15 @@ def _wrapper_cost(samples: int = 20000) -> float:
 
 
 def profile_case(
-    case: str, device, repeats: int = 7, warmup: int = 2, with_torch: bool = True
+    case: str,
+    device,
+    repeats: int = 7,
+    warmup: int = 2,
+    with_torch: bool = True,
+    fast: bool = False,
 ) -> dict:
-    """Kernel and overhead milliseconds per phase of one ``case`` step on ``device``.
+    """Kernel and overhead milliseconds per phase of one ``case`` step on ``device``, on the
+    course's path or (``fast``) on ``needle.fast``'s (:func:`companion.steps.needle_step`).
 
     Returns {"step_ms" (wall time of a step without timers), "kernel_ms", "overhead_ms",
     "kernel_calls", "phases": {phase: {"kernel_ms", "overhead_ms"}}, "top_kernels":
@@ -162,7 +168,7 @@ def profile_case(
     wrappers' own cost is taken out of the overhead); every figure is a median over
     ``repeats`` steps.
     """
-    result = profile_step(needle_step(case, device), device, repeats, warmup)
+    result = profile_step(needle_step(case, device, fast=fast), device, repeats, warmup)
     result["title"] = TITLES[case]
     ref = torch_step(case) if with_torch else None
     if ref is not None:

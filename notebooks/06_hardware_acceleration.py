@@ -1214,13 +1214,18 @@ assert share["resnet9"] < 0.5
 
 # %% [markdown]
 # The same measurement now, live (timings depend on the machine and its load, so these cells'
-# output is not compared):
+# output is not compared). The code before the rework ran its fused kernels by default; today
+# they are needle's opt-in fast path (`needle.fast.fuse` on the model and the loss,
+# `needle.fast.backward`), so "after" profiles that path, like with like. The course's modules
+# (needle's default) make several times more, smaller calls; `python -m companion.step_profile`
+# profiles them.
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: companion.step_profile on this project's needle
 # on cpu(), as before: the timers clock each call, and cuda() returns before its kernels finish
-after = {case: step_profile.profile_case(case, device, repeats=5) for case in step_profile.CASES}
-print("after: this checkout, medians of 5 steps")
+after = {case: step_profile.profile_case(case, device, repeats=5, fast=True)
+         for case in step_profile.CASES}
+print("after: this checkout's fast path, medians of 5 steps")
 print(step_profile.render(after))
 share_now = {case: overhead_share(r) for case, r in after.items()}
 larger = [c for c in share_now if share_now[c] > 0.5]
