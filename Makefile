@@ -9,7 +9,23 @@ export PYTHONDONTWRITEBYTECODE := 1
 # Marker files: the environment is (re)installed when pyproject.toml changes,
 # the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
 VENV_READY := $(VENV)/.needle-venv
+# The lock: every pip install below is held to locks/pyX.Y.txt of this venv's Python (`make lock`
+# rewrites the files). UNLOCKED=1 installs the newest releases pyproject.toml's ranges allow
+# instead; each mode has its own marker, so switching reinstalls.
+PYVER      := $(shell p=$(PY); test -x "$$p" || p=$(PYTHON); "$$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+LOCK_FILE  := locks/py$(PYVER).txt
+ifeq ($(UNLOCKED),)
 INSTALLED  := $(VENV)/.needle-installed
+OTHER_MODE := $(VENV)/.needle-installed-unlocked
+PIP_LOCK   := PIP_CONSTRAINT=$(LOCK_FILE)
+PIP_UP     :=
+else
+INSTALLED  := $(VENV)/.needle-installed-unlocked
+OTHER_MODE := $(VENV)/.needle-installed
+PIP_LOCK   := PIP_CONSTRAINT=
+PIP_UP     := --upgrade --upgrade-strategy eager
+LOCK_FILE  :=
+endif
 BUILT      := $(VENV)/.needle-built
 SOURCES    := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh src/*/*.cc src/*/*.cu src/*/*.h src/*/*.cuh)
 # Every CMake output lives under build/ (one folder per venv); the compiled modules themselves
@@ -41,6 +57,8 @@ help:
 	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
 	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.12 venv, two notebooks run"
 	@echo "make clean      remove build products (keeps .venv and data/)"
+	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
+	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
 # two first-time `make`s never create the venv, install or compile at the same time.
@@ -59,13 +77,21 @@ $(VENV_READY):
 	$(LOCKED) sh -c 'test -f $(VENV_READY) || { { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
 	  $(PY) -m pip install --quiet --upgrade pip && touch $(VENV_READY); }'
 
-$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
-	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
-	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
-	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
-	  $(PY) -m companion.extras && \
+$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml $(wildcard $(LOCK_FILE))
+	@test -z "$(LOCK_FILE)" -o -f "$(LOCK_FILE)" || { echo "needle: no lock for Python $(PYVER) ($(LOCK_FILE)): run make lock, or make ... UNLOCKED=1 for the newest releases"; exit 2; }
+	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml $(if $(LOCK_FILE),-a $(INSTALLED) -nt $(LOCK_FILE)) || { \
+	  rm -f $(OTHER_MODE) $(VENV)/.needle-book && export $(PIP_LOCK) && \
+	  $(PY) -m pip install --quiet $(PIP_UP) "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
+	  $(PY) -m pip install --quiet $(PIP_UP) --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
+	  $(PY) -m companion.extras $(if $(UNLOCKED),--upgrade) && \
 	  touch $(INSTALLED); }'
-	@echo "needle: environment ready in $(VENV)"
+	@echo "needle: environment ready in $(VENV) ($(if $(UNLOCKED),newest releases,locked to $(LOCK_FILE)))"
+
+# make lock: rewrite locks/pyX.Y.txt for every supported Python found (pyenv's or python3.X on
+# PATH), each from a fresh venv in build/lock/ with the newest releases pyproject.toml allows.
+.PHONY: lock
+lock:
+	$(PYTHON) locks/generate.py $(LOCK_PYTHONS)
 
 # The editable install above only links the Python package; CMake compiles the modules here,
 # incrementally, in $(BUILD_DIR).
@@ -228,7 +254,7 @@ clean:
 BOOK_DEPS := $(VENV)/.needle-book
 
 $(BOOK_DEPS): $(INSTALLED)
-	$(PY) -m pip install --quiet $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
+	$(PIP_LOCK) $(PY) -m pip install --quiet $(PIP_UP) $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
 	@touch $@
 
 .PHONY: book
