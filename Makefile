@@ -59,6 +59,7 @@ help:
 	@echo "make clean      remove build products (keeps .venv and data/)"
 	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
 	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
+	@echo "                (check, progress, lecture-report, bench, profile: also python -m companion <name> NAME=value ...)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
 # two first-time `make`s never create the venv, install or compile at the same time.
@@ -203,28 +204,28 @@ figures: $(BUILT)
 	done
 	@ls figures
 
-# With NEEDLE_IMPL=path/to/hwN/python, instead of the usual tables: that needle's kernels and a
-# training step measured beside this project's and numpy's (benchmarks/student.py).
+# These targets run `python -m companion <target>` with the same NAME=value arguments (one place
+# for what they do; companion/__main__.py), so they work without make too.
 bench: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
+	$(PY) -m companion bench "NEEDLE_IMPL=$${NEEDLE_IMPL-}"
 
 profile: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m companion.step_profile; fi
+	$(PY) -m companion profile "NEEDLE_IMPL=$${NEEDLE_IMPL-}"
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 # (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)
 check: $(INSTALLED)
 	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]"; exit 2; }
-	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",) $(if $(HWNUM),--hw "$$HWNUM",) $${ARGS-}
+	$(PY) -m companion check "HW=$${HW-}" "Q=$${Q-}" "HWNUM=$${HWNUM-}" "ARGS=$${ARGS-}"
 
 # Passed/total per homework in or beside HW (default: here), what changed, the next question.
 progress: $(INSTALLED)
-	$(PY) -m companion.check --progress "$${HW:-.}"
+	$(PY) -m companion progress "HW=$${HW-}"
 
 # Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
 lecture-report: $(BUILT)
 	@test -n "$$(echo $${NEEDLE_IMPL-})" || { echo "usage: make lecture-report NEEDLE_IMPL=path/to/hwN/python [NB=notebooks/NN_topic.py]"; exit 2; }
-	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(PY) -m companion.report_card $(if $(NB),"$$NB",)
+	$(PY) -m companion lecture-report "NEEDLE_IMPL=$${NEEDLE_IMPL-}" "NB=$${NB-}"
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
