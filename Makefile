@@ -180,6 +180,15 @@ test-unit: $(BUILT)
 test-notebooks: $(BUILT)
 	$(NBVAL) -q $(NOTEBOOKS)
 
+# make notebook-drift (.ci/run runs it with UNLOCKED=1): every notebook under nbval, as a report of
+# the cells whose outputs differ in this environment (build/notebook-drift-X.Y.txt); never fails.
+DRIFT_REPORT := build/notebook-drift-$(PYVER)$(if $(UNLOCKED),-newest).txt
+.PHONY: notebook-drift
+notebook-drift: $(BUILT)
+	@$(NBVAL) -q -rf $(NOTEBOOKS) > $(DRIFT_REPORT) 2>&1; \
+	  echo "notebook drift: with $$($(PY) -m pip freeze | grep -iE '^(numpy|matplotlib|scikit-learn|nbval|jupyter_client|ipykernel)==' | tr '\n' ' ')"; \
+	  grep -E '^FAILED ' $(DRIFT_REPORT) | sed 's/^FAILED /notebook drift: /' || echo "notebook drift: none (every notebook's outputs match here)"; \
+	  echo "notebook drift: full nbval output in $(DRIFT_REPORT)"
 
 notebooks: $(BUILT)
 	@for py in notebooks/[0-9]*.py; do \
