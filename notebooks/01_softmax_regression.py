@@ -229,8 +229,10 @@ theta_cpp = np.zeros((784, k), dtype=np.float32)
 sm.softmax_regression_epoch(X_tr, y_tr, theta_np, lr=LR, batch=BATCH)
 sm.softmax_regression_epoch_cpp(X_tr, y_tr, theta_cpp, lr=LR, batch=BATCH)
 cpp_gap = np.abs(theta_np - theta_cpp).max()
-print(f"max |theta_numpy - theta_cpp| = {cpp_gap:.1e}  (|theta| up to {np.abs(theta_np).max():.3f})")
-assert cpp_gap < 1e-5
+# The gap itself (1e-8 to 3e-8 here) follows numpy's summation order, which differs between numpy
+# releases, so the cell states the bound it checks.
+assert cpp_gap < 1e-6
+print(f"max |theta_numpy - theta_cpp| < 1e-6: float32 rounding (|theta| up to {np.abs(theta_np).max():.3f})")
 
 # %% [markdown]
 # The C++ function checks its arguments at the Python border: a float64 `theta` would be
