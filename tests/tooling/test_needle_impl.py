@@ -485,7 +485,7 @@ def test_make_bench_names_a_naive_matmul(student):
     # the command `make bench NEEDLE_IMPL=...` runs (see test_make_paths), quick: tiny sizes
     done = run_recipe(
         "bench",
-        ("benchmarks",),
+        ("companion bench",),
         {"NEEDLE_IMPL": str(student), "NEEDLE_BENCH_QUICK": "1", "PY": sys.executable},
         timeout=600,
     )
