@@ -60,6 +60,7 @@ help:
 	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
 	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
 	@echo "                (check, progress, lecture-report, bench, profile: also python -m companion <name> NAME=value ...)"
+	@echo "make notebook-drift  every notebook under nbval as a report that never fails (CI runs it with UNLOCKED=1)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
 # two first-time `make`s never create the venv, install or compile at the same time.
