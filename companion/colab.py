@@ -63,7 +63,8 @@ SETUP_TEMPLATE = "\n".join(
         "  # companion/colab_setup.py",
         "    py, src, q = sys.executable, "
         'os.path.join(tempfile.gettempdir(), "needle-companion"), shlex.quote',
-        '    done = subprocess.run(f"{{q(py)}} -m companion.colab_setup --status 2>/dev/null || '
+        '    done = subprocess.run(f"{{q(py)}} -m companion.colab_setup --status{lectures} '
+        "2>/dev/null || "
         "{{{{ {{{{ test -d {{q(src)}} || git clone -q --depth=1 {{q(repo)}} {{q(src)}}; }}}} && "
         "cd {{q(src)}} && {{q(py)}} -m companion.colab_setup --install {{q(repo)}} "
         '--cwd {{q(os.getcwd())}}{lectures}; }}}}", shell=True, capture_output=True, text=True); '

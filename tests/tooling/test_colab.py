@@ -187,7 +187,7 @@ def _run_cell(tmp_path, env_extra, student_needle=False, install_rc=0, simulate=
     the temporary folder the cell clones into)."""
     content, tmp = tmp_path / "content", tmp_path / "tmp"
     content.mkdir()
-    tmp.mkdir()
+    tmp.mkdir(exist_ok=True)
     if student_needle:
         (content / "needle").mkdir()
         (content / "needle" / "__init__.py").write_text("STUDENT = True\n")
@@ -212,10 +212,21 @@ def test_the_cell_does_nothing_outside_colab(tmp_path):
 
 
 def test_with_this_project_importable_the_cell_installs_nothing(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "needle-companion-lectures-extra").touch()  # an earlier notebook did it
     done, record, clone = _run_cell(tmp_path, {})
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("needle is installed (this project's, in ")
     assert record is None and not clone.exists()
+
+
+def test_a_lectures_notebook_after_another_one_still_gets_the_extra(tmp_path):
+    """needle installed by an earlier notebook without the lectures extra: notebook 12 or 13
+    runs the install step, which adds the extra (the install itself is skipped, below)."""
+    repo = _git_repo(tmp_path / "repo")
+    done, record, clone = _run_cell(tmp_path, {"NEEDLE_COLAB_REPO": str(repo)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert record is not None and record.strip().endswith("--lectures")
 
 
 def test_a_students_needle_folder_is_not_this_project_the_cell_clones_and_installs(tmp_path):
@@ -332,6 +343,8 @@ def _clone(tmp_path):
 
 def test_install_uses_the_lock_and_reports_the_result(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("NEEDLE_COLAB_GPU_CAP", "7.5")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(colab_setup.tempfile, "tempdir", None)
     monkeypatch.delenv("NEEDLE_IMPL", raising=False)
     src, lock = _clone(tmp_path)
     absent = {"needle": None, "companion": None, "setup": False}
@@ -364,6 +377,21 @@ def test_install_failures_name_the_repository_and_the_shadowing_folder(
     assert colab_setup.install("REPO", src, "/c", run=run) == 1
     assert not any(c[0][:2] == ["-m", "pip"] for c in run.calls)
     assert "rename or move the folder /content/needle" in capsys.readouterr().out
+
+
+def test_the_extra_is_added_once_to_an_installed_project(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(colab_setup.tempfile, "tempdir", None)
+    monkeypatch.delenv("NEEDLE_IMPL", raising=False)
+    src, lock = _clone(tmp_path)
+    run = FakeRun([OURS])
+    assert colab_setup.install("REPO", src, "/c", lectures=True, run=run) == 0
+    assert [c[:2] for c in run.calls[1:]] == [(["-m", "companion.extras"], str(lock))]
+    assert colab_setup.lectures_marker() == tmp_path / "needle-companion-lectures-extra"
+    assert colab_setup.lectures_marker().exists()
+    run = FakeRun([OURS])  # the next notebook: nothing to do
+    assert colab_setup.install("REPO", src, "/c", lectures=True, run=run) == 0
+    assert len(run.calls) == 1
 
 
 def test_every_supported_python_has_a_lock():
