@@ -55,7 +55,7 @@ help:
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
 	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
-	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.13 venv with the lock, four notebooks run"
+	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.13 venv with the lock, every notebook runs"
 	@echo "make clean      remove build products (keeps .venv and data/)"
 	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
 	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
@@ -282,7 +282,7 @@ test-unit: $(BOOK_DEPS)
 # ---- Colab, simulated (tests/build/colab_simulation.py) --------------------------------------
 # A fresh Python 3.13 venv (Colab's Python) with Colab's preinstalled packages and no `make`; the
 # set-up cell installs needle with the lock from a git clone of HEAD (commit first), then
-# notebooks 01, 02, 05 and 06 and the student commands run outside the checkout.
+# every notebook and the student commands run outside the checkout.
 .PHONY: test-colab
 test-colab: $(INSTALLED)
 	$(PY) tests/build/colab_simulation.py $(if $(COLAB_PYTHON),--python "$(COLAB_PYTHON)",)

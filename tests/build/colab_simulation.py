@@ -1,4 +1,4 @@
-"""Colab, simulated (`make test-colab`): the set-up cell installs needle, four notebooks run on it.
+"""Colab, simulated (`make test-colab`): the set-up cell installs needle, every notebook runs on it.
 
 What Colab has, made here: a fresh Python 3.13 environment (Colab's Python since August 2026)
 with numpy, matplotlib and ipykernel preinstalled (plus nbclient/nbformat to drive the kernel),
@@ -37,12 +37,8 @@ from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = [
-    "01_softmax_regression",
-    "02_automatic_differentiation",
-    "05_ndarray",
-    "06_hardware_acceleration",
-]
+#: Every lecture notebook, in order (01 installs; 12 then adds the lectures extra).
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PREINSTALLED = ["numpy>=2", "matplotlib", "ipykernel", "nbclient", "nbformat"]
 T4 = "7.5"
 
