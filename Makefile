@@ -59,7 +59,7 @@ help:
 	@echo "make clean      remove build products (keeps .venv and data/)"
 	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
 	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
-	@echo "                (check, progress, lecture-report, bench, profile: also python -m companion <name> NAME=value ...)"
+	@echo "                (check, progress, where, lecture-report, bench, profile: also python -m companion <name> NAME=value ...)"
 	@echo "make notebook-drift  every notebook under nbval as a report that never fails (CI runs it with UNLOCKED=1)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
@@ -68,10 +68,12 @@ LOCKED = $(PYTHON) -c 'import fcntl, os, subprocess, sys; os.makedirs("build", e
   lock = open("build/.lock", "w"); fcntl.flock(lock, fcntl.LOCK_EX); \
   sys.exit(subprocess.call(sys.argv[1:]))'
 # CMake configure arguments for this venv's Python and pybind11 (also used by test-clang etc.).
-# (Recursively expanded: make evaluates it only when a recipe that needs it runs, after $(PY) exists.)
-CMAKE_ARGS_PY = -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY)) \
-  -DCMAKE_MAKE_PROGRAM=$(abspath $(BIN)/ninja) \
-  -Dpybind11_DIR=$(shell $(PY) -c "import pybind11; print(pybind11.get_cmake_dir())")
+# The paths are made absolute and quoted by the shell, never by make: the checkout's path may
+# hold spaces or parentheses. (No single quote inside: the build recipe runs it in sh -c '...'.)
+SH_ABSPATH = "$(if $(filter /%,$(1)),$(1),$$(pwd)/$(1))"
+CMAKE_ARGS_PY = -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(call SH_ABSPATH,$(PY)) \
+  -DCMAKE_MAKE_PROGRAM=$(call SH_ABSPATH,$(BIN)/ninja) \
+  -Dpybind11_DIR="$$("$(PY)" -c "import pybind11; print(pybind11.get_cmake_dir())")"
 
 # Each step re-checks its marker under the lock: the second of two concurrent runs finds the
 # work done and does nothing.
@@ -234,6 +236,9 @@ check: $(INSTALLED)
 # Passed/total per homework in or beside HW (default: here), what changed, the next question.
 progress: $(INSTALLED)
 	$(PY) -m companion progress "HW=$${HW-}"
+
+where: $(INSTALLED)
+	$(PY) -m companion.where $(Q)
 
 # Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
 lecture-report: $(BUILT)

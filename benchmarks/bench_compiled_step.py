@@ -1,7 +1,8 @@
 """The captured training step (``ndl.compile``) against the eager step, for each course model.
 
 For each case of ``companion/steps.py`` (MLP-ResNet with Adam, ResNet-9, the LSTM LM and the
-Transformer LM with SGD) two twins are built: one stepped eagerly, one through
+Transformer LM with SGD, on the fast path: `needle.fast.fuse`, `fast.backward`) two twins are
+built: one stepped eagerly, one through
 ``ndl.compile`` (traced on its first calls, then replayed). The timing alternates blocks of
 eager and replayed steps in one process and reports the medians of the per-step block means,
 so a load change on a shared machine hits both alike (the load average is printed). Memory:
@@ -48,8 +49,8 @@ def _peak(device, fn: Callable[[], object]) -> int:
 def measure(case: str, blocks: int, steps: int, device=None) -> Dict[str, float]:
     """Median seconds per step (eager, replayed), peak bytes per step and the memory plan."""
     device = device or ndl.cpu()
-    eager = _one_call(needle_step(case, device))
-    compiled = ndl.compile(_one_call(needle_step(case, device)))
+    eager = _one_call(needle_step(case, device, fast=True))
+    compiled = ndl.compile(_one_call(needle_step(case, device, fast=True)))
     for _ in range(4):  # traced calls, then the first replay (allocates the pool)
         eager()
         compiled()

@@ -18,10 +18,12 @@ import sys
 import needle as ndl
 from benchmarks.common import (
     CHILD_RUNS,
+    PATHS,
     Table,
     libraries,
     time_libraries_in_children,
     time_step_here,
+    with_fast_path,
 )
 from companion.steps import TITLES, needle_step, torch_step
 
@@ -30,14 +32,19 @@ LM_CASES = ("lstm_lm", "transformer_lm")
 
 def time_lm_steps(library: str, cases: list[str]) -> dict[str, float]:
     """{case: seconds per training step} for ``cases`` (of ``LM_CASES``) by ``library``
-    ("needle" on cpu(), "torch"), timed in this process in blocks of steps."""
+    ("needle": the course's modules on cpu(); "needle-fast": ``needle.fast``'s path; "torch"),
+    timed in this process in blocks of steps."""
     unknown = [case for case in cases if case not in LM_CASES]
     if unknown:
         raise ValueError(f"cases must be among {', '.join(LM_CASES)}, got {unknown}")
     return {
         case: time_step_here(
             library,
-            {"needle": lambda: needle_step(case, ndl.cpu()), "torch": lambda: torch_step(case)},
+            {
+                "needle": lambda: needle_step(case, ndl.cpu()),
+                "needle-fast": lambda: needle_step(case, ndl.cpu(), fast=True),
+                "torch": lambda: torch_step(case),
+            },
         )
         for case in cases
     }
@@ -51,7 +58,7 @@ def main(argv=None) -> dict:
     if not ndl.cpu().enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")
         return {}
-    libs = libraries()
+    libs = with_fast_path(libraries())
     table = Table(
         "language-model training step (forward + backward + SGD), each library in its own "
         f"processes, median of {args.runs}; ratio = PyTorch time / needle time",
@@ -69,12 +76,14 @@ def main(argv=None) -> dict:
     )
     ratios = {}
     for case in LM_CASES:
-        t_needle = t["needle"][case]
-        if "torch" not in t:
-            print(f"{TITLES[case]}: needle {1e3 * t_needle:.2f} ms; PyTorch: not installed")
-            continue
-        table.add(TITLES[case], 1e3 * t_needle, 1e3 * t["torch"][case])
-        ratios[TITLES[case]] = table.ratio(t_needle, t["torch"][case])
+        for path, label in PATHS:
+            t_needle = t[path][case]
+            title = f"{TITLES[case]} [{label}]"
+            if "torch" not in t:
+                print(f"{title}: needle {1e3 * t_needle:.2f} ms; PyTorch: not installed")
+                continue
+            table.add(title, 1e3 * t_needle, 1e3 * t["torch"][case])
+            ratios[title] = table.ratio(t_needle, t["torch"][case])
     if table.rows:
         table.print()
     return ratios

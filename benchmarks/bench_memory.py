@@ -12,7 +12,8 @@ first, so the optimizer's state exists; then one step is measured. Two figures p
   activations, gradients);
 * step: that peak minus the bytes live when the step started (what the step itself needs).
 
-needle's backward runs with ``create_graph=False``, the work PyTorch's ``backward()`` does.
+needle runs twice: the course's path (its modules, ``backward(create_graph=False)``, the work
+PyTorch's ``backward()`` does) and the fast path (``needle.fast.fuse`` and ``fast.backward``).
 Run ``python -m benchmarks.bench_memory``; ``make bench`` runs it with the others. Lower is
 better; the ratio is PyTorch's bytes over needle's (above 1: needle needs less).
 """
@@ -37,9 +38,10 @@ WARMUP_STEPS = 2
 MB = 1e6
 
 
-def needle_peak(case: str, device) -> tuple[float, float]:
-    """(peak bytes live during one step, bytes live when it started) for needle's ``case``."""
-    step = needle_step(case, device)
+def needle_peak(case: str, device, fast: bool = False) -> tuple[float, float]:
+    """(peak bytes live during one step, bytes live when it started) for needle's ``case``,
+    on the course's path or (``fast``) on ``needle.fast``'s."""
+    step = needle_step(case, device, fast=fast)
     for _ in range(WARMUP_STEPS):
         step()
     peak, start = peak_bytes(device, step)
@@ -92,10 +94,11 @@ def main(argv: Optional[list] = None) -> dict:
         higher_is_better=False,
     )
     for case in CASES:
-        peak, start = needle_peak(case, device)
         ref = torch_peak(case)
-        _row(table, f"{case} peak", peak, ref[0] if ref else None)
-        _row(table, f"{case} step", peak - start, ref[0] - ref[1] if ref else None)
+        for fast, label in ((False, "course path"), (True, "fast path")):
+            peak, start = needle_peak(case, device, fast)
+            _row(table, f"{case} peak [{label}]", peak, ref[0] if ref else None)
+            _row(table, f"{case} step [{label}]", peak - start, ref[0] - ref[1] if ref else None)
     if torch is None:
         print("(PyTorch is not installed: its column is nan)")
     print("cases: " + "; ".join(f"{c}: {TITLES[c]}" for c in CASES))

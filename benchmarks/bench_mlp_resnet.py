@@ -27,10 +27,12 @@ import companion.data
 import needle as ndl
 from benchmarks.common import (
     CHILD_RUNS,
+    PATHS,
     Table,
     libraries,
     time_libraries_in_children,
     time_step_here,
+    with_fast_path,
 )
 from companion.apps import mlp_resnet
 from companion.steps import torch_mlp_resnet
@@ -243,11 +245,16 @@ def torch_epoch_fn(X, y):
     return run
 
 
-def needle_epoch_fn(X, y, device):
+def needle_epoch_fn(X, y, device, fast: bool = False):
     """(a closure running one needle epoch of ``mlp_resnet.epoch``, DataLoader included, the
-    model): MLPResNet seeded as the numpy reference's weights are."""
+    model): MLPResNet seeded as the numpy reference's weights are; with ``fast`` its modules
+    are swapped for ``needle.fast``'s twins."""
     np.random.seed(0)
     model = mlp_resnet.MLPResNet(DIM, HIDDEN, BLOCKS, CLASSES, drop_prob=DROP)
+    if fast:
+        import needle.fast
+
+        needle.fast.fuse(model)
     opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
     loader = ndl.data.DataLoader(ndl.data.NDArrayDataset(X, y), BATCH, shuffle=True, device=device)
     return (lambda: mlp_resnet.epoch(loader, model, opt, progress=False)), model
@@ -259,6 +266,7 @@ def time_epoch(library: str, samples: int, repeats: int) -> dict[str, float]:
     X, y = data(samples)
     builders = {
         "needle": lambda: needle_epoch_fn(X, y, ndl.cpu())[0],
+        "needle-fast": lambda: needle_epoch_fn(X, y, ndl.cpu(), fast=True)[0],
         "torch": lambda: torch_epoch_fn(X, y),
     }
     return {"epoch": time_step_here(library, builders, repeats=repeats, warmup=1, min_sample_s=0)}
@@ -292,7 +300,7 @@ def main(argv=None) -> dict:
     )
     table.add(str(device), t_needle, t_numpy)
     table.print()
-    libs = libraries()
+    libs = with_fast_path(libraries())
     if "torch" not in libs:
         print("PyTorch is not installed: no PyTorch comparison")
         return {}
@@ -310,10 +318,13 @@ def main(argv=None) -> dict:
         reference="pytorch",
         higher_is_better=False,
     )
-    t_needle, t_torch = t["needle"]["epoch"], t["torch"]["epoch"]
-    torch_table.add(str(device), t_needle, t_torch)
+    ratios = {}
+    for path, label in PATHS:
+        t_needle, t_torch = t[path]["epoch"], t["torch"]["epoch"]
+        torch_table.add(f"{device} [{label}]", t_needle, t_torch)
+        ratios[f"MLP-ResNet epoch [{label}]"] = torch_table.ratio(t_needle, t_torch)
     torch_table.print()
-    return {"MLP-ResNet epoch": torch_table.ratio(t_needle, t_torch)}
+    return ratios
 
 
 if __name__ == "__main__":

@@ -30,11 +30,13 @@ import numpy as np
 import needle as ndl
 from benchmarks.common import (
     CHILD_RUNS,
+    PATHS,
     Table,
     enabled_devices,
     libraries,
     time_libraries_in_children,
     time_step_here,
+    with_fast_path,
 )
 from companion.apps.models import ConvBN, ResNet9
 from companion.timing import measure
@@ -198,19 +200,27 @@ def batch(seed: int = 0):
     return rng.rand(BATCH, 3, 32, 32).astype(np.float32), rng.randint(0, 10, BATCH)
 
 
-def needle_step(device):
-    """(step closure, model): one forward + loss + backward of ResNet-9 on ``device``."""
+def needle_step(device, fast: bool = False):
+    """(step closure, model): one forward + loss + backward of ResNet-9 on ``device``; with
+    ``fast`` on ``needle.fast``'s path (fused model and loss, ``fast.backward``)."""
     np.random.seed(0)
     model = ResNet9(device=device)
     model.train()
+    loss_fn = ndl.nn.SoftmaxLoss()
+    backward = lambda loss: loss.backward(create_graph=False)  # noqa: E731 (as PyTorch)
+    if fast:
+        import needle.fast
+
+        needle.fast.fuse(model)
+        needle.fast.fuse(loss_fn)
+        backward = needle.fast.backward
     xs, ys = batch()
     x = ndl.Tensor(xs, device=device, requires_grad=False)
     y = ndl.Tensor(ys.astype(np.float32), device=device, requires_grad=False)
-    loss_fn = ndl.nn.SoftmaxLoss()
 
     def step():
         loss = loss_fn(model(x), y)
-        loss.backward(create_graph=False)  # as PyTorch: no gradient graph
+        backward(loss)
         return float(np.asarray(loss.numpy()).reshape(-1)[0])
 
     return step, model
@@ -273,7 +283,11 @@ def torch_step():
 def time_resnet9_step(library: str) -> dict[str, float]:
     """{"resnet9": seconds per ResNet-9 step} by ``library`` ("needle" on its first enabled
     device, "torch"), timed in this process in blocks of steps."""
-    builders = {"needle": lambda: needle_step(enabled_devices()[0])[0], "torch": torch_step}
+    builders = {
+        "needle": lambda: needle_step(enabled_devices()[0])[0],
+        "needle-fast": lambda: needle_step(enabled_devices()[0], fast=True)[0],
+        "torch": torch_step,
+    }
     return {"resnet9": time_step_here(library, builders)}
 
 
@@ -294,7 +308,7 @@ def bench_resnet9(repeats: int, runs: int = CHILD_RUNS) -> dict:
         t_needle = measure(needle_step(dev)[0], repeats=repeats, warmup=1)
         table.add(f"needle {dev}", 1e3 * t_needle, 1e3 * t_np)
     table.print()
-    libs = libraries()
+    libs = with_fast_path(libraries())
     if "torch" not in libs:
         print("PyTorch: not installed (no PyTorch column)")
         return {}
@@ -311,10 +325,13 @@ def bench_resnet9(repeats: int, runs: int = CHILD_RUNS) -> dict:
         reference="torch",
         higher_is_better=False,
     )
-    t_needle, t_torch = t["needle"]["resnet9"], t["torch"]["resnet9"]
-    table.add(f"needle {devices[0]}", 1e3 * t_needle, 1e3 * t_torch)
+    ratios = {}
+    for path, label in PATHS:
+        t_needle, t_torch = t[path]["resnet9"], t["torch"]["resnet9"]
+        table.add(f"needle {devices[0]} [{label}]", 1e3 * t_needle, 1e3 * t_torch)
+        ratios[f"ResNet-9 step [{label}]"] = table.ratio(t_needle, t_torch)
     table.print()
-    return {"ResNet-9 step": table.ratio(t_needle, t_torch)}
+    return ratios
 
 
 def bench_conv(repeats: int) -> None:

@@ -135,6 +135,21 @@ def libraries() -> tuple[str, ...]:
     return ("needle", "torch") if importlib.util.find_spec("torch") else ("needle",)
 
 
+# needle's two paths as the benchmarks label them: the course's modules and backward (the
+# default), and the opt-in fast path (needle.fast.fuse + needle.fast.backward).
+PATHS = (("needle", "course path"), ("needle-fast", "fast path"))
+
+
+def with_fast_path(libs: Sequence[str]) -> tuple[str, ...]:
+    """``libs`` with "needle-fast" after "needle": both of needle's paths are timed."""
+    out: list[str] = []
+    for lib in libs:
+        out.append(lib)
+        if lib == "needle":
+            out.append("needle-fast")
+    return tuple(out)
+
+
 def time_libraries_in_children(
     target: str,
     *args: object,

@@ -139,6 +139,57 @@ def _mlp_step(ndl, device, batch: int, dim: int, hidden: int, classes: int):
     return Step(forward, lambda loss: loss.backward(), opt.step)
 
 
+def _matmul_rows(np, nd, device, sizes: dict, rng, timing: dict) -> list:
+    """One row per matmul shape: the kernels called, the error, the seconds when right."""
+    from companion.timing import measure
+
+    rows = []
+    for m, n, p in sizes["matmul"]:
+        a = rng.standard_normal((m, n), dtype=np.float32)
+        b = rng.standard_normal((n, p), dtype=np.float32)
+        A, B = nd.NDArray(a, device=device), nd.NDArray(b, device=device)
+        row = {"shape": [m, n, p], "kernels": _kernels_called(device, lambda: A @ B)}
+        error = float(np.max(np.abs((A @ B).numpy() - a @ b)))
+        row["error"] = error
+        if error <= 1e-3 * np.sqrt(n) * (1 + np.max(np.abs(a @ b))):
+            row["seconds"] = measure(lambda: A @ B, **timing)
+        rows.append(row)
+    return rows
+
+
+def _ewise_rows(np, nd, device, side: int, rng, timing: dict) -> list:
+    """One row per element-wise case of EWISE: an error, or the seconds when right."""
+    from companion.timing import measure
+
+    x = rng.standard_normal((side, side), dtype=np.float32)
+    y = rng.standard_normal((side, side), dtype=np.float32)
+    X, Y = nd.NDArray(x, device=device), nd.NDArray(y, device=device)
+    cases = {
+        "add": lambda: X + Y,
+        "mul": lambda: X * Y,
+        "scalar mul": lambda: X * 1.5,
+        "exp": lambda: X.exp(),
+        "compact of a transpose": lambda: X.permute((1, 0)).compact(),
+        "sum (axis=1)": lambda: X.sum(axis=1),
+        "max (axis=1)": lambda: X.max(axis=1),
+    }
+    oracle = numpy_cases(np, x, y)
+    rows = []
+    for name, _, _ in EWISE:
+        f_nd, f_np = cases[name], oracle[name]
+        row = {"name": name, "elements": side * side}
+        try:
+            got = np.asarray(f_nd().numpy()).reshape(-1)
+            ok = np.allclose(got, np.asarray(f_np()).reshape(-1), rtol=1e-4, atol=1e-3)
+            row["error"] = None if ok else "wrong result"
+            if ok:
+                row["seconds"] = measure(f_nd, **timing)
+        except Exception as exc:  # not implemented yet, or a different API
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(row)
+    return rows
+
+
 def child(mode: str, step_only: bool) -> dict:
     """Measure the imported needle: its kernels (unless ``step_only``) and a training step."""
     import numpy as np
@@ -146,7 +197,6 @@ def child(mode: str, step_only: bool) -> dict:
     import needle as ndl
     import needle.backend_ndarray as nd
     from companion.step_profile import profile_step
-    from companion.timing import measure
 
     sizes = SIZES[mode]
     repeats = sizes["repeats"]
@@ -161,42 +211,8 @@ def child(mode: str, step_only: bool) -> dict:
     rng = np.random.default_rng(0)
     timing = _timing(mode)
     if not step_only:
-        for m, n, p in sizes["matmul"]:
-            a = rng.standard_normal((m, n), dtype=np.float32)
-            b = rng.standard_normal((n, p), dtype=np.float32)
-            A, B = nd.NDArray(a, device=device), nd.NDArray(b, device=device)
-            row = {"shape": [m, n, p], "kernels": _kernels_called(device, lambda: A @ B)}
-            error = float(np.max(np.abs((A @ B).numpy() - a @ b)))
-            row["error"] = error
-            if error <= 1e-3 * np.sqrt(n) * (1 + np.max(np.abs(a @ b))):
-                row["seconds"] = measure(lambda: A @ B, **timing)
-            out["matmul"].append(row)
-        side = sizes["side"]
-        x = rng.standard_normal((side, side), dtype=np.float32)
-        y = rng.standard_normal((side, side), dtype=np.float32)
-        X, Y = nd.NDArray(x, device=device), nd.NDArray(y, device=device)
-        cases = {
-            "add": lambda: X + Y,
-            "mul": lambda: X * Y,
-            "scalar mul": lambda: X * 1.5,
-            "exp": lambda: X.exp(),
-            "compact of a transpose": lambda: X.permute((1, 0)).compact(),
-            "sum (axis=1)": lambda: X.sum(axis=1),
-            "max (axis=1)": lambda: X.max(axis=1),
-        }
-        oracle = numpy_cases(np, x, y)
-        for name, _, _ in EWISE:
-            f_nd, f_np = cases[name], oracle[name]
-            row = {"name": name, "elements": side * side}
-            try:
-                got = np.asarray(f_nd().numpy()).reshape(-1)
-                ok = np.allclose(got, np.asarray(f_np()).reshape(-1), rtol=1e-4, atol=1e-3)
-                row["error"] = None if ok else "wrong result"
-                if ok:
-                    row["seconds"] = measure(f_nd, **timing)
-            except Exception as exc:  # not implemented yet, or a different API
-                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-            out["ewise"].append(row)
+        out["matmul"] = _matmul_rows(np, nd, device, sizes, rng, timing)
+        out["ewise"] = _ewise_rows(np, nd, device, sizes["side"], rng, timing)
     try:
         step = _mlp_step(ndl, device, *sizes["mlp"])
         result = profile_step(step, device, repeats=max(repeats, 1), warmup=1)
@@ -260,9 +276,8 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.3g} {unit}" if value is not None else "-"
 
 
-def advise(student: dict, ours: dict, roof) -> list[str]:
-    """One line per finding: a kernel far slower than this project's, a wrong or missing
-    kernel, a step dominated by framework overhead."""
+def _advise_matmul(student: dict, ours: dict) -> list[str]:
+    """Findings on matmul: wrong at a shape, or far slower than this project's kernel."""
     lines = []
     for mine, theirs in zip(student.get("matmul", []), ours.get("matmul", [])):
         m, n, p = mine["shape"]
@@ -295,6 +310,12 @@ def advise(student: dict, ours: dict, roof) -> list[str]:
                     f"{best / rate:.0f}x faster: see {section_ref(*HINTS['matmul naive'])}"
                     f" and {section_ref(*HINTS['matmul blocked'])}"
                 )
+    return lines
+
+
+def _advise_ewise(student: dict, ours: dict, roof) -> list[str]:
+    """Findings on the element-wise cases: an error, or far slower than this project's."""
+    lines = []
     ours_ewise = {r["name"]: r for r in ours.get("ewise", [])}
     bytes_per = {name: b for name, b, _ in EWISE}
     for row in student.get("ewise", []):
@@ -311,31 +332,84 @@ def advise(student: dict, ours: dict, roof) -> list[str]:
                 f"({best / rate:.0f}x faster; this CPU's bandwidth "
                 f"{roof.bandwidth / 1e9:.3g} GB/s): see {section_ref(*HINTS[name])}"
             )
-    step = student.get("step") or {}
+    return lines
+
+
+def _advise_step(step: dict) -> list[str]:
+    """The finding on the training step: it failed, overhead dominates, or its top kernel."""
     if "error" in step:
-        lines.append(f"training step: it failed ({step['error']})")
-    elif step:
-        share = step["overhead_ms"] / max(step["kernel_ms"] + step["overhead_ms"], 1e-12)
-        if share > 0.6:
-            lines.append(
-                f"training step: {100 * share:.0f}% of your step's "
-                f"{step['step_ms']:.3g} ms is framework overhead (Python in Tensor, "
-                f"ops, autograd, NDArray), not kernels: see "
-                f"{section_ref(*HINTS['overhead'])}"
-            )
-        elif step.get("top_kernels"):
-            name, calls, ms = step["top_kernels"][0]
-            lines.append(
-                f"training step: kernels take {100 * (1 - share):.0f}% of your step, "
-                f"most in {name} ({calls} calls, {ms:.3g} ms): speed that kernel first"
-            )
+        return [f"training step: it failed ({step['error']})"]
+    if not step:
+        return []
+    share = step["overhead_ms"] / max(step["kernel_ms"] + step["overhead_ms"], 1e-12)
+    if share > 0.6:
+        return [
+            f"training step: {100 * share:.0f}% of your step's "
+            f"{step['step_ms']:.3g} ms is framework overhead (Python in Tensor, "
+            f"ops, autograd, NDArray), not kernels: see "
+            f"{section_ref(*HINTS['overhead'])}"
+        ]
+    if step.get("top_kernels"):
+        name, calls, ms = step["top_kernels"][0]
+        return [
+            f"training step: kernels take {100 * (1 - share):.0f}% of your step, "
+            f"most in {name} ({calls} calls, {ms:.3g} ms): speed that kernel first"
+        ]
+    return []
+
+
+def advise(student: dict, ours: dict, roof) -> list[str]:
+    """One line per finding: a kernel far slower than this project's, a wrong or missing
+    kernel, a step dominated by framework overhead."""
+    return (
+        _advise_matmul(student, ours)
+        + _advise_ewise(student, ours, roof)
+        + _advise_step(student.get("step") or {})
+    )
+
+
+def _kernel_table(student: dict, ours: dict, numpy: dict, roof) -> list[str]:
+    """The kernel table: yours, this project's and numpy's rates, and the roofline."""
+    from companion.roofline import matmul_intensity
+
+    lines: list[str] = []
+    head = f"{'case':<26}{'yours':>16}{'this project':>16}{'numpy':>16}  roofline (yours)"
+    if not student.get("matmul"):
+        return lines
+    lines += ["", head, "-" * (len(head) + 40)]
+    for i, mine in enumerate(student["matmul"]):
+        m, n, p = mine["shape"]
+        flops = 2.0 * m * n * p
+        theirs = ours["matmul"][i] if i < len(ours.get("matmul", [])) else {}
+        rate = _rate(mine.get("seconds"), flops)
+        ai = matmul_intensity(m, n, p)
+        place = roof.place(ai, rate * 1e9) if rate else "wrong result: not timed"
+        lines.append(
+            f"{f'matmul {m}x{n}x{p}':<26}{_fmt(rate, 'GFLOP/s'):>16}"
+            f"{_fmt(_rate(theirs.get('seconds'), flops), 'GFLOP/s'):>16}"
+            f"{_fmt(_rate(numpy['matmul'][i], flops), 'GFLOP/s'):>16}  {place}"
+        )
+    ours_ewise = {r["name"]: r for r in ours.get("ewise", [])}
+    for name, nbytes, nflops in EWISE:
+        mine = next((r for r in student["ewise"] if r["name"] == name), {})
+        amount = nbytes * mine.get("elements", 0)
+        rate = _rate(mine.get("seconds"), amount)
+        if rate and nflops:
+            place = roof.place(nflops / nbytes, rate * 1e9 * nflops / nbytes)
+        elif rate:
+            place = f"a copy: {100 * rate * 1e9 / roof.bandwidth:.3g}% of the bandwidth"
+        else:
+            place = mine.get("error") or "-"
+        best = _rate(ours_ewise.get(name, {}).get("seconds"), amount)
+        lines.append(
+            f"{name:<26}{_fmt(rate, 'GB/s'):>16}{_fmt(best, 'GB/s'):>16}"
+            f"{_fmt(_rate(numpy['ewise'][name], amount), 'GB/s'):>16}  {place}"
+        )
     return lines
 
 
 def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
     """The tables (yours, this project's, numpy's, and the roofline) and the advice."""
-    from companion.roofline import matmul_intensity
-
     lines = [
         f"your needle: {student.get('needle')} on {student.get('device')}",
         f"this project's: {ours.get('needle')} on {ours.get('device')}",
@@ -347,37 +421,7 @@ def report(student: dict, ours: dict, numpy: dict, roof, mode: str) -> str:
         )
     if mode == "quick":
         lines.append("(quick run: tiny sizes, one repeat; the figures mean little)")
-    head = f"{'case':<26}{'yours':>16}{'this project':>16}{'numpy':>16}  roofline (yours)"
-    if student.get("matmul"):
-        lines += ["", head, "-" * (len(head) + 40)]
-        for i, mine in enumerate(student["matmul"]):
-            m, n, p = mine["shape"]
-            flops = 2.0 * m * n * p
-            theirs = ours["matmul"][i] if i < len(ours.get("matmul", [])) else {}
-            rate = _rate(mine.get("seconds"), flops)
-            ai = matmul_intensity(m, n, p)
-            place = roof.place(ai, rate * 1e9) if rate else "wrong result: not timed"
-            lines.append(
-                f"{f'matmul {m}x{n}x{p}':<26}{_fmt(rate, 'GFLOP/s'):>16}"
-                f"{_fmt(_rate(theirs.get('seconds'), flops), 'GFLOP/s'):>16}"
-                f"{_fmt(_rate(numpy['matmul'][i], flops), 'GFLOP/s'):>16}  {place}"
-            )
-        ours_ewise = {r["name"]: r for r in ours.get("ewise", [])}
-        for name, nbytes, nflops in EWISE:
-            mine = next((r for r in student["ewise"] if r["name"] == name), {})
-            amount = nbytes * mine.get("elements", 0)
-            rate = _rate(mine.get("seconds"), amount)
-            if rate and nflops:
-                place = roof.place(nflops / nbytes, rate * 1e9 * nflops / nbytes)
-            elif rate:
-                place = f"a copy: {100 * rate * 1e9 / roof.bandwidth:.3g}% of the bandwidth"
-            else:
-                place = mine.get("error") or "-"
-            best = _rate(ours_ewise.get(name, {}).get("seconds"), amount)
-            lines.append(
-                f"{name:<26}{_fmt(rate, 'GB/s'):>16}{_fmt(best, 'GB/s'):>16}"
-                f"{_fmt(_rate(numpy['ewise'][name], amount), 'GB/s'):>16}  {place}"
-            )
+    lines += _kernel_table(student, ours, numpy, roof)
     for who, data in (("yours", student), ("this project's", ours)):
         step = data.get("step") or {}
         if "step_ms" in step:

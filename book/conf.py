@@ -31,7 +31,8 @@ project = "needle course companion"
 author = "needle course companion"
 copyright = "the needle course companion's authors"
 root_doc = "book/index"
-include_patterns = ["book/index.md", f"notebooks/{toc.NOTEBOOK_GLOB}", "docs/*.md"]
+# The lectures by name: a notebook that is not one (a JupyterLab "Duplicate") gets no page.
+include_patterns = ["book/index.md", *(f"{name}.ipynb" for name in LECTURES), "docs/*.md"]
 exclude_patterns = [".*", "build", "_build", "data"]
 
 extensions = ["myst_nb"]

@@ -109,8 +109,11 @@ def read_lecture(path: Path) -> Lecture:
 
 
 def lectures(root: Path = ROOT) -> list[Lecture]:
-    """Every lecture notebook under ``root/notebooks``, in course (file name) order."""
-    return [read_lecture(p) for p in sorted((root / "notebooks").glob(NOTEBOOK_GLOB))]
+    """Every lecture notebook under ``root/notebooks``, in course (file name) order: each
+    ``NN_topic.ipynb`` paired with its Jupytext source ``NN_topic.py``. A notebook without one
+    (JupyterLab's "Duplicate", ``NN_topic-Copy1.ipynb``) is not a lecture."""
+    found = sorted((root / "notebooks").glob(NOTEBOOK_GLOB))
+    return [read_lecture(p) for p in found if p.with_suffix(".py").is_file()]
 
 
 def repository(root: Path = ROOT) -> str:

@@ -8,6 +8,7 @@ It works wherever this package is installed: in a checkout's venv, in Colab
 
     check           HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]   (companion.check)
     progress        [HW=path]                                          (companion.check --progress)
+    where           [Q=hw2_sgd]                                        (companion.where)
     lecture-report  NEEDLE_IMPL=path/to/hwN/python [NB=notebook]      (companion.report_card)
     bench           [NEEDLE_IMPL=path/to/hwN/python]                  (benchmarks; a checkout's)
     profile         [NEEDLE_IMPL=path/to/hwN/python]                  (companion.step_profile)
@@ -25,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 VARIABLES = {
     "check": ("HW", "Q", "HWNUM", "ARGS"),
     "progress": ("HW",),
+    "where": ("Q",),
     "lecture-report": ("NEEDLE_IMPL", "NB"),
     "bench": ("NEEDLE_IMPL",),
     "profile": ("NEEDLE_IMPL",),
@@ -78,6 +80,8 @@ def plan(command: str, words: List[str]) -> Tuple[List[str], Dict[str, str]]:
         return ["-m", "companion.check", *args, *shlex.split(var.get("ARGS", "")), *rest], env
     if command == "progress":
         return ["-m", "companion.check", "--progress", var.get("HW") or ".", *rest], env
+    if command == "where":
+        return ["-m", "companion.where", *([var["Q"]] if var.get("Q") else []), *rest], env
     if command == "lecture-report":
         if "NEEDLE_IMPL" not in env:
             raise SystemExit(

@@ -14,10 +14,12 @@ The versions are locked the same way as the rest: pip reads the lock file from t
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 EXTRA = "lectures"
@@ -61,6 +63,15 @@ def missing_line(missing: Sequence[str]) -> str:
     )
 
 
+def declared(extra: str = EXTRA, pyproject: Optional[Path] = None) -> List[str]:
+    """The requirements of ``extra`` as the checkout's pyproject.toml declares them (where
+    needle's installed metadata is missing)."""
+    path = pyproject or Path(__file__).resolve().parents[1] / "pyproject.toml"
+    toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    with open(path, "rb") as f:
+        return list(toml.load(f)["project"]["optional-dependencies"][extra])
+
+
 def main(argv: Optional[List[str]] = None, pip: Pip = _pip) -> int:
     """Install the lectures extra package by package; print one line for what is missing.
     Always returns 0: a missing lecture package never stops the set-up. ``argv``: ``[]`` or
@@ -68,7 +79,19 @@ def main(argv: Optional[List[str]] = None, pip: Pip = _pip) -> int:
     args = list(argv or [])
     if args not in ([], ["--upgrade"]):
         raise SystemExit(f"usage: python -m companion.extras [--upgrade] (got {args})")
-    missing = install(requirements(), pip, upgrade=bool(args))
+    try:
+        reqs = requirements()
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            reqs = declared()
+        except (OSError, ImportError, KeyError, ValueError) as error:
+            print(
+                f"needle: the lectures extra was not installed: needle's package metadata is "
+                f"missing (install needle first: pip install -e .) and pyproject.toml could "
+                f"not be read ({type(error).__name__}: {error})"
+            )
+            return 0
+    missing = install(reqs, pip, upgrade=bool(args))
     if missing:
         print(missing_line(missing))
     return 0

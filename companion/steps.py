@@ -95,8 +95,10 @@ def _data(case: str):
     raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
 
 
-def needle_step(case: str, device) -> Step:
-    """The needle step of ``case`` on ``device`` (a needle device such as ``ndl.cpu()``)."""
+def needle_step(case: str, device, fast: bool = False) -> Step:
+    """The needle step of ``case`` on ``device`` (a needle device such as ``ndl.cpu()``): the
+    course's modules and backward, or with ``fast`` the opt-in fast path
+    (``needle.fast.fuse`` on the model and the loss, ``needle.fast.backward``)."""
     import needle as ndl
 
     x_np, y_np = _data(case)
@@ -134,6 +136,13 @@ def needle_step(case: str, device) -> Step:
     x = ndl.Tensor(x_np.astype(np.float32), device=device, requires_grad=False)
     y = ndl.Tensor(y_np.astype(np.float32), device=device, requires_grad=False)
     loss_fn = ndl.nn.SoftmaxLoss()
+    backward = _fast_backward
+    if fast:
+        import needle.fast
+
+        needle.fast.fuse(model)
+        needle.fast.fuse(loss_fn)
+        backward = needle.fast.backward
 
     def forward():
         opt.reset_grad()
@@ -142,7 +151,7 @@ def needle_step(case: str, device) -> Step:
             out = out[0]
         return loss_fn(out, y)
 
-    return Step(forward, _fast_backward, opt.step)
+    return Step(forward, backward, opt.step)
 
 
 def torch_step(case: str) -> Optional[Step]:
@@ -158,45 +167,10 @@ def torch_step(case: str) -> Optional[Step]:
         model = torch_mlp_resnet()
         opt = torch.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
     elif case == "resnet9":
-
-        def convbn(a, b, k, s):
-            return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2), nn.BatchNorm2d(b), nn.ReLU())
-
-        class Res(nn.Module):
-            def __init__(self, *layers):
-                super().__init__()
-                self.fn = nn.Sequential(*layers)
-
-            def forward(self, x):
-                return self.fn(x) + x
-
-        model = nn.Sequential(
-            convbn(3, 16, 7, 4),
-            convbn(16, 32, 3, 2),
-            Res(convbn(32, 32, 3, 1), convbn(32, 32, 3, 1)),
-            convbn(32, 64, 3, 2),
-            convbn(64, 128, 3, 2),
-            Res(convbn(128, 128, 3, 1), convbn(128, 128, 3, 1)),
-            nn.Flatten(),
-            nn.Linear(128, 128),
-            nn.ReLU(),
-            nn.Linear(128, 10),
-        )
+        model = _torch_resnet9()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     elif case == "lstm_lm":
-
-        class LSTMLM(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(VOCAB, EMBED)
-                self.lstm = nn.LSTM(EMBED, HIDDEN, LAYERS)
-                self.out = nn.Linear(HIDDEN, VOCAB)
-
-            def forward(self, ids):
-                h, _ = self.lstm(self.emb(ids))
-                return self.out(h.reshape(-1, HIDDEN))
-
-        model = LSTMLM()
+        model = _torch_lstm_lm()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
     elif case == "transformer_lm":
         model = _torch_transformer_lm()
@@ -212,6 +186,57 @@ def torch_step(case: str) -> Optional[Step]:
         return nn.functional.cross_entropy(model(x), y)
 
     return Step(forward, _fast_backward, opt.step)
+
+
+def _torch_resnet9():
+    """needle's ResNet9 case in PyTorch: ConvBN blocks, two residuals, two Linear."""
+    import torch
+
+    nn = torch.nn
+
+    def convbn(a, b, k, s):
+        return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2), nn.BatchNorm2d(b), nn.ReLU())
+
+    class Res(nn.Module):
+        def __init__(self, *layers):
+            super().__init__()
+            self.fn = nn.Sequential(*layers)
+
+        def forward(self, x):
+            return self.fn(x) + x
+
+    return nn.Sequential(
+        convbn(3, 16, 7, 4),
+        convbn(16, 32, 3, 2),
+        Res(convbn(32, 32, 3, 1), convbn(32, 32, 3, 1)),
+        convbn(32, 64, 3, 2),
+        convbn(64, 128, 3, 2),
+        Res(convbn(128, 128, 3, 1), convbn(128, 128, 3, 1)),
+        nn.Flatten(),
+        nn.Linear(128, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+
+
+def _torch_lstm_lm():
+    """needle's LSTM language model case in PyTorch: Embedding, LSTM, Linear."""
+    import torch
+
+    nn = torch.nn
+
+    class LSTMLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, EMBED)
+            self.lstm = nn.LSTM(EMBED, HIDDEN, LAYERS)
+            self.out = nn.Linear(HIDDEN, VOCAB)
+
+        def forward(self, ids):
+            h, _ = self.lstm(self.emb(ids))
+            return self.out(h.reshape(-1, HIDDEN))
+
+    return LSTMLM()
 
 
 def torch_mlp_resnet():

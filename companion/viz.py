@@ -255,8 +255,6 @@ class GraphLayout:
     def figure(self):
         """The graph as a matplotlib Figure: inputs on the left, arrows from input to consumer."""
         from matplotlib.figure import Figure
-        from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
-        from matplotlib.path import Path as CurvePath
 
         dx, dy, width, height, inch = 2.3, 1.05, 1.8, 0.78, 0.8
         columns, rows = len(self.heights), max(self.heights)
@@ -275,6 +273,15 @@ class GraphLayout:
         ax.set_xlim(*x_lim)
         ax.set_ylim(*y_lim)
         ax.axis("off")
+        self._draw_nodes(ax, at, width, height)
+        self._draw_edges(ax, at, place, width)
+        self._draw_legend(ax, x_lim, y_lim)
+        return fig
+
+    def _draw_nodes(self, ax, at, width: float, height: float) -> None:
+        """One rounded box a node (its kind's colour, a thick edge for a kept gradient)."""
+        from matplotlib.patches import FancyBboxPatch
+
         for node, (x, y) in zip(self.nodes, at):
             kept = bool(node.grad_of)
             box = FancyBboxPatch(
@@ -306,6 +313,13 @@ class GraphLayout:
                 fontsize=min(7.0, 7.0 * 24 / longest),
                 family="DejaVu Sans",
             )
+
+    def _draw_edges(self, ax, at, place, width: float) -> None:
+        """One arrow an edge: straight between adjacent columns, else an S-curve through
+        the free slots of the columns it crosses."""
+        from matplotlib.patches import FancyArrowPatch
+        from matplotlib.path import Path as CurvePath
+
         seen: dict = {}
         style = dict(
             arrowstyle="-|>",
@@ -344,6 +358,11 @@ class GraphLayout:
                     vertices.append(points[i + 2])
                     codes.append(CurvePath.LINETO)
             ax.add_patch(FancyArrowPatch(path=CurvePath(vertices, codes), **style))
+
+    def _draw_legend(self, ax, x_lim, y_lim) -> None:
+        """The legend of the node kinds drawn (and kept gradients), and the title."""
+        from matplotlib.patches import Patch
+
         handles = [
             Patch(facecolor=colour, edgecolor="#444444", label=label)
             for kind, (colour, label) in NODE_KINDS.items()
@@ -370,7 +389,6 @@ class GraphLayout:
             ax.text(
                 sum(x_lim) / 2, y_lim[1] - 0.25, self.title, ha="center", va="center", fontsize=9
             )
-        return fig
 
 
 def _op_label(op) -> str:
@@ -414,7 +432,7 @@ def draw_graph(
     called v1, v2, ... in order. Nothing is computed: a lazy node shows "not computed".
     Returns a GraphLayout (drawn inline in Jupyter; ``.figure()`` gives the matplotlib Figure).
     """
-    from needle.autograd import Value, find_topo_sort
+    from needle.autograd import Value
 
     if not outputs:
         raise ValueError("draw_graph needs at least one output node")
@@ -423,6 +441,45 @@ def draw_graph(
             raise TypeError(
                 f"draw_graph draws needle Tensors/TensorTuples, got {type(out).__name__}"
             )
+    order, in_forward, kept = _graph_nodes(outputs, grads)
+    index = {id(v): i for i, v in enumerate(order)}
+    given = _given_names(names, index)
+    edges = tuple((index[id(x)], index[id(v)]) for v in order for x in v.inputs)
+    depth = _depths(order, index, edges)
+    owners: dict[int, list[int]] = {}  # gradient node -> the nodes it is the .grad of
+    for n, g in kept:
+        owners.setdefault(index[id(g)], []).append(index[id(n)])
+    taken = set(given.values())
+    auto = (f"v{k}" for k in range(1, len(order) + len(taken) + 1) if f"v{k}" not in taken)
+    labels = [given.get(id(v)) or next(auto) for v in order]
+    rows, bends, heights = _slots(depth, edges)
+    nodes = []
+    for i, v in enumerate(order):
+        if v.op is None:
+            kind = "parameter" if v.requires_grad else "constant"
+        else:
+            kind = "forward" if id(v) in in_forward else "backward"
+        nodes.append(
+            DrawnNode(
+                i,
+                labels[i],
+                None if v.op is None else _op_label(v.op),
+                _shape_label(v),
+                kind,
+                tuple(labels[o] for o in owners.get(i, ())),
+                depth[i],
+                rows[i],
+            )
+        )
+    links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
+    return GraphLayout(tuple(nodes), edges, links, bends, heights, title)
+
+
+def _graph_nodes(outputs, grads) -> tuple[list, set, list]:
+    """The nodes drawn, forward graph first (topological order), then each kept gradient's
+    graph; the ids of the forward nodes; the (node, gradient) pairs kept."""
+    from needle.autograd import Value, find_topo_sort
+
     forward = find_topo_sort(list(outputs))
     in_forward = {id(v) for v in forward}
     order, seen = list(forward), set(in_forward)
@@ -444,7 +501,13 @@ def draw_graph(
             if id(v) not in seen:
                 seen.add(id(v))
                 order.append(v)
-    index = {id(v): i for i, v in enumerate(order)}
+    return order, in_forward, kept
+
+
+def _given_names(names: Mapping[str, object] | None, index: dict) -> dict:
+    """id of a node -> the label ``names`` gives it, after checking each is a drawn node."""
+    from needle.autograd import Value
+
     given = {}
     for label, value in (names or {}).items():
         if not isinstance(value, Value):
@@ -454,8 +517,12 @@ def draw_graph(
         if id(value) not in index:
             raise ValueError(f"draw_graph: names[{label!r}] is not a node of this graph")
         given[id(value)] = label
-    edges = tuple((index[id(x)], index[id(v)]) for v in order for x in v.inputs)
-    # depth: ops one right of their deepest input; leaves one left of their first consumer
+    return given
+
+
+def _depths(order: list, index: dict, edges) -> list[int]:
+    """Column of each node: ops one right of their deepest input; leaves one left of their
+    first consumer."""
     depth = [0] * len(order)
     for i, v in enumerate(order):  # order is topological: inputs come first
         if v.inputs:
@@ -466,14 +533,13 @@ def draw_graph(
     for i, v in enumerate(order):
         if not v.inputs and i in consumers:
             depth[i] = max(0, min(depth[t] for t in consumers[i]) - 1)
-    owners: dict[int, list[int]] = {}  # gradient node -> the nodes it is the .grad of
-    for n, g in kept:
-        owners.setdefault(index[id(g)], []).append(index[id(n)])
-    taken = set(given.values())
-    auto = (f"v{k}" for k in range(1, len(order) + len(taken) + 1) if f"v{k}" not in taken)
-    labels = [given.get(id(v)) or next(auto) for v in order]
-    # an edge across several columns passes through a slot of each column between (a virtual
-    # node), so that the row ordering keeps it clear of the boxes
+    return depth
+
+
+def _slots(depth: list[int], edges) -> tuple:
+    """Rows of the nodes, each edge's bends and each column's height. An edge across several
+    columns passes through a slot of each column between (a virtual node), so that the row
+    ordering keeps it clear of the boxes."""
     slot_depth, chains, segments = list(depth), [], []
     for source, target in edges:
         chain = [source]
@@ -485,26 +551,7 @@ def draw_graph(
     rows = _rows(slot_depth, segments)
     bends = tuple(tuple((slot_depth[v], rows[v]) for v in chain[1:-1]) for chain in chains)
     heights = tuple(slot_depth.count(d) for d in range(max(slot_depth) + 1))
-    nodes = []
-    for i, v in enumerate(order):
-        if v.op is None:
-            kind = "parameter" if v.requires_grad else "constant"
-        else:
-            kind = "forward" if id(v) in in_forward else "backward"
-        nodes.append(
-            DrawnNode(
-                i,
-                labels[i],
-                None if v.op is None else _op_label(v.op),
-                _shape_label(v),
-                kind,
-                tuple(labels[o] for o in owners.get(i, ())),
-                depth[i],
-                rows[i],
-            )
-        )
-    links = tuple((index[id(n)], index[id(g)]) for n, g in kept)
-    return GraphLayout(tuple(nodes), edges, links, bends, heights, title)
+    return rows, bends, heights
 
 
 def _rows(depth: list[int], edges) -> list[int]:

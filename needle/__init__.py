@@ -3,7 +3,8 @@
 ``import needle as ndl`` gives the course's namespace: tensors and autodiff (``ndl.Tensor``),
 every op (``ndl.relu``, ``ndl.ops.relu``), devices (``ndl.cpu()``, ``ndl.cuda()``), and the
 submodules ``init``, ``nn``, ``optim``, ``data`` and ``backend_ndarray``, and ``ndl.compile`` (a
-training step captured once and replayed as a kernel list, ``needle/capture.py``).
+training step captured once and replayed as a kernel list, ``needle/fast/compile.py``, imported
+on first use).
 """
 
 from . import autograd, backend_ndarray, data, init, nn, ops, optim
@@ -20,6 +21,14 @@ from .autograd import (
     set_grad_enabled,
 )
 from .backend_selection import *
-from .capture import compile
 from .init import ones, ones_like, zeros, zeros_like
 from .ops import *
+
+
+def __getattr__(name: str) -> object:
+    """``ndl.compile`` loads the speed wing (``needle.fast``) on first use."""
+    if name == "compile":
+        from .fast import compile
+
+        return compile
+    raise AttributeError(f"module 'needle' has no attribute {name!r}")

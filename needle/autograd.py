@@ -9,15 +9,14 @@ graph and second derivatives work.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import types
 from functools import reduce
 from operator import add
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     Dict,
     FrozenSet,
     Generic,
@@ -40,6 +39,13 @@ from .backend_selection import Device, default_tensor_device
 from .backend_selection import NDArray as NDArray
 from .backend_selection import array_api as array_api
 
+# Grad mode (per thread) lives in its own module, re-exported here; every op reads _grad_mode.
+from .grad_mode import _grad_mode as _grad_mode
+from .grad_mode import enable_grad as enable_grad
+from .grad_mode import is_grad_enabled as is_grad_enabled
+from .grad_mode import no_grad as no_grad
+from .grad_mode import set_grad_enabled as set_grad_enabled
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -55,47 +61,6 @@ if TYPE_CHECKING:
 # Number of live Values: +1 when a Value is initialised, -1 in ``Value.__del__`` (a Value whose
 # construction failed is never counted).
 TENSOR_COUNTER = 0
-
-
-class _GradMode(threading.local):
-    """Whether ops record the graph, per thread (a class default, so every new thread starts
-    with recording on): one thread's ``no_grad()`` or fast backward pass never stops another
-    thread's ops from recording theirs."""
-
-    enabled = True
-    lazy = False
-
-
-_grad_mode = _GradMode()
-
-
-def is_grad_enabled() -> bool:
-    """True when ops called in this thread record the graph (the default)."""
-    return _grad_mode.enabled
-
-
-@contextlib.contextmanager
-def set_grad_enabled(mode: bool) -> Iterator[None]:
-    """Inside the block, ops in this thread record the graph iff ``mode``; the previous mode is
-    restored on exit, also after an exception. Usable as a decorator too."""
-    previous = _grad_mode.enabled
-    _grad_mode.enabled = bool(mode)
-    try:
-        yield
-    finally:
-        _grad_mode.enabled = previous
-
-
-def no_grad() -> contextlib.AbstractContextManager[None]:
-    """``with no_grad():`` ops in this thread record no graph: every result is a constant with
-    ``requires_grad=False`` and keeps no reference to its inputs (evaluation, in-place updates).
-    An extension (PyTorch's ``torch.no_grad``); the course's needle has no grad mode."""
-    return set_grad_enabled(False)
-
-
-def enable_grad() -> contextlib.AbstractContextManager[None]:
-    """``with enable_grad():`` ops in this thread record the graph, even inside ``no_grad()``."""
-    return set_grad_enabled(True)
 
 
 class Op(Generic[V]):
@@ -127,9 +92,8 @@ class Op(Generic[V]):
     index: int  # the component such an op picks
 
     # False for ops whose gradient reads only their inputs and saved state, never the node's own
-    # array (a product, a sum): a backward that records no graph then frees that array before
-    # computing the node's gradient when nothing but the pass holds the node (the logits of a
-    # language model, 2 MB, are then gone before their product's two adjoints are allocated).
+    # array (a product, a sum): needle.fast.backward then frees that array before computing the
+    # node's gradient when nothing but the pass holds the node.
     gradient_reads_output = True
 
     def gradient_as_tuple(self, out_grad: V, node: V) -> Tuple[Optional["Value"], ...]:
@@ -357,9 +321,12 @@ def _squeezed(shape: Iterable[int]) -> Tuple[int, ...]:
 class Tensor(Value):
     """An n-dimensional array with autograd.
 
-    ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` copies ``array`` (a numpy
-    array, nested list, NDArray or Tensor) to ``device`` (default: ``default_tensor_device()``,
-    the compiled ``cpu()`` when it is built; an NDArray or Tensor stays on its own device). On the
+    ``Tensor(array, *, device=None, dtype=None, requires_grad=True)`` makes a leaf holding
+    ``array`` (a numpy array, nested list, NDArray or Tensor) on ``device`` (default:
+    ``default_tensor_device()``, the compiled ``cpu()`` when it is built; an NDArray or Tensor
+    stays on its own device). As in the course, a Tensor of the same device and dtype shares its
+    array (nothing in needle writes a parameter's array in place: the optimizers give it a new
+    one), anything else is copied. On the
     numpy backend ``dtype=None`` keeps numpy's
     dtype (as in the course); on the NDArray backend every array is float32. An unknown keyword
     argument is a TypeError naming it.
@@ -562,8 +529,13 @@ class Tensor(Value):
     __rmul__ = __mul__
 
 
+# question: hw1_compute_gradient
 def compute_gradient_of_variables(
-    output_tensor: Value, out_grad: Value, *, create_graph: bool = True
+    output_tensor: Value,
+    out_grad: Value,
+    *,
+    create_graph: bool = True,
+    before_gradient: Optional[Callable[[Value], None]] = None,
 ) -> None:
     """Reverse-mode AD: store in ``node.grad`` d(output·out_grad)/d(node) for the leaves.
 
@@ -578,6 +550,9 @@ def compute_gradient_of_variables(
     RuntimeError), so each activation and saved array is freed as soon as the pass has used
     it, instead of living until the output is dropped. Tensors the caller holds keep their
     values; a second backward through the freed graph raises.
+
+    ``before_gradient(node)``, when given, is called before each interior node's gradient is
+    computed in a pass that records no graph (``needle.fast.backward`` frees arrays there).
     """
     record = create_graph and _grad_mode.enabled
     with set_grad_enabled(record):
@@ -606,8 +581,8 @@ def compute_gradient_of_variables(
                 if not record:
                     _release(node)
                 continue
-            if not record and not op.gradient_reads_output and _only_the_pass_holds(node):
-                node.cached_data = None  # see Op.gradient_reads_output
+            if not record and before_gradient is not None:
+                before_gradient(node)
             _pass_on(node_to_output_grads_list, node.inputs, op.gradient_as_tuple(grad, node))
             if not record:
                 _release(node)
@@ -639,34 +614,11 @@ def _pass_on(
     grads: Tuple[Optional[Value], ...],
 ) -> None:
     """Append each input's adjoint contribution (a function, so that no loop variable of the
-    pass keeps an input alive into the next node's turn: see :func:`_only_the_pass_holds`)."""
+    pass keeps an input alive into the next node's turn: ``needle.fast.backward`` counts the
+    references to a node)."""
     for inp, inp_grad in zip(inputs, grads):
         if inp_grad is not None and inp.requires_grad:
             adjoints.setdefault(inp, []).append(inp_grad)
-
-
-def _only_the_pass_holds(node: Value) -> bool:
-    """True when the backward pass's own variable is the only reference to ``node``: no Tensor
-    of the caller can see its array. (CPython's count for a caller's local passed here, which
-    differs between versions: 3 from 3.11, 4 on 3.10; measured once, below.)"""
-    return sys.getrefcount(node) <= _ONLY_A_LOCAL
-
-
-def _count_of_a_local() -> int:
-    """sys.getrefcount inside :func:`_only_the_pass_holds`'s pattern for an object that only a
-    local variable of the caller holds."""
-    seen = []
-
-    def probe(obj: object) -> bool:
-        seen.append(sys.getrefcount(obj))
-        return True
-
-    local = object()
-    probe(local)
-    return seen[0]
-
-
-_ONLY_A_LOCAL = _count_of_a_local()
 
 
 def _release(node: Value) -> None:
@@ -677,6 +629,7 @@ def _release(node: Value) -> None:
         node.op, node.inputs = _RELEASED, []
 
 
+# question: hw1_topo_sort
 def find_topo_sort(node_list: List[Value]) -> List[Value]:
     """Nodes reachable from ``node_list`` in topological order (inputs before consumers).
 
@@ -690,6 +643,7 @@ def find_topo_sort(node_list: List[Value]) -> List[Value]:
     return topo_order
 
 
+# question: hw1_topo_sort
 def topo_sort_dfs(node: Value, visited: set[Value], topo_order: List[Value]) -> None:
     """Post-order DFS from ``node``: appends every unvisited node after all its inputs.
 

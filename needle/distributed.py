@@ -12,7 +12,9 @@ for this module: importing it fails with an ImportError saying what to install.
 Failing fast. A rank that stops while the others wait in a collective would leave them waiting
 forever, so with more than one rank, importing this module installs an excepthook (as
 ``python -m mpi4py`` does) that prints the uncaught exception and calls
-``MPI.COMM_WORLD.Abort(1)``: the whole job ends with a non-zero status. Before each
+``MPI.COMM_WORLD.Abort(1)``: the whole job ends with a non-zero status. The abort waits (at most
+a few seconds) until mpiexec has read the whole message from the rank's output pipes, so the
+job's output always holds it (it used to be cut off by the abort under load). Before each
 collective, the ranks check together that they hold parameters of the same shapes and dtypes in
 the same order and (for gradients) that every rank has every gradient; otherwise every rank
 raises the same ValueError naming the first difference, instead of summing unrelated numbers
@@ -21,8 +23,13 @@ element-wise.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+import stat
+import struct
 import sys
+import termios
 import time
 from typing import Dict, List, Optional, Sequence, cast
 
@@ -42,13 +49,42 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 _STATS: Dict[str, float] = {"seconds": 0.0, "bytes": 0, "calls": 0}
 
 
+_OUTPUT_FDS = (1, 2)  # stdout and stderr: mpiexec reads them through pipes
+
+
 def _abort_on_uncaught_exception(previous_hook):
     def hook(kind, value, traceback) -> None:
         previous_hook(kind, value, traceback)  # print the traceback first
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken: nothing more to deliver
+                pass
+        _wait_until_read(_OUTPUT_FDS)
         MPI.COMM_WORLD.Abort(1)
 
     return hook
+
+
+def _wait_until_read(fds: Sequence[int], limit: float = 5.0) -> None:
+    """Wait, at most ``limit`` seconds, until the reader of each pipe among ``fds`` (mpiexec's
+    proxy) has taken every byte written to it: once read, the output travels to mpiexec ahead
+    of the abort, which otherwise can overtake it and cut the rank's message short."""
+    deadline = time.monotonic() + limit
+    for fd in fds:
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                continue  # a file or a terminal: written already
+        except OSError:
+            continue
+        while time.monotonic() < deadline:
+            try:
+                unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+            except OSError:
+                break
+            if unread == 0:
+                break
+            time.sleep(0.005)
 
 
 if MPI.COMM_WORLD.Get_size() > 1:

@@ -12,6 +12,11 @@ Python (``x.numpy()``, ``x.detach()``) is a constant in the trace, so an exporte
 return the example's result for every input. ``to_onnx`` therefore refuses, with a ValueError
 naming the problem:
 
+- any ``numpy()`` of a tensor that depends on the input, during the trace: whatever Python does
+  with the value (a branch, a scalar, a new tensor) is fixed to this example's in the export
+  (PyTorch's tracer warns; this refuses). ``Tensor.numpy`` is wrapped in the class while a trace
+  runs (another thread's calls pass through unchecked);
+
 - a model (an ``nn.Module``) in training mode: call ``model.eval()`` first (a training-mode pass
   draws Dropout masks and normalises with batch statistics; an inference graph cannot);
 - an output that does not depend on the input;
@@ -35,15 +40,17 @@ Needs the ``onnx`` package (the ``lectures`` extra); the check needs ``onnxrunti
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from needle import autograd, ops
 from needle.autograd import Tensor, TensorOp
+from needle.fast import ops as ops_fused
 from needle.nn import Module
 from needle.nn.nn_sequence import Embedding
-from needle.ops import ops_conv, ops_fused
+from needle.ops import ops_conv
 
 try:
     import onnx
@@ -102,7 +109,11 @@ def _embeddings_as_lookups() -> Iterator[None]:
     original = Embedding.forward
 
     def forward(self: Embedding, x: Tensor) -> Tensor:
-        out = original(self, x)  # validates the ids and computes the value
+        _reads.allowed += 1  # needle's own lookup reads the ids: the hook exports them
+        try:
+            out = original(self, x)  # validates the ids and computes the value
+        finally:
+            _reads.allowed -= 1
         if not x.requires_grad:  # ids that do not depend on the input: a true constant
             return out
         return _EmbeddingLookup(out.realize_cached_data())(x, self.weight)
@@ -112,6 +123,52 @@ def _embeddings_as_lookups() -> Iterator[None]:
         yield
     finally:
         Embedding.forward = original  # type: ignore[method-assign]  # the hook removed
+
+
+class _TraceReads(threading.local):
+    """This thread's trace: its input leaf while a trace runs, and how many of needle's own
+    reads of it (the Embedding hook) are in progress."""
+
+    input: Optional[Tensor] = None
+    allowed = 0
+
+
+_reads = _TraceReads()
+_numpy_hook_lock = threading.Lock()
+_numpy_hook_users = 0  # traces running in any thread; Tensor.numpy is wrapped while > 0
+_original_numpy = Tensor.numpy
+
+
+def _checked_numpy(self: Tensor) -> np.ndarray:
+    """``Tensor.numpy`` during a trace: refused for a tensor that depends on the input."""
+    x = _reads.input
+    if x is not None and not _reads.allowed and self.requires_grad:
+        if any(node is x for node in autograd.find_topo_sort([self])):
+            raise ValueError(
+                f"to_onnx: the model reads the values of a tensor that depends on its input "
+                f"(numpy() of a tensor of shape {tuple(self.shape)}): whatever Python computes "
+                f"from them (a branch, a scalar, a new tensor) would be fixed to this "
+                f"example's values in the exported graph; compute it with needle ops instead"
+            )
+    return _original_numpy(self)
+
+
+@contextlib.contextmanager
+def _refusing_reads_of(x: Tensor) -> Iterator[None]:
+    """While this thread traces ``x``, its reads of values that depend on ``x`` raise."""
+    global _numpy_hook_users
+    with _numpy_hook_lock:
+        _numpy_hook_users += 1
+        Tensor.numpy = _checked_numpy  # type: ignore[method-assign]  # for the traces only
+    _reads.input = x
+    try:
+        yield
+    finally:
+        _reads.input = None
+        with _numpy_hook_lock:
+            _numpy_hook_users -= 1
+            if not _numpy_hook_users:
+                Tensor.numpy = _original_numpy  # type: ignore[method-assign]
 
 
 class _Builder:
@@ -235,7 +292,7 @@ def _emit(b: _Builder, op, node: Node, args: InputNames) -> Names:
 def _refuse_training_mode(model: Callable) -> None:
     if not isinstance(model, Module):
         return
-    training = [m for m in [model, *model._children()] if m.training]
+    training = [m for m in [model, *model.submodules()] if m.training]
     if training:
         kinds = sorted({type(m).__name__ for m in training})
         raise ValueError(
@@ -264,7 +321,7 @@ def _perturbed(example: np.ndarray) -> np.ndarray:
 def _trace(model: Callable, example: np.ndarray):
     """(input leaf, output, topological order) of one recorded forward pass on ``example``."""
     x = Tensor(example, requires_grad=True)  # so that every node depending on it is recorded
-    with autograd.enable_grad(), _embeddings_as_lookups():
+    with autograd.enable_grad(), _embeddings_as_lookups(), _refusing_reads_of(x):
         out = model(x)
     if not isinstance(out, Tensor):
         raise TypeError(f"to_onnx: the model must return a Tensor, got {type(out).__name__}")

@@ -1,10 +1,12 @@
 """Optimizers (hw2): SGD with averaged momentum and Adam, both with L2 weight decay.
 
-Updates follow the course exactly (see each class). They run on the raw arrays, one fused
-kernel per parameter that rewrites the parameter's buffer in place, so no computation graph
-grows across steps and no Tensor is created; ``param.grad`` is read, never modified; every
-state array stays in the parameter's dtype (float32) and on its device. Optimizer state is
-kept per position in the parameter list.
+Updates follow the course exactly (see each class). As the course's ``p.data = ...``, each
+update gives the parameter a new array: a tensor that shared the old one (a snapshot
+``ndl.Tensor(p)``, ``p.data``, ``p.detach()``, a second Parameter made from ``p``) keeps the old
+values. The new values are computed on the raw arrays by one fused kernel per parameter, so no
+computation graph grows across steps; ``param.grad`` is read, never modified; every state array
+stays in the parameter's dtype (float32) and on its device. Optimizer state is kept per
+position in the parameter list.
 """
 
 from __future__ import annotations
@@ -24,20 +26,29 @@ class Optimizer:
 
     ``params`` is any iterable of Tensors (usually ``model.parameters()``). It must be
     non-empty and must not contain the same tensor twice: a duplicate would be updated twice
-    per step and given two sets of optimizer state.
+    per step and given two sets of optimizer state. ``step()`` checks this again, so a tensor
+    appended to ``opt.params`` later is refused too.
     """
 
     def __init__(self, params: Iterable[Tensor]) -> None:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        seen: Dict[int, int] = {}
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
                 raise TypeError(
                     f"{type(self).__name__}: parameter {i} is a "
                     f"{type(p).__name__}, not a needle Tensor"
                 )
+        self.params: List[Tensor] = params
+        self._refuse_duplicates()
+
+    def _refuse_duplicates(self) -> None:
+        """ValueError naming the positions of a tensor that ``params`` holds twice."""
+        if len({id(p) for p in self.params}) == len(self.params):
+            return
+        seen: Dict[int, int] = {}
+        for i, p in enumerate(self.params):
             if id(p) in seen:
                 raise ValueError(
                     f"{type(self).__name__}: the parameter list contains the same "
@@ -45,7 +56,6 @@ class Optimizer:
                     f"{p.shape}); it would be updated twice per step"
                 )
             seen[id(p)] = i
-        self.params: List[Tensor] = params
 
     def step(self) -> None:
         """Apply one update to every parameter that has a gradient."""
@@ -77,8 +87,8 @@ class Optimizer:
         return total
 
     def _grad_and_param(self, i: int, p: Tensor):
-        """(g, θ) as raw arrays of p's dtype and device, θ compact (the buffer the update writes
-        in place); None when p has no gradient."""
+        """(g, θ) as raw arrays of p's dtype and device, θ a compact copy of p's array that
+        becomes p's array (the update kernel writes it in place); None when p has no gradient."""
         g = p.grad
         if g is None:
             return None
@@ -92,11 +102,11 @@ class Optimizer:
                 g.numpy().astype(p.dtype), device=p.device, dtype=p.dtype, requires_grad=False
             )
         w = p.realize_cached_data()
-        compact = w.compact()
-        if compact is not w:  # a strided view: from now on p owns a compact buffer
-            p.replace_array(compact)
-            w = compact
-        return g.realize_cached_data(), w
+        fresh = w.compact()
+        if fresh is w:
+            fresh = w * 1.0  # a copy, bit for bit (-0.0 and NaN kept)
+        p.replace_array(fresh)  # the course's p.data = new value
+        return g.realize_cached_data(), fresh
 
     def _zeros(self, w):
         """A zero optimizer-state array shaped like the raw array ``w``, on its device."""
@@ -144,9 +154,9 @@ class SGD(Optimizer):
     0 drops u, and a momentum raised later starts u again from 0, as at construction (the
     course's code would keep the last g as u; keeping it costs a copy of every parameter).
 
-    Each step is one fused kernel per parameter (``array_api.sgd_update_``) that updates the
-    parameter's array in place: tensors sharing that array (``p.data``, ``p.detach()``) see the
-    new values, as in PyTorch. ``lr`` and ``weight_decay`` must be finite and ≥ 0, ``momentum``
+    Each step is one fused kernel per parameter (``array_api.sgd_update_``) that writes the
+    parameter's new array (see the module's docstring: what shared the old array keeps it).
+    ``lr`` and ``weight_decay`` must be finite and ≥ 0, ``momentum``
     in [0, 1) (checked at construction and at every step, so a schedule cannot slip in a NaN).
     """
 
@@ -171,9 +181,11 @@ class SGD(Optimizer):
             _hyper("SGD", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_sgd
     def step(self) -> None:
         """One SGD update of every parameter that has a gradient."""
         lr, beta, wd = self._hypers()
+        self._refuse_duplicates()
         for i, p in enumerate(self.params):
             arrays = self._grad_and_param(i, p)
             if arrays is None:
@@ -195,7 +207,8 @@ class Adam(Optimizer):
     m̂ = m/(1-β1^t);  v̂ = v/(1-β2^t);  θ = θ - lr·m̂/(sqrt(v̂) + eps), where t counts
     ``step()`` calls (including those in which a parameter had no gradient).
 
-    One fused in-place kernel per parameter (``array_api.adam_update_``), as for :class:`SGD`.
+    One fused kernel per parameter (``array_api.adam_update_``) writing its new array, as for
+    :class:`SGD`.
     ``lr`` and ``weight_decay`` must be finite and ≥ 0, ``beta1``/``beta2`` in [0, 1) and
     ``eps`` finite and > 0 (checked at construction and at every step).
     """
@@ -229,9 +242,11 @@ class Adam(Optimizer):
             _hyper("Adam", "weight_decay", self.weight_decay, 0.0),
         )
 
+    # question: hw2_adam
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
         lr, b1, b2, eps, wd = self._hypers()
+        self._refuse_duplicates()
         self.t += 1
         for i, p in enumerate(self.params):
             arrays = self._grad_and_param(i, p)

@@ -542,7 +542,16 @@ assert base_acc < 0.25
 # (`companion.viz.LiveCurves`); the figure further down is the static copy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
 # shuffled training set in the same order.)
 
+# %% [markdown]
+# The training runs on needle's fast path: `lecture.fast_path(model)` calls
+# `needle.fast.fuse(model)`, which swaps each `ConvBN` block for its fused twin (convolution,
+# bias, batch norm and ReLU as one graph node in training). It computes what the course's
+# modules compute, to float32 rounding (the project's tests compare the two), with fewer nodes
+# and arrays per step, which matters over several epochs; everything above ran the course's
+# modules. On your own needle (`NEEDLE_IMPL`) the call does nothing.
+
 # %% tags=["nbval-ignore-output"]
+lecture.fast_path(model)
 opt = ndl.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 batch_losses, history = [], []
 

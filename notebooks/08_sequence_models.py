@@ -66,6 +66,7 @@ from companion.apps.language_model import LanguageModel
 from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify, get_batch
 from companion.data import default_grammar, write_grammar_corpus
+from companion import lecture
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
@@ -341,9 +342,17 @@ assert nxt[:-1] == col[1:]
 # the step is capped. (The course's hw4 exposes the same `clip` argument.) To see how often it
 # acts, the optimizer below records the norm it finds at every step.
 
+# %% [markdown]
+# The model trains on needle's fast path: `lecture.fast_path(model)` calls
+# `needle.fast.fuse(model)`, which runs each LSTM layer's loop over time as one fused op and the
+# output layer as one node. The values are the course modules' to float32 rounding (the
+# project's tests compare the two), at a fraction of the graph nodes; the LSTM of section 3 ran
+# the course's cells. On your own needle (`NEEDLE_IMPL`) the call does nothing.
+
 # %%
 np.random.seed(0)
 model = LanguageModel(EMBED, V, HIDDEN, seq_model="lstm", seq_len=SEQ_LEN, device=device)
+lecture.fast_path(model)
 _, loss0 = evaluate_ptb(model, test_data, seq_len=SEQ_LEN, device=device, progress=False)
 print(f"untrained test perplexity {np.exp(loss0):.1f}")
 if DATASET == "grammar":

@@ -67,6 +67,7 @@ from companion.apps.language_model import LanguageModel
 from companion.apps.ptb_training import detach_state, epoch_general_ptb, evaluate_ptb
 from needle.data import Corpus, batchify, get_batch
 from companion.data import default_grammar, write_grammar_corpus
+from companion import lecture
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
@@ -172,10 +173,11 @@ assert np.allclose(batched, broadcast, atol=1e-5)
 # A language model predicts token $t+1$ from tokens $\le t$, so position $i$ must not attend to
 # any $j > i$. `create_causal_mask(T, T)` is added to the logits: 0 on and below the diagonal and
 # a huge negative number above it (the course uses $-$`finfo(float32).max`, a finite stand-in for
-# $-\infty$), so those weights become exactly 0 after the softmax. needle's
-# `MultiHeadAttention` gives the same weights without building the mask: its softmax kernel
-# skips the keys above that diagonal (weight exactly 0) and divides by $\sqrt{d}$ in the same
-# pass (`ops_fused.softmax_last_axis(logits, scale, causal=True)`).
+# $-\infty$), so those weights become exactly 0 after the softmax. needle's `MultiHeadAttention`
+# does exactly this. Its fused twin on the fast path (`needle.fast`, used for the training runs
+# below) gives the same weights without building the mask: one softmax kernel skips the keys
+# above that diagonal (weight exactly 0) and divides by $\sqrt{d}$ in the same pass
+# (`needle.fast.ops.softmax_last_axis(logits, scale, causal=True)`).
 
 # %%
 mask = attn.create_causal_mask(5, 5, device)
@@ -335,10 +337,12 @@ def train(seq_model, epochs, seq_len, batch, lr, seed=0, zero_readout=False, liv
 
     zero_readout=True starts the output Linear's weight at 0 (the option discussed below).
     With ``live`` (a LiveCurves), each test perplexity is added to its curve ``label``.
-    Returns (model, [untrained test perplexity, then one per epoch]).
+    Returns (model, [untrained test perplexity, then one per epoch]). The model runs on
+    needle's fast path (``lecture.fast_path``: the course modules' values, fused ops).
     """
     np.random.seed(seed)
     model = LanguageModel(32, V, 64, seq_model=seq_model, seq_len=seq_len, device=device, **kwargs)
+    lecture.fast_path(model)
     if zero_readout:
         model.linear.weight = nn.Parameter(ndl.init.zeros(*model.linear.weight.shape,
                                                           device=device))

@@ -195,9 +195,10 @@ for (i, j) in zip(*np.unravel_index(largest, grads_caffe[0].shape)):
 # `backward()` walks the recorded graph in reverse topological order. Drawn below, every node of
 # the forward graph already has its value (its shape is printed in the box); nothing had to be
 # "run". The inputs are on the left; yellow leaves are the parameters (leaves with
-# `requires_grad`), grey leaves constants. The labels are not a node at all: `nn.SoftmaxLoss`'s
-# fused op keeps their array as an attribute. That is fine for one step, and it is one more
-# reason why a graph meant to be re-fed with new batches cannot use `nn.SoftmaxLoss`.
+# `requires_grad`), grey leaves constants. The labels enter as a constant too: `nn.SoftmaxLoss`
+# turns them into a one-hot matrix (`init.one_hot`) when it is called, a fresh leaf holding this
+# batch's values. That is fine for one step, and it is one more reason why a graph meant to be
+# re-fed with new batches cannot use `nn.SoftmaxLoss` as it is.
 
 # %%
 x1 = Tensor(X1, device=device, requires_grad=False)

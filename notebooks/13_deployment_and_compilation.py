@@ -666,21 +666,28 @@ print(f"every TVM 0.27 name of the table exists; time_evaluator on '{STEPS[1]}':
 # but the Python layer above the kernels is gone, and the temporaries get a memory plan.
 #
 # The step below is hw2's: clear the gradients, forward, loss, backward, optimizer update. The
-# compiled step returns the loss as a detached Tensor.
+# compiled step returns the loss as a detached Tensor. `ndl.compile` belongs to needle's fast
+# path (`needle.fast`), and the model and loss are fused first (`fast.fuse`): a replay can only
+# follow values that stay in device buffers, and the course's `SoftmaxLoss` reads the labels
+# into Python to build its one-hot matrix (a step that does so is refused, with a warning naming
+# the read, and runs eagerly).
 
 # %%
-# companion-only: ndl.compile (needle/capture.py)
+# companion-only: ndl.compile (needle/fast/compile.py)
+import needle.fast as fast
+
+
 def training(seed):
     """A fresh MLP-ResNet with SGD (seeded) and its training-step function."""
     np.random.seed(seed)
-    model = MLPResNet(64, hidden_dim=64, num_blocks=2, num_classes=10, drop_prob=0.1)
+    model = fast.fuse(MLPResNet(64, hidden_dim=64, num_blocks=2, num_classes=10, drop_prob=0.1))
     opt = ndl.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loss_fn = nn.SoftmaxLoss()
+    loss_fn = fast.fuse(nn.SoftmaxLoss())
 
     def step(x, labels):
         opt.reset_grad()
         loss = loss_fn(model(x), labels)
-        loss.backward(create_graph=False)
+        fast.backward(loss)
         opt.step()
         return loss
 
@@ -720,7 +727,7 @@ assert diff == 0 and pdiff == 0 and stats["replays"] == 27
 # not as the numbers it gave. What was captured:
 
 # %%
-# companion-only: ndl.compile (needle/capture.py)
+# companion-only: ndl.compile (needle/fast/compile.py)
 kernels = compiled_step.kernels()
 print(f"{len(kernels)} device calls per step; the first 8:")
 for line in kernels[:8]:
@@ -746,7 +753,7 @@ print("most used:", ", ".join(f"{n} x{names.count(n)}"
 # computed from the measurement):
 
 # %% tags=["nbval-ignore-output"]
-# companion-only: ndl.compile (needle/capture.py)
+# companion-only: ndl.compile (needle/fast/compile.py)
 import statistics
 import time
 
@@ -778,7 +785,7 @@ print(f"the replay takes {replay_ms / eager_ms:.2f}x the eager step's time: "
 # and advanced by the replay. A changed shape and a changed learning rate:
 
 # %%
-# companion-only: ndl.compile (needle/capture.py)
+# companion-only: ndl.compile (needle/fast/compile.py)
 def show(what):
     s = compiled_step.stats
     print(f"{what:<28} traced {s['traces']:2d}, replayed {s['replays']:2d}, "
@@ -800,7 +807,7 @@ assert compiled_step.stats["retraces"] >= 1
 # once; back on batch 64 with a new `lr`, the guard saw the change, dropped the program and traced
 # again. (The two programs share batch norm's running averages: each replay reads them from the
 # Tensors the modules hold at that moment, so switching shapes alone does not re-trace.)
-# The limits, stated in `needle/capture.py`: Python state the step reaches only indirectly is not
+# The limits, stated in `needle/fast/compile.py`: Python state the step reaches only indirectly is not
 # guarded (pass it in `watch=`); a step whose Python reads device values that change every call
 # (a loss printed inside the step) re-traces every call and ends up eager; only the `nd` backend
 # is captured.
@@ -812,7 +819,7 @@ assert compiled_step.stats["retraces"] >= 1
 # what one step allocates above what was live before it:
 
 # %%
-# companion-only: ndl.compile (needle/capture.py)
+# companion-only: ndl.compile (needle/fast/compile.py)
 def step_peak(fn):
     """Bytes allocated above the live bytes at the peak of one call of fn (allocator counter)."""
     inputs = batch(0)

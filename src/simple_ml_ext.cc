@@ -23,6 +23,7 @@ namespace py = pybind11;
 
 /// One epoch of softmax regression. X: m x n row-major, y: m labels in [0, k),
 /// theta: n x k row-major (updated in place), batch: rows per step.
+// question: hw0_softmax_regression_epoch_cpp
 void softmax_regression_epoch_cpp(const float *X, const unsigned char *y, float *theta,
                                   size_t m, size_t n, size_t k, float lr, size_t batch) {
   std::vector<float> Z(batch * k);

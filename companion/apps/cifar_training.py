@@ -20,6 +20,7 @@ from .training_utils import backward_for_training, loss_module, model_device, on
 __all__ = ["epoch_general_cifar10", "train_cifar10", "evaluate_cifar10"]
 
 
+# question: hw4_epoch_cifar10
 def epoch_general_cifar10(
     dataloader,
     model: nn.Module,

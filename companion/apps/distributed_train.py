@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 
-def main(argv=None) -> None:
-    """Parse arguments, train, and write the result file on rank 0."""
+def _arguments(argv) -> argparse.Namespace:
+    """The command line: steps, global batch, hidden size, learning rate, seed, output."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64, help="global batch (all ranks)")
@@ -27,7 +27,12 @@ def main(argv=None) -> None:
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    """Parse arguments, train, and write the result file on rank 0."""
+    args = _arguments(argv)
 
     from sklearn.datasets import load_digits
 

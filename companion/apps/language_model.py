@@ -3,13 +3,15 @@ Linear over the vocabulary."""
 
 from __future__ import annotations
 
+import needle.fast as fast
+import needle.fast.nn  # noqa: F401 (fast.nn.linear)
 import needle.nn as nn
 from needle.autograd import Tensor
-from needle.nn.nn_transformer import _linear as linear_as_one_op
 
 __all__ = ["LanguageModel"]
 
 
+# question: hw4_language_model
 class LanguageModel(nn.Module):
     """Predicts the next word at every position of a (seq_len, bs) batch of word ids.
 
@@ -79,9 +81,26 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"LanguageModel expects ids of shape (seq_len, bs), got {tuple(x.shape)}"
             )
+        out, h = self.features(x, h)
+        return self.linear(out), h
+
+    def features(self, x: Tensor, h=None):
+        """The sequence model's output for ids ``x`` as rows (seq_len·bs, features), and h."""
         seq_len, bs = x.shape
         out, h = self.seq_model(self.embedding(x), h)
-        out = out.reshape((seq_len * bs, out.shape[2]))
-        # self.linear(out) as one op (the same values): the graph keeps the logits alone, not
-        # the (seq_len·bs, output_size) product beside them
-        return linear_as_one_op(self.linear, out), h
+        return out.reshape((seq_len * bs, out.shape[2])), h
+
+
+class FastLanguageModel(LanguageModel):
+    """:class:`LanguageModel`'s fused twin (``needle.fast.fuse`` swaps it in): the output
+    layer is one node (``fast.ops.matmul_add_bias``), so the graph keeps the logits alone, not
+    the (seq_len·bs, output_size) product beside them. The same values and gradients."""
+
+    _course_class = LanguageModel
+
+    def forward(self, x: Tensor, h=None):
+        out, h = self.features(x, h)
+        return fast.nn.linear(self.linear, out), h
+
+
+fast.register(LanguageModel, FastLanguageModel)

@@ -23,6 +23,7 @@ __all__ = ["ResidualBlock", "MLPResNet", "epoch", "train_mnist", "PROGRESS"]
 PROGRESS = True  # default for the ``progress`` keyword of epoch() and train_mnist()
 
 
+# question: hw2_mlp_resnet
 def ResidualBlock(
     dim: int, hidden_dim: int, norm=nn.BatchNorm1d, drop_prob: float = 0.1
 ) -> nn.Module:
@@ -45,6 +46,7 @@ def ResidualBlock(
     )
 
 
+# question: hw2_mlp_resnet
 def MLPResNet(
     dim: int,
     hidden_dim: int = 100,
@@ -66,6 +68,7 @@ def MLPResNet(
     )
 
 
+# question: hw2_mlp_resnet_epoch
 def epoch(
     dataloader,
     model: nn.Module,

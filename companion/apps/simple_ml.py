@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 
+# question: hw0_add
 def add(x, y):
     """hw0's warm-up: ``x + y`` for Python numbers and numpy arrays alike (arrays broadcast)."""
     return x + y
@@ -78,6 +79,7 @@ def _check_xy(X: np.ndarray, y: np.ndarray) -> None:
         raise TypeError(f"y must hold integer labels, got dtype {y.dtype}")
 
 
+# question: hw0_softmax_loss hw1_softmax_loss
 def softmax_loss(Z, y):
     """Mean softmax (cross-entropy) loss of logits ``Z`` (batch, classes).
 
@@ -105,6 +107,7 @@ def softmax_loss(Z, y):
     return float(np.mean(lse - Z[np.arange(Z.shape[0]), y]))
 
 
+# question: hw0_softmax_regression_epoch
 def softmax_regression_epoch(
     X: np.ndarray, y: np.ndarray, theta: np.ndarray, lr: float = 0.1, batch: int = 100
 ) -> None:
@@ -128,6 +131,7 @@ def softmax_regression_epoch(
         theta -= (lr / len(yb)) * (Xb.T @ G).astype(theta.dtype)
 
 
+# question: hw0_nn_epoch
 def _nn_epoch_numpy(X, y, W1, W2, lr, batch) -> None:
     _check_xy(X, y)
     if W1.ndim != 2 or W2.ndim != 2 or W1.shape[0] != X.shape[1] or W2.shape[0] != W1.shape[1]:
@@ -147,6 +151,7 @@ def _nn_epoch_numpy(X, y, W1, W2, lr, batch) -> None:
         W2 -= (scale * (Z1.T @ G2)).astype(W2.dtype)
 
 
+# question: hw1_nn_epoch
 def _nn_epoch_needle(X, y, W1, W2, lr, batch):
     _check_xy(X, y)
     if batch < 1:
@@ -170,6 +175,7 @@ def _nn_epoch_needle(X, y, W1, W2, lr, batch):
     return W1, W2
 
 
+# question: hw0_nn_epoch hw1_nn_epoch
 def nn_epoch(X: np.ndarray, y: np.ndarray, W1, W2, lr: float = 0.1, batch: int = 100):
     """One epoch of SGD for the two-layer net logits = ReLU(X W1) W2, on the softmax loss.
 

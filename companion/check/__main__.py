@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from . import progress
+from .boxed import GIB, Limits
 from .questions import HOMEWORKS, questions_for
 from .runner import check, detect_homework
 
@@ -22,8 +23,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Check a homework folder and print the report; exit status 0 when every question passes."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     parser = argparse.ArgumentParser(
         prog="python -m companion.check",
         description="Check your own needle (course skeleton layout) question by question.",
@@ -59,10 +60,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-build", action="store_true", help="do not compile C++/CUDA")
     parser.add_argument(
+        "--memory",
+        type=_seconds,
+        default=4.0,
+        metavar="GIB",
+        help="memory a worker may use, in GiB (RLIMIT_DATA; default 4)",
+    )
+    parser.add_argument(
+        "--cpu-time",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="CPU seconds a worker may use (RLIMIT_CPU; default: --timeout per question)",
+    )
+    parser.add_argument(
+        "--max-processes",
+        type=int,
+        default=64,
+        metavar="N",
+        help="processes a worker may have running at once (default 64)",
+    )
+    parser.add_argument(
         "--progress",
         action="store_true",
         help="print passed/total, changes and the next question per homework",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check a homework folder and print the report; exit status 0 when every question passes."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.progress:
         return _progress(args.folder or ["."])
@@ -87,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             isolate=args.isolate,
             do_build=not args.no_build,
             build_timeout=args.build_timeout,
+            limits=Limits(int(args.memory * GIB), args.cpu_time, args.max_processes),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"companion check: {exc}", file=sys.stderr)

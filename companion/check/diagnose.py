@@ -23,8 +23,19 @@ class CheckFailure(AssertionError):
     """A question's answer is wrong; the message is the diagnosis shown to the student."""
 
 
+class NotImplementedYet(CheckFailure):
+    """The answer is not there at all (None where a value is due, an output left untouched, a
+    C++ stub): reported as "not implemented", not as a failure."""
+
+
 def to_numpy(x) -> np.ndarray:
-    """``x`` (Tensor, NDArray, numpy array or number) as a numpy array."""
+    """``x`` (Tensor, NDArray, numpy array or number) as a numpy array; None (what an empty
+    ``pass`` body returns) raises ``NotImplementedYet``."""
+    if x is None:
+        raise NotImplementedYet(
+            "your code returned None where a value is due: the function's body is still "
+            "empty (`pass`) or lacks a `return`"
+        )
     if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
         x = x.numpy()
     return np.asarray(x)
@@ -105,6 +116,10 @@ def check_close(
     ``variants`` are known wrong answers (``mistakes.Variant``); the first that ``got`` matches
     is named in one line before the numbers.
     """
+    if got is None:
+        raise NotImplementedYet(
+            f"{what} is None where a value is due (a body still `pass`, or a missing `return`)"
+        )
     record(what, got, expected, rtol, atol)
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is None:
@@ -119,6 +134,12 @@ def check_close(
     if hint:
         text += "\n  hint: " + hint
     raise CheckFailure(text)
+
+
+def present(value, message: str) -> None:
+    """Raise ``NotImplementedYet(message)`` when ``value`` is None (nothing was computed)."""
+    if value is None:
+        raise NotImplementedYet(message + " (not implemented yet?)")
 
 
 def require(condition: bool, message: str) -> None:
@@ -317,16 +338,11 @@ class NumpyGuard:
     def __init__(self) -> None:
         import sys
 
-        names = [
-            "builtins",
-            "math",
-            "json",
-            "numpy",
-            "numpy.linalg",
-            "numpy.random",
-            "numpy.lib.stride_tricks",
-            __name__,
-        ] + [m for m in list(sys.modules) if m.startswith("companion.check")]
+        names = ["builtins", "math", "json", "base64", __name__] + [
+            m
+            for m in list(sys.modules)
+            if m == "numpy" or m.startswith(("numpy.", "companion.check"))
+        ]  # every loaded numpy module: numpy._core.numeric.less_equal is as good as isclose
         self._saved: list[tuple[types.ModuleType, str, object, object]] = []
         for name in names:
             module = sys.modules.get(name)

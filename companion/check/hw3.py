@@ -15,6 +15,7 @@ from .mistakes import (
     setitem_variants,
     tile_variants,
 )
+from .stubprobe import BINARY, SCALAR, UNARY, require_written
 
 
 def np_view(base: np.ndarray, view: np.ndarray) -> tuple[tuple, tuple, int]:
@@ -37,6 +38,15 @@ def devices():
         except Exception:  # a missing CUDA module is not this homework's failure
             pass
     return out
+
+
+def kernels_written(ctx, names) -> None:
+    """Each kernel in ``names`` exists and writes its output on every device (else the question
+    is "not implemented": the course's C++ stub, with or without NDEBUG)."""
+    for dev in devices():
+        tiled = ("matmul_tiled",) if "matmul" in names and hasattr(dev, "matmul_tiled") else ()
+        ctx.note(f"on {dev}: {', '.join(names + tiled)} once each, on small inputs")
+        require_written(dev, tuple(names) + tiled)
 
 
 def arr(a, dev):
@@ -146,6 +156,7 @@ def hw3_getitem(ctx):
 
 
 def hw3_compact(ctx):
+    kernels_written(ctx, ("compact",))
     a = randn(4, 5, 6, seed=74)
     col = np.ascontiguousarray(a[:, :1])
     cases = [
@@ -181,6 +192,7 @@ def hw3_compact(ctx):
 
 
 def hw3_setitem(ctx):
+    kernels_written(ctx, ("ewise_setitem", "scalar_setitem"))
     a = randn(5, 6, seed=75)
     b = randn(2, 3, seed=76)
     c = randn(3, 4, seed=84)
@@ -221,6 +233,7 @@ def hw3_setitem(ctx):
 
 
 def hw3_ewise_ops(ctx):
+    kernels_written(ctx, BINARY + UNARY)
     a = randn(3, 4, seed=77)
     b = randn(3, 4, seed=78)
     b[0, 0] = a[0, 0]
@@ -252,6 +265,7 @@ def hw3_ewise_ops(ctx):
 
 
 def hw3_scalar_ops(ctx):
+    kernels_written(ctx, SCALAR)
     a = randn(3, 4, seed=79)
     pos = np.abs(a) + 0.5
     for dev in devices():
@@ -279,6 +293,7 @@ def _reduced(got, expected):
 
 
 def hw3_reductions(ctx):
+    kernels_written(ctx, ("reduce_sum", "reduce_max"))
     a = randn(3, 4, 5, seed=80)
     for dev in devices():
         A = arr(a, dev)
@@ -308,6 +323,7 @@ def hw3_reductions(ctx):
 
 
 def hw3_matmul(ctx):
+    kernels_written(ctx, ("matmul",))
     for dev in devices():
         tiles = (
             getattr(dev, "__tile_size__", None)

@@ -9,12 +9,13 @@ import numpy as np
 
 from .common import randn
 from .diagnose import check_close, require, to_numpy
+from .hw4 import on_device
 
 
 def _t(a):
     import needle as ndl
 
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), requires_grad=False)
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), requires_grad=False, **on_device())
 
 
 def attention_ref(q, k, v, causal):
@@ -32,7 +33,7 @@ def hw4_extra_attention(ctx):
 
     q, k, v = (randn(2, 2, 4, 3, seed=s) for s in (120, 121, 122))
     for causal in (False, True):
-        layer = ndl.nn.MultiHeadAttention(dropout=0.0, causal=causal)
+        layer = ndl.nn.MultiHeadAttention(dropout=0.0, causal=causal, **on_device())
         layer.eval()
         out, probs = layer(_t(q), _t(k), _t(v))
         e_out, e_p = attention_ref(q, k, v, causal)
@@ -58,7 +59,7 @@ def hw4_extra_attention_layer(ctx):
     import needle as ndl
 
     np.random.seed(15)
-    layer = ndl.nn.AttentionLayer(6, 2, 3, causal=True, dropout=0.0)
+    layer = ndl.nn.AttentionLayer(6, 2, 3, causal=True, dropout=0.0, **on_device())
     layer.eval()
     x = randn(2, 4, 6, seed=123)
     w = {
@@ -109,7 +110,7 @@ def hw4_extra_transformer_layer(ctx):
     import needle as ndl
 
     np.random.seed(16)
-    layer = ndl.nn.TransformerLayer(6, 2, 3, 8, dropout=0.0, causal=True)
+    layer = ndl.nn.TransformerLayer(6, 2, 3, 8, dropout=0.0, causal=True, **on_device())
     layer.eval()
     x = randn(2, 4, 6, seed=124)
     out = to_numpy(layer(_t(x)))
@@ -140,6 +141,7 @@ def hw4_extra_transformer(ctx):
             causal=True,
             batch_first=batch_first,
             sequence_len=10,
+            **on_device(),
         )
         m.eval()
         return m

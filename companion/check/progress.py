@@ -50,7 +50,24 @@ def load_history(root: Path) -> list[dict]:
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list):
         return []
-    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("results"), dict)]
+    return [clean for clean in map(_clean_run, runs) if clean is not None]
+
+
+def _clean_run(run) -> dict | None:
+    """A recorded run in the shape this module reads, or None when it cannot be one (a file
+    from another version, or edited by hand): a missing time reads "unknown time", entries
+    that are not question -> status strings are dropped."""
+    if not isinstance(run, dict) or not isinstance(run.get("results"), dict):
+        return None
+    results = {q: s for q, s in run["results"].items() if isinstance(s, str)}
+    only = run.get("only")
+    only = [str(o) for o in only] if isinstance(only, list) else None
+    time = run.get("time")
+    return {
+        "time": time if isinstance(time, str) else "at an unknown time",
+        "only": only or None,
+        "results": results,
+    }
 
 
 def record(
@@ -170,9 +187,9 @@ def homework_of(folder: Path) -> str | None:
         return match.group(1)
     try:
         recorded = json.loads(history_path(folder).read_text()).get("homework")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return None
-    return recorded if recorded in HOMEWORKS else None
+    return recorded if isinstance(recorded, str) and recorded in HOMEWORKS else None
 
 
 def find_homeworks(folders: Iterable[str | Path]) -> list[tuple[str, Path]]:

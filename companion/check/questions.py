@@ -150,12 +150,15 @@ HELP: dict[str, str] = {
     "hw1_nn_epoch": "The course's test compares losses and weight norms after an epoch on "
     "MNIST; this check compares the weights after one epoch on a small random problem with a "
     "numpy re-computation, so it needs no data files.",
-    "hw2_sgd": "Two parameters of different shapes, one without a gradient in one step, "
-    "against a numpy re-computation; the course's test trains a seeded model and compares "
-    "its loss. " + _NO_COUNTER,
-    "hw2_adam": "Two parameters of different shapes, one without a gradient in one step, "
-    "against a numpy re-computation; the course's test trains a seeded model and compares "
-    "its loss. " + _NO_COUNTER,
+    "hw2_sgd": "Two parameters of different shapes, three steps, at momentum 0 and 0.9, with "
+    "and without weight decay (the course's settings), against a numpy re-computation; the "
+    "course's test trains a seeded model and compares its loss. A parameter whose grad is "
+    "None (skipped by PyTorch, never tested by the course) is checked too: a problem there "
+    "is a warning beside the pass. " + _NO_COUNTER,
+    "hw2_adam": "Two parameters of different shapes, three steps, with and without weight "
+    "decay, against a numpy re-computation; the course's test trains a seeded model and "
+    "compares its loss. A parameter whose grad is None (skipped by PyTorch, never tested by "
+    "the course) is checked too: a problem there is a warning beside the pass. " + _NO_COUNTER,
     "hw2_dropout": "Like the course's test, replays np.random with the same seed: the mask "
     "must come from one init.randb(*x.shape, p=1 - p) call.",
     "hw2_mlp_resnet_epoch": "The course's tests compare exact error and loss after seeded "

@@ -3,17 +3,25 @@
 The folder has the course's skeleton layout: ``hw0/src/simple_ml.py`` (+ ``simple_ml_ext.cpp``)
 for hw0, ``hwN/python/needle/...``, ``hwN/apps/...`` and ``hwN/src/*.cc|*.cu`` (with the course's
 ``CMakeLists.txt``) for the others. Compiled sources are built the way the course's Makefile
-does (with a time limit); then a worker process (``worker.py``, in its own process session so
-that it is stopped with everything it started) imports the student's package once -- a hang,
-an exit or an error there is one diagnosis for every question -- and runs the questions in
-order. A worker that dies (segfault, abort, exit) or overruns the time limit costs only the
-question it was running: a fresh worker continues with the rest. Every comparison a question
-made is checked again here, in the runner's process, from the values the worker copied out.
+does (with a time limit; the CPU module alone when only CUDA fails); then a worker process
+(``worker.py``) imports the student's package once -- a hang, an exit or an error there is one
+diagnosis for every question -- and runs the questions in order. A worker that dies (segfault,
+abort, exit) or overruns the time limit costs only the question it was running: a fresh worker
+continues with the rest.
+
+Each worker runs in a box (``sandbox.py``, started through ``boxed.py``): memory, CPU-time and
+process-count limits that the report names when hit; every process it starts, ``setsid`` or
+not, ended with it; on Linux with Landlock, no file changed outside the homework folder and a
+scratch folder, and no signal sent outside the box. Its answers come over a pipe (no results
+file it could append to), and every comparison a passing question made is checked again here,
+from the values the worker copied out. What this does not do: the references are computed in
+the worker, beside the student's code, so code written to fake a verdict from inside that
+process (rather than to compute an answer) can still do so; the report says this in its
+``sandbox:`` line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .boxed import GIB, Boxed, Limits, describe_box
 from .diagnose import recheck
 from .questions import HOMEWORKS, Question, questions_for
 
-WORKER = "companion.check.worker"
 IMPORT_PROBE = "__import__"  # the worker's first step (worker.IMPORT_PROBE)
 BUILD_TIMEOUT = 600.0
 EXIT_GRACE = 5.0  # seconds a worker may take to exit after its last answer
@@ -41,6 +49,7 @@ class Result:
     question: Question
     status: str
     detail: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -52,6 +61,7 @@ class Report:
     build: list[str] = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     needle: str | None = None
+    sandbox: str = ""
 
     @property
     def ok(self) -> bool:
@@ -64,6 +74,8 @@ class Report:
         if self.needle:
             lines.append(f"needle imported from {self.needle}")
         lines += [f"build: {b}" for b in self.build]
+        if self.sandbox:
+            lines.append(f"sandbox: {self.sandbox}")
         width = max((len(r.question.id) for r in self.results), default=10)
         for r in self.results:
             tag = (
@@ -73,6 +85,8 @@ class Report:
                 if r.status in ("fail", "crashed", "timeout")
                 else r.status
             )
+            if r.status == "pass" and r.warnings:
+                tag = "pass, WARNING"
             lines.append(f"  {tag:<16} {r.question.id:<{width}}  {r.question.title}")
         counts: dict[str, int] = {}
         for r in self.results:
@@ -81,6 +95,9 @@ class Report:
         lines.append(", ".join(f"{counts[s]} {s}" for s in order if s in counts))
         first_with: dict[str, str] = {}
         for r in self.results:
+            if r.status == "pass" and r.warnings:
+                lines += ["", f"== {r.question.id} (pass, with a warning): {r.question.title}"]
+                lines += ["  warning: " + w.replace("\n", "\n  ") for w in r.warnings]
             if r.status != "pass" and r.detail:
                 lines += ["", f"== {r.question.id} ({r.status}): {r.question.title}"]
                 if r.detail in first_with:  # one cause (an import error): printed once
@@ -193,12 +210,61 @@ def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
         return [
             "built src/simple_ml_ext.so" if ok else "FAILED to build src/simple_ml_ext.cpp:\n" + log
         ]
+    return _build_cmake(root, env, timeout)
+
+
+# CMake 4 refuses the course's cmake_minimum_required(VERSION 3.2) unless told to try anyway.
+_CONFIGURE_EXTRA = ["-DCMAKE_POLICY_VERSION_MINIMUM=3.5"]
+_WITHOUT_CUDA = [
+    "-DCMAKE_DISABLE_FIND_PACKAGE_CUDA=TRUE",
+    "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE",
+]
+
+
+def _cmake_steps(
+    cmake: str, source: str, folder: Path, env: dict, timeout: float, extra: list[str]
+) -> tuple[bool, str]:
+    """Configure (``source`` relative to ``folder``) and build; (ok, the end of the output)."""
+    import pybind11
+
+    ok, log = _run(
+        [
+            cmake,
+            source,
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DPYTHON_EXECUTABLE={sys.executable}",
+            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+            *_CONFIGURE_EXTRA,
+            *extra,
+        ],
+        folder,
+        env,
+        timeout,
+    )
+    if ok:
+        ok, log = _run([cmake, "--build", ".", "-j", "2"], folder, env, timeout)
+    return ok, log
+
+
+def _cuda_error(log: str) -> str | None:
+    """The first line of a CUDA build failure (nvcc's complaint), or None if it is not one."""
+    if "nvcc" not in log and "cuda" not in log.lower():
+        return None
+    lines = [ln.strip() for ln in log.splitlines()]
+    for key in ("nvcc fatal", "nvcc error", "error:", "CUDA", "cuda"):
+        found = next((ln for ln in lines if key in ln), None)
+        if found:
+            return found[:200]
+    return None
+
+
+def _build_cmake(root: Path, env: dict, timeout: float) -> list[str]:
+    """The course's CMake build (hw1 on); when only CUDA fails (nvcc 12+ refuses the course's
+    compute_37 on a machine without a GPU), the CPU module alone, said in one line."""
     if not (root / "CMakeLists.txt").exists():
         return ["no CMakeLists.txt: nothing to build"]
     if shutil.which("cmake") is None and not (Path(sys.executable).parent / "cmake").exists():
         return ["cmake not found: C++/CUDA sources not built"]
-    import pybind11
-
     cmake = shutil.which("cmake", path=env["PATH"])
     if (root / "build").exists() and not (root / "build").is_dir():
         return [
@@ -206,32 +272,35 @@ def build(root: Path, hw: str, timeout: float = BUILD_TIMEOUT) -> list[str]:
             "name: rename or remove the file"
         ]
     (root / "build").mkdir(exist_ok=True)
-    ok, log = _run(
-        [
-            cmake,
-            "..",
-            f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DPYTHON_EXECUTABLE={sys.executable}",
-            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
-        ],
-        root / "build",
-        env,
-        timeout,
-    )
+    ok, log = _cmake_steps(cmake, "..", root / "build", env, timeout, [])
     if ok:
-        ok, log = _run([cmake, "--build", ".", "-j", "2"], root / "build", env, timeout)
-    return ["built with CMake (build/)" if ok else "FAILED to build with CMake:\n" + log]
+        return ["built with CMake (build/)"]
+    cuda = _cuda_error(log)
+    if cuda is not None and "did not finish within" not in log:
+        cpu_only = root / "build" / "cpu-only"
+        cpu_only.mkdir(exist_ok=True)
+        ok, cpu_log = _cmake_steps(cmake, "../..", cpu_only, env, timeout, _WITHOUT_CUDA)
+        if ok:
+            return [
+                f"built the CPU module only (build/cpu-only): the CUDA module did not build "
+                f"({cuda}), so cuda() stays disabled"
+            ]
+        log = cpu_log
+    return ["FAILED to build with CMake:\n" + log]
 
 
-def _worker_env(root: Path, hw: str) -> dict:
+def _worker_env(root: Path, hw: str, scratch: Path, limits: Limits) -> dict:
     """The worker's environment: no outside paths or backend choice; ``NEEDLE_IMPL`` names the
-    homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package."""
+    homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package;
+    temporary files go to the scratch folder."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NEEDLE_BACKEND", "NEEDLE_IMPL")
     }
     env["PYTHONNOUSERSITE"] = "1"
+    env["TMPDIR"] = str(scratch)
+    env["COMPANION_CHECK_MEMORY"] = f"{limits.memory / GIB:g} GiB"
     if hw != "hw0":
         env["NEEDLE_IMPL"] = str(root / "python")
     return env
@@ -246,16 +315,24 @@ def _signal_name(code: int) -> str:
     return f"exited with status {code}"
 
 
+_CHECKER_FRAMES = (f"{os.sep}companion{os.sep}check{os.sep}", "<frozen runpy>", 'File "<string>"')
+
+
 def _tail(log_file: Path, lines: int = 15) -> str:
-    return "\n".join(
+    """The end of a worker's output, without the checker's own frames (faulthandler's)."""
+    kept = [
         line
-        for line in log_file.read_text(errors="replace").splitlines()[-lines:]
+        for line in log_file.read_text(errors="replace").splitlines()
         if not line.startswith("Extension modules:")
-    )
+        and not any(frame in line for frame in _CHECKER_FRAMES)
+    ]
+    return "\n".join(kept[-lines:])
 
 
-def _died(code: int, call: str, tail: str) -> str:
+def _died(code: int | None, call: str, tail: str) -> str:
     """What a worker that ended in the middle of a step did."""
+    if code is None:
+        return f"the process ended{call} (its exit status is unknown); its last output:\n{tail}"
     if code < 0:
         return (
             f"the process {_signal_name(code)}{call} (a crash in compiled code: look for "
@@ -268,10 +345,145 @@ def _died(code: int, call: str, tail: str) -> str:
     )
 
 
+def _limit_text(box: Boxed, limits: Limits) -> str:
+    """A sentence naming the limit the worker hit, or ''."""
+    hit = box.status.get("limit")
+    if hit is None and box.returncode == -signal.SIGXCPU:
+        hit = "cpu"
+    return limits.describe(hit, box.status.get("cpu_limit", 0.0)) + ". " if hit else ""
+
+
+def _apply(event: dict, state: dict, ctx: dict) -> None:
+    """One worker event into the round's state (current question, results, import problem)."""
+    by_id, results = ctx["by_id"], ctx["results"]
+    if "start" in event:
+        if event["start"] == IMPORT_PROBE or event["start"] in by_id:
+            state.update(current=event["start"], started=time.monotonic(), note="")
+    elif "note" in event:
+        state["note"] = str(event["note"])
+    elif "imported" in event:
+        state["current"] = None
+    elif "import_error" in event:
+        state.update(import_problem=("error", str(event["import_error"])), current=None)
+    elif event.get("id") in by_id and event["id"] not in results:
+        results[event["id"]] = _result(
+            by_id[event["id"]], event, ctx["hw"], ctx["paths"], ctx["allowed"]
+        )
+        if ctx["hw"] != "hw0" and isinstance(event.get("needle"), str):
+            ctx["needle"] = ctx["needle"] or event["needle"]
+        state["current"] = None
+
+
+def _watch(box: Boxed, batch: list[str], state: dict, ctx: dict, timeout: float) -> None:
+    """Follow one worker until it ends, all its answers are in, or a step overruns."""
+    results = ctx["results"]
+    while True:
+        finished = box.finished()
+        for event in box.events(0.02) + (box.drain() if finished else []):
+            _apply(event, state, ctx)
+        if finished:
+            return
+        if state["current"] is None and (
+            state["import_problem"] or all(q in results for q in batch)
+        ):
+            # every answer is in: the worker ends now; give it a moment, then stop it
+            state["done_at"] = state["done_at"] or time.monotonic()
+            if time.monotonic() - state["done_at"] > EXIT_GRACE:
+                return
+        if state["current"] and time.monotonic() - state["started"] > timeout:
+            state["timed_out"] = True
+            return
+
+
+def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> None:
+    """Run ``batch`` in one boxed worker; record what became of each question."""
+    root, hw, limits, timeout = ctx["root"], ctx["hw"], opts["limits"], opts["timeout"]
+    results, by_id = ctx["results"], ctx["by_id"]
+    log_file = tmp / f"stderr{round_}.txt"
+    scratch = tmp / f"scratch{round_}"
+    scratch.mkdir()
+    config = {
+        "paths": ctx["paths"],
+        "root": str(root),
+        "hw": hw,
+        "questions": batch,
+        "scratch": str(scratch),
+        "probe": True,
+    }
+    cpu = limits.cpu if limits.cpu is not None else timeout * (len(batch) + 1)
+    env = _worker_env(root, hw, scratch, limits)
+    state = {
+        "current": None,
+        "started": 0.0,
+        "note": "",
+        "done_at": 0.0,
+        "import_problem": None,
+        "timed_out": False,
+    }
+    with open(log_file, "w") as log:
+        box = Boxed(tmp, str(round_), root, config, env, limits, cpu, log)
+        try:
+            _watch(box, batch, state, ctx, timeout)
+        finally:
+            box.stop()  # the worker and whatever it started, setsid or not
+            for event in box.drain():
+                _apply(event, state, ctx)
+            box.close()
+    box.status["cpu_limit"] = cpu
+    current, limit = state["current"], _limit_text(box, limits)
+    if state["timed_out"] and current == IMPORT_PROBE:
+        state["import_problem"] = (
+            "timeout",
+            (
+                f"importing your package did not finish within {timeout:g} s (an endless loop "
+                "or a long computation at import time?), so no question could run; its last "
+                f"output:\n{_tail(log_file)}"
+            ),
+        )
+    elif state["timed_out"]:
+        results[current] = Result(
+            by_id[current], "timeout", limit + f"still running after {timeout:g} s"
+        )
+    elif current == IMPORT_PROBE:
+        state["import_problem"] = (
+            "crashed",
+            limit + "while importing your package, " + _died(box.returncode, "", _tail(log_file)),
+        )
+    elif current is not None and current not in results:
+        call = f" during the call {state['note']}" if state["note"] else f" during {current}"
+        results[current] = _crash_result(by_id[current], box, limit, call, log_file)
+    ctx["import_problem"] = state["import_problem"]
+    ctx["current"] = None if state["timed_out"] else current
+    ctx["returncode"] = box.returncode
+
+
+def _crash_result(question: Question, box: Boxed, limit: str, call: str, log_file: Path) -> Result:
+    """A question whose worker died: a C++ stub's failed assertion is "not implemented"."""
+    if box.returncode == -signal.SIGABRT:
+        text = log_file.read_text(errors="replace")
+        stub = [ln for ln in text.splitlines() if "Not Implemented" in ln and "ssert" in ln]
+        if stub:
+            return Result(
+                question,
+                "not implemented",
+                (
+                    f"a C++ function is still the course's stub: its `assert(false && \"Not "
+                    f'Implemented")` failed{call}, which aborts the process:\n  {stub[-1].strip()}'
+                ),
+            )
+    return Result(question, "crashed", limit + _died(box.returncode, call, _tail(log_file)))
+
+
 def run_questions(
-    root: Path, hw: str, questions: list[Question], *, timeout: float = 120.0, isolate: bool = False
+    root: Path,
+    hw: str,
+    questions: list[Question],
+    *,
+    timeout: float = 120.0,
+    isolate: bool = False,
+    limits: Limits | None = None,
 ) -> tuple[list[Result], str | None]:
-    """Run ``questions`` in worker processes; returns the results and the needle file imported.
+    """Run ``questions`` in boxed worker processes; returns the results and the needle file.
 
     Each worker first imports the student's package (the import probe, with the same time
     limit as a question): if that hangs, exits or raises, every question gets that one
@@ -279,130 +491,41 @@ def run_questions(
     default restarts a worker only after a crash or a timeout). A question the worker passed
     fails if one of its comparisons, recomputed here, does not hold.
     """
-    by_id = {q.id: q for q in questions}
-    results: dict[str, Result] = {}
-    needle_file = None
     paths = search_paths(root, hw)
-    allowed = [os.path.abspath(p) for p in paths]
+    ctx = {
+        "root": root,
+        "hw": hw,
+        "paths": paths,
+        "by_id": {q.id: q for q in questions},
+        "allowed": [os.path.abspath(p) for p in paths],
+        "results": {},
+        "needle": None,
+    }
+    opts = {"limits": limits or Limits(), "timeout": timeout}
+    results, by_id = ctx["results"], ctx["by_id"]
     with tempfile.TemporaryDirectory(prefix="companion-check-") as tmp:
         remaining = [q.id for q in questions]
         round_ = 0
         while remaining:
             round_ += 1
-            batch = remaining[:1] if isolate else remaining
-            result_file = Path(tmp) / f"results{round_}.jsonl"
-            log_file = Path(tmp) / f"stderr{round_}.txt"
-            config = Path(tmp) / f"config{round_}.json"
-            scratch = Path(tmp) / f"scratch{round_}"
-            scratch.mkdir()
-            config.write_text(
-                json.dumps(
-                    {
-                        "paths": paths,
-                        "root": str(root),
-                        "hw": hw,
-                        "questions": batch,
-                        "results": str(result_file),
-                        "scratch": str(scratch),
-                        "probe": True,
-                    }
-                )
-            )
-            result_file.touch()
-            import_problem = None  # (status, detail) for every question
-            with open(log_file, "w") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", WORKER, str(config)],
-                    cwd=root,
-                    env=_worker_env(root, hw),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                current, started, seen, note, done_at = None, 0.0, 0, "", 0.0
-                try:
-                    while True:
-                        finished = proc.poll() is not None
-                        # Every event ends with a newline: the last fragment may be half written.
-                        complete = result_file.read_text().split("\n")[:-1]
-                        for line in complete[seen:]:
-                            event = json.loads(line)
-                            if "start" in event:
-                                current, started = event["start"], time.monotonic()
-                                note = ""
-                            elif "note" in event:
-                                note = event["note"]
-                            elif "imported" in event:
-                                current = None
-                            elif "import_error" in event:
-                                import_problem = ("error", event["import_error"])
-                                current = None
-                            else:
-                                results[event["id"]] = _result(
-                                    by_id[event["id"]], event, hw, paths, allowed
-                                )
-                                if hw != "hw0" and event.get("needle"):
-                                    needle_file = needle_file or event["needle"]
-                                current = None
-                        seen = len(complete)
-                        if finished:
-                            break
-                        if current is None and (import_problem or all(q in results for q in batch)):
-                            # every answer is in: the worker ends now (it leaves with
-                            # os._exit); give it a moment, then stop it
-                            if not done_at:
-                                done_at = time.monotonic()
-                            elif time.monotonic() - done_at > EXIT_GRACE:
-                                break
-                        if current and time.monotonic() - started > timeout:
-                            _kill_group(proc)
-                            proc.wait()
-                            if current == IMPORT_PROBE:
-                                import_problem = (
-                                    "timeout",
-                                    (
-                                        f"importing your package did not finish within "
-                                        f"{timeout:g} s (an endless loop or a long computation at "
-                                        "import time?), so no question could run; its last "
-                                        f"output:\n{_tail(log_file)}"
-                                    ),
-                                )
-                            else:
-                                results[current] = Result(
-                                    by_id[current], "timeout", f"still running after {timeout:g} s"
-                                )
-                            current = None
-                            break
-                        time.sleep(0.02)
-                finally:
-                    _kill_group(proc)  # whatever the student's code started goes with it
-                    proc.wait()
-            if current == IMPORT_PROBE:
-                import_problem = (
-                    "crashed",
-                    "while importing your package, " + _died(proc.returncode, "", _tail(log_file)),
-                )
-            elif current is not None and current not in results:
-                call = f" during the call {note}" if note else f" during {current}"
-                results[current] = Result(
-                    by_id[current], "crashed", _died(proc.returncode, call, _tail(log_file))
-                )
+            _round(Path(tmp), round_, remaining[:1] if isolate else remaining, ctx, opts)
             left = [q for q in remaining if q not in results]
-            if import_problem is not None:
-                status, detail = import_problem
+            if ctx["import_problem"] is not None:
+                status, detail = ctx["import_problem"]
                 for qid in left:
                     results[qid] = Result(by_id[qid], status, detail)
                 left = []
-            elif left and left[0] == remaining[0] and current is None and proc.returncode:
+            elif left and left[0] == remaining[0] and ctx["current"] is None and ctx["returncode"]:
                 # The worker died before starting anything (the checker itself is broken).
                 for qid in left:
                     results[qid] = Result(
-                        by_id[qid], "error", "the checker could not start:\n" + _tail(log_file)
+                        by_id[qid],
+                        "error",
+                        "the checker could not start:\n" + _tail(Path(tmp) / f"stderr{round_}.txt"),
                     )
                 left = []
             remaining = left
-    return [results[q.id] for q in questions], needle_file
+    return [results[q.id] for q in questions], ctx["needle"]
 
 
 def _result(
@@ -410,17 +533,33 @@ def _result(
 ) -> Result:
     """A worker's verdict, checked: the needle came from the homework folder, and every
     comparison holds when recomputed here."""
-    result = Result(question, event["status"], event["detail"])
+    status, detail = str(event.get("status")), str(event.get("detail", ""))
+    if status not in ("pass", "fail", "not implemented", "error"):
+        status, detail = "error", f"the worker sent an unknown status {status!r}"
+    warnings = event.get("warnings") if status == "pass" else []
+    result = Result(question, status, detail, [str(w) for w in warnings or []])
     where = event.get("needle") if hw != "hw0" else None  # hw0 has no needle of its own
     if where and not any(os.path.abspath(where).startswith(a) for a in allowed):
         result.status, result.detail = (
             "error",
             (f"imported needle from {where}, not from {' or '.join(paths)}: fix the layout"),
         )
+    elif result.status == "pass" and not event.get("comparisons"):
+        result.status, result.detail, result.warnings = (
+            "error",
+            (
+                "the worker claimed a pass without a single comparison to recheck (every "
+                "question compares values): something other than the checker wrote this verdict"
+            ),
+            [],
+        )
     elif result.status == "pass":
-        problem = recheck(event.get("comparisons") or [])
+        try:
+            problem = recheck(event.get("comparisons") or [])
+        except (KeyError, TypeError, ValueError) as exc:
+            problem = f"the worker's record of comparisons is malformed ({exc})"
         if problem is not None:
-            result.status, result.detail = "fail", problem
+            result.status, result.detail, result.warnings = "fail", problem, []
     return result
 
 
@@ -433,10 +572,12 @@ def check(
     isolate: bool = False,
     do_build: bool = True,
     build_timeout: float = BUILD_TIMEOUT,
+    limits: Limits | None = None,
 ) -> Report:
     """Build and check the homework folder ``root``; ``only`` keeps questions whose id contains
     one of its strings; ``timeout`` (seconds, > 0) limits each question and the import,
-    ``build_timeout`` each build step."""
+    ``build_timeout`` each build step; ``limits`` bound each worker's memory, CPU time and
+    processes (``boxed.Limits``)."""
     if not timeout > 0 or not build_timeout > 0:
         raise ValueError(
             f"timeouts must be positive numbers of seconds, got timeout={timeout}, "
@@ -456,10 +597,10 @@ def check(
         raise FileNotFoundError(
             f"{expected} is missing: {root} does not have the course's {hw} layout"
         )
-    report = Report(hw, root)
+    report = Report(hw, root, sandbox=describe_box(limits or Limits(), timeout))
     if do_build:
         report.build = build(root, hw, build_timeout)
     report.results, report.needle = run_questions(
-        root, hw, questions, timeout=timeout, isolate=isolate
+        root, hw, questions, timeout=timeout, isolate=isolate, limits=limits
     )
     return report

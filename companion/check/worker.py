@@ -7,7 +7,9 @@ whose ``NEEDLE_IMPL`` names the homework's ``python/`` folder (unset for hw0): t
 checks (``companion.check.hwN``) import it like any user code. The homework's folders go first
 on ``sys.path`` for its other modules (``simple_ml``, ``mlp_resnet``, ...).
 
-It appends one JSON line per event to the result file: ``{"start": "__import__"}`` and then
+It writes one JSON line per event to the pipe whose fd is its second argument (the config names
+no results file; ``sandbox.py`` starts it, limited and unable to write outside the homework
+and scratch folders where Landlock is available): ``{"start": "__import__"}`` and then
 ``{"imported": path}`` or ``{"import_error": text}`` for the import probe (the student's package
 imported once, before any question, so a hang, an exit or a syntax error at import is reported
 once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "needle",
@@ -25,14 +27,21 @@ import sys
 import traceback
 
 from companion import impl
+from companion.check.nothing import named_stubs, none_culprit, stubs_returning_none
 
 IMPORT_PROBE = "__import__"
 
 
-def _isolate(paths):
-    """Put the student's folders first on sys.path; ``import needle`` comes from NEEDLE_IMPL."""
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")  # mugrade
+
+
+def _isolate(paths, root):
+    """Put the student's folders first on sys.path, then the homework folder (the course's tests
+    run from it, so ``tests.hw2...`` and ``python.needle`` import), and last the stand-ins for
+    what the course's environment has (``mugrade``); ``import needle`` comes from NEEDLE_IMPL."""
     impl.install()  # already done at start-up by the .pth where the wheel or `make build` put it
-    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
+    first = list(paths) + [root]
+    sys.path[:] = first + [p for p in sys.path if p not in first and p != ""] + [STUBS]
 
 
 def _where(exc: BaseException, roots) -> str:
@@ -71,29 +80,104 @@ def _base_exception(exc: BaseException, roots) -> str:
 
 
 def _run_one(qid, hw_module, ctx, roots):
+    """(status, detail) of one question; a failure in a question that ran an empty-bodied
+    student function (a blank skeleton's ``pass``) is "not implemented", naming it."""
+    status, detail, exc = _outcome(qid, hw_module, ctx, roots)
+    if status in ("fail", "not implemented") and exc is not None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        named = _name_the_stub(
+            qid,
+            hw_module,
+            ctx,
+            roots,
+            f"{type(exc).__name__}: {first}" if not isinstance(exc, AssertionError) else first,
+        )
+        if named:
+            return "not implemented", named
+    return status, detail
+
+
+def _outcome(qid, hw_module, ctx, roots):
     import numpy as np
 
-    from companion.check.diagnose import CheckFailure
+    from companion.check.diagnose import CheckFailure, NotImplementedYet
 
     np.random.seed(0)
     fn = getattr(hw_module, qid, None)
     if fn is None:
-        return "error", f"the checker has no check for {qid}"
+        return "error", f"the checker has no check for {qid}", None
     try:
         fn(ctx)
-        return "pass", ""
+        return "pass", "", None
     except NotImplementedError as exc:
-        return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}"
+        return "not implemented", f"NotImplementedError raised at {_where(exc, roots)}", None
+    except NotImplementedYet as exc:
+        return "not implemented", str(exc), exc  # named below when an empty function did it
     except CheckFailure as exc:
-        return "fail", str(exc)
+        return "fail", str(exc), exc
+    except BlockingIOError as exc:  # fork() refused: RLIMIT_NPROC (not applied to root)
+        return (
+            "fail",
+            (
+                f"starting a process failed ({exc}) at {_where(exc, roots)}: the checker limits "
+                "the processes a worker may run (RLIMIT_NPROC); a check needs none"
+            ),
+            None,
+        )
+    except MemoryError as exc:
+        return (
+            "fail",
+            (
+                f"ran out of memory (MemoryError{': ' + str(exc) if str(exc) else ''}) at "
+                f"{_where(exc, roots)}: it reached the checker's memory limit of "
+                f"{os.environ.get('COMPANION_CHECK_MEMORY', '?')} (RLIMIT_DATA); these checks use "
+                "small arrays, so look for an allocation that grows without bound"
+            ),
+            None,
+        )
     except Exception as exc:  # the student's code raised: report where, not a crash
         lines = traceback.format_exception_only(type(exc), exc)
-        return "fail", (
-            f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
-            + "".join(traceback.format_tb(exc.__traceback__)[-3:]).rstrip()
+        culprit = none_culprit(exc, roots)
+        if culprit is not None:
+            return "not implemented", culprit, exc
+        return (
+            "fail",
+            (
+                f"raised {''.join(lines).strip()}\n  at {_where(exc, roots)}\n"
+                + "".join(_student_frames(exc, roots)[-3:]).rstrip()
+            ),
+            exc,
         )
     except BaseException as exc:  # sys.exit, KeyboardInterrupt: named, not a crash
-        return "fail", _base_exception(exc, roots)
+        return "fail", _base_exception(exc, roots), None
+
+
+def _student_frames(exc, roots) -> list[str]:
+    """The formatted traceback entries outside the checker's own package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    keep = [
+        s
+        for s in traceback.extract_tb(exc.__traceback__)
+        if not os.path.abspath(s.filename).startswith(here)
+    ]
+    return traceback.format_list(keep)
+
+
+def _name_the_stub(qid, hw_module, ctx, roots, saw: str) -> str | None:
+    """Run the question again, watching which empty-bodied student functions it runs, and
+    name them (None when it ran none: the failure is a real one)."""
+    import tempfile
+
+    import numpy as np
+
+    np.random.seed(0)
+    scratch = ctx.scratch
+    ctx.scratch = tempfile.mkdtemp(dir=scratch)  # the first run's files may be in the way
+    try:
+        names = stubs_returning_none(lambda: getattr(hw_module, qid)(ctx), roots)
+    finally:
+        ctx.scratch = scratch
+    return named_stubs(names, saw) if names else None
 
 
 class Context:
@@ -104,10 +188,15 @@ class Context:
         self.root = root
         self.scratch = scratch
         self._out = out
+        self.warnings: list[str] = []
 
     def note(self, text: str) -> None:
         self._out.write(json.dumps({"note": text}) + "\n")
         self._out.flush()
+
+    def warn(self, text: str) -> None:
+        """A robustness problem the course's tests do not check: shown beside a pass."""
+        self.warnings.append(text)
 
 
 def _probe(hw: str, roots) -> str | None:
@@ -129,18 +218,19 @@ def _probe(hw: str, roots) -> str | None:
     return None
 
 
-def main(config_path: str) -> None:
+def main(config_path: str, fd: int) -> None:
     with open(config_path) as f:
         config = json.load(f)
     faulthandler.enable()
-    _isolate(config["paths"])
+    _isolate(config["paths"], config["root"])
     os.chdir(config["root"])
     roots = [os.path.abspath(p) for p in config["paths"]]
     hw_module = importlib.import_module(f"companion.check.{config['hw']}")
+    import companion.check.diagnose as diagnose
     from companion.check.diagnose import NumpyGuard, Recorder
 
     guard = NumpyGuard()  # before any student code runs
-    with open(config["results"], "a", buffering=1) as out:
+    with os.fdopen(fd, "w", buffering=1) as out:
         if config.get("probe"):
             out.write(json.dumps({"start": IMPORT_PROBE}) + "\n")
             out.flush()
@@ -156,9 +246,13 @@ def main(config_path: str) -> None:
         for qid in config["questions"]:
             out.write(json.dumps({"start": qid}) + "\n")
             out.flush()
+            ctx.warnings = []
             with Recorder() as recorded:
                 status, detail = _run_one(qid, hw_module, ctx, roots)
-            tampered = guard.tampered()
+                swapped = diagnose._RECORD is not recorded
+            tampered = guard.tampered() or (
+                "your code replaced the checker's record of comparisons" if swapped else None
+            )
             if tampered:
                 status, detail = "fail", tampered
             needle = sys.modules.get("needle")
@@ -170,6 +264,7 @@ def main(config_path: str) -> None:
                         "status": status,
                         "detail": detail,
                         "needle": where,
+                        "warnings": ctx.warnings if status == "pass" else [],
                         "comparisons": recorded,
                     }
                 )
@@ -179,7 +274,7 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))
     # End now: an atexit handler or a thread that student code left running must not keep
     # the worker (and so the checker) alive after the last answer is written.
     sys.stdout.flush()

@@ -14,13 +14,19 @@ Each file has a list of mirrors, tried in order; ``--mirror BASE_URL`` puts extr
 (a file is looked up there by its remote basename). Files already present with the right MD5 are
 skipped. ``file://`` URLs work too (and resume), which is how the tests run offline.
 
-The MD5 of PTB's ``train.txt`` is not recorded (it could not be checked where this was written):
-the downloader prints the hash it computed and says the file was not verified.
+Every file of the registry has a recorded MD5 (PTB's are torchtext's, for the same files). A
+file downloaded without one (``download_file(..., md5=None)``) is never resumed: nothing could
+tell a ``.part`` begun from one mirror and completed from another, so it is fetched whole.
+Two downloads of one file (two ``make data`` at once) take turns on a lock file beside it
+(``.NAME.lock``): the second waits, then finds the file present. A destination that cannot be
+written (read-only, or not a folder) is a :class:`DownloadError` naming the folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -32,7 +38,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidgets
 
@@ -111,7 +117,7 @@ DATASETS: Dict[str, List[Resource]] = {
         ),
     ],
     "ptb": [
-        _ptb("train", None),  # not recorded: printed and reported as unverified
+        _ptb("train", "f26c4b92c5fdc7b3f8c7cdcb991d8420"),
         _ptb("valid", "aa0affc06ff7c36e977d7cd49e3839bf"),
         _ptb("test", "8b80168b89c18661a38ef683c0dc3721"),
     ],
@@ -119,7 +125,8 @@ DATASETS: Dict[str, List[Resource]] = {
 
 
 class DownloadError(RuntimeError):
-    """No mirror delivered a file with the expected checksum; the message lists each attempt."""
+    """No mirror delivered a file with the expected checksum (the message lists each attempt),
+    or the destination cannot be written."""
 
 
 def md5_file(path: str | Path) -> str:
@@ -223,28 +230,68 @@ def download_file(
     """Download ``dest`` from the first of ``urls`` that delivers it with MD5 ``md5``; return its
     path.
 
-    Writes ``dest.part`` (resumed across runs), verifies it, then renames it to ``dest``.
-    A ``dest`` already holding the right MD5 is kept as is. With ``md5=None`` the computed MD5 is
-    printed and the file is reported as not verified. Raises :class:`DownloadError` listing
-    every mirror's failure when none succeeds.
+    Writes ``dest.part`` (resumed across runs when ``md5`` is known), verifies it, then renames
+    it to ``dest``, holding ``dest``'s lock file meanwhile. A ``dest`` already holding the right
+    MD5 is kept as is. With ``md5=None`` the computed MD5 is printed and the file is reported as
+    not verified. Raises :class:`DownloadError` listing every mirror's failure when none
+    succeeds, or naming the folder when it cannot be written.
     """
     dest = Path(dest)
     urls = list(urls)
     if not urls:
         raise ValueError(f"no URL given for {dest}")
-    if dest.is_file():
-        if md5 is None:
-            log(f"{dest}: present (no checksum recorded: not verified)")
+    if _present(dest, md5, log):
+        return dest
+    with _locked(dest, log):
+        if _present(dest, md5, log, quiet_mismatch=True):  # fetched meanwhile by another run
             return dest
-        if md5_file(dest) == md5:
-            log(f"{dest}: present, MD5 verified")
-            return dest
+        return _download(urls, dest, md5, progress, timeout, log)
+
+
+def _present(dest: Path, md5: Optional[str], log, quiet_mismatch: bool = False) -> bool:
+    """True (and says so) when ``dest`` is a file with MD5 ``md5`` (any file when None)."""
+    if not dest.is_file():
+        return False
+    if md5 is None:
+        log(f"{dest}: present (no checksum recorded: not verified)")
+        return True
+    if md5_file(dest) == md5:
+        log(f"{dest}: present, MD5 verified")
+        return True
+    if not quiet_mismatch:
         log(f"{dest}: present but its MD5 differs from {md5}; downloading it again")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+@contextlib.contextmanager
+def _locked(dest: Path, log) -> Iterator[None]:
+    """Hold ``dest``'s lock file, ``.NAME.lock`` beside it (waiting, and saying so, while another
+    download of the same file holds it)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(dest.parent / f".{dest.name}.lock", "a")
+    except OSError as exc:
+        raise DownloadError(
+            f"cannot write {dest.name} into {dest.parent}: {exc.strerror or exc}; choose a "
+            f"folder you can write (--root) or make this one writable"
+        ) from exc
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{dest}: another download of this file is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def _download(urls: List[str], dest: Path, md5: Optional[str], progress, timeout, log) -> Path:
+    """:func:`download_file`'s mirror loop, run holding the lock."""
     part = dest.with_name(dest.name + ".part")
     failures = []
     for url in urls:
         for _ in range(2):  # a resumed .part that fails the check is fetched again whole
+            if md5 is None and part.exists():
+                part.unlink()  # unverifiable: never resumed, possibly from another mirror
             resumed = part.exists() and part.stat().st_size > 0
             try:
                 fetch(url, part, progress=progress, timeout=timeout)

@@ -10,12 +10,18 @@ Two defaults (docs/array_layer.md, "Default devices"):
   module functions (``array``, ``empty``, ``full``) when no device is given.
 * :func:`default_tensor_device` is needle's: the compiled ``cpu()`` when it is built, else
   ``cpu_numpy()``; ``Tensor`` and ``init`` use it so that everything lands on one device.
+
+One public hook lets a tool watch the device calls of a thread: :func:`recording` (used by
+``needle.fast.compile`` to capture a training step's kernels). With no recording active in any
+thread, a device's attributes are the module's functions themselves (no cost).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+import threading
+from contextlib import contextmanager
+from types import BuiltinFunctionType, ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -100,7 +106,10 @@ class BackendDevice:
                 else ""
             )
             raise AttributeError(f"device {self.name}() has no {name!r}{hint}") from None
-        self.__dict__[name] = value  # later look-ups skip __getattr__
+        with _RECORDING_LOCK:
+            if _recorded_threads and name in _recorded_names(mod):
+                value = _recorded(self, name, value)
+            self.__dict__[name] = value  # later look-ups skip __getattr__
         return value
 
     def _why_disabled(self) -> str:
@@ -142,15 +151,27 @@ class BackendDevice:
 
     def randn(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Standard normal samples from numpy's global RNG, moved to this device."""
-        from .ndarray import NDArray
-
-        return NDArray(np.random.randn(*shape).astype(dtype), device=self)
+        return self._draw("randn", np.random.randn, shape, dtype)
 
     def rand(self, *shape: int, dtype: str = "float32") -> "NDArray":
         """Uniform [0, 1) samples from numpy's global RNG, moved to this device."""
+        return self._draw("rand", np.random.rand, shape, dtype)
+
+    def _draw(
+        self, kind: str, draw: Callable[..., Any], shape: tuple[int, ...], dtype: str
+    ) -> "NDArray":
         from .ndarray import NDArray
 
-        return NDArray(np.random.rand(*shape).astype(dtype), device=self)
+        stack = getattr(_thread, "stack", None)
+        if not stack:
+            return NDArray(draw(*shape).astype(dtype), device=self)
+        _thread.stack = ()  # the copy to the device is part of the draw, not reported
+        try:
+            result = NDArray(draw(*shape).astype(dtype), device=self)
+        finally:
+            _thread.stack = stack
+        stack[-1].record(self, kind, tuple(int(n) for n in shape), result)
+        return result
 
     def one_hot(self, n: int, i: Any, dtype: str = "float32") -> "NDArray":
         """Rows of the n×n identity selected by the integer indices ``i``: shape i.shape + (n,)."""
@@ -212,3 +233,111 @@ def all_devices() -> list[BackendDevice]:
 def _check_dtype(dtype: DTypeLike) -> None:
     if dtype is not None and np.dtype(dtype) != np.float32:
         raise TypeError(f"NDArray supports only float32, got dtype {dtype!r}")
+
+
+# ---- recording: the public hook for tools that capture device calls ---------------------------
+class Recorder(Protocol):
+    """What :func:`recording` reports to: one call per device call, after it returned."""
+
+    def record(self, device: BackendDevice, name: str, args: tuple[Any, ...], result: Any) -> None:
+        """``name`` is a module function (``Array``, ``to_numpy``, a kernel) called with
+        ``args``, or ``"rand"``/``"randn"`` with the shape as ``args`` and the NDArray drawn
+        as ``result``."""
+
+
+_thread = threading.local()  # .stack: this thread's active recorders, innermost last
+_RECORDING_LOCK = threading.Lock()
+_recorded_threads = 0  # recording() blocks active in all threads together
+# Module functions that are bookkeeping, not computation: never reported.
+_NOT_RECORDED = frozenset(
+    {"memory_stats", "reset_peak", "cache_info", "cache_clear", "is_available"}
+)
+
+
+@contextmanager
+def recording(recorder: Recorder) -> Iterator[None]:
+    """Report every device call this thread makes inside the block to ``recorder.record``.
+
+    Covered: each function of a device's module (allocation ``Array``, ``to_numpy``, every
+    kernel) and the ``rand``/``randn`` draws; calls made while one is being reported are not
+    reported. Other threads are never reported, blocks nest (the innermost recorder gets the
+    calls), and leaving the block (normally or by an exception) stops the reports. While any
+    thread records, each device call of every thread costs one thread-local look-up; with no
+    recording active, devices call their modules directly.
+    """
+    global _recorded_threads
+    stack = getattr(_thread, "stack", None)
+    if not isinstance(stack, list):
+        if stack == ():  # inside a reported call
+            raise RuntimeError("recording() cannot start inside a device call being recorded")
+        stack = _thread.stack = []
+    with _RECORDING_LOCK:
+        _recorded_threads += 1
+        if _recorded_threads == 1:
+            _set_dispatch(recorded=True)
+    stack.append(recorder)
+    try:
+        yield
+    finally:
+        stack.remove(recorder)
+        with _RECORDING_LOCK:
+            _recorded_threads -= 1
+            if _recorded_threads == 0:
+                _set_dispatch(recorded=False)
+
+
+def is_recording() -> bool:
+    """True while this thread is inside a :func:`recording` block."""
+    return bool(getattr(_thread, "stack", None))
+
+
+def _recorded_names(mod: ModuleType) -> frozenset[str]:
+    """The module functions a recording reports: the protocol's plus the module's builtins."""
+    names = {n for n in vars(protocol.DeviceModule) if not n.startswith("_")}
+    names |= {
+        n
+        for n in dir(mod)
+        if not n.startswith("_") and isinstance(getattr(mod, n), BuiltinFunctionType)
+    }
+    return frozenset(n for n in names - _NOT_RECORDED if callable(getattr(mod, n, None)))
+
+
+def _set_dispatch(recorded: bool) -> None:
+    """Point each device's cached functions at reporting wrappers, or back at the module's
+    functions (called under the lock, when the first recording starts or the last ends)."""
+    for dev in all_devices():
+        if dev.mod is None:
+            continue
+        for name in _recorded_names(dev.mod):
+            fn = getattr(dev.mod, name)
+            dev.__dict__[name] = _recorded(dev, name, fn) if recorded else fn
+
+
+def _recorded(device: BackendDevice, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        stack = getattr(_thread, "stack", None)
+        if not stack:
+            return fn(*args, **kwargs)
+        if kwargs:  # reported as the positional arguments they stand for
+            args, kwargs = _positional(name, args, kwargs), {}
+        _thread.stack = ()  # calls made by this call are not reported
+        try:
+            result = fn(*args)
+        finally:
+            _thread.stack = stack
+        stack[-1].record(device, name, args, result)
+        return result
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
+
+
+def _positional(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The arguments of a call of the protocol function ``name``, all positional, in order."""
+    import inspect
+
+    spec = getattr(protocol.DeviceModule, name, None)
+    if spec is None:
+        raise TypeError(f"device function {name!r} called with keywords cannot be recorded")
+    bound = inspect.signature(spec).bind(None, *args, **kwargs)
+    return tuple(bound.arguments.values())[1:]

@@ -11,7 +11,7 @@ off one input, the *source*. Three places use it:
   :meth:`FusedKernel.output_shapes`;
 * the numpy device module (``cpu_numpy()``) calls :meth:`FusedKernel.check_buffers` on its flat
   buffers, the numpy twin of the compiled modules' checks in ``src/common/ndarray_checks.h``;
-* the ops (``needle.ops.ops_fused``) reach the kernels through the array-level functions.
+* the ops (``needle.fast.ops``) reach the kernels through the array-level functions.
 
 This module imports nothing but the standard library.
 """

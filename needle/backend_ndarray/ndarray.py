@@ -262,6 +262,14 @@ class NDArray:
         return math.prod(self._shape)
 
     @property
+    def buffer(self) -> tuple[Any, int]:
+        """``(handle, offset)``: the device buffer this array views (shared by its views) and
+        the index of its first element, read-only (for tools such as ``needle.fast.compile``
+        that follow buffers through kernel calls; ``NDArray.make(..., handle=, offset=)``
+        builds a view of one)."""
+        return self._handle, self._offset
+
+    @property
     def flat(self) -> "NDArray":
         """A 1-D view (or compact copy) of every element in row-major order."""
         return self.compact().reshape((self.size,))
@@ -306,7 +314,7 @@ class NDArray:
         """The axis order in which this array's elements lie in its buffer, when it is a
         permuted view of a whole compact buffer: ``self.permute(order)`` is then compact (the
         identity for a compact array). None for any other view (a slice, a broadcast, an
-        offset). An extension: element-wise tensor ops use it to keep such a layout."""
+        offset). An extension, for callers that choose a layout."""
         if self._offset or math.prod(self._shape) != self._handle.size:
             return None
         strides = self._strides
@@ -350,6 +358,7 @@ class NDArray:
         return _view(self, dims, steps, self._offset)
 
     # ---- views -----------------------------------------------------------------------------
+    # question: hw3_reshape
     def reshape(self, new_shape: Union[int, Iterable[int]]) -> "NDArray":
         """A view with ``new_shape`` (one -1 is inferred). The array must be compact."""
         new_shape = _normalize_shape(new_shape, self.size)
@@ -365,6 +374,7 @@ class NDArray:
             )
         return _view(self, new_shape, _compact_strides(new_shape), 0)
 
+    # question: hw3_permute
     def permute(self, new_axes: Iterable[int]) -> "NDArray":
         """A view with the axes reordered: dimension i of the result is ``new_axes[i]`` of self."""
         axes = _permutation(tuple(new_axes), len(self._shape))
@@ -378,6 +388,7 @@ class NDArray:
             self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes), self._offset
         )
 
+    # question: hw3_broadcast_to
     def broadcast_to(self, new_shape: Iterable[int]) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
         new_shape = tuple(int(s) for s in new_shape)
@@ -406,6 +417,7 @@ class NDArray:
         stop = n if stop is None else _slice_bound(stop, n, dim, "stop")
         return slice(start, stop if stop > start else start, step)
 
+    # question: hw3_getitem
     def __getitem__(self, idxs: Union[Index, Tuple[Index, ...]]) -> "NDArray":
         """A view of the selected elements; every dimension is kept (an int selects size 1)."""
         if not isinstance(idxs, tuple):
@@ -584,20 +596,7 @@ class NDArray:
             out_shape: Shape = (m, p)
             empty = not (m and p)
         else:
-            if len(a_shape) < 2 or len(b_shape) < 2:
-                raise ValueError(
-                    f"matmul needs operands of at least 2 dimensions, got shapes "
-                    f"{self.shape} and {other.shape}"
-                )
-            m, n = a_shape[-2:]
-            p = b_shape[-1]
-            if b_shape[-2] != n:
-                raise ValueError(f"matmul inner sizes differ: {self.shape} @ {other.shape}")
-            batch_shape = _broadcast_shapes(
-                a_shape[:-2], b_shape[:-2], "matmul batch dimensions of"
-            )
-            a_strides = _broadcast_strides(self, batch_shape + a_shape[-2:])
-            b_strides = _broadcast_strides(other, batch_shape + b_shape[-2:])
+            batch_shape, a_strides, b_strides, (m, n, p) = _batched_matmul_plan(self, other)
             out_shape = batch_shape + (m, p)
             empty = not (m and p and prod(batch_shape))
         out = _new(out_shape, device)
@@ -681,6 +680,7 @@ class NDArray:
         return self._reduce(_MAX, axis, keepdims)
 
     # ---- flip and pad ------------------------------------------------------------------------
+    # question: hw4_ndarray_flip
     def flip(self, axes: Axes) -> "NDArray":
         """A compact copy with the order of elements reversed along ``axes`` (int or tuple)."""
         if axes is None:
@@ -697,6 +697,7 @@ class NDArray:
         # strides; it never escapes this method.
         return _view(self, self._shape, tuple(strides), offset)._copy()
 
+    # question: hw4_ndarray_pad
     def pad(self, axes: Sequence[Sequence[int]]) -> "NDArray":
         """Zero padding: ``axes`` is one (before, after) pair per dimension."""
         axes = tuple(tuple(int(v) for v in a) for a in axes)
@@ -798,6 +799,27 @@ def _reduce_plan(
     view_shape = tuple(shape[a] for a in order)
     empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
     return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
+
+
+def _batched_matmul_plan(
+    a: NDArray, b: NDArray
+) -> Tuple[Shape, Shape, Shape, Tuple[int, int, int]]:
+    """For ``a @ b`` with a batch: the broadcast batch shape, each operand's strides over
+    (batch..., rows, cols), and (m, n, p); ValueError for fewer than 2 dimensions or inner
+    sizes that differ."""
+    a_shape, b_shape = a._shape, b._shape
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise ValueError(
+            f"matmul needs operands of at least 2 dimensions, got shapes {a.shape} and {b.shape}"
+        )
+    m, n = a_shape[-2:]
+    p = b_shape[-1]
+    if b_shape[-2] != n:
+        raise ValueError(f"matmul inner sizes differ: {a.shape} @ {b.shape}")
+    batch_shape = _broadcast_shapes(a_shape[:-2], b_shape[:-2], "matmul batch dimensions of")
+    a_strides = _broadcast_strides(a, batch_shape + a_shape[-2:])
+    b_strides = _broadcast_strides(b, batch_shape + b_shape[-2:])
+    return batch_shape, a_strides, b_strides, (m, n, p)
 
 
 def _broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:

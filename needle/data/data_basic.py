@@ -51,6 +51,7 @@ class Dataset:
         return x
 
 
+# question: hw2_dataloader
 class DataLoader:
     """Iterates over ``dataset`` in mini-batches, yielding a tuple of Tensors per batch.
 

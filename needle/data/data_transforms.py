@@ -27,6 +27,7 @@ class Transform:
         raise NotImplementedError
 
 
+# question: hw2_flip_horizontal
 class RandomFlipHorizontal(Transform):
     """Mirror the image left-right (along W) with probability ``p``.
 
@@ -44,6 +45,7 @@ class RandomFlipHorizontal(Transform):
         return img[:, ::-1, :] if flip_img else img
 
 
+# question: hw2_random_crop
 class RandomCrop(Transform):
     """Zero-pad by ``padding`` on each side of H and W, then crop back to H x W at a random shift.
 

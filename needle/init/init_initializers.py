@@ -26,6 +26,7 @@ def _relu_gain(nonlinearity: str, fn: str) -> float:
     return math.sqrt(2)
 
 
+# question: hw2_xavier_uniform
 def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0, **kwargs):
     """U(-a, a) with a = gain·sqrt(6/(fan_in+fan_out)); shape (fan_in, fan_out)."""
     _check_fans(fan_in, fan_out, "xavier_uniform")
@@ -33,6 +34,7 @@ def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0, **kwargs):
     return rand(fan_in, fan_out, low=-a, high=a, **kwargs)
 
 
+# question: hw2_xavier_normal
 def xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0, **kwargs):
     """N(0, std²) with std = gain·sqrt(2/(fan_in+fan_out)); shape (fan_in, fan_out)."""
     _check_fans(fan_in, fan_out, "xavier_normal")
@@ -40,6 +42,7 @@ def xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0, **kwargs):
     return randn(fan_in, fan_out, mean=0.0, std=std, **kwargs)
 
 
+# question: hw2_kaiming_uniform
 def kaiming_uniform(fan_in: int, fan_out: int, shape=None, nonlinearity: str = "relu", **kwargs):
     """U(-b, b) with b = sqrt(2)·sqrt(3/fan_in); shape (fan_in, fan_out), or ``shape`` if given.
 
@@ -53,6 +56,7 @@ def kaiming_uniform(fan_in: int, fan_out: int, shape=None, nonlinearity: str = "
     return rand(*shape, low=-bound, high=bound, **kwargs)
 
 
+# question: hw2_kaiming_normal
 def kaiming_normal(fan_in: int, fan_out: int, nonlinearity: str = "relu", **kwargs):
     """N(0, std²) with std = sqrt(2)/sqrt(fan_in); shape (fan_in, fan_out)."""
     _check_fans(fan_in, fan_out, "kaiming_normal")

@@ -13,8 +13,7 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
-from needle.ops import ops_fused
-from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
+from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW  # noqa: F401 (re-exported)
 
 
 class Parameter(Tensor):
@@ -123,11 +122,15 @@ class Module:
         """
         return [p for _, p in self.named_parameters()]
 
-    def _children(self) -> List["Module"]:
-        """Every sub-module (not self), each once, in discovery order."""
+    def submodules(self) -> List["Module"]:
+        """Every sub-module (not self), each once, in discovery order (an extension)."""
         walk = _Walk()
         walk.seen_modules.add(id(self))
         return list(walk.modules(self.__dict__, ""))
+
+    def _children(self) -> List["Module"]:
+        """The course's name for :meth:`submodules`."""
+        return self.submodules()
 
     def eval(self) -> "Module":
         """Switch this module and every sub-module to evaluation mode (returns self)."""
@@ -157,6 +160,7 @@ class Identity(Module):
         return x
 
 
+# question: hw2_linear
 class Linear(Module):
     """y = x @ W + b with W (in_features, out_features) and b (1, out_features).
 
@@ -200,6 +204,7 @@ class Linear(Module):
         return out
 
 
+# question: hw2_flatten
 class Flatten(Module):
     """(N, d1, d2, ...) -> (N, d1·d2·...)."""
 
@@ -207,6 +212,7 @@ class Flatten(Module):
         return X.reshape((X.shape[0], int(np.prod(X.shape[1:]))))
 
 
+# question: hw2_relu
 class ReLU(Module):
     """max(x, 0) element-wise."""
 
@@ -233,16 +239,9 @@ class Sigmoid(Module):
         return (ops.tanh(x * 0.5) + 1) * 0.5
 
 
+# question: hw2_sequential
 class Sequential(Module):
-    """Applies ``modules`` in order; they are stored as the tuple ``self.modules``.
-
-    An extension, the same values: in training, a ``BatchNorm1d`` right after a ``Linear``
-    with a bias, and a ``ReLU`` right after such a ``BatchNorm1d``, join its one node
-    (``ops_fused.BatchNormTrain`` with the Linear's bias and the ReLU), so the graph does not
-    keep the Linear's sum with its bias and the norm's output beside the block's result (hw2's
-    MLP-ResNet: 0.24 MB of a step's peak). Only these exact classes are joined; a subclass, or a
-    module replaced by another, is called as it is.
-    """
+    """Applies ``modules`` in order; they are stored as the tuple ``self.modules``."""
 
     def __init__(self, *modules: Module) -> None:
         super().__init__()
@@ -252,68 +251,37 @@ class Sequential(Module):
         self.modules = modules
 
     def forward(self, x: Tensor) -> Tensor:
-        modules, i = self.modules, 0
-        while i < len(modules):
-            m = modules[i]
-            norm = modules[i + 1] if i + 1 < len(modules) else None
-            if (
-                isinstance(m, Linear)
-                and type(norm) is BatchNorm1d
-                and norm.training
-                and _joins_norm(m, x)
-            ):
-                relu = i + 2 < len(modules) and type(modules[i + 2]) is ReLU
-                x = _linear_norm(m, norm, x, relu)
-                i += 3 if relu else 2
-                continue
-            if type(m) is BatchNorm1d and m.training and type(norm) is ReLU:
-                _check_features(x, m.dim, "BatchNorm1d")
-                x = m._normalise(x, relu=True)
-                i += 2
-                continue
-            x = m(x)
-            i += 1
+        for module in self.modules:
+            x = module(x)
         return x
 
 
-def _joins_norm(m: "Linear", x: Tensor) -> bool:
-    """True when ``m`` is an nn.Linear itself (not a subclass) with a bias that takes ``x`` as
-    it is (2-D, its features): Sequential then runs it and the BatchNorm1d after as one node."""
-    return (
-        type(m) is Linear
-        and m.bias is not None
-        and len(x.shape) == 2
-        and x.shape[1] == m.in_features
-    )
+def check_softmax_loss_shapes(logits: Tensor, y: Tensor) -> None:
+    """Raise ValueError unless ``logits`` is (N, k) and ``y`` is (N,)."""
+    if len(logits.shape) != 2:
+        raise ValueError(f"SoftmaxLoss expects logits of shape (N, k), got {logits.shape}")
+    n = logits.shape[0]
+    if tuple(y.shape) != (n,):
+        raise ValueError(
+            f"SoftmaxLoss expects labels of shape ({n},) for logits of shape "
+            f"{logits.shape}, got {y.shape}"
+        )
 
 
-def _linear_norm(linear: "Linear", norm: "BatchNorm1d", x: Tensor, relu: bool) -> Tensor:
-    """norm(linear(x)), then its ReLU when ``relu``: the product, then the bias, the norm and
-    the ReLU as one node (the same values as the modules called in turn)."""
-    h = x @ linear.weight
-    _check_features(h, norm.dim, "BatchNorm1d")
-    return norm._normalise(h, pre_bias=linear.bias, relu=relu)
-
-
+# question: hw2_softmax_loss
 class SoftmaxLoss(Module):
     """Mean cross-entropy of logits (N, k) against integer labels y (N,); returns a scalar.
 
-    loss = mean_i(logsumexp(z_i) - z_i[y_i]), computed by one fused kernel
-    (``ops_fused.softmax_cross_entropy``) that subtracts each row's max, so large logits do not
-    overflow and a non-target logit of -inf contributes nothing (the loss stays finite, as in
-    PyTorch). The labels get no gradient.
+    loss = mean_i(logsumexp(z_i) - z_i[y_i]): the stable ``ops.logsumexp`` of each row minus
+    the target logit, picked by a one-hot product. The labels get no gradient.
     """
 
     def forward(self, logits: Tensor, y: Tensor) -> Tensor:
-        if len(logits.shape) != 2:
-            raise ValueError(f"SoftmaxLoss expects logits of shape (N, k), got {logits.shape}")
+        check_softmax_loss_shapes(logits, y)
         n, k = logits.shape
-        if tuple(y.shape) != (n,):
-            raise ValueError(
-                f"SoftmaxLoss expects labels of shape ({n},) for logits of shape "
-                f"{logits.shape}, got {y.shape}"
-            )
-        return ops_fused.softmax_cross_entropy(logits, y)
+        y_one_hot = init.one_hot(k, y, device=logits.device, dtype=logits.dtype)
+        z_y = (logits * y_one_hot).sum((1,))
+        return (ops.logsumexp(logits, (1,)) - z_y).sum() / n
 
 
 def _check_features(x: Tensor, dim: int, name: str) -> None:
@@ -321,14 +289,13 @@ def _check_features(x: Tensor, dim: int, name: str) -> None:
         raise ValueError(f"{name} expects input of shape (N, {dim}), got {x.shape}")
 
 
+# question: hw2_batchnorm
 class BatchNorm1d(Module):
     """Batch normalisation over the batch axis: x (N, dim) -> (N, dim).
 
     Training: y = w·(x - mean)/sqrt(var + eps) + b with the batch mean and biased batch
-    variance (one fused kernel forward, one backward), and running = (1 - momentum)·running +
-    momentum·observed. Evaluation uses the running statistics (plain tensors, not parameters).
-    weight and bias have shape (dim,). An empty batch in training mode leaves the running
-    statistics unchanged and returns the empty output.
+    variance, and running = (1 - momentum)·running + momentum·observed (plain arrays, outside
+    the graph). Evaluation uses the running statistics. weight and bias have shape (dim,).
     """
 
     def __init__(
@@ -350,52 +317,28 @@ class BatchNorm1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_features(x, self.dim, type(self).__name__)
-        return self._normalise(x)
-
-    def fold_statistics(self, op: Any, out: Tensor) -> Tensor:
-        """``out``, the result of a training-mode batch-norm ``op`` over this module's channels
-        (one with ``statistics()``: ``ops_fused.BatchNormTrain``, ``ConvBatchNormTrain``), after
-        folding the op's batch mean and variance into the running averages (an extension)."""
-        out.realize_cached_data()  # computed now even in lazy mode: the statistics are read
-        mean, var = op.statistics()
-        m = self.momentum
-        # plain arrays: the running statistics never join the graph
-        self.running_mean = Tensor.make_const(
-            self.running_mean.realize_cached_data() * (1 - m) + mean * m
-        )
-        self.running_var = Tensor.make_const(
-            self.running_var.realize_cached_data() * (1 - m) + var * m
-        )
-        return out
-
-    def _normalise(
-        self, x: Tensor, pre_bias: Optional[Tensor] = None, relu: bool = False
-    ) -> Tensor:
-        """Normalise each column of ``x`` (..., dim) over all its leading indices; with
-        ``pre_bias`` (dim elements) added to x first and max(·, 0) applied after when ``relu``
-        (in training, all in one node: ``ops_fused.BatchNormTrain``)."""
-        n = math.prod(x.shape[:-1])
-        if self.training and n > 0:
-            op = ops_fused.BatchNormTrain(self.eps, pre_bias=pre_bias is not None, relu=relu)
-            return self.fold_statistics(op, op.apply(x, self.weight, self.bias, pre_bias))
-        # Evaluation, and an empty training batch (which has no statistics: the running
-        # statistics stay unchanged and the empty output is normalised with them, as in PyTorch).
-        if pre_bias is not None:
-            x = ops.bias_add(x, pre_bias)
-        row = (1,) * (len(x.shape) - 1) + (self.dim,)
-        centred = x - self.running_mean.reshape(row).broadcast_to(x.shape)
-        std = ((self.running_var + self.eps) ** 0.5).reshape(row).broadcast_to(x.shape)
-        w = self.weight.reshape(row).broadcast_to(x.shape)
-        b = self.bias.reshape(row).broadcast_to(x.shape)
-        out = w * (centred / std) + b
-        return ops.relu(out) if relu else out
+        n = x.shape[0]
+        if self.training:
+            mean = x.sum((0,)) / n
+            centred = x - mean.reshape((1, self.dim)).broadcast_to(x.shape)
+            var = (centred**2).sum((0,)) / n
+            m = self.momentum
+            self.running_mean = (1 - m) * self.running_mean + m * mean.detach()
+            self.running_var = (1 - m) * self.running_var + m * var.detach()
+        else:
+            centred = x - self.running_mean.reshape((1, self.dim)).broadcast_to(x.shape)
+            var = self.running_var
+        std = ((var + self.eps) ** 0.5).reshape((1, self.dim)).broadcast_to(x.shape)
+        w = self.weight.reshape((1, self.dim)).broadcast_to(x.shape)
+        b = self.bias.reshape((1, self.dim)).broadcast_to(x.shape)
+        return w * (centred / std) + b
 
 
 class BatchNorm2d(BatchNorm1d):
     """Batch normalisation per channel of an NCHW tensor: x (N, C, H, W) -> (N, C, H, W).
 
-    As the course does it: move channels last, view as (N·H·W, C), apply BatchNorm1d, undo
-    (each layout change one ``permute`` rather than the course's two transposes).
+    As the course does it: move channels last with two transposes, view as (N·H·W, C), apply
+    BatchNorm1d, and undo.
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -403,32 +346,19 @@ class BatchNorm2d(BatchNorm1d):
             raise ValueError(
                 f"BatchNorm2d expects input of shape (N, {self.dim}, H, W), got {x.shape}"
             )
-        y = self.forward_nhwc(ops.permute(x, NCHW_TO_NHWC))
-        return ops.permute(y, NHWC_TO_NCHW)
-
-    def forward_nhwc(
-        self, x: Tensor, pre_bias: Optional[Tensor] = None, relu: bool = False
-    ) -> Tensor:
-        """Normalise channels-last ``x`` (N, H, W, C) per channel; returns (N, H, W, C).
-
-        The same map as :meth:`forward` without its two layout changes. ``pre_bias`` (C
-        elements, say the convolution's bias) is added to x first and ``relu`` applies max(·, 0)
-        after: the same values as ``bias_add``, this layer and ``ReLU`` in turn, one graph node
-        in training."""
-        if len(x.shape) != 4 or x.shape[3] != self.dim:
-            raise ValueError(
-                f"BatchNorm2d.forward_nhwc expects input of shape "
-                f"(N, H, W, {self.dim}), got {x.shape}"
-            )
-        return self._normalise(x, pre_bias, relu)
+        n, c, h, w = x.shape
+        rows = x.transpose((1, 2)).transpose((2, 3)).reshape((n * h * w, c))
+        y = super().forward(rows).reshape((n, h, w, c))
+        return y.transpose((2, 3)).transpose((1, 2))
 
 
+# question: hw2_layernorm
 class LayerNorm1d(Module):
     """Layer normalisation over the last axis: x (..., dim) -> (..., dim).
 
-    y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of each row (one
-    fused kernel forward, one backward); weight and bias have shape (dim,). The course takes
-    2-D input; more leading axes are an extension.
+    y = w·(x - mean)/sqrt(var + eps) + b with the mean and biased variance of each row; weight
+    and bias have shape (dim,). The course takes 2-D input; more leading axes are an extension
+    (they are flattened into rows).
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype: str = "float32") -> None:
@@ -441,9 +371,21 @@ class LayerNorm1d(Module):
     def forward(self, x: Tensor) -> Tensor:
         if len(x.shape) < 1 or x.shape[-1] != self.dim:
             raise ValueError(f"LayerNorm1d expects input of shape (..., {self.dim}), got {x.shape}")
-        return ops_fused.layernorm_rows(x, self.weight, self.bias, self.eps)
+        shape = x.shape
+        if len(shape) != 2:
+            x = x.reshape((math.prod(shape[:-1]), self.dim))
+        n = x.shape[0]
+        mean = (x.sum((1,)) / self.dim).reshape((n, 1)).broadcast_to(x.shape)
+        centred = x - mean
+        var = ((centred**2).sum((1,)) / self.dim).reshape((n, 1)).broadcast_to(x.shape)
+        std = (var + self.eps) ** 0.5
+        w = self.weight.reshape((1, self.dim)).broadcast_to(x.shape)
+        b = self.bias.reshape((1, self.dim)).broadcast_to(x.shape)
+        y = w * centred / std + b
+        return y.reshape(shape) if len(shape) != 2 else y
 
 
+# question: hw2_dropout
 class Dropout(Module):
     """Zeroes each element with probability p in training and scales survivors by 1/(1-p).
 
@@ -464,6 +406,7 @@ class Dropout(Module):
         return x * mask / (1 - self.p)
 
 
+# question: hw2_residual
 class Residual(Module):
     """fn(x) + x; fn must keep the shape."""
 

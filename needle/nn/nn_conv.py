@@ -25,6 +25,7 @@ def _positive_int(value, name: str) -> int:
     return int(value)
 
 
+# question: hw4_nn_conv
 class Conv(Module):
     """2-D convolution with "same" zero padding ``kernel_size // 2``, square kernels and strides.
 

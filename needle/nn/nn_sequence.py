@@ -16,9 +16,8 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
-from needle.ops import ops_fused
 
-from .nn_basic import Module, Parameter, Sigmoid  # noqa: F401 (the course imports Sigmoid here)
+from .nn_basic import Module, Parameter, Sigmoid
 
 __all__ = ["RNNCell", "RNN", "LSTMCell", "LSTM", "Embedding"]
 
@@ -75,7 +74,7 @@ def _unpack(tt) -> list:
     return [tt[k] for k in range(len(tt))]
 
 
-def _input_projection(cell: _Cell, X: Tensor) -> Tensor:
+def input_projection(cell: _Cell, X: Tensor) -> Tensor:
     """X W_ih + b_ih + b_hh for X (N, input_size): the part of a step that does not depend on h.
 
     The RNN and LSTM layers compute it for all seq_len·bs rows in one matmul instead of one
@@ -92,6 +91,7 @@ def _zeros(bs: int, hidden_size: int, like: Tensor) -> Tensor:
     return init.zeros(bs, hidden_size, device=like.device, dtype=like.dtype)
 
 
+# question: hw4_rnn_cell
 class RNNCell(Module):
     """One Elman RNN step: h' = σ(X W_ih + b_ih + h W_hh + b_hh), σ = tanh or relu.
 
@@ -133,7 +133,7 @@ class RNNCell(Module):
         if h is None:
             h = _zeros(X.shape[0], self.hidden_size, X)
         _check_state(h, (X.shape[0], self.hidden_size), "RNNCell hidden state h")
-        return self._step(_input_projection(self, X), h)
+        return self._step(input_projection(self, X), h)
 
     def _step(self, xw: Tensor, h: Tensor) -> Tensor:
         """The recurrence given the input projection xw = X W_ih + biases (bs, hidden_size)."""
@@ -141,6 +141,7 @@ class RNNCell(Module):
         return ops.tanh(z) if self.nonlinearity == "tanh" else ops.relu(z)
 
 
+# question: hw4_rnn
 class RNN(Module):
     """A stack of ``num_layers`` RNNCells run over a sequence (``rnn_cells[k]``).
 
@@ -191,7 +192,7 @@ class RNN(Module):
         layer_input = X.reshape((seq_len * bs, self.input_size))
         h_n = []
         for cell, h in zip(self.rnn_cells, hs):
-            xw = _input_projection(cell, layer_input).reshape((seq_len, bs, H))
+            xw = input_projection(cell, layer_input).reshape((seq_len, bs, H))
             outputs = []
             for xw_t in _unpack(ops.split(xw, 0)):
                 h = cell._step(xw_t, h)
@@ -202,11 +203,12 @@ class RNN(Module):
         return output, ops.stack(h_n, 0)
 
 
+# question: hw4_lstm_cell
 class LSTMCell(Module):
     """One LSTM step with gates i, f, g, o packed (in that order) along the last axis.
 
     i, f, o = sigmoid(·), g = tanh(·) of the slices of X W_ih + b_ih + h W_hh + b_hh;
-    c' = f ⊙ c + i ⊙ g; h' = o ⊙ tanh(c') (activations and update: one fused op). ``W_ih``
+    c' = f ⊙ c + i ⊙ g; h' = o ⊙ tanh(c'). ``W_ih``
     (input_size, 4·hidden_size), ``W_hh`` (hidden_size, 4·hidden_size), ``bias_ih``/``bias_hh``
     (4·hidden_size,), created in that order, all U(-sqrt(k), sqrt(k)) with k = 1/hidden_size.
     """
@@ -242,6 +244,13 @@ class LSTMCell(Module):
 
         Returns (h', c'), each (bs, hidden_size).
         """
+        X, (h0, c0) = self.checked_state(X, h)
+        return self._step(input_projection(self, X), (h0, c0))
+
+    def checked_state(
+        self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]]
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        """(X, (h0, c0)) after checking their shapes; zeros for a missing state."""
         _check_input(X, 2, self, "LSTMCell")
         bs, H = X.shape[0], self.hidden_size
         if h is None:
@@ -250,15 +259,21 @@ class LSTMCell(Module):
             raise TypeError(f"LSTMCell state must be a tuple (h0, c0), got {type(h).__name__}")
         _check_state(h[0], (bs, H), "LSTMCell hidden state h0")
         _check_state(h[1], (bs, H), "LSTMCell cell state c0")
-        return self._step(_input_projection(self, X), h)
+        return X, (h[0], h[1])
 
     def _step(self, xw: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
-        """The recurrence given the input projection xw = X W_ih + biases (bs, 4·hidden): the
-        gate activations and the state update are one fused op (``ops_fused.lstm_cell_step``)."""
+        """The recurrence given the input projection xw = X W_ih + biases (bs, 4·hidden)."""
         h, c = state
-        return ops_fused.lstm_cell_step(xw + h @ self.W_hh, c)
+        bs, H = h.shape
+        gates = (xw + h @ self.W_hh).reshape((bs, 4, H))
+        i, f, g, o = _unpack(ops.split(gates, 1))
+        sigmoid = Sigmoid()
+        i, f, g, o = sigmoid(i), sigmoid(f), ops.tanh(g), sigmoid(o)
+        c_out = f * c + i * g
+        return o * ops.tanh(c_out), c_out
 
 
+# question: hw4_lstm
 class LSTM(Module):
     """A stack of ``num_layers`` LSTMCells run over a sequence (``lstm_cells[k]``)."""
 
@@ -295,38 +310,43 @@ class LSTM(Module):
         Returns ``output`` (seq_len, bs, hidden_size) — the last layer's h_t for every t — and
         ``(h_n, c_n)``, each (num_layers, bs, hidden_size).
         """
-        _check_input(X, 3, self.lstm_cells[0], "LSTM")
+        states = self.initial_states(X, h)
         seq_len, bs, _ = X.shape
-        H = self.hidden_size
-        shape = (self.num_layers, bs, H)
-        if h is None:
-            states = [(_zeros(bs, H, X), _zeros(bs, H, X)) for _ in range(self.num_layers)]
-        else:
-            if not isinstance(h, (tuple, list)) or len(h) != 2:
-                raise TypeError(f"LSTM state must be a tuple (h0, c0), got {type(h).__name__}")
-            _check_state(h[0], shape, "LSTM initial state h0")
-            _check_state(h[1], shape, "LSTM initial state c0")
-            states = list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
-        output = X
+        layer_input = X.reshape((seq_len * bs, X.shape[2]))
         h_n, c_n = [], []
-        for cell, (h_0, c_0) in zip(self.lstm_cells, states):
-            # The T steps of cell._step as one op (one graph node; one dW_hh product backward),
-            # with the input projection (_input_projection) inside it: the (T, B, 4H)
-            # projections are not kept between forward and backward.
-            biases = () if cell.bias_ih is None else (cell.bias_ih, cell.bias_hh)
-            output, h_t, c_t = ops_fused.lstm_layer(output, h_0, c_0, cell.W_hh, cell.W_ih, *biases)
-            h_n.append(h_t)
-            c_n.append(c_t)
+        for cell, state in zip(self.lstm_cells, states):
+            xw = input_projection(cell, layer_input).reshape((seq_len, bs, 4 * self.hidden_size))
+            outputs = []
+            for xw_t in _unpack(ops.split(xw, 0)):
+                state = cell._step(xw_t, state)
+                outputs.append(state[0])
+            h_n.append(state[0])
+            c_n.append(state[1])
+            output = ops.stack(outputs, 0)
+            layer_input = output.reshape((seq_len * bs, self.hidden_size))
         return output, (ops.stack(h_n, 0), ops.stack(c_n, 0))
 
+    def initial_states(self, X: Tensor, h: Optional[Tuple[Tensor, Tensor]]) -> list:
+        """Each layer's (h0, c0), each (bs, hidden_size), after checking X and h's shapes."""
+        _check_input(X, 3, self.lstm_cells[0], "LSTM")
+        bs, H = X.shape[1], self.hidden_size
+        if h is None:
+            return [(_zeros(bs, H, X), _zeros(bs, H, X)) for _ in range(self.num_layers)]
+        if not isinstance(h, (tuple, list)) or len(h) != 2:
+            raise TypeError(f"LSTM state must be a tuple (h0, c0), got {type(h).__name__}")
+        shape = (self.num_layers, bs, H)
+        _check_state(h[0], shape, "LSTM initial state h0")
+        _check_state(h[1], shape, "LSTM initial state c0")
+        return list(zip(_unpack(ops.split(h[0], 0)), _unpack(ops.split(h[1], 0))))
 
+
+# question: hw4_embedding
 class Embedding(Module):
     """A lookup table: integer ids (seq_len, bs) → vectors (seq_len, bs, embedding_dim).
 
     ``weight`` (num_embeddings, embedding_dim) is drawn from N(0, 1). The lookup is the
-    course's one_hot(ids) @ weight, computed as one gather of the rows used
-    (:func:`needle.ops.ops_fused.embedding`); its gradient scatter-adds the adjoint's rows, so
-    it reaches exactly the rows that were used (a row used twice gets both contributions).
+    course's one_hot(ids) @ weight, so the gradient reaches exactly the rows that were used (a
+    row used twice gets both contributions).
     """
 
     def __init__(
@@ -350,9 +370,18 @@ class Embedding(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (seq_len, bs) of integer ids in [0, num_embeddings) → (seq_len, bs, dim); an id
-        that is not a whole number in that range is an IndexError naming it."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"Embedding expects a needle Tensor of ids, got {type(x).__name__}")
-        if len(x.shape) != 2:
-            raise ValueError(f"Embedding expects ids of shape (seq_len, bs), got {tuple(x.shape)}")
-        return ops_fused.embedding(x, self.weight)
+        that is not a whole number in that range is a ValueError naming it (from init.one_hot)."""
+        check_ids(x)
+        seq_len, bs = x.shape
+        n = self.num_embeddings
+        one_hot = init.one_hot(n, x, device=self.weight.device, dtype=self.weight.dtype)
+        out = one_hot.reshape((seq_len * bs, n)) @ self.weight
+        return out.reshape((seq_len, bs, self.embedding_dim))
+
+
+def check_ids(x: Tensor) -> None:
+    """Raise unless ``x`` is a needle Tensor of shape (seq_len, bs)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"Embedding expects a needle Tensor of ids, got {type(x).__name__}")
+    if len(x.shape) != 2:
+        raise ValueError(f"Embedding expects ids of shape (seq_len, bs), got {tuple(x.shape)}")

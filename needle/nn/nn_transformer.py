@@ -15,7 +15,6 @@ import numpy as np
 import needle.init as init
 from needle import ops
 from needle.autograd import Tensor
-from needle.ops import ops_fused
 
 from .nn_basic import Dropout, LayerNorm1d, Linear, Module, ReLU, Sequential
 from .nn_sequence import Embedding
@@ -23,42 +22,37 @@ from .nn_sequence import Embedding
 __all__ = ["MultiHeadAttention", "AttentionLayer", "TransformerLayer", "Transformer"]
 
 
-def _check_tensor(x, ndim: int, what: str, layout: str) -> None:
+def check_tensor(x, ndim: int, what: str, layout: str) -> None:
+    """Raise unless ``x`` is a needle Tensor with ``ndim`` axes (``layout`` names them)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{what} expects a needle Tensor, got {type(x).__name__}")
     if len(x.shape) != ndim:
         raise ValueError(f"{what} expects a {ndim}-D input {layout}, got shape {tuple(x.shape)}")
 
 
-def _dropout(module: Dropout, x: Tensor) -> Tensor:
-    """``module(x)``, skipped when its p is 0 (the mask is all ones then: the result is x)."""
-    return x if module.p == 0 else module(x)
+def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> int:
+    """Check q (B, H, Tq, D), k and v (B, H, Tk, D); returns D."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, 4, f"MultiHeadAttention {name}", "(batch, heads, seq_len, dim_head)")
+    q_dim, k_dim, v_dim = q.shape[3], k.shape[3], v.shape[3]
+    if not (q_dim == k_dim == v_dim):
+        raise ValueError(f"q, k, v must share dim_head, got {q_dim}, {k_dim}, {v_dim}")
+    if tuple(k.shape) != tuple(v.shape) or k.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
+            f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    return q_dim
 
 
-def _linear(module: Module, x: Tensor, relu: Optional[Module] = None) -> Tensor:
-    """``module(x)`` for x (N, features), then ``relu`` of it if given; an ``nn.Linear`` with a
-    bias (and an ``nn.ReLU``) as one op (``ops_fused.matmul_add_bias``: the same values,
-    without keeping the product x W and the pre-activation until backward)."""
-    if (
-        isinstance(module, Linear)  # for the type checker; a subclass may change forward:
-        and type(module) is Linear
-        and module.bias is not None
-        and x.shape[-1] == module.in_features
-        and type(relu) in (ReLU, type(None))
-    ):
-        return ops_fused.matmul_add_bias(x, module.weight, module.bias, relu=relu is not None)
-    out = module(x)  # the module itself (a subclass, no bias, or wrong features: its error)
-    return relu(out) if relu is not None else out
-
-
+# question: hw4_extra_attention
 class MultiHeadAttention(Module):
     """Scaled dot-product attention over already-split heads.
 
     softmax(Q Kᵀ / sqrt(dim_head) + mask) V, the softmax over the key axis (the last one). With
     ``causal=True`` query i may not attend to key j > i + (keys_len - queries_len): the course
-    adds -finfo(float32).max to those logits (``create_causal_mask``), so their weight is 0;
-    needle's softmax kernel gives them weight 0 directly (``ops_fused.softmax_last_axis``, one
-    call that also scales). Dropout is applied to the probabilities.
+    adds -finfo(float32).max to those logits (``create_causal_mask``), so their weight is 0.
+    Dropout is applied to the probabilities.
     """
 
     def __init__(
@@ -82,39 +76,35 @@ class MultiHeadAttention(Module):
         return ops.matmul(a, ops.transpose(b_transpose))
 
     def softmax(self, logit: Tensor) -> Tensor:
-        """Softmax over the last axis, shifted by the (constant) row max for stability (one op,
-        ``ops_fused.softmax_last_axis``)."""
-        return ops_fused.softmax_last_axis(logit)
+        """Softmax over the last axis, shifted by the (constant) row max for stability."""
+        row = (*logit.shape[:-1], 1)
+        max_val = Tensor(
+            logit.realize_cached_data().max(axis=len(logit.shape) - 1),
+            device=logit.device,
+            dtype=logit.dtype,
+            requires_grad=False,
+        )
+        probs = ops.exp(logit - max_val.reshape(row).broadcast_to(logit.shape))
+        denom = probs.sum(axes=len(logit.shape) - 1).reshape(row).broadcast_to(logit.shape)
+        return probs / denom
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         """q (B, H, Tq, D), k and v (B, H, Tk, D) → (result (B, H, Tq, D), probs (B, H, Tq, Tk)).
 
         ``probs`` is returned after dropout, as in the course.
         """
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            _check_tensor(t, 4, f"MultiHeadAttention {name}", "(batch, heads, seq_len, dim_head)")
-        batch_size, num_head, queries_len, q_dim = q.shape
-        _, _, keys_values_len, k_dim = k.shape
-        _, _, _, v_dim = v.shape
-        if not (q_dim == k_dim == v_dim):
-            raise ValueError(f"q, k, v must share dim_head, got {q_dim}, {k_dim}, {v_dim}")
-        if tuple(k.shape) != tuple(v.shape) or k.shape[:2] != q.shape[:2]:
-            raise ValueError(
-                f"k and v must have shape (batch, heads, keys_len, dim_head) matching "
-                f"q {tuple(q.shape)}: got k {tuple(k.shape)}, v {tuple(v.shape)}"
-            )
-        # softmax(self.matmul(q, k) / sqrt(d) + mask) as one node: one kernel scales, masks
-        # (the weights create_causal_mask would zero are exactly 0) and normalises the logits,
-        # which are not kept; the batched products read the per-head views in place.
-        weights = ops_fused.attention_weights(
-            q, k, scale=1.0 / float(np.sqrt(q_dim)), causal=self.causal
-        )
-        probs = _dropout(self.dropout, weights)
-        # probs @ v, stored so that merging the heads (AttentionLayer) needs no copy
-        result = ops_fused.attention_values(probs, v)
+        q_dim = check_attention_inputs(q, k, v)
+        queries_len, keys_values_len = q.shape[2], k.shape[2]
+        logits = self.matmul(q, k) / np.sqrt(q_dim)
+        if self.causal:
+            mask = self.create_causal_mask(queries_len, keys_values_len, q.device)
+            logits = logits + mask.broadcast_to(logits.shape)
+        probs = self.dropout(self.softmax(logits))
+        result = self.matmul(probs, ops.transpose(v))
         return result, probs
 
 
+# question: hw4_extra_attention_layer
 class AttentionLayer(Module):
     """Multi-head attention with pre-norm inputs and bias-free projections.
 
@@ -185,7 +175,7 @@ class AttentionLayer(Module):
             ("k", k, self.k_features),
             ("v", v, self.v_features),
         ):
-            _check_tensor(t, 3, f"AttentionLayer {name}", "(batch, seq_len, features)")
+            check_tensor(t, 3, f"AttentionLayer {name}", "(batch, seq_len, features)")
             if t.shape[2] != f:
                 raise ValueError(
                     f"AttentionLayer {name} must have {f} features, got shape {tuple(t.shape)}"
@@ -203,6 +193,7 @@ class AttentionLayer(Module):
         return self.out_projection(out).reshape((batch_size, queries_len, self.out_features))
 
 
+# question: hw4_extra_transformer_layer
 class TransformerLayer(Module):
     """A pre-norm Transformer block, as in hw4_extra:
 
@@ -244,14 +235,15 @@ class TransformerLayer(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (batch_size, seq_len, q_features) → same shape."""
-        _check_tensor(x, 3, "TransformerLayer", "(batch, seq_len, features)")
+        check_tensor(x, 3, "TransformerLayer", "(batch, seq_len, features)")
         b, t, f = x.shape
-        x = x + _dropout(self.dropout, self.attn(x))
+        x = x + self.dropout(self.attn(x))
         y = self.layernorm(x.reshape((b * t, f)))
-        y = _linear(self.linear2, _dropout(self.dropout, _linear(self.linear1, y, self.relu)))
-        return x + _dropout(self.dropout, y.reshape((b, t, f)))
+        y = self.linear2(self.dropout(self.relu(self.linear1(y))))
+        return x + self.dropout(y.reshape((b, t, f)))
 
 
+# question: hw4_extra_transformer
 class Transformer(Module):
     """A decoder-only Transformer: learned positional embeddings + ``num_layers`` blocks.
 
@@ -306,7 +298,7 @@ class Transformer(Module):
         ``h`` is accepted for interface parity with RNN/LSTM and ignored.
         """
         layout = "(bs, seq_len, E)" if self.batch_first else "(seq_len, bs, E)"
-        _check_tensor(x, 3, "Transformer", layout)
+        check_tensor(x, 3, "Transformer", layout)
         if x.shape[2] != self.embedding_size:
             raise ValueError(
                 f"Transformer expects {layout} with E = {self.embedding_size}, "

@@ -17,6 +17,7 @@ from ..backend_selection import array_api
 from .ops_mathematic import _norm_axes, compacted
 
 
+# question: hw4_flip
 class Flip(TensorOp):
     """Reverse the order of elements along ``axes``; its own gradient."""
 
@@ -51,6 +52,7 @@ class _DilationOp(TensorOp):
         self.dilation = int(dilation)
 
 
+# question: hw4_dilate
 class Dilate(_DilationOp):
     """Insert ``dilation`` zeros after each element along ``axes`` (after the last one too).
 
@@ -75,6 +77,7 @@ def dilate(a: Tensor, axes: tuple, dilation: int) -> Tensor:
     return Dilate(axes, dilation)(a)
 
 
+# question: hw4_dilate
 class UnDilate(_DilationOp):
     """Keep every (dilation + 1)-th element along ``axes``: the inverse of :class:`Dilate`."""
 
@@ -153,6 +156,7 @@ class Conv(TensorOp):
         self.stride = int(stride)
         self.padding = int(padding)
 
+    # question: hw4_conv_forward
     def compute(self, A: NDArray, B: NDArray):
         if A.ndim != 4 or B.ndim != 4:
             raise ValueError(
@@ -176,6 +180,7 @@ class Conv(TensorOp):
             return out.reshape((N, 1, 1, C_out))
         return array_api.conv_fwd(A, B, s, p)
 
+    # question: hw4_conv_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         X, Wt = node.inputs
         return conv_adjoints(X, Wt, out_grad, self.stride, self.padding, X.requires_grad)

@@ -54,6 +54,7 @@ def _softmax(Z: Tensor, axes: tuple) -> Tensor:
     return exp(shifted - broadcast_to(log_sum, Z.shape))
 
 
+# question: hw2_logsumexp
 class LogSumExp(TensorOp):
     """log(Σ exp(Z)) over ``axes`` (None: all, an int, or a tuple), without keepdims.
 

@@ -10,7 +10,6 @@ input's own shape.
 from __future__ import annotations
 
 import functools
-import operator
 from numbers import Integral, Real
 from typing import Iterable, Optional, Sequence, Tuple, Union, cast
 
@@ -115,26 +114,6 @@ class SumToShape(TensorOp):
         return broadcast_to(out_grad, node.inputs[0].shape)
 
 
-def _keep_layout(fn, *arrays: NDArray) -> NDArray:
-    """``fn(*arrays)`` for an element-wise ``fn`` whose operands share one shape and a
-    permuted-but-dense layout (say an NCHW view of NHWC memory): computed on the compact views
-    in memory order and returned in the operands' layout, instead of a strided pass into a
-    row-major result that the next channels-last kernel would have to copy back. Any other
-    operands (compact, sliced, broadcast, numpy arrays) go straight to ``fn``."""
-    a = arrays[0]
-    memory_order = getattr(a, "memory_order", None)
-    if memory_order is None or a.is_compact():
-        return fn(*arrays)
-    order = memory_order()
-    if order is None:
-        return fn(*arrays)
-    for b in arrays[1:]:
-        if b.shape != a.shape or b.strides != a.strides:
-            return fn(*arrays)
-    out = fn(*(x.permute(order) for x in arrays))
-    return out.permute(_inverse_permutation(order))
-
-
 @functools.lru_cache(maxsize=256)
 def _inverse_permutation(axes: Tuple[int, ...]) -> Tuple[int, ...]:
     """The axis order that undoes ``permute(axes)`` (negative axes allowed)."""
@@ -156,9 +135,11 @@ class EWiseAdd(TensorOp):
 
     gradient_reads_output = False
 
+    # question: hw1_add_forward
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.add, a, b)
+        return a + b
 
+    # question: hw1_add_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _binary_adjoints(out_grad, out_grad, node)
 
@@ -210,9 +191,11 @@ class _ScalarOp(TensorOp):
 class AddScalar(_ScalarOp):
     """a + scalar."""
 
+    # question: hw1_add_scalar_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x + self.scalar, a)
+        return a + self.scalar
 
+    # question: hw1_add_scalar_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad
 
@@ -225,9 +208,11 @@ def add_scalar(a: Tensor, scalar: float) -> Tensor:
 class EWiseMul(TensorOp):
     """a * b, broadcasting like numpy."""
 
+    # question: hw1_multiply_forward
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.mul, a, b)
+        return a * b
 
+    # question: hw1_multiply_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
         return _binary_adjoints(out_grad * rhs, out_grad * lhs, node)
@@ -241,9 +226,11 @@ def multiply(a: Tensor, b: Tensor) -> Tensor:
 class MulScalar(_ScalarOp):
     """a * scalar."""
 
+    # question: hw1_mul_scalar_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x * self.scalar, a)
+        return a * self.scalar
 
+    # question: hw1_mul_scalar_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return (out_grad * self.scalar,)
 
@@ -259,9 +246,11 @@ class EWisePow(TensorOp):
     The gradient with respect to b needs log(a), so it is finite for a > 0 only.
     """
 
+    # question: hw1_power_forward
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.pow, a, b)
+        return a**b
 
+    # question: hw1_power_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
         return _binary_adjoints(out_grad * b * power(a, b - 1), out_grad * node * log(a), node)
@@ -275,9 +264,11 @@ def power(a: Tensor, b: Tensor) -> Tensor:
 class PowerScalar(_ScalarOp):
     """a ** scalar; the exponent may be any real number (non-integers need a >= 0)."""
 
+    # question: hw1_power_scalar_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x**self.scalar, a)
+        return a**self.scalar
 
+    # question: hw1_power_scalar_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         a = node.inputs[0]
         if self.scalar == 0:
@@ -293,9 +284,11 @@ def power_scalar(a: Tensor, scalar: float) -> Tensor:
 class EWiseDiv(TensorOp):
     """a / b, broadcasting like numpy."""
 
+    # question: hw1_divide_forward
     def compute(self, a: NDArray, b: NDArray):
-        return _keep_layout(operator.truediv, a, b)
+        return a / b
 
+    # question: hw1_divide_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         lhs, rhs = node.inputs
         return _binary_adjoints(out_grad / rhs, -out_grad * lhs / (rhs * rhs), node)
@@ -309,9 +302,11 @@ def divide(a: Tensor, b: Tensor) -> Tensor:
 class DivScalar(_ScalarOp):
     """a / scalar."""
 
+    # question: hw1_divide_scalar_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x / self.scalar, a)
+        return a / self.scalar
 
+    # question: hw1_divide_scalar_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / self.scalar
 
@@ -324,9 +319,11 @@ def divide_scalar(a: Tensor, scalar: float) -> Tensor:
 class Negate(TensorOp):
     """-a."""
 
+    # question: hw1_negate_forward
     def compute(self, a: NDArray):
-        return _keep_layout(operator.neg, a)
+        return -a
 
+    # question: hw1_negate_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return -out_grad
 
@@ -339,9 +336,11 @@ def negate(a: Tensor) -> Tensor:
 class Log(TensorOp):
     """Natural logarithm, element-wise (log 0 = -inf, negative -> NaN)."""
 
+    # question: hw1_log_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.log(), a)
+        return a.log()
 
+    # question: hw1_log_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad / node.inputs[0]
 
@@ -354,9 +353,11 @@ def log(a: Tensor) -> Tensor:
 class Exp(TensorOp):
     """exp(a), element-wise."""
 
+    # question: hw1_exp_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.exp(), a)
+        return a.exp()
 
+    # question: hw1_exp_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * node
 
@@ -369,9 +370,11 @@ def exp(a: Tensor) -> Tensor:
 class ReLU(TensorOp):
     """max(a, 0), element-wise; its derivative is taken as 0 at a = 0."""
 
+    # question: hw1_relu_forward
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.relu(), a)
+        return a.relu()
 
+    # question: hw1_relu_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * Tensor.make_const(_relu_mask(node.realize_cached_data()))
 
@@ -379,7 +382,7 @@ class ReLU(TensorOp):
 def _relu_mask(out: NDArray) -> NDArray:
     """The derivative of relu read off its output: 1 where ``out`` > 0, else 0 (relu(a) > 0
     exactly where a > 0, so the derivative at a = 0 is 0); a bool array under numpy."""
-    return _keep_layout(lambda x: x > 0, out)
+    return out > 0
 
 
 def relu(a: Tensor) -> Tensor:
@@ -387,11 +390,12 @@ def relu(a: Tensor) -> Tensor:
     return ReLU()(a)
 
 
+# question: hw4_tanh
 class Tanh(TensorOp):
     """tanh(a), element-wise; derivative 1 - tanh(a)²."""
 
     def compute(self, a: NDArray):
-        return _keep_layout(lambda x: x.tanh(), a)
+        return a.tanh()
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return out_grad * (-(node * node) + 1)
@@ -419,9 +423,11 @@ class Transpose(TensorOp):
         perm[i], perm[j] = perm[j], perm[i]
         return tuple(perm)
 
+    # question: hw1_transpose_forward
     def compute(self, a: NDArray):
         return a.permute(self._perm(a.ndim))
 
+    # question: hw1_transpose_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return transpose(out_grad, self.axes)
 
@@ -489,9 +495,11 @@ class Reshape(TensorOp):
     def __init__(self, shape: ShapeArg) -> None:
         self.shape = _shape_arg(shape)
 
+    # question: hw1_reshape_forward
     def compute(self, a: NDArray):
         return a.compact().reshape(self.shape)
 
+    # question: hw1_reshape_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return reshape(out_grad, node.inputs[0].shape)
 
@@ -510,6 +518,7 @@ class BroadcastTo(TensorOp):
     def __init__(self, shape: ShapeArg) -> None:
         self.shape = _shape_arg(shape)
 
+    # question: hw1_broadcast_to_forward
     def compute(self, a: NDArray):
         old = a.shape
         lead = len(self.shape) - len(old)
@@ -517,6 +526,7 @@ class BroadcastTo(TensorOp):
             raise ValueError(f"cannot broadcast shape {tuple(old)} to {self.shape}")
         return a.broadcast_to(self.shape)
 
+    # question: hw1_broadcast_to_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _sum_to_shape(out_grad, node.inputs[0].shape)
 
@@ -547,9 +557,11 @@ class Summation(TensorOp):
             axes = tuple(axes)
         self.axes = axes
 
+    # question: hw1_summation_forward
     def compute(self, a: NDArray):
         return _reduce_sum(a, _norm_axes(self.axes, a.ndim, "summation"))
 
+    # question: hw1_summation_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         in_shape = node.inputs[0].shape
         axes = _norm_axes(self.axes, len(in_shape), "summation")
@@ -571,6 +583,7 @@ class MatMul(TensorOp):
 
     gradient_reads_output = False
 
+    # question: hw1_matmul_forward
     def compute(self, a: NDArray, b: NDArray):
         if a.ndim < 2 or b.ndim < 2:
             raise ValueError(
@@ -581,6 +594,7 @@ class MatMul(TensorOp):
             raise ValueError(f"matmul inner sizes differ: {tuple(a.shape)} @ {tuple(b.shape)}")
         return a @ b
 
+    # question: hw1_matmul_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         a, b = node.inputs
         # An input that needs no gradient (a one-hot matrix, a data batch) gets None, which

@@ -78,6 +78,7 @@ def fused_add_scalars(x: Tensor, c0: float, c1: float) -> TensorTuple:
     return FusedAddScalars(c0, c1)(x)
 
 
+# question: hw4_stack
 class Stack(TensorOp):
     """Stack equal-shaped tensors along a new axis ``axis``; takes a TensorTuple."""
 
@@ -116,6 +117,7 @@ def stack(args, axis: int) -> Tensor:
     return Stack(axis)(make_tuple(*args))
 
 
+# question: hw4_split
 class Split(TensorTupleOp):
     """Split along ``axis`` into a TensorTuple of its slices, removing the axis."""
 

@@ -129,6 +129,7 @@ void fill(AlignedArray* out, float val) {
                   [=](idx_t b, idx_t e) { std::fill(p + b, p + e, val); });
 }
 
+// question: hw3_compact
 void compact(const AlignedArray& a, AlignedArray* out, const Shape& shape, const Shape& strides,
              idx_t offset) {
   View v = make_view("compact", shape, strides, offset, a.size);
@@ -144,6 +145,7 @@ void compact(const AlignedArray& a, AlignedArray* out, const Shape& shape, const
   compact_into(a.ptr, out->ptr, v);
 }
 
+// question: hw3_setitem
 void ewise_setitem(const AlignedArray& a, AlignedArray* out, const Shape& shape,
                    const Shape& strides, idx_t offset) {
   View v = make_view("ewise_setitem", shape, strides, offset, out->size);
@@ -158,6 +160,7 @@ void ewise_setitem(const AlignedArray& a, AlignedArray* out, const Shape& shape,
   setitem_from(a.ptr, out->ptr, v);
 }
 
+// question: hw3_setitem
 void scalar_setitem(idx_t size, float val, AlignedArray* out, const Shape& shape,
                     const Shape& strides, idx_t offset) {
   View v = make_view("scalar_setitem", shape, strides, offset, out->size);
@@ -169,6 +172,7 @@ void scalar_setitem(idx_t size, float val, AlignedArray* out, const Shape& shape
 }
 
 // ---- element-wise on strided operands -------------------------------------------------------
+// question: hw3_ewise_ops
 void ewise_binary(int op, const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                   const AlignedArray& b, const Shape& b_strides, idx_t b_offset, AlignedArray* out,
                   const Shape& shape) {
@@ -198,6 +202,7 @@ bool dispatch_power_fast(float val, Body&& body) {
   return false;
 }
 
+// question: hw3_scalar_ops
 void ewise_scalar(int op, const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                   float val, AlignedArray* out, const Shape& shape, bool reverse) {
   const char* fn = "ewise_scalar";
@@ -233,6 +238,7 @@ ArrayFn vector_math(int op) {
   }
 }
 
+// question: hw3_ewise_ops
 void ewise_unary(int op, const AlignedArray& a, const Shape& a_strides, idx_t a_offset,
                  AlignedArray* out, const Shape& shape) {
   const char* fn = "ewise_unary";
@@ -326,6 +332,7 @@ void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
       "a", "val", "out");
 }
 
+// question: hw3_scalar_ops
 void scalar_power(const AlignedArray& a, float val, AlignedArray* out) {
   check_same_size("scalar_power", a, *out);
   auto fast = [&](auto f) { map1(a, out, [f](float x) { return f(x, 0.0f); }); };
@@ -333,6 +340,7 @@ void scalar_power(const AlignedArray& a, float val, AlignedArray* out) {
   map1(a, out, [val](float x) { return std::pow(x, val); }, kParallelMath);
 }
 
+// question: hw3_ewise_ops
 void ewise_math(const char* fn, ArrayFn F, const AlignedArray& a, AlignedArray* out) {
   check_same_size(fn, a, *out);
   const float* x = a.ptr;
@@ -520,9 +528,11 @@ void reduce_compact(bool is_max, const char* fn, const AlignedArray& a, AlignedA
   const View outs = simplified({out->size}, {rs}, 0, out->size);
   reduce_runs(is_max, a.ptr, outs, rs, out->ptr);
 }
+// question: hw3_reductions
 void reduce_sum(const AlignedArray& a, AlignedArray* out, idx_t reduce_size) {
   reduce_compact(false, "reduce_sum", a, out, reduce_size);
 }
+// question: hw3_reductions
 void reduce_max(const AlignedArray& a, AlignedArray* out, idx_t reduce_size) {
   reduce_compact(true, "reduce_max", a, out, reduce_size);
 }
@@ -587,6 +597,7 @@ void check_matmul(const char* fn, const AlignedArray& a, const AlignedArray& b,
 }
 
 // Course: row-major operands, the same engine as matmul_strided.
+// question: hw3_matmul
 void matmul(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, idx_t m, idx_t n,
             idx_t p) {
   check_matmul("matmul", a, b, *out, m, n, p);
@@ -601,6 +612,7 @@ void matmul(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, idx
 // The homework's tiled algorithm, a lecture exhibit (not the engine): operands and result in
 // the (rows/T, cols/T, T, T) layout; each T x T output tile accumulates the T x T x T products
 // of a row of A tiles and a column of B tiles in a local tile, then is stored.
+// question: hw3_matmul
 void matmul_tiled(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, idx_t m,
                   idx_t n, idx_t p) {
   constexpr idx_t T = kTile;
@@ -628,6 +640,7 @@ void matmul_tiled(const AlignedArray& a, const AlignedArray& b, AlignedArray* ou
 }
 
 // The textbook (i, j, k) triple loop on row-major operands, for comparison.
+// question: hw3_matmul
 void matmul_naive(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, idx_t m,
                   idx_t n, idx_t p) {
   check_matmul("matmul_naive", a, b, *out, m, n, p);

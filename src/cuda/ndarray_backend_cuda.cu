@@ -1010,11 +1010,13 @@ void fill(CudaArray* out, float val) {
   check_launch("fill kernel");
 }
 
+// question: hw3_compact
 void compact(const CudaArray& a, CudaArray* out, const Strided& v) {
   into(out, a.ptr == out->ptr && v.size > 0,
        [&](float* dst) { launch_strided_copy<Copy::Gather>(a.ptr, dst, 0.f, v); });
 }
 
+// question: hw3_setitem
 void ewise_setitem(const CudaArray& a, CudaArray* out, const Strided& v) {
   if (a.ptr == out->ptr && v.size > 0) {  // source and destination share memory
     CudaArray tmp(a.size);
@@ -1027,10 +1029,12 @@ void ewise_setitem(const CudaArray& a, CudaArray* out, const Strided& v) {
   launch_strided_copy<Copy::Scatter>(a.ptr, out->ptr, 0.f, v);
 }
 
+// question: hw3_setitem
 void scalar_setitem(float val, CudaArray* out, const Strided& v) {
   launch_strided_copy<Copy::Fill>(nullptr, out->ptr, val, v);
 }
 
+// question: hw3_ewise_ops
 void ewise_binary(int op, const CudaArray& a, const CudaArray& b, CudaArray* out,
                   const Strided& v) {
   if (v.size == 0) return;
@@ -1039,6 +1043,7 @@ void ewise_binary(int op, const CudaArray& a, const CudaArray& b, CudaArray* out
   });
 }
 
+// question: hw3_scalar_ops
 void ewise_scalar(int op, const CudaArray& a, float val, bool reverse, CudaArray* out,
                   const Strided& v) {
   if (v.size == 0) return;
@@ -1049,6 +1054,7 @@ void ewise_scalar(int op, const CudaArray& a, float val, bool reverse, CudaArray
   });
 }
 
+// question: hw3_ewise_ops
 void ewise_unary(int op, const CudaArray& a, CudaArray* out, const Strided& v) {
   if (v.size == 0) return;
   into(out, aliased(a, 0, out, v), [&](float* dst) {
@@ -1056,6 +1062,7 @@ void ewise_unary(int op, const CudaArray& a, CudaArray* out, const Strided& v) {
   });
 }
 
+// question: hw3_reductions
 void reduce(int op, const CudaArray& a, const Strided& outer, const Strided& inner,
             CudaArray* out) {
   if (outer.size == 0) return;
@@ -1069,6 +1076,7 @@ void matmul(const CudaArray& a, const MatrixView& va, const CudaArray& b, const 
   matmul(a, b, out, {MatmulGroup{va, vb, 0, batch}}, m, n, p);
 }
 
+// question: hw3_matmul
 void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out,
             const std::vector<MatmulGroup>& groups, int64_t m, int64_t n, int64_t p) {
   int64_t total = 0;
@@ -1095,6 +1103,7 @@ void matmul(const CudaArray& a, const CudaArray& b, CudaArray* out,
   });
 }
 
+// question: hw3_matmul
 void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_t m, int64_t n,
                   int64_t p) {
   if (m == 0 || p == 0) return;

@@ -180,3 +180,81 @@ def test_replace_block_needs_the_markers():
         toc.replace_block("# README\n", "block")
     text = f"a\n{toc.START}\nold\n{toc.END}\nb\n"
     assert toc.replace_block(text, "NEW") == "a\nNEW\nb\n"
+
+
+def _course_root(tmp_path: Path, *names: str) -> Path:
+    """A root whose notebooks/ holds ``names`` (valid lecture headers), each ``.py`` given
+    in ``names`` too."""
+    (tmp_path / "notebooks").mkdir(parents=True)
+    for name in names:
+        if name.endswith(".ipynb"):
+            _notebook(tmp_path / "notebooks", name, HEADER)
+        else:
+            (tmp_path / "notebooks" / name).write_text("# %%\n")
+    return tmp_path
+
+
+def test_a_jupyterlab_duplicate_is_not_a_lecture(tmp_path):
+    """JupyterLab's "Duplicate" (07_convolutions-Copy1.ipynb) matched the notebook pattern and
+    was published as a page; a lecture is a notebook paired with its Jupytext source."""
+    root = _course_root(
+        tmp_path, "07_convolutions.ipynb", "07_convolutions.py", "07_convolutions-Copy1.ipynb"
+    )
+    assert [lec.stem for lec in toc.lectures(root)] == ["07_convolutions"]
+
+
+def test_the_pages_of_notebooks_that_are_gone_are_removed(tmp_path):
+    """The build is incremental: the page of a notebook deleted since the last build (the
+    Duplicate above, once deleted) stayed in build/book. Oracle: the lectures of the root."""
+    from book import build
+
+    root = _course_root(tmp_path / "repo", "07_convolutions.ipynb", "07_convolutions.py")
+    out = tmp_path / "site"
+    pages = {
+        "notebooks/07_convolutions.html",
+        "notebooks/07_convolutions-Copy1.html",
+        "_sources/notebooks/07_convolutions.ipynb.txt",
+        "_sources/notebooks/07_convolutions-Copy1.ipynb.txt",
+        "index.html",
+    }
+    for page in pages:
+        (out / page).parent.mkdir(parents=True, exist_ok=True)
+        (out / page).write_text("page")
+    removed = build.remove_stale_pages(out, root)
+    assert sorted(p.relative_to(out).as_posix() for p in removed) == [
+        "_sources/notebooks/07_convolutions-Copy1.ipynb.txt",
+        "notebooks/07_convolutions-Copy1.html",
+    ]
+    left = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert left == pages - {"notebooks/07_convolutions-Copy1.html"} - {
+        "_sources/notebooks/07_convolutions-Copy1.ipynb.txt"
+    }
+
+
+def test_two_builds_into_one_folder_take_turns(tmp_path, monkeypatch, capsys):
+    """Two `make book` at once: the second failed ("search index couldn't be loaded"). Now it
+    waits on the folder's lock file; here the lock is held by the test for 0.5 s and the build
+    command (a stand-in for sphinx-build) must start only after that."""
+    import fcntl
+    import sys
+    import threading
+    import time
+
+    from book import build
+
+    out = tmp_path / "site"
+    started = tmp_path / "started"
+    stand_in = [sys.executable, "-c", f"open({str(started)!r}, 'w').write('x')"]
+    monkeypatch.setattr(build, "sphinx_command", lambda o: stand_in)
+    monkeypatch.setattr(build, "remove_stale_pages", lambda o: [])
+    with open(tmp_path / ".site.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        codes = []
+        thread = threading.Thread(target=lambda: codes.append(build.main([str(out)])))
+        thread.start()
+        time.sleep(0.5)
+        assert not started.exists()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        thread.join(60)
+    assert codes == [0] and started.exists()
+    assert f"another build of {out} is running; waiting for it" in capsys.readouterr().out

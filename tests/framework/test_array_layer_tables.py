@@ -335,10 +335,10 @@ def test_the_np_backend_never_loads_the_ndarray_layer():
     """Under NEEDLE_BACKEND=np, importing needle, computing, and running a fused op leave the
     compiled modules and the NDArray layer unloaded; asking for them still works (lazily)."""
     code = (
-        "import sys, needle as ndl\n"
+        "import sys, needle as ndl, needle.fast\n"
         "x = ndl.Tensor([[1.0, -2.0, 0.5]], device=ndl.cpu())\n"
         "w, b = ndl.init.ones(3), ndl.init.zeros(3)\n"
-        "y = ndl.ops.layernorm_rows(ndl.ops.relu(x) * 2, w, b, 1e-5).sum()\n"
+        "y = ndl.fast.ops.layernorm_rows(ndl.ops.relu(x) * 2, w, b, 1e-5).sum()\n"
         "y.backward()\n"
         "loaded = [m for m in ('needle.backend_ndarray.ndarray_backend_cpu',\n"
         "                      'needle.backend_ndarray.ndarray_backend_cuda',\n"

@@ -673,3 +673,75 @@ def test_lazy_mode_is_per_thread(monkeypatch):
     thread.join(10)
     assert seen == {"lazy": False, "computed": True}
     assert deferred.numpy()[0] == 2
+
+
+def test_set_grad_enabled_as_a_statement_sets_the_mode():
+    """``ndl.set_grad_enabled(False)`` on its own line turns recording off, as PyTorch's does
+    (it used to be a context manager that was never entered: a silent no-op)."""
+    import threading
+
+    x = ndl.Tensor([1.0, 2.0], requires_grad=True)
+    seen = {}
+
+    def other():  # a thread of its own: the statement leaves no other thread's mode changed
+        ndl.set_grad_enabled(False)
+        seen["off"] = (ndl.is_grad_enabled(), (x * 2).requires_grad)
+        ndl.set_grad_enabled(True)
+        seen["on"] = (ndl.is_grad_enabled(), (x * 2).requires_grad)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    assert seen == {"off": (False, False), "on": (True, True)}
+    assert ndl.is_grad_enabled()
+    # the other forms still restore the mode they found
+    with ndl.set_grad_enabled(False):
+        assert not (x * 2).requires_grad
+    assert ndl.is_grad_enabled()
+
+    @ndl.set_grad_enabled(False)
+    def double(t):
+        return t * 2
+
+    assert ndl.is_grad_enabled()  # decorating changes nothing until a call
+    assert not double(x).requires_grad and ndl.is_grad_enabled()
+
+
+def test_no_grad_on_a_generator_function_covers_its_body():
+    """``@no_grad()`` on a generator function used to cover only the creation of the
+    generator: its body recorded the graph. Each step now runs without recording, and the
+    consumer keeps its own mode between steps (PyTorch's semantics)."""
+    x = ndl.Tensor([1.0, 2.0], requires_grad=True)
+
+    @ndl.no_grad()
+    def batches(t):
+        for _ in range(2):
+            received = yield t * 2
+            assert received is None or not (t * received).requires_grad
+
+    outputs, consumer_modes = [], []
+    for b in batches(x):
+        outputs.append(b.requires_grad)
+        consumer_modes.append((ndl.is_grad_enabled(), (x * 3).requires_grad))
+    assert outputs == [False, False]
+    assert consumer_modes == [(True, True), (True, True)]
+    # send, throw and close also run in the decorated mode, and the return value comes back
+    gen = batches(x)
+    assert not next(gen).requires_grad
+    assert not gen.send(3.0).requires_grad
+    with pytest.raises(StopIteration):
+        gen.send(3.0)
+    assert ndl.is_grad_enabled()
+
+    @ndl.enable_grad()
+    def recorded(t):
+        yield t * 2
+        return "done"
+
+    with ndl.no_grad():
+        gen = recorded(x)
+        assert next(gen).requires_grad
+        assert not (x * 2).requires_grad
+        with pytest.raises(StopIteration) as stop:
+            next(gen)
+    assert stop.value.value == "done"

@@ -170,3 +170,124 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="positive"):
         sqrt_rule(0)
     assert [sqrt_rule(n) for n in (1, 4, 5, 16, 17)] == [1, 2, 3, 4, 5]
+
+
+def test_another_thread_drawing_random_numbers_does_not_change_the_recomputed_mask():
+    """The recomputation used to rewind numpy's global generator to where the forward pass
+    started: a draw by another thread in between shifted the block's own draws, so backward
+    used another Dropout mask than forward (and the other thread got its numbers twice).
+    Oracle: with x = ones, the forward output is nonzero where the forward's mask kept a unit,
+    and x.grad is nonzero where the recomputation's mask did: both must agree."""
+    import threading
+    import time
+
+    drop = nn.Dropout(0.5)
+
+    def block(t):
+        time.sleep(0.002)  # work before the draw: the other thread gets to draw meanwhile
+        return drop(t)
+
+    stop = threading.Event()
+
+    def other_thread():
+        while not stop.is_set():
+            np.random.rand(64)
+
+    drawer = threading.Thread(target=other_thread, daemon=True)
+    drawer.start()
+    try:
+        mismatches = 0
+        for _ in range(20):
+            x = ndl.Tensor(np.ones((8, 32), np.float32), dtype=backend_dtype())
+            y = checkpoint(block, x)
+            y.sum().backward(create_graph=False)
+            forward_mask = y.numpy() != 0
+            backward_mask = x.grad.numpy() != 0
+            mismatches += int(not np.array_equal(forward_mask, backward_mask))
+            np.testing.assert_allclose(x.grad.numpy(), y.numpy())  # both mask / (1 - p)
+    finally:
+        stop.set()
+        drawer.join()
+    assert mismatches == 0
+
+
+def test_the_recomputation_leaves_numpys_generator_where_it_was():
+    """Backward takes the block's draws from the forward pass: numpy's generator is neither
+    rewound nor advanced by it, so the numbers drawn after backward are the next ones."""
+    drop = nn.Dropout(0.5)
+    np.random.seed(11)
+    x = ndl.Tensor(np.ones((4, 6), np.float32), dtype=backend_dtype(), requires_grad=True)
+    y = checkpoint(lambda t: drop(t) * 3.0, x)
+    after_forward = np.random.get_state()[1].copy()
+    (y * y).sum().backward()
+    np.testing.assert_array_equal(np.random.get_state()[1], after_forward)
+    # y = 3·2·m·x (Dropout scales by 2): d(sum y²)/dx = 2·y·6·m = 12·y
+    np.testing.assert_allclose(x.grad.numpy(), 12.0 * y.numpy())
+
+
+def test_nested_checkpoints_replay_their_masks():
+    """A checkpoint inside a checkpointed block: each recomputation gets the draws its own
+    forward pass made (the outer recomputation re-runs the inner forward pass on them)."""
+    drop1, drop2 = nn.Dropout(0.5), nn.Dropout(0.5)
+    inner = lambda t: drop2(t) * 2.0  # noqa: E731
+    outer = lambda t: checkpoint(inner, drop1(t) + 1.0)  # noqa: E731
+    x = ndl.Tensor(np.ones((5, 7), np.float32), dtype=backend_dtype(), requires_grad=True)
+    y = checkpoint(outer, x)
+    y.sum().backward()
+    # y = 2·m2·(2·m1·x + 1)·2 (Dropout scales by 1/(1-p) = 2): dy/dx = 8·m1·m2
+    ys = y.numpy()
+    m2 = ys != 0
+    m1 = ys > 4.0 + 1e-3  # 4·m2·(2·m1 + 1) is 4 or 12 where m2 keeps a unit
+    np.testing.assert_allclose(x.grad.numpy(), 8.0 * (m1 & m2))
+
+
+def test_a_recomputation_that_draws_differently_is_refused():
+    calls = []
+
+    def block(t):
+        calls.append(1)
+        return t * ndl.init.rand(*((3, 4) if len(calls) == 1 else (4, 3)), device=t.device)
+
+    x = ndl.Tensor(np.ones((3, 4), np.float32), dtype=backend_dtype(), requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"random draw 1 of the recomputation.*\(4, 3\)"):
+        checkpoint(block, x).sum().backward()
+
+
+def _outside_tensor_grads(use_checkpoint, h_first, create_graph):
+    """(w.grad, x.grad) of a loss that uses h = w * 2, made outside the block, inside and
+    outside it; ``h_first`` puts h before the block's output in the last product."""
+    rng = np.random.default_rng(5)
+    w = ndl.Tensor(rng.standard_normal((4, 4)).astype(np.float32), dtype=backend_dtype())
+    x = ndl.Tensor(rng.standard_normal((3, 4)).astype(np.float32), dtype=backend_dtype())
+    w.requires_grad = x.requires_grad = True
+    h = w * 2.0
+    inside = checkpoint(lambda t: t @ h, x, [w]) if use_checkpoint else x @ h
+    loss = ((h @ inside.transpose()) if h_first else (inside @ h)).sum() + (h * h).sum()
+    loss.backward(create_graph=create_graph)
+    return w.grad.numpy(), x.grad.numpy()
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_an_outside_tensor_used_inside_the_block_keeps_its_graph(create_graph):
+    """A non-leaf made outside the block and used inside it, which the caller's backward
+    reaches after the block: the recomputation's own backward pass freed it, and the caller's
+    backward then failed, blaming "an earlier backward" although it was the only one.
+    Oracle: the same loss without the checkpoint."""
+    got = _outside_tensor_grads(True, h_first=True, create_graph=create_graph)
+    want = _outside_tensor_grads(False, h_first=True, create_graph=create_graph)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+def test_an_outside_tensor_freed_before_the_block_is_refused_saying_what_happened():
+    """The caller's fast backward reaches such a tensor before the block and frees it: the
+    gradient from inside the block cannot reach w any more. The error used to blame "an
+    earlier backward"; it now says what happened and what to do. With create_graph=True the
+    gradients are right (oracle: the loss without the checkpoint)."""
+    with pytest.raises(RuntimeError, match=r"computed outside the block.*shape \(4, 4\)") as e:
+        _outside_tensor_grads(True, h_first=False, create_graph=False)
+    assert "earlier backward" not in str(e.value)
+    got = _outside_tensor_grads(True, h_first=False, create_graph=True)
+    want = _outside_tensor_grads(False, h_first=False, create_graph=True)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)

@@ -643,14 +643,18 @@ def test_ptb_dataset(tmp_path, device):
 
 @pytest.mark.apps
 @pytest.mark.parametrize("device", DEVICES)
-def test_language_model_logits_are_one_node_with_the_linear_values(device):
-    # The output layer runs as one MatMulAddBias (the graph keeps the logits, not the product
-    # beside them): the same bits as model.linear, and the same gradients reach its parameters.
+def test_fused_language_model_logits_are_one_node_with_the_linear_values(device):
+    # needle.fast: the output layer runs as one MatMulAddBias (the graph keeps the logits, not
+    # the product beside them): the same bits as model.linear, the same gradients.
+    import needle.fast
+
     np.random.seed(4)
     model = models.LanguageModel(8, 12, 10, seq_model="lstm", seq_len=4, device=device)
     X = ndl.Tensor(np.random.randint(0, 12, (4, 2)).astype(np.float32), device=device)
     out, _ = model(X)
-    assert type(out.op) is ndl.ops.MatMulAddBias
+    assert type(out.op) is not needle.fast.ops.MatMulAddBias  # the course's Linear
+    out, _ = needle.fast.fuse(model)(X)
+    assert type(out.op) is needle.fast.ops.MatMulAddBias
     features = out.inputs[0]
     course = model.linear(features.detach())
     np.testing.assert_array_equal(out.numpy(), course.numpy())

@@ -96,6 +96,59 @@ def test_a_failing_rank_ends_the_job():
     assert seconds < 30, seconds
 
 
+def test_the_abort_waits_until_the_message_has_been_read(monkeypatch):
+    """test_a_failing_rank_ends_the_job failed now and then under load: the abort overtook the
+    rank's message, which mpiexec had not read yet ("RuntimeError: " and no text). The hook
+    must abort only once the reader of the rank's output pipe (here a thread that starts
+    reading 0.3 s late) has taken every byte of the message."""
+    import threading
+    import types
+
+    read_fd, write_fd = os.pipe()
+    message = b"Traceback ...\nRuntimeError: rank 1 breaks down\n"
+    received, at_abort = [], []
+
+    def reader():
+        time.sleep(0.3)
+        received.append(os.read(read_fd, 1 << 16))
+
+    def abort(code):
+        at_abort.append((code, b"".join(received)))
+
+    monkeypatch.setattr(
+        dist, "MPI", types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Abort=abort))
+    )
+    monkeypatch.setattr(dist, "_OUTPUT_FDS", (write_fd,))
+    hook = dist._abort_on_uncaught_exception(lambda *exc_info: os.write(write_fd, message))
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        hook(RuntimeError, RuntimeError("rank 1 breaks down"), None)
+    finally:
+        thread.join(10)
+        os.close(read_fd)
+        os.close(write_fd)
+    assert at_abort == [(1, message)]
+
+
+def test_waiting_for_the_reader_is_bounded(tmp_path):
+    """Nobody reads the pipe: the wait gives up after its limit (the job must still end); a
+    file is not waited on at all."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"unread")
+    try:
+        start = time.perf_counter()
+        dist._wait_until_read([write_fd], limit=0.2)
+        assert 0.15 < time.perf_counter() - start < 5
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    with open(tmp_path / "out.txt", "w") as f:
+        start = time.perf_counter()
+        dist._wait_until_read([f.fileno()], limit=5)
+        assert time.perf_counter() - start < 1
+
+
 # Each rank writes what it saw to its own file (printed lines of two ranks can interleave).
 REPORT = """
     try:

@@ -18,10 +18,11 @@ from conftest import DEVICES
 from helpers import central_difference, check_gradients, float32_tensor
 
 import needle as ndl
+import needle.fast as fast
 from needle import backend_ndarray as nd
 from needle import backend_numpy as npf
 from needle import nn, ops
-from needle.ops import ops_fused
+from needle.fast import ops as ops_fused
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
@@ -646,7 +647,7 @@ def test_masked_softmax_rejects_a_vector(device):
 def test_softmax_loss_with_minus_inf_logit(device):
     # the course's logits·one_hot gives -inf·0 = NaN here; PyTorch gives 1.3133
     z = float32_tensor([[-np.inf, 0.0, 1.0]], device)
-    loss = nn.SoftmaxLoss()(z, ndl.Tensor([1.0], device=device, requires_grad=False))
+    loss = fast.fuse(nn.SoftmaxLoss())(z, ndl.Tensor([1.0], device=device, requires_grad=False))
     loss.backward()
     np.testing.assert_allclose(loss.numpy(), np.log1p(np.e), rtol=1e-6)
     p = np.e / (1 + np.e)
@@ -894,8 +895,8 @@ def test_norms_of_huge_values_match_float64(device, scale):
         centred = x64 - x64.mean(axis=axis, keepdims=True)
         return centred / np.sqrt((centred**2).mean(axis=axis, keepdims=True) + 1e-5)
 
-    layer = nn.LayerNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
-    batch = nn.BatchNorm1d(4, device=device)(ndl.Tensor(x, device=device)).numpy()
+    layer = fast.fuse(nn.LayerNorm1d(4, device=device))(ndl.Tensor(x, device=device)).numpy()
+    batch = fast.fuse(nn.BatchNorm1d(4, device=device))(ndl.Tensor(x, device=device)).numpy()
     np.testing.assert_allclose(layer, normalised(1), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(batch, normalised(0), rtol=1e-4, atol=1e-4)
 
@@ -963,7 +964,7 @@ def test_embedding_differentiates_twice(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_embedding_ids_on_another_device_get_no_gradient_and_are_checked(device):
-    emb = nn.Embedding(5, 2, device=device)
+    emb = fast.fuse(nn.Embedding(5, 2, device=device))
     ids = ndl.Tensor(np.array([[4.0, 0.0]]), requires_grad=True)  # default device
     out = emb(ids)
     out.sum().backward()

@@ -298,13 +298,15 @@ def test_array_functions_name_a_wrong_shape(dev):
 @pytest.mark.both_backends
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_lstm_layer_is_one_kernel_call_each_way(device, monkeypatch):
-    """nn.LSTM: one lstm_layer_fwd per layer, one lstm_layer_bwd per layer in backward, and (on
-    the device modules) no per-step cell kernel from Python."""
+    """needle.fast's LSTM: one lstm_layer_fwd per layer, one lstm_layer_bwd per layer in
+    backward, and (on the device modules) no per-step cell kernel from Python."""
+    import needle.fast
+
     names = ("lstm_layer_fwd", "lstm_layer_bwd")
     if ndl.BACKEND == "nd":  # the numpy kernels' reference loop calls the cell kernels itself
         names += ("lstm_cell_fwd", "lstm_cell_bwd")
     counts = _count_kernel_calls(device, monkeypatch, names)
-    model = nn.LSTM(3, 4, num_layers=2, device=device)
+    model = needle.fast.fuse(nn.LSTM(3, 4, num_layers=2, device=device))
     x = float32_tensor(np.random.default_rng(1).standard_normal((6, 2, 3)), device)
     out, (h, c) = model(x)
     assert counts == {**dict.fromkeys(names, 0), "lstm_layer_fwd": 2}

@@ -17,6 +17,7 @@ import pytest
 from conftest import device_params
 
 import needle as ndl
+import needle.fast as fast
 from needle import nn
 from needle.backend_ndarray import fused
 
@@ -68,14 +69,14 @@ def _live(device) -> int:
 
 @pytest.mark.parametrize("device", COUNTED)
 def test_lstm_keeps_no_input_projection_between_forward_and_backward(device):
-    """nn.LSTM's input projections X W_ih + b (T, B, 4H) are computed inside the layer op:
+    """needle.fast's LSTM computes the input projections X W_ih + b (T, B, 4H) inside its op:
     the graph used to keep two such arrays per layer (the product and the sum with the
     biases) until backward. What stays is what the backward reads: the gate activations
     (T, B, 4H), the outputs (T, B, H), h_T and c_T, the stacked h_n and c_n (and the zero
     initial states)."""
     steps, batch, features, hidden = 16, 8, 32, 32
     np.random.seed(0)
-    lstm = nn.LSTM(features, hidden, num_layers=1, device=device)
+    lstm = fast.fuse(nn.LSTM(features, hidden, num_layers=1, device=device))
     x = ndl.Tensor(np.random.randn(steps, batch, features).astype(np.float32), device=device)
     gc.collect()
     gc.disable()
@@ -131,7 +132,7 @@ def test_layer_norm_keeps_only_its_output(device):
     (test_fused) and the values of the kept-array version (below, against numpy)."""
     rows, cols = 256, 64
     rng = np.random.default_rng(2)
-    norm = nn.LayerNorm1d(cols, device=device)
+    norm = fast.fuse(nn.LayerNorm1d(cols, device=device))
     x = ndl.Tensor(rng.standard_normal((rows, cols)).astype(np.float32), device=device)
     gc.collect()
     gc.disable()
@@ -158,7 +159,7 @@ def test_layer_norm_keeps_only_its_output(device):
 
 @pytest.mark.parametrize("device", COUNTED)
 def test_attention_keeps_its_weights_and_one_result(device):
-    """MultiHeadAttention keeps the weights (B, H, Tq, Tk) and the result (B, H, Tq, D) only:
+    """needle.fast's MultiHeadAttention keeps the weights and the result (B, H, Tq, D) only:
     the logits q kᵀ are a temporary of the weights' op (they were a kept graph node), and the
     result is stored (B, Tq, H, D)-major so that merging the heads, as AttentionLayer does, is
     a view (it was a copy kept beside the result)."""
@@ -168,7 +169,7 @@ def test_attention_keeps_its_weights_and_one_result(device):
         ndl.Tensor(rng.standard_normal((b, h, t, d)).astype(np.float32), device=device)
         for t in (tq, tk, tk)
     )
-    attn = nn.MultiHeadAttention(causal=True, device=device)
+    attn = fast.fuse(nn.MultiHeadAttention(causal=True, device=device))
     gc.collect()
     gc.disable()
     try:
@@ -192,7 +193,7 @@ def test_attention_keeps_its_weights_and_one_result(device):
 def test_attention_ops_differentiate_twice_like_the_ops_they_replace(device):
     """attention_weights and attention_values against matmul + softmax_last_axis + matmul
     (the composition they replace): values, first and second derivatives."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rng = np.random.default_rng(4)
     shapes = ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4))
@@ -301,7 +302,7 @@ def test_softmax_loss_fast_backward_overwrites_its_probabilities(device):
     the last time: the gradient overwrites them, block of rows by block of rows, so the pass
     allocates one block's temporary instead of a new (N, C) array. The default backward keeps
     them (a second backward works) and both give the same gradient."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rows, cols = 512, 1000
     rng = np.random.default_rng(6)
@@ -333,7 +334,7 @@ def test_transformer_feed_forward_keeps_one_array_per_linear(device):
     (ops_fused.matmul_add_bias): the graph keeps each result alone, not the product x W, the
     sum with the bias and the ReLU beside it. Values, gradients and second derivatives equal
     those of nn.Linear and nn.ReLU."""
-    from needle.ops import ops_fused
+    from needle.fast import ops as ops_fused
 
     rows, features, hidden = 128, 32, 64
     rng = np.random.default_rng(7)
@@ -403,10 +404,11 @@ def test_positional_embedding_is_looked_up_once_per_position(device):
 def test_backward_without_graph_frees_a_product_before_its_adjoints(
     device, hold, create_graph, monkeypatch
 ):
-    """A backward that records no graph drops the array of a node whose gradient never reads
-    it (ops.MatMul: Op.gradient_reads_output is False) before computing that gradient, when
-    only the pass holds the node: the product's (N, P) array is gone before its two adjoints
-    are allocated. A node the caller holds keeps its value; a recording backward keeps all."""
+    """needle.fast.backward (a backward that records no graph) drops the array of a node whose
+    gradient never reads it (ops.MatMul: Op.gradient_reads_output is False) before computing
+    that gradient, when only the pass holds the node: the product's (N, P) array is gone before
+    its two adjoints are allocated. A node the caller holds keeps its value; a recording
+    backward keeps all."""
     seen = []
     gradient = ndl.ops.MatMul.gradient
 
@@ -423,7 +425,10 @@ def test_backward_without_graph_frees_a_product_before_its_adjoints(
     loss = (y * 2.0).sum()
     held = y if hold else None
     del y
-    loss.backward(create_graph=create_graph)
+    if create_graph:
+        loss.backward()
+    else:
+        fast.backward(loss)
     assert seen == [not hold and not create_graph]
     np.testing.assert_allclose(x.grad.numpy(), 2 * np.ones((6, 5)) @ b.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(w.grad.numpy(), a.T @ (2 * np.ones((6, 5))), rtol=1e-5, atol=1e-5)

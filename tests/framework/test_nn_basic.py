@@ -13,6 +13,7 @@ from conftest import DEVICES
 from helpers import central_difference, float32_tensor
 
 import needle as ndl
+import needle.fast  # noqa: F401 (ndl.fast)
 from needle import nn
 
 pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
@@ -329,10 +330,11 @@ def test_norm_layers_reject_wrong_features():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batchnorm_empty_training_batch_leaves_running_statistics(device):
-    # an empty batch has no statistics: PyTorch returns the empty output and leaves the running
-    # statistics alone (the course's formula set them to NaN for good)
-    bn1, bn2 = nn.BatchNorm1d(3, device=device), nn.BatchNorm2d(3, device=device)
+def test_fused_batchnorm_empty_training_batch_leaves_running_statistics(device):
+    # an empty batch has no statistics: PyTorch and needle.fast's norm return the empty output
+    # and leave the running statistics alone (the course's formula sets them to NaN for good)
+    bn1 = ndl.fast.fuse(nn.BatchNorm1d(3, device=device))
+    bn2 = ndl.fast.fuse(nn.BatchNorm2d(3, device=device))
     for bn, shape in ((bn1, (4, 3)), (bn2, (2, 3, 2, 2))):
         bn(T(np.random.randn(*shape) + 2, device))
         mean, var = bn.running_mean.numpy(), bn.running_var.numpy()
@@ -488,10 +490,12 @@ def test_train_eval_reach_every_submodule():
     [("linear", "norm", "relu"), ("linear", "norm"), ("norm", "relu"), ("linear", "relu")],
 )
 @pytest.mark.parametrize("create_graph", [True, False])
-def test_sequential_joins_linear_norm_and_relu_with_the_same_bits(device, layers, create_graph):
-    # In training a BatchNorm1d after a Linear (and a ReLU after the norm) run as one
-    # BatchNormTrain node: output, every gradient and the running statistics are the bits of
-    # the modules called in turn; in eval mode, and for a subclass, the modules are called.
+def test_fused_sequential_joins_linear_norm_and_relu_with_the_same_bits(
+    device, layers, create_graph
+):
+    # needle.fast.fuse: in training a BatchNorm1d after a Linear (and a ReLU after the norm)
+    # run as one BatchNormTrain node: output, every gradient and the running statistics are the
+    # bits of the (fused) modules called in turn; in eval mode the modules are called.
     def build():
         np.random.seed(6)
         make = {
@@ -499,7 +503,7 @@ def test_sequential_joins_linear_norm_and_relu_with_the_same_bits(device, layers
             "norm": lambda: nn.BatchNorm1d(4 if layers[0] == "linear" else 5, device=device),
             "relu": lambda: nn.ReLU(),
         }
-        return nn.Sequential(*(make[name]() for name in layers))
+        return ndl.fast.fuse(nn.Sequential(*(make[name]() for name in layers)))
 
     X = np.random.default_rng(1).standard_normal((6, 5)).astype(F32)
 
@@ -526,23 +530,23 @@ def test_sequential_joins_linear_norm_and_relu_with_the_same_bits(device, layers
     for got, want in zip(joined, separate):
         np.testing.assert_array_equal(got, want)
     if "norm" in layers:
-        assert type(op) is ndl.ops.BatchNormTrain
+        assert type(op) is ndl.fast.ops.BatchNormTrain
         expected_inputs = 4 if layers[0] == "linear" else 3  # (x W, bias, w, b) or (x, w, b)
         assert op.pre_bias == (expected_inputs == 4)
     model = build().eval()
-    assert type(model(T(X, device)).op) is not ndl.ops.BatchNormTrain
+    assert type(model(T(X, device)).op) is not ndl.fast.ops.BatchNormTrain
 
 
-def test_sequential_calls_a_subclassed_linear():
+def test_fused_sequential_calls_a_subclassed_linear():
     class Doubled(nn.Linear):
         def forward(self, X):
             return super().forward(X) * 2.0
 
     np.random.seed(7)
-    model = nn.Sequential(Doubled(3, 2), nn.BatchNorm1d(2))
+    model = ndl.fast.fuse(nn.Sequential(Doubled(3, 2), nn.BatchNorm1d(2)))
     x = ndl.Tensor(np.random.randn(4, 3).astype(F32))
     out = model(x)
     np.random.seed(7)
-    lin, norm = Doubled(3, 2), nn.BatchNorm1d(2)
+    lin, norm = Doubled(3, 2), ndl.fast.fuse(nn.BatchNorm1d(2))
     np.testing.assert_array_equal(out.numpy(), norm(lin(x)).numpy())
     assert type(out.inputs[0].op) is ndl.ops.MulScalar

@@ -5,6 +5,7 @@ import pytest
 from conftest import DEVICES
 
 import needle as ndl
+import needle.fast  # noqa: F401 (ndl.fast)
 
 pytestmark = [pytest.mark.conv, pytest.mark.both_backends]
 
@@ -200,7 +201,7 @@ def test_batchnorm2d_forward_nhwc_normalises_each_channel(device):
     """forward_nhwc on (N, H, W, C): per-channel batch statistics (numpy), affine parameters
     applied, and the same values as forward on the NCHW layout."""
     np.random.seed(5)
-    bn = ndl.nn.BatchNorm2d(3, device=device)
+    bn = ndl.fast.fuse(ndl.nn.BatchNorm2d(3, device=device))  # the fused twin takes NHWC
     bn.weight.data = ndl.Tensor(np.array([1.0, 2.0, 0.5], np.float32), device=device)
     bn.bias.data = ndl.Tensor(np.array([0.0, -1.0, 3.0], np.float32), device=device)
     x = np.random.randn(2, 4, 5, 3).astype(np.float32)

@@ -329,14 +329,15 @@ def test_optimizers_reject_out_of_range_hyperparameters(opt_cls, name, bad):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("opt_cls", [optim.SGD, optim.Adam])
-def test_step_updates_the_parameter_buffer_in_place(opt_cls, device):
+def test_step_gives_the_parameter_a_new_array(opt_cls, device):
+    # the course's p.data = ...: a tensor that shared the old array keeps the old values
     p = nn.Parameter(np.array([[1.0, -2.0, 3.0]], F32), device=device)
-    shared = p.data  # shares the array, as in PyTorch
+    shared = p.data
     (p * p).sum().backward()
     opt = opt_cls([p], lr=0.1)
     opt.step()
-    assert p.realize_cached_data() is shared.realize_cached_data()
-    np.testing.assert_array_equal(shared.numpy(), p.numpy())
+    assert p.realize_cached_data() is not shared.realize_cached_data()
+    np.testing.assert_array_equal(shared.numpy(), [[1.0, -2.0, 3.0]])
     assert not np.allclose(p.numpy(), [[1.0, -2.0, 3.0]])
 
 
@@ -348,3 +349,56 @@ def test_step_on_a_strided_parameter(device):
     (p * 1.0).sum().backward()
     optim.SGD([p], lr=0.5).step()
     np.testing.assert_allclose(p.numpy(), np.arange(6, dtype=F32).reshape(2, 3).T - 0.5)
+
+
+@pytest.mark.parametrize("make", [lambda ps: optim.SGD(ps, lr=0.5), lambda ps: optim.Adam(ps)])
+def test_a_parameter_appended_twice_after_construction_is_refused_at_step(make):
+    """The constructor refuses duplicates, but one appended to opt.params later was updated
+    twice per step, silently. step() now refuses it (and changes nothing)."""
+    a = nn.Parameter(np.ones(2, F32))
+    b = nn.Parameter(np.ones(3, F32))
+    opt = make([a])
+    opt.params.append(b)
+    opt.params.append(b)
+    for p in (a, b):
+        p.grad = ndl.Tensor(np.ones(p.shape, F32))
+    with pytest.raises(ValueError, match=r"same tensor twice \(positions 1 and 2, shape \(3,\)\)"):
+        opt.step()
+    np.testing.assert_array_equal(b.numpy(), np.ones(3, F32))
+    np.testing.assert_array_equal(a.numpy(), np.ones(2, F32))
+    opt.params.pop()
+    opt.step()  # one copy: updated once
+    assert np.all(b.numpy() < 1.0)
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: ndl.optim.SGD(ps, lr=0.1),
+        lambda ps: ndl.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+        lambda ps: ndl.optim.Adam(ps, lr=0.1),
+    ],
+)
+def test_a_snapshot_of_a_parameter_keeps_its_values(make_opt):
+    """As the course's p.data = ..., a step gives the parameter a new array: ndl.Tensor(p),
+    which shares p's array, keeps the values it had (a "best weights" copy)."""
+    p = ndl.nn.Parameter(np.arange(6, dtype=np.float32).reshape(2, 3))
+    opt = make_opt([p])
+    snapshot, detached = ndl.Tensor(p), p.detach()
+    before = p.numpy().copy()
+    (p * p).sum().backward()
+    opt.step()
+    assert not np.array_equal(p.numpy(), before)
+    np.testing.assert_array_equal(snapshot.numpy(), before)
+    np.testing.assert_array_equal(detached.numpy(), before)
+
+
+def test_two_parameters_made_from_one_array_are_updated_apart():
+    """nn.Parameter(a.weight) starts from a's values; a step moves each by its own gradient."""
+    a = ndl.nn.Parameter(np.ones((2, 2), dtype=np.float32))
+    b = ndl.nn.Parameter(a)
+    opt = ndl.optim.SGD([a, b], lr=0.5)
+    (a * 2.0 + b * 4.0).sum().backward()
+    opt.step()
+    np.testing.assert_array_equal(a.numpy(), np.full((2, 2), 0.0, np.float32))
+    np.testing.assert_array_equal(b.numpy(), np.full((2, 2), -1.0, np.float32))

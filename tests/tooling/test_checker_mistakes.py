@@ -409,3 +409,86 @@ def test_view_mistakes_are_named():
         "your getitem ignores the slice starts"
     )
     assert name_mistake(view, found, rtol=0, atol=0) is None
+
+
+SGD_WITHOUT_DECAY_AT_MOMENTUM_0 = """
+_sgd_step = SGD.step
+
+
+def _decay_only_with_momentum(self):
+    # weight decay applied only on the momentum branch: at momentum 0 it is dropped
+    if self.momentum == 0:
+        wd, self.weight_decay = self.weight_decay, 0.0
+        try:
+            _sgd_step(self)
+        finally:
+            self.weight_decay = wd
+    else:
+        _sgd_step(self)
+
+
+SGD.step = _decay_only_with_momentum
+"""
+
+ADAM_WITHOUT_DECAY = """
+_adam_step = Adam.step
+
+
+def _adam_ignoring_decay(self):
+    wd, self.weight_decay = self.weight_decay, 0.0
+    try:
+        _adam_step(self)
+    finally:
+        self.weight_decay = wd
+
+
+Adam.step = _adam_ignoring_decay
+"""
+
+
+def test_sgd_dropping_weight_decay_at_momentum_0_fails(tmp_path):
+    """The course's tests run SGD at momentum 0 with weight decay: an SGD that decays only on
+    its momentum branch fails hw2_sgd (the mlp_resnet questions never reach momentum 0)."""
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", SGD_WITHOUT_DECAY_AT_MOMENTUM_0 + ADAM_WITHOUT_DECAY)
+    report = check(root, only=["sgd", "adam"])
+    assert failures(report) == {"hw2_sgd": "fail", "hw2_adam": "fail"}, report.format()
+    d = details(report)
+    assert "SGD(lr=0.1, momentum=0, weight_decay=0.01)" in d["hw2_sgd"].splitlines()[0]
+    assert "weight decay applies at every momentum" in d["hw2_sgd"]
+    assert "Adam(lr=0.1, weight_decay=0.01)" in d["hw2_adam"].splitlines()[0]
+
+
+ADAM_T_PER_PARAMETER = """
+import numpy as _np
+
+
+def _adam_t_per_parameter(self):
+    # t counted per parameter, and only when it has a gradient: right whenever every parameter
+    # has a gradient (all the course tests), different from PyTorch when one has none
+    if not hasattr(self, "_ts"):
+        self._ts, self._m, self._v = {}, {}, {}
+    for i, p in enumerate(self.params):
+        if p.grad is None:
+            continue
+        t = self._ts[i] = self._ts.get(i, 0) + 1
+        g = p.grad.numpy() + self.weight_decay * p.numpy()
+        m = self._m[i] = self.beta1 * self._m.get(i, 0.0) + (1 - self.beta1) * g
+        v = self._v[i] = self.beta2 * self._v.get(i, 0.0) + (1 - self.beta2) * g * g
+        w = p.numpy() - self.lr * (m / (1 - self.beta1 ** t)) / (
+            _np.sqrt(v / (1 - self.beta2 ** t)) + self.eps)
+        p.data = Tensor(w.astype("float32"))
+
+
+Adam.step = _adam_t_per_parameter
+"""
+
+
+def test_a_difference_only_when_a_gradient_is_none_is_a_warning(tmp_path):
+    root = skeleton(tmp_path, "hw2")
+    plant(root, "optim.py", ADAM_T_PER_PARAMETER)
+    report = check(root, only=["adam"])
+    assert failures(report) == {}, report.format()
+    (warning,) = report.results[0].warnings
+    assert warning.startswith("Adam(lr=0.1, weight_decay=0.01) when parameter 1 has grad None")
+    assert "parameter 1 differs from skipping it" in warning

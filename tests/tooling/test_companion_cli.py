@@ -39,6 +39,8 @@ def test_progress_defaults_to_this_folder_and_reports_need_a_needle(tmp_path):
     assert cli.plan("bench", [f"NEEDLE_IMPL={tmp_path}"])[0] == ["-m", "benchmarks.student"]
     assert cli.plan("bench", ["NEEDLE_IMPL="])[0] == ["-m", "benchmarks"]
     assert cli.plan("profile", [])[0] == ["-m", "companion.step_profile"]
+    assert cli.plan("where", ["Q=hw2_sgd"])[0] == ["-m", "companion.where", "hw2_sgd"]
+    assert cli.plan("where", [])[0] == ["-m", "companion.where"]
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import io
 import socket
 import tarfile
 import threading
+import time
 
 import pytest
 from conftest import SHARED_DATA
@@ -43,7 +44,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(chunk)))
         self.end_headers()
         srv.bytes_sent += len(chunk)
-        self.wfile.write(chunk)
+        step = 16_384
+        for i in range(0, len(chunk), step):  # srv.delay seconds between pieces: a slow mirror
+            self.wfile.write(chunk[i : i + step])
+            time.sleep(srv.delay)
 
     def log_message(self, *args):
         pass
@@ -53,6 +57,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.files, srv.requests, srv.bytes_sent, srv.honour_range = {}, [], 0, True
+    srv.delay = 0.0
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -189,6 +194,63 @@ def test_unknown_md5_is_reported_unverified(tmp_path):
     assert _md5(body) in lines[0] and "NOT verified" in lines[0]
 
 
+def test_a_part_without_a_checksum_is_never_resumed(server, tmp_path):
+    """With no MD5 nothing can tell a mix of two mirrors' bytes: the .part left by an
+    interrupted run (from another mirror) used to be completed and accepted."""
+    body = b"line one\nline two\n" * 1000
+    server.files["/b/t.txt"] = body
+    (tmp_path / "t.txt.part").write_bytes(b"line one\r\nline two\r\n" * 300)  # mirror A's
+    dl.download_file(
+        [server.url + "/b/t.txt"], tmp_path / "t.txt", None, progress=False, log=_quiet
+    )
+    assert (tmp_path / "t.txt").read_bytes() == body
+    assert server.requests == [("/b/t.txt", None)]  # fetched whole: no Range
+
+
+def test_two_downloads_of_one_file_at_once_both_succeed(server, tmp_path):
+    """Two runs at once used to share the .part: the first renamed it, the second crashed with
+    FileNotFoundError. Now the second waits on the lock, then finds the file present."""
+    body = _payload(200_000)
+    server.files["/f.bin"] = body
+    server.delay = 0.01  # about 0.1 s per download: the two overlap
+    results, lines = [], []
+
+    def run():
+        try:
+            dl.download_file(
+                [server.url + "/f.bin"],
+                tmp_path / "f.bin",
+                _md5(body),
+                progress=False,
+                log=lines.append,
+            )
+            results.append("ok")
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results.append(repr(exc))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(60)
+    assert results == ["ok", "ok"]
+    assert (tmp_path / "f.bin").read_bytes() == body
+    assert len(server.requests) == 1  # the second found the file present
+
+
+def test_a_destination_that_cannot_be_written_is_a_download_error(server, tmp_path, capsys):
+    """A read-only or impossible --root gave a raw OSError traceback. (The tests run as root,
+    which writes anywhere, so the folder here is impossible: under a regular file.)"""
+    (tmp_path / "a_file").write_text("x")
+    root = tmp_path / "a_file" / "data"
+    with pytest.raises(dl.DownloadError, match=r"cannot write f\.bin into .*a_file/data"):
+        dl.download_file([server.url + "/f.bin"], root / "f.bin", "0" * 32, log=_quiet)
+    assert dl.main(["mnist", "--root", str(root), "--no-progress"]) == 1
+    assert "cannot write train-images-idx3-ubyte.gz into" in capsys.readouterr().err
+    assert server.requests == []
+
+
 def test_present_file_with_right_md5_is_not_fetched(server, tmp_path):
     body = _payload(100)
     (tmp_path / "f.bin").write_bytes(body)
@@ -234,7 +296,16 @@ def test_registry_matches_the_course_layout():
             assert len(r.urls) >= 2, f"{r.filename} needs a fallback mirror"
 
 
-@pytest.mark.parametrize("split", ["valid", "test"])
+def test_every_file_of_the_registry_has_a_checksum():
+    """PTB's train.txt had none: a .part begun from one mirror and completed from another was
+    accepted. (The value is torchtext's, whose valid and test hashes equal ours.)"""
+    for resources in dl.DATASETS.values():
+        for r in resources:
+            assert isinstance(r.md5, str) and len(r.md5) == 32, r.filename
+            int(r.md5, 16)
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
 def test_ptb_checksums_match_the_real_files(split):
     path = SHARED_DATA / "ptb" / f"{split}.txt"
     if not path.is_file():

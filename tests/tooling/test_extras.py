@@ -84,3 +84,25 @@ def test_upgrade_installs_each_package_at_its_newest_release_and_bad_flags_are_r
     assert calls == [["install", "--quiet", "--upgrade", "onnx>=1.16"]]
     with pytest.raises(SystemExit, match="--upgrade"):
         extras.main(["--latest"], pip=lambda args: 0)
+
+
+def test_main_without_needles_metadata_never_fails(capsys, monkeypatch, tmp_path):
+    """Without needle's installed metadata main() raised PackageNotFoundError, although it
+    never fails: it now reads the extra from the checkout's pyproject.toml, and says so in one
+    line where that is missing too."""
+    import importlib.metadata
+
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", no_metadata)
+    asked = []
+    assert extras.main([], pip=lambda args: asked.append(args[-1]) or 0) == 0
+    assert asked == extras.declared() and asked  # the extra, from pyproject.toml
+    declared = extras.declared
+    monkeypatch.setattr(extras, "declared", lambda: declared(pyproject=tmp_path / "none"))
+    asked.clear()
+    assert extras.main([], pip=lambda args: asked.append(args[-1]) or 0) == 0
+    assert asked == []  # nothing to install
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "needle's package metadata is missing" in out[0]

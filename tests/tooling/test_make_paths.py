@@ -3,7 +3,8 @@
 Each test asks make for the commands a target would run (``make -n``, so nothing is built), then
 runs those commands with ``sh`` where make would (the checkout; variables given on make's command
 line are in the environment, as make exports them). So the commands are the Makefile's own, and
-what they do is checked, not their text.
+what they do is checked, not their text. ``make build`` alone runs for real (tiny stand-in C++
+sources, so it takes seconds): its commands are CMake's and the compiler's, run by ninja.
 """
 
 from __future__ import annotations
@@ -208,3 +209,53 @@ def test_make_figures_from_a_path_with_a_space(tmp_path):
     done = run_recipe("figures", ("for nb in",), {}, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (root / "figures" / "tiny.png").read_text() == "1"
+
+
+# ---- make build itself, from a checkout whose path holds a space, a parenthesis, non-ASCII -------
+STAND_IN_MODULE = """#include <pybind11/pybind11.h>
+PYBIND11_MODULE(ndarray_backend_cpu, m) { m.attr("stand_in") = 7; }
+"""
+
+
+def test_make_build_from_a_path_with_spaces_and_parentheses(tmp_path):
+    """``make build`` for real (no ``make -n``): the Makefile's rule and this CMakeLists.txt
+    configure, compile, strip and place a module from ``odd dir/ünï cødé (2)/repo``. It used to
+    fail there, as soon as the path held a space (CMake got the split path of Python) or a
+    parenthesis (a shell syntax error). The C++ sources are tiny stand-ins at the real sources'
+    paths (the real ones take minutes to compile), CUDA is off, and the environment is this
+    one, linked in as a fresh VENV whose build has not run yet (about 20 s in all)."""
+    root = tmp_path / "odd dir" / "ünï cødé (2)" / "repo"
+    (root / "src" / "cpu").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml", "environment.yml", "CMakeLists.txt"):
+        shutil.copy2(ROOT / name, root / name)
+    (root / "src" / "cpu" / "ndarray_backend_cpu.cc").write_text(STAND_IN_MODULE)
+    (root / "src" / "cpu" / "ndarray_backend_cpu_kernels.cc").write_text(
+        "static int stand_in = 0;\n"
+    )
+    venv = root / ".venv-t"  # this environment, with markers saying it is set up but not built
+    venv.mkdir()
+    for name in ("bin", "lib", "pyvenv.cfg"):
+        (venv / name).symlink_to(VENV / name)
+    for marker in (".needle-venv", ".needle-installed"):
+        (venv / marker).touch()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NEEDLE_IMPL")}
+    done = subprocess.run(
+        ["make", "build", "VENV=.venv-t", "CMAKE_EXTRA=-DNEEDLE_CUDA=OFF -DNEEDLE_NATIVE=OFF"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (venv / ".needle-built").exists()
+    placed = root / "needle" / "backend_ndarray"
+    loaded = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import ndarray_backend_cpu as m; print(m.stand_in)"],
+        cwd=placed,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.stdout == "7\n", loaded.stderr

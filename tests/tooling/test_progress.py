@@ -213,3 +213,35 @@ def test_make_check_records_and_make_progress_reports(tmp_path):
     assert "newly passing: hw1_add_forward" in done.stdout
     # the first question in hw1's order that no run included
     assert f"next: {questions_for('hw1')[4].id} (not run yet)" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"version": 1, "homework": "hw2", "runs": [{"results": {"hw2_linear": "pass"}}]},
+        {"version": 1, "runs": [{"time": 5, "only": "sgd", "results": {"hw2_linear": 3}}]},
+        {"version": 9, "homework": ["hw2"], "runs": [None, [], {"results": []}]},
+        [1, 2, 3],
+    ],
+    ids=["no-time", "wrong-types", "junk-runs", "not-an-object"],
+)
+def test_a_malformed_history_does_not_crash_progress(tmp_path, doc, capsys):
+    """A history from another version (runs without ``time``, G16) or edited by hand: the
+    entries that cannot be read are left out, and ``--progress`` and ``check`` still report."""
+    from companion.check.__main__ import main
+
+    root = tmp_path / "hw2"
+    root.mkdir()
+    progress.history_path(root).parent.mkdir()
+    progress.history_path(root).write_text(json.dumps(doc))
+    assert main(["--progress", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "hw2" in out and "Traceback" not in out
+    if doc == [1, 2, 3] or "junk-runs" in json.dumps(doc) or doc.get("version") == 9:
+        assert "not checked yet" in out
+    mine = progress.Progress("hw2", root, progress.load_history(root))
+    assert mine.format()  # the lines `make check` prints after its report
+    record(root, "hw2", {}, 1)  # and the next run is recorded over it
+    assert progress.load_history(root)[-1]["time"] == (
+        T0 + datetime.timedelta(minutes=1)
+    ).isoformat(timespec="seconds")

@@ -8,9 +8,10 @@ from conftest import DEVICES
 
 import companion.data
 import needle as ndl
+import needle.fast as fast
 from companion.apps.cifar_training import epoch_general_cifar10, evaluate_cifar10, train_cifar10
 from companion.apps.models import ConvBN, ResNet9
-from needle.ops import ops_fused
+from needle.fast import ops as ops_fused
 
 pytestmark = [pytest.mark.conv, pytest.mark.apps]
 
@@ -82,43 +83,14 @@ def test_resnet9_directional_derivative(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_resnet9_channels_last_matches_nchw_layers(device):
-    """ResNet9's ConvBNs run NCHW as in the course; switching them to channels-last
-    (``ConvBN(channels_last=True)``, no layout change inside) and feeding (N, H, W, C) images
-    gives the same logits and gradients."""
-    np.random.seed(6)
-    model = ResNet9(device=device)
-    x = ndl.Tensor(np.random.randn(4, 3, 32, 32).astype(np.float32), device=device)
-    R = ndl.Tensor(np.random.randn(4, 10).astype(np.float32), device=device)
-    params = model.parameters()
-
-    def run(call):
-        for p in params:
-            p.grad = None
-        out = call()
-        (out * R).sum().backward()
-        return out.numpy(), [p.grad.numpy() for p in params]
-
-    out_nchw, grads_nchw = run(lambda: model(x))
-    convbns = [m for m in _modules(model) if isinstance(m, ConvBN)]
-    assert len(convbns) == 8 and not any(m.channels_last for m in convbns)
-    for m in convbns:
-        m.channels_last = True
-    x_nhwc = x.transpose((1, 2)).transpose((2, 3))
-    out_cl, grads_cl = run(lambda: model.model(x_nhwc))  # Flatten of (N, 1, 1, 128) is (N, 128)
-    np.testing.assert_allclose(out_cl, out_nchw, rtol=1e-4, atol=1e-4)
-    for g_cl, g in zip(grads_cl, grads_nchw):
-        np.testing.assert_allclose(g_cl, g, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(g).max()))
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("create_graph", [True, False])
 def test_convbn_equals_its_layers_called_in_turn(device, create_graph):
-    """ConvBN keeps the convolution's channels-last result through the norm and the ReLU
-    (one layout change each way for the block): the same output, gradients and running
-    statistics, bit for bit, as calling its Conv, BatchNorm2d and ReLU one after another."""
+    """needle.fast's ConvBN keeps the convolution's channels-last result through the norm and
+    the ReLU (one layout change each way for the block): the same output, gradients and
+    running statistics, bit for bit, as calling its (fused) Conv, BatchNorm2d and ReLU one
+    after another."""
     np.random.seed(3)
-    block = ConvBN(3, 4, 3, 2, device=device)
+    block = fast.fuse(ConvBN(3, 4, 3, 2, device=device))
     x = ndl.Tensor(np.random.randn(2, 3, 6, 6).astype(np.float32), device=device)
     R = ndl.Tensor(np.random.randn(2, 4, 3, 3).astype(np.float32), device=device)
     params = block.parameters()
@@ -149,12 +121,11 @@ def test_convbn_equals_its_layers_called_in_turn(device, create_graph):
 
 
 @pytest.mark.parametrize("create_graph", [True, False])
-def test_chained_convbns_skip_the_layout_changes_between_them(create_graph):
-    """A ConvBN fed by another's NCHW output reads that block's NHWC result directly: two
-    chained blocks have one layout change in and one out, and the same output and gradients
-    as their layers called in turn."""
+def test_chained_fused_convbns_equal_their_layers(create_graph):
+    """Two chained fused ConvBNs: the same output and gradients, bit for bit, as their layers
+    called in turn; each block's layout change in is inside its node, one out each."""
     np.random.seed(8)
-    first, second = ConvBN(3, 4, 3, 1), ConvBN(4, 2, 3, 2)
+    first, second = fast.fuse(ConvBN(3, 4, 3, 1)), fast.fuse(ConvBN(4, 2, 3, 2))
     x = ndl.Tensor(np.random.randn(2, 3, 6, 6).astype(np.float32))
     params = first.parameters() + second.parameters()
 
@@ -173,18 +144,18 @@ def test_chained_convbns_skip_the_layout_changes_between_them(create_graph):
     _, want = run(lambda: second.relu(second.bn(second.conv(first.relu(first.bn(first.conv(x)))))))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert permutes == 1  # the first block's layout change in is inside its node
+    assert permutes == 2
 
 
 def test_convbn_in_training_keeps_its_output_and_xhat_alone():
-    """In training a ConvBN is one ConvBatchNormTrain node: until backward the step holds the
+    """In training a fused ConvBN is one ConvBatchNormTrain node: until backward it holds the
     block's output and batch norm's x̂, not the convolution's output nor a channels-last copy
     of the NCHW input (both are made again where backward needs them)."""
     device = ndl.cpu()
     if ndl.backend_selection.BACKEND != "nd" or not device.enabled():
         pytest.skip("counts the compiled CPU module's bytes")
     np.random.seed(5)
-    block = ConvBN(8, 16, 3, 2, device=device)
+    block = fast.fuse(ConvBN(8, 16, 3, 2, device=device))
     x = ndl.Tensor(np.random.randn(8, 8, 16, 16).astype(np.float32), device=device)
     out_bytes = 8 * 16 * 8 * 8 * 4
     mod = device.mod
@@ -202,15 +173,15 @@ def test_convbn_in_training_keeps_its_output_and_xhat_alone():
 
 
 def test_convbn_calls_a_replaced_activation_module():
-    """The one-node norm + ReLU applies to nn.ReLU only: another activation module put in
-    ``block.relu`` is called on the norm's output."""
+    """The fused block's one-node norm + ReLU applies to nn.ReLU only: another activation module
+    put in ``block.relu`` is called on the norm's output."""
 
     class Doubled(ndl.nn.Module):
         def forward(self, x):
             return ndl.ops.relu(x) * 2
 
     np.random.seed(4)
-    block = ConvBN(3, 4, 3, 1)
+    block = fast.fuse(ConvBN(3, 4, 3, 1))
     x = ndl.Tensor(np.random.randn(2, 3, 5, 5).astype(np.float32))
     want = block(x).numpy() * 2
     block.bn.running_mean, block.bn.running_var = ndl.init.zeros(4), ndl.init.ones(4)

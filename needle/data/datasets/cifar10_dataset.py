@@ -146,6 +146,7 @@ def _load_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data, labels.astype(np.int64)
 
 
+# question: hw4_cifar10_dataset
 class CIFAR10Dataset(Dataset):
     """CIFAR-10 from the python-pickle batches in ``base_folder`` (``cifar-10-batches-py``).
 

@@ -49,15 +49,10 @@ def _read_up_to(f: BufferedIOBase, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_idx_stream(
-    f: BufferedIOBase, path: Path, expected_magic: Optional[int], file_size: int, gzipped: bool
-) -> np.ndarray:
-    """Parse an IDX stream: header first, then exactly the data the header declares.
-
-    A raw file's data must fill the rest of its ``file_size`` bytes exactly; a gzipped file of
-    ``file_size`` bytes cannot hold more than ``_GZIP_MAX_RATIO`` times that. Sizes are Python
-    ints, so no product wraps, and nothing is allocated before the header passes these bounds.
-    """
+def _read_idx_header(
+    f: BufferedIOBase, path: Path, expected_magic: Optional[int]
+) -> Tuple[Tuple[int, ...], np.dtype]:
+    """The shape and dtype an IDX header declares, after checking its magic number."""
     head = _read_up_to(f, 4)
     if len(head) < 4:
         what = "is empty" if not head else f"holds only {len(head)} byte(s)"
@@ -84,6 +79,20 @@ def _read_idx_stream(
         )
     shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_TYPES[code])
+    return shape, dtype
+
+
+def _read_idx_stream(
+    f: BufferedIOBase, path: Path, expected_magic: Optional[int], file_size: int, gzipped: bool
+) -> np.ndarray:
+    """Parse an IDX stream: header first, then exactly the data the header declares.
+
+    A raw file's data must fill the rest of its ``file_size`` bytes exactly; a gzipped file of
+    ``file_size`` bytes cannot hold more than ``_GZIP_MAX_RATIO`` times that. Sizes are Python
+    ints, so no product wraps, and nothing is allocated before the header passes these bounds.
+    """
+    shape, dtype = _read_idx_header(f, path, expected_magic)
+    ndim = len(shape)
     nbytes = math.prod(shape) * dtype.itemsize
     capacity = _GZIP_MAX_RATIO * file_size if gzipped else file_size - 4 - 4 * ndim
     if not gzipped and nbytes != capacity:
@@ -97,6 +106,13 @@ def _read_idx_stream(
             f"header declares shape {shape}, {nbytes} bytes of data, more "
             f"than the file can hold ({capacity} bytes at most)",
         )
+    return _read_idx_data(f, path, shape, dtype, nbytes)
+
+
+def _read_idx_data(
+    f: BufferedIOBase, path: Path, shape: Tuple[int, ...], dtype: np.dtype, nbytes: int
+) -> np.ndarray:
+    """Exactly ``nbytes`` of data, in chunks, as an array of ``shape``; nothing may follow."""
     buf = np.empty(nbytes, dtype=np.uint8)
     view, got = buf.data, 0  # a writable memoryview of buf
     while got < nbytes:
@@ -139,6 +155,7 @@ def read_idx(filename: str | Path, expected_magic: Optional[int] = None) -> np.n
             raise _idx_error(path, f"not a valid gzip file (truncated or corrupt): {exc}") from exc
 
 
+# question: hw0_parse_mnist
 def parse_mnist(
     image_filename: str | Path, label_filename: str | Path
 ) -> Tuple[np.ndarray, np.ndarray]:
@@ -167,6 +184,7 @@ def _read_mnist(
     return images, labels
 
 
+# question: hw2_mnist_dataset
 class MNISTDataset(Dataset):
     """MNIST from gzipped IDX files (hw2): items are (image (rows*cols,) float32 in [0, 1], label).
 

@@ -20,6 +20,7 @@ from needle.autograd import Tensor
 __all__ = ["Dictionary", "Corpus", "batchify", "get_batch"]
 
 
+# question: hw4_ptb_corpus
 class Dictionary:
     """Word ↔ id maps: ``word2idx`` (dict) and ``idx2word`` (list, in order of first sight)."""
 
@@ -38,6 +39,7 @@ class Dictionary:
         return len(self.idx2word)
 
 
+# question: hw4_ptb_corpus
 class Corpus:
     """``base_dir/train.txt`` and ``base_dir/test.txt`` as lists of ids (``train``, ``test``).
 
@@ -100,6 +102,7 @@ def _text_lines(path: str) -> Iterator[str]:
                 yield piece
 
 
+# question: hw4_batchify
 def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32") -> np.ndarray:
     """Cuts a token stream into ``batch_size`` contiguous columns: numpy (nbatch, batch_size).
 
@@ -120,6 +123,7 @@ def batchify(data: Sequence[int], batch_size: int, device=None, dtype="float32")
     return np.ascontiguousarray(arr.reshape(batch_size, nbatch).T)
 
 
+# question: hw4_batchify
 def get_batch(
     batches: np.ndarray, i: int, bptt: int, device=None, dtype=None
 ) -> Tuple[Tensor, Tensor]:

@@ -19,8 +19,8 @@ from typing import Tuple
 
 from ..autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp, Value, is_grad_enabled
 from ..backend_selection import BACKEND, array_api
-from . import ops_conv
-from .ops_mathematic import (
+from ..ops import ops_conv
+from ..ops.ops_mathematic import (
     NCHW_TO_NHWC,
     NHWC_TO_NCHW,
     MatMul,
