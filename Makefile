@@ -9,7 +9,23 @@ export PYTHONDONTWRITEBYTECODE := 1
 # Marker files: the environment is (re)installed when pyproject.toml changes,
 # the compiled modules are rebuilt when a C++/CUDA source or CMakeLists.txt changes.
 VENV_READY := $(VENV)/.needle-venv
+# The lock: every pip install below is held to locks/pyX.Y.txt of this venv's Python (`make lock`
+# rewrites the files). UNLOCKED=1 installs the newest releases pyproject.toml's ranges allow
+# instead; each mode has its own marker, so switching reinstalls.
+PYVER      := $(shell p=$(PY); test -x "$$p" || p=$(PYTHON); "$$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+LOCK_FILE  := locks/py$(PYVER).txt
+ifeq ($(UNLOCKED),)
 INSTALLED  := $(VENV)/.needle-installed
+OTHER_MODE := $(VENV)/.needle-installed-unlocked
+PIP_LOCK   := PIP_CONSTRAINT=$(LOCK_FILE)
+PIP_UP     :=
+else
+INSTALLED  := $(VENV)/.needle-installed-unlocked
+OTHER_MODE := $(VENV)/.needle-installed
+PIP_LOCK   := PIP_CONSTRAINT=
+PIP_UP     := --upgrade --upgrade-strategy eager
+LOCK_FILE  :=
+endif
 BUILT      := $(VENV)/.needle-built
 SOURCES    := CMakeLists.txt $(wildcard src/*.cc src/*.cu src/*.h src/*.cuh src/*/*.cc src/*/*.cu src/*/*.h src/*/*.cuh)
 # Every CMake output lives under build/ (one folder per venv); the compiled modules themselves
@@ -39,8 +55,12 @@ help:
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
 	@echo "make test-sanitize  build the CPU module with ASan+UBSan, run the CPU-module suites on it"
-	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.12 venv, two notebooks run"
+	@echo "make test-colab     Colab, simulated: the set-up cell installs needle in a fresh Python 3.13 venv with the lock, every notebook runs"
 	@echo "make clean      remove build products (keeps .venv and data/)"
+	@echo "make lock       rewrite locks/pyX.Y.txt (pinned versions) for every supported Python found"
+	@echo "                every install is held to the lock of its Python; UNLOCKED=1 takes the newest releases"
+	@echo "                (check, progress, where, lecture-report, bench, profile: also python -m companion <name> NAME=value ...)"
+	@echo "make notebook-drift  every notebook under nbval as a report that never fails (CI runs it with UNLOCKED=1)"
 
 # LOCKED cmd...: run cmd holding build/.lock (fcntl, so it works on Linux and macOS alike), so
 # two first-time `make`s never create the venv, install or compile at the same time.
@@ -61,13 +81,21 @@ $(VENV_READY):
 	$(LOCKED) sh -c 'test -f $(VENV_READY) || { { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
 	  $(PY) -m pip install --quiet --upgrade pip && touch $(VENV_READY); }'
 
-$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml
-	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml || { \
-	  $(PY) -m pip install --quiet "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
-	  $(PY) -m pip install --quiet --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
-	  $(PY) -m companion.extras && \
+$(INSTALLED): $(VENV_READY) pyproject.toml environment.yml $(wildcard $(LOCK_FILE))
+	@test -z "$(LOCK_FILE)" -o -f "$(LOCK_FILE)" || { echo "needle: no lock for Python $(PYVER) ($(LOCK_FILE)): run make lock, or make ... UNLOCKED=1 for the newest releases"; exit 2; }
+	$(LOCKED) sh -c 'test $(INSTALLED) -nt pyproject.toml -a $(INSTALLED) -nt environment.yml $(if $(LOCK_FILE),-a $(INSTALLED) -nt $(LOCK_FILE)) || { \
+	  rm -f $(OTHER_MODE) $(VENV)/.needle-book && export $(PIP_LOCK) && \
+	  $(PY) -m pip install --quiet $(PIP_UP) "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy && \
+	  $(PY) -m pip install --quiet $(PIP_UP) --no-build-isolation -C wheel.cmake=false -e ".[dev]" && \
+	  $(PY) -m companion.extras $(if $(UNLOCKED),--upgrade) && \
 	  touch $(INSTALLED); }'
-	@echo "needle: environment ready in $(VENV)"
+	@echo "needle: environment ready in $(VENV) ($(if $(UNLOCKED),newest releases,locked to $(LOCK_FILE)))"
+
+# make lock: rewrite locks/pyX.Y.txt for every supported Python found (pyenv's or python3.X on
+# PATH), each from a fresh venv in build/lock/ with the newest releases pyproject.toml allows.
+.PHONY: lock
+lock:
+	$(PYTHON) locks/generate.py $(LOCK_PYTHONS)
 
 # The editable install above only links the Python package; CMake compiles the modules here,
 # incrementally, in $(BUILD_DIR).
@@ -155,6 +183,16 @@ test-unit: $(BUILT)
 test-notebooks: $(BUILT)
 	$(NBVAL) -q $(NOTEBOOKS)
 
+# make notebook-drift (.ci/run runs it with UNLOCKED=1): every notebook under nbval, as a report of
+# the cells whose outputs differ in this environment (build/notebook-drift-X.Y.txt); never fails.
+DRIFT_REPORT := build/notebook-drift-$(PYVER)$(if $(UNLOCKED),-newest).txt
+.PHONY: notebook-drift
+notebook-drift: $(BUILT)
+	@$(NBVAL) -q -rf $(NOTEBOOKS) > $(DRIFT_REPORT) 2>&1; \
+	  echo "notebook drift: with $$($(PY) -m pip freeze | grep -iE '^(numpy|matplotlib|scikit-learn|nbval|jupyter_client|ipykernel)==' | tr '\n' ' ')"; \
+	  grep -E '^FAILED ' $(DRIFT_REPORT) | sed 's/^FAILED /notebook drift: /' || echo "notebook drift: none (every notebook's outputs match here)"; \
+	  echo "notebook drift: full nbval output in $(DRIFT_REPORT)"
+
 notebooks: $(BUILT)
 	@for py in notebooks/[0-9]*.py; do \
 	  echo "== $$py"; \
@@ -179,23 +217,25 @@ figures: $(BUILT)
 	done
 	@ls figures
 
-# With NEEDLE_IMPL=path/to/hwN/python, instead of the usual tables: that needle's kernels and a
-# training step measured beside this project's and numpy's (benchmarks/student.py).
+# These targets run `python -m companion <target>` with the same NAME=value arguments (one place
+# for what they do; companion/__main__.py), so they work without make too.
+# bench with NEEDLE_IMPL=path/to/hwN/python: that needle's kernels and a training step measured
+# beside this project's and numpy's (benchmarks/student.py), instead of the usual tables.
 bench: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student; else $(PY) -m benchmarks; fi
+	$(PY) -m companion bench "NEEDLE_IMPL=$${NEEDLE_IMPL-}"
 
 profile: $(BUILT)
-	if [ -n "$$(echo $${NEEDLE_IMPL-})" ]; then $(PY) -m benchmarks.student --step-only; else $(PY) -m companion.step_profile; fi
+	$(PY) -m companion profile "NEEDLE_IMPL=$${NEEDLE_IMPL-}"
 
 # Student mode: build and check a homework folder in the course's layout, e.g. make check HW=~/hw2
 # (HWNUM=hw2 when the folder's name does not say which homework; ARGS= passes other options)
 check: $(INSTALLED)
 	@test -n "$${HW-}" || { echo "usage: make check HW=path/to/hwN [Q=text] [HWNUM=hwN] [ARGS=...]"; exit 2; }
-	$(PY) -m companion.check "$$HW" $(if $(Q),-k "$$Q",) $(if $(HWNUM),--hw "$$HWNUM",) $${ARGS-}
+	$(PY) -m companion check "HW=$${HW-}" "Q=$${Q-}" "HWNUM=$${HWNUM-}" "ARGS=$${ARGS-}"
 
 # Passed/total per homework in or beside HW (default: here), what changed, the next question.
 progress: $(INSTALLED)
-	$(PY) -m companion.check --progress "$${HW:-.}"
+	$(PY) -m companion progress "HW=$${HW-}"
 
 where: $(INSTALLED)
 	$(PY) -m companion.where $(Q)
@@ -203,7 +243,7 @@ where: $(INSTALLED)
 # Every notebook on NEEDLE_IMPL's needle: cells passed, failed, skipped (companion/report_card.py).
 lecture-report: $(BUILT)
 	@test -n "$$(echo $${NEEDLE_IMPL-})" || { echo "usage: make lecture-report NEEDLE_IMPL=path/to/hwN/python [NB=notebooks/NN_topic.py]"; exit 2; }
-	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(PY) -m companion.report_card $(if $(NB),"$$NB",)
+	$(PY) -m companion lecture-report "NEEDLE_IMPL=$${NEEDLE_IMPL-}" "NB=$${NB-}"
 
 data: $(INSTALLED)
 	$(PY) -m companion.data.download --all --root data
@@ -233,7 +273,7 @@ clean:
 BOOK_DEPS := $(VENV)/.needle-book
 
 $(BOOK_DEPS): $(INSTALLED)
-	$(PY) -m pip install --quiet $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
+	$(PIP_LOCK) $(PY) -m pip install --quiet $(PIP_UP) $$($(PY) -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["book"]))')
 	@touch $@
 
 .PHONY: book
@@ -245,8 +285,9 @@ book: $(BOOK_DEPS)
 test-unit: $(BOOK_DEPS)
 
 # ---- Colab, simulated (tests/build/colab_simulation.py) --------------------------------------
-# A fresh Python 3.12 venv with Colab's preinstalled packages and no `make`; each notebook's set-up
-# cell installs needle from a git clone of HEAD (commit first), then notebooks 01 and 02 run.
+# A fresh Python 3.13 venv (Colab's Python) with Colab's preinstalled packages and no `make`; the
+# set-up cell installs needle with the lock from a git clone of HEAD (commit first), then
+# every notebook and the student commands run outside the checkout.
 .PHONY: test-colab
 test-colab: $(INSTALLED)
 	$(PY) tests/build/colab_simulation.py $(if $(COLAB_PYTHON),--python "$(COLAB_PYTHON)",)

@@ -3,8 +3,10 @@
 The source directory is the repository root (``sphinx-build -c book . build/book``) so the
 site's pages keep the repository's paths: ``book/index`` (the landing page, which includes
 README.md), ``notebooks/NN_topic`` (each executed notebook, rendered with its committed outputs
-and never re-executed: nbval already runs them) and ``docs/array_layer``. MathJax comes from
-the django-static-mathjax package, copied into ``_static/mathjax``: the site needs no network.
+and never re-executed: nbval already runs them) and ``docs/*`` (the guides the README points to:
+student mode, Colab, the locked environment, extensions, backends, benchmarks; the array layer).
+MathJax comes from the django-static-mathjax package, copied into ``_static/mathjax``: the site
+needs no network.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def readme_block(root: Path = ROOT) -> str:
     return "\n".join(
         [
             START,
-            f"Read them online at <{site}> (`make book` builds the same site into `build/book/`).",
+            f"Read them online at <{site}> once the repository is published at the address in "
+            "`pyproject.toml` (`make book` builds the same site into `build/book/` now).",
             "Run times are the figures each notebook's header gives, on the machine it names.",
             "",
             *rows,

@@ -4,27 +4,30 @@ The repository's address is written once, in ``pyproject.toml``'s ``[project.url
 From it this module derives, for every ``notebooks/NN_topic.py``:
 
 * the "Open in Colab" badge line, right under the title of the header (first markdown) cell;
-* the set-up cell, the first code cell: in Colab (``"google.colab" in sys.modules``) it installs
-  this project with one ``pip install "needle @ git+<repository>"`` (then, for the notebooks
-  that import the lectures' extras, ``python -m companion.extras``: each of its packages on its
-  own, so one without a wheel stops nothing), which compiles the CPU module and, where ``nvcc``
-  exists and a GPU is present, the CUDA module for that GPU's architecture only (T4 sm_75,
-  A100 sm_80, L4 sm_89; ``CUDAARCHS`` keeps the build short). Anywhere else it does nothing and
-  prints nothing, so the committed outputs and nbval are unaffected.
+* the set-up cell, the first code cell: collapsed to its title in Colab (``#@title`` and
+  ``cellView: form``) and in JupyterLab (``source_hidden``), left out of the website
+  (``remove-cell``), at most five lines. In Colab (``"google.colab" in sys.modules``) it asks
+  :mod:`companion.colab_setup` whether this project's ``needle`` and ``companion`` are what the
+  notebook imports; when they are not, it clones the repository and runs that module's install
+  from the clone (pip, held to the lock of Colab's Python; the CUDA module for the runtime's GPU;
+  the lectures extra for the notebooks that use it). Its failure message names the repository it
+  tried. Anywhere else it does nothing and prints nothing, so the committed outputs and nbval
+  are unaffected.
 
 Two environment variables let the cell be tested outside Colab: ``NEEDLE_COLAB_SIMULATE=1``
-makes it act as in Colab, ``NEEDLE_COLAB_REPO`` (a local clone's folder or any pip ``git+`` URL
-target) replaces the repository; ``NEEDLE_COLAB_GPU_CAP`` (``7.5``) stands for ``nvidia-smi``'s
-answer on a machine without a GPU.
+makes it act as in Colab, ``NEEDLE_COLAB_REPO`` (a local clone's folder or any ``git clone``
+address) replaces the repository; the clone goes to ``$TMPDIR/needle-companion``.
 
-``python -m companion.colab --write`` rewrites every notebook's badge and set-up cell (the
-``.py`` sources; regenerate the ``.ipynb`` with ``jupytext --to ipynb --update``);
+``python -m companion.colab --write`` rewrites every notebook's badge and set-up cell, in the
+``.py`` source and in the executed ``.ipynb`` (that cell's source and metadata, and the badge
+line; nothing is re-executed: outside Colab the cell has no output).
 ``python -m companion.colab --check`` lists the notebooks that differ from what it would write.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -35,46 +38,40 @@ NOTEBOOKS = ROOT / "notebooks"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 #: The branch Colab opens the notebooks from.
 BRANCH = "main"
-#: The set-up cell's marker line: the website (book/) leaves the cell out (``remove-cell``).
-CELL_MARKER = '# %% tags=["remove-cell"]'
-#: The first line of the set-up cell: how the generator finds the cell it wrote.
-SETUP_MARK = "# Colab set-up"
+#: The set-up cell's marker line: the website (book/) leaves the cell out (``remove-cell``);
+#: Colab shows only its title (``cellView: form``), JupyterLab collapses it (``source_hidden``).
+CELL_MARKER = '# %% tags=["remove-cell"] cellView="form" jupyter={"source_hidden": true}'
+#: The set-up cell's metadata in the .ipynb (what CELL_MARKER says).
+CELL_METADATA = {"tags": ["remove-cell"], "cellView": "form", "jupyter": {"source_hidden": True}}
+#: The first line of the set-up cell: how the generator finds the cell it wrote (and the first
+#: line of the earlier, longer cell, which it replaces).
+SETUP_MARK = "#@title Colab set-up"
+LEGACY_MARKS = ("# Colab set-up",)
 #: A notebook that imports one of these modules (or runs mpiexec) installs the lectures extra.
 LECTURES_MODULES = ("mpi4py", "mpiexec", "onnx", "onnxruntime", "tvm")
+#: At most this many lines of source, so the collapsed cell stays a few lines when opened.
+MAX_LINES = 5
 
-SETUP_TEMPLATE = """\
-# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
-# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
-# anywhere else it does nothing.
-import importlib.util, os, sys
-in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
-if in_colab and importlib.util.find_spec("needle"):
-    print("needle is installed (by this cell, earlier in this Colab session)")
-elif in_colab:
-    import importlib, shutil, subprocess
-    repo = os.environ.get("NEEDLE_COLAB_REPO", "{repo}")
-    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
-    env = dict(os.environ)
-    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
-        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
-    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
-    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
-        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip().split("\\n")[0]
-    cap = cap if cap.replace(".", "").isdigit() else ""
-    if cap:  # the CUDA module for this GPU's architecture only
-        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
-    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
-        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
-    print(f"installing needle from {{repo}} (GPU: {{cap or 'none'}}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{{repo}}"],
-                          env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError("pip install failed:\\n" + done.stdout[-3000:] + done.stderr[-3000:])
-    importlib.invalidate_caches(){extras_step}
-    import needle
-    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
-"""
+#: The cell's five lines (a format string: {repo}, {lectures}), each written in pieces here.
+SETUP_TEMPLATE = "\n".join(
+    [
+        "#@title Colab set-up: in Colab this installs needle (2-3 minutes); "
+        "elsewhere it does nothing",
+        "import os, shlex, subprocess, sys, tempfile; "
+        'repo = os.environ.get("NEEDLE_COLAB_REPO", "{repo}")',
+        'if "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1":'
+        "  # companion/colab_setup.py",
+        "    py, src, q = sys.executable, "
+        'os.path.join(tempfile.gettempdir(), "needle-companion"), shlex.quote',
+        '    done = subprocess.run(f"{{q(py)}} -m companion.colab_setup --status{lectures} '
+        "2>/dev/null || "
+        "{{{{ {{{{ test -d {{q(src)}} || git clone -q --depth=1 {{q(repo)}} {{q(src)}}; }}}} && "
+        "cd {{q(src)}} && {{q(py)}} -m companion.colab_setup --install {{q(repo)}} "
+        '--cwd {{q(os.getcwd())}}{lectures}; }}}}", shell=True, capture_output=True, text=True); '
+        'print(done.stdout + done.stderr[-3000:], end=""); assert done.returncode == 0, '
+        'f"the set-up could not install this project from {{repo}} (what failed is above)"',
+    ]
+)
 
 
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
@@ -117,21 +114,15 @@ def extras(source: str) -> str:
     return "[lectures]" if re.search(pattern, source) else ""
 
 
-#: What the cell adds for a notebook that needs the lectures extra: each of its packages on its
-#: own (``companion.extras``), so one without a wheel for the platform stops nothing.
-EXTRAS_STEP = """
-    extra = subprocess.run([sys.executable, "-m", "companion.extras"], capture_output=True,
-                           text=True)  # MPI, ONNX, TVM: each where it installs
-    print(extra.stdout, end="")"""
-
-
 def setup_cell(repo: str, extra: str = "") -> str:
     """The set-up cell's Python source (no trailing newline) for ``repo``; ``extra`` is
     ``"[lectures]"`` for a notebook that needs the lectures extra (see :func:`extras`)."""
-    step = EXTRAS_STEP if extra == "[lectures]" else ""
     if extra not in ("", "[lectures]"):
         raise ValueError(f"unknown extra {extra!r}: the set-up cell knows '' and '[lectures]'")
-    return SETUP_TEMPLATE.format(repo=repo, extras_step=step).rstrip("\n")
+    if any(c in repo for c in '"\\\n'):
+        raise ValueError(f"a repository address with a quote or a backslash: {repo!r}")
+    lectures = " --lectures" if extra == "[lectures]" else ""
+    return SETUP_TEMPLATE.format(repo=repo, lectures=lectures).rstrip("\n")
 
 
 def _cells(lines: List[str]) -> List[int]:
@@ -164,7 +155,7 @@ def generate(text: str, notebook: str, repo: str) -> str:
         raise ValueError(f"{notebook}: no code cell")
     start = code[0]
     cell = [CELL_MARKER] + setup_cell(repo, extras(text)).split("\n") + [""]
-    if lines[start + 1] == SETUP_MARK or lines[start + 1].startswith(SETUP_MARK + " "):
+    if lines[start + 1].startswith((SETUP_MARK,) + LEGACY_MARKS):
         end = next((i for i in markers if i > start), len(lines))
         lines[start:end] = cell
     else:
@@ -172,15 +163,60 @@ def generate(text: str, notebook: str, repo: str) -> str:
     return "\n".join(lines)
 
 
+#: The .ipynb's jupytext setting: which cell metadata the paired .py keeps (the set-up cell's).
+CELL_METADATA_FILTER = "tags,cellView,jupyter,-all"
+
+
+def _lines(text: str) -> List[str]:
+    """``text`` as an .ipynb stores a source: lines, each but the last with its newline."""
+    return text.splitlines(keepends=True)
+
+
+def generate_ipynb(text: str, notebook: str, repo: str, extra: str) -> str:
+    """``text`` (an executed ``.ipynb``, JSON) with the badge line of its header cell and its
+    set-up cell's source and metadata as generated from ``repo``; outputs, execution counts and
+    every other cell are kept. ``extra``: see :func:`setup_cell`."""
+    nb = json.loads(text)
+    cells = nb["cells"]
+    header = "".join(cells[0]["source"]) if cells and cells[0]["cell_type"] == "markdown" else ""
+    badge = [i for i, line in enumerate(_lines(header)) if line.startswith("[![Open In Colab]")]
+    if not badge:
+        raise ValueError(f"{notebook}.ipynb: no badge line in the header: run `make notebook`")
+    lines = _lines(header)
+    lines[badge[0]] = badge_line(notebook, repo) + ("\n" if lines[badge[0]].endswith("\n") else "")
+    cells[0]["source"] = lines
+    code = next((c for c in cells if c["cell_type"] == "code"), None)
+    first = "".join(code["source"]) if code else ""
+    if not first.startswith((SETUP_MARK,) + LEGACY_MARKS):
+        raise ValueError(f"{notebook}.ipynb: no set-up cell first: run `make notebook`")
+    code["source"] = _lines(setup_cell(repo, extra))
+    kept = {k: v for k, v in code["metadata"].items() if k not in CELL_METADATA}
+    code["metadata"] = {**kept, **json.loads(json.dumps(CELL_METADATA))}
+    nb["metadata"].setdefault("jupytext", {})["cell_metadata_filter"] = CELL_METADATA_FILTER
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
 def sources(folder: Path = NOTEBOOKS) -> List[Path]:
     """The lecture notebooks' percent-format sources, ``NN_topic.py``, in order."""
     return sorted(folder.glob("[0-9][0-9]_*.py"))
 
 
+def rewritten(path: Path, repo: str) -> "dict[Path, str]":
+    """The files of ``path`` (``NN_topic.py``) and its ``.ipynb`` whose generated text differs
+    from what they hold: {file: new text}."""
+    text = path.read_text()
+    new = {path: generate(text, path.stem, repo)}
+    ipynb = path.with_suffix(".ipynb")
+    if ipynb.exists():
+        new[ipynb] = generate_ipynb(ipynb.read_text(), path.stem, repo, extras(text))
+    return {p: t for p, t in new.items() if t != p.read_text()}
+
+
 def stale(folder: Path = NOTEBOOKS, repo: Optional[str] = None) -> List[Path]:
-    """The sources whose badge or set-up cell differs from what :func:`generate` writes."""
+    """The files (sources and notebooks) whose badge or set-up cell differs from what
+    :func:`generate` and :func:`generate_ipynb` write."""
     repo = repo or repository_url()
-    return [p for p in sources(folder) if generate(p.read_text(), p.stem, repo) != p.read_text()]
+    return [p for path in sources(folder) for p in rewritten(path, repo)]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -211,10 +247,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         return 1 if out else 0
     for path in sources():
-        new = generate(path.read_text(), path.stem, repo)
-        if new != path.read_text():
-            path.write_text(new)
-            print(f"wrote {path.relative_to(ROOT)}")
+        for file, text in rewritten(path, repo).items():
+            file.write_text(text)
+            print(f"wrote {file.relative_to(ROOT)}")
     return 0
 
 

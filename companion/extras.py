@@ -6,6 +6,10 @@ test`` and the Colab set-up cell instead install needle alone and then run
 ``python -m companion.extras``, which installs each package of the extra separately and prints
 one line naming those that could not be installed; it never fails. The notebooks that need a
 missing package say so in one line where they would use it (``companion.lecture``).
+
+The versions are locked the same way as the rest: pip reads the lock file from the
+``PIP_CONSTRAINT`` variable, which the Makefile and the Colab set-up set to ``locks/pyX.Y.txt``;
+``--upgrade`` (``make ... UNLOCKED=1``) installs the newest releases the extra's ranges allow.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ def _pip(args: Sequence[str]) -> int:
     return subprocess.run([sys.executable, "-m", "pip", *args]).returncode
 
 
-def install(reqs: Sequence[str], pip: Pip = _pip) -> List[str]:
-    """Install each requirement in ``reqs`` on its own; return those pip could not install."""
-    return [req for req in reqs if pip(["install", "--quiet", req]) != 0]
+def install(reqs: Sequence[str], pip: Pip = _pip, upgrade: bool = False) -> List[str]:
+    """Install each requirement in ``reqs`` on its own (``upgrade``: to its newest release);
+    return those pip could not install."""
+    flags = ["--upgrade"] if upgrade else []
+    return [req for req in reqs if pip(["install", "--quiet", *flags, req]) != 0]
 
 
 def missing_line(missing: Sequence[str]) -> str:
@@ -68,8 +74,11 @@ def declared(extra: str = EXTRA, pyproject: Optional[Path] = None) -> List[str]:
 
 def main(argv: Optional[List[str]] = None, pip: Pip = _pip) -> int:
     """Install the lectures extra package by package; print one line for what is missing.
-    Always returns 0: a missing lecture package never stops the set-up."""
-    del argv
+    Always returns 0: a missing lecture package never stops the set-up. ``argv``: ``[]`` or
+    ``["--upgrade"]``."""
+    args = list(argv or [])
+    if args not in ([], ["--upgrade"]):
+        raise SystemExit(f"usage: python -m companion.extras [--upgrade] (got {args})")
     try:
         reqs = requirements()
     except importlib.metadata.PackageNotFoundError:
@@ -82,7 +91,7 @@ def main(argv: Optional[List[str]] = None, pip: Pip = _pip) -> int:
                 f"not be read ({type(error).__name__}: {error})"
             )
             return 0
-    missing = install(reqs, pip)
+    missing = install(reqs, pip, upgrade=bool(args))
     if missing:
         print(missing_line(missing))
     return 0

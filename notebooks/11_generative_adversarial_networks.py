@@ -52,38 +52,12 @@
 # A GAN's trajectory depends on every rounding of the run, so the cells that print its numbers
 # are not compared digit for digit by the test suite; their asserts, with margins, are the check.
 
-# %% tags=["remove-cell"]
-# Colab set-up (written by `python -m companion.colab --write`): in Colab this installs needle
-# and compiles its CPU module, and its CUDA module for the GPU runtime's GPU (about 2-3 minutes);
-# anywhere else it does nothing.
-import importlib.util, os, sys
-in_colab = "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1"
-if in_colab and importlib.util.find_spec("needle"):
-    print("needle is installed (by this cell, earlier in this Colab session)")
-elif in_colab:
-    import importlib, shutil, subprocess
-    repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
-    repo = "file://localhost" + os.path.abspath(repo) if os.path.isdir(repo) else repo
-    env = dict(os.environ)
-    if not shutil.which("nvcc") and os.path.exists("/usr/local/cuda/bin/nvcc"):
-        env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
-    cap = os.environ.get("NEEDLE_COLAB_GPU_CAP", "")
-    if not cap and shutil.which("nvidia-smi"):  # compute capability: T4 7.5, A100 8.0, L4 8.9
-        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip().split("\n")[0]
-    cap = cap if cap.replace(".", "").isdigit() else ""
-    if cap:  # the CUDA module for this GPU's architecture only
-        env["CUDAARCHS"] = cap.replace(".", "") + "-real"
-    else:  # no GPU: no CUDA module (Runtime > Change runtime type > GPU, then run this again)
-        env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DNEEDLE_CUDA=OFF").strip()
-    print(f"installing needle from {repo} (GPU: {cap or 'none'}); this takes 2-3 minutes")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"needle @ git+{repo}"],
-                          env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError("pip install failed:\n" + done.stdout[-3000:] + done.stderr[-3000:])
-    importlib.invalidate_caches()
-    import needle
-    print("needle installed:", "cuda() is available" if needle.cuda().enabled() else "cpu() only")
+# %% tags=["remove-cell"] cellView="form" jupyter={"source_hidden": true}
+#@title Colab set-up: in Colab this installs needle (2-3 minutes); elsewhere it does nothing
+import os, shlex, subprocess, sys, tempfile; repo = os.environ.get("NEEDLE_COLAB_REPO", "https://github.com/needle-companion/needle-companion")
+if "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "1":  # companion/colab_setup.py
+    py, src, q = sys.executable, os.path.join(tempfile.gettempdir(), "needle-companion"), shlex.quote
+    done = subprocess.run(f"{q(py)} -m companion.colab_setup --status 2>/dev/null || {{ {{ test -d {q(src)} || git clone -q --depth=1 {q(repo)} {q(src)}; }} && cd {q(src)} && {q(py)} -m companion.colab_setup --install {q(repo)} --cwd {q(os.getcwd())}; }}", shell=True, capture_output=True, text=True); print(done.stdout + done.stderr[-3000:], end=""); assert done.returncode == 0, f"the set-up could not install this project from {repo} (what failed is above)"
 
 # %%
 import matplotlib.pyplot as plt

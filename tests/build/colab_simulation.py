@@ -1,20 +1,23 @@
-"""Colab, simulated (`make test-colab`): the set-up cell installs needle, four notebooks run on it.
+"""Colab, simulated (`make test-colab`): the set-up cell installs needle, every notebook runs on it.
 
-What Colab has, made here: a fresh Python 3.12 environment with numpy, matplotlib and ipykernel
-preinstalled (plus nbclient/nbformat to drive the kernel), no checkout beside the notebooks, and
-no `make` (a `make` on PATH that fails). The repository is a git clone of this checkout's HEAD
-(commit first: uncommitted changes are not in it), given to the set-up cell by
-NEEDLE_COLAB_REPO; NEEDLE_COLAB_SIMULATE=1 makes the cell act as in Colab and
+What Colab has, made here: a fresh Python 3.13 environment (Colab's Python since August 2026)
+with numpy, matplotlib and ipykernel preinstalled (plus nbclient/nbformat to drive the kernel),
+no checkout beside the notebooks, and no `make` (a `make` on PATH that fails). The repository
+is a git clone of this checkout's HEAD (commit first: uncommitted changes are not in it), given
+to the set-up cell by NEEDLE_COLAB_REPO; NEEDLE_COLAB_SIMULATE=1 makes the cell act as in Colab and
 NEEDLE_COLAB_GPU_CAP=7.5 stands for a T4, so where nvcc exists the CUDA module is compiled for
-sm_75 (and never run: there is no GPU here).
+sm_75 (and never run: there is no GPU here). The install is held to the clone's lock for that
+Python (locks/py3.13.txt): the set-up cell must say so.
 
 Each notebook is executed from a folder outside any checkout; the first one's set-up cell does the
 install (its time is reported), the later ones find needle installed. Notebooks 05 and 06 are
 the ones that read what a checkout has beside needle (the kernel sources of src/, the machine
 description, the step profiler and its saved profile): they run from the wheel's copies. Then
 the installed files are checked: every file of needle/ and companion/ in the clone, every file
-of src/ as companion/src/, the compiled modules, the NEEDLE_IMPL .pth. Exits non-zero, naming the
-problem, on any failure.
+of src/ as companion/src/, the compiled modules, the NEEDLE_IMPL .pth; and the student commands
+run from the notebooks' folder, outside any checkout, on a course-layout copy of the installed
+needle: ``python -m companion check``, ``progress`` and ``lecture-report``. Exits non-zero,
+naming the problem, on any failure.
 
     python tests/build/colab_simulation.py [--python PATH] [--notebooks 01_x 02_y]
 """
@@ -34,12 +37,8 @@ from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = [
-    "01_softmax_regression",
-    "02_automatic_differentiation",
-    "05_ndarray",
-    "06_hardware_acceleration",
-]
+#: Every lecture notebook, in order (01 installs; 12 then adds the lectures extra).
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PREINSTALLED = ["numpy>=2", "matplotlib", "ipykernel", "nbclient", "nbformat"]
 T4 = "7.5"
 
@@ -61,20 +60,25 @@ json.dump({"seconds": time.time() - start, "setup_output": text, "setup_timing":
 """
 
 
-def find_python312() -> str:
-    """A Python 3.12 interpreter: pyenv's, else python3.12 on PATH."""
+COLAB_PYTHON = "3.13"
+
+
+def find_python() -> str:
+    """A Python 3.13 interpreter (Colab's): pyenv's, else python3.13 on PATH."""
     try:
         root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip()
     except FileNotFoundError:
         root = os.path.expanduser("~/.pyenv")
-    found = sorted(glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python3")))
+    pattern = os.path.join(root, "versions", f"{COLAB_PYTHON}.*", "bin", "python3")
+    found = sorted(glob.glob(pattern))
     if found:
         return found[-1]
-    path = shutil.which("python3.12")
+    path = shutil.which(f"python{COLAB_PYTHON}")
     if path:
         return path
     raise SystemExit(
-        "colab simulation: no Python 3.12 found (pyenv versions/3.12.*, python3.12); pass --python"
+        f"colab simulation: no Python {COLAB_PYTHON} found (pyenv versions/{COLAB_PYTHON}.*, "
+        f"python{COLAB_PYTHON}); pass --python"
     )
 
 
@@ -96,7 +100,9 @@ def clean_env(venv: Path, nomake: Path) -> dict:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("NEEDLE_", "PYTHON", "VIRTUAL_ENV", "MAKE", "MFLAGS", "JUPYTER"))
+        if not k.startswith(
+            ("NEEDLE_", "PYTHON", "VIRTUAL_ENV", "MAKE", "MFLAGS", "JUPYTER", "PIP_CONSTRAINT")
+        )
     }
     path = [
         p
@@ -150,10 +156,41 @@ def installed_problems(venv_python: Path, clone: Path, env: dict, nvcc: bool) ->
     return problems
 
 
+def student_command_problems(vpy: Path, work: Path, env: dict) -> List[str]:
+    """Run ``python -m companion check|progress|lecture-report`` from ``work`` (outside any
+    checkout) on ``work/hw1``, a course-layout copy of the installed needle; what went wrong."""
+    probe = "import needle, os; print(os.path.dirname(needle.__file__))"
+    package = Path(run([vpy, "-c", probe], env=env, cwd=work.parent).stdout.strip())
+    shutil.copytree(package, work / "hw1" / "python" / "needle")
+    problems = []
+    commands = {
+        "check": ["check", "HW=hw1", "Q=divide"],
+        "progress": ["progress", "HW=hw1"],
+        "lecture-report": [
+            "lecture-report",
+            "NEEDLE_IMPL=hw1/python",
+            "NB=01_softmax_regression.ipynb",
+        ],
+    }
+    wanted = {"check": "pass", "progress": "hw1", "lecture-report": "01_softmax_regression"}
+    for name, args in commands.items():
+        print("+ python -m companion", " ".join(args), flush=True)
+        done = subprocess.run(
+            [str(vpy), "-m", "companion", *args], cwd=work, env=env, capture_output=True, text=True
+        )
+        print(done.stdout[-1500:], flush=True)
+        if done.returncode or wanted[name] not in done.stdout:
+            problems.append(
+                f"python -m companion {name} failed outside the checkout ({done.returncode}):\n"
+                f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            )
+    return problems
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """The command line (see the module docstring); 0 when the simulation passes."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", help="the Python 3.12 interpreter (default: pyenv's)")
+    parser.add_argument("--python", help="the Python 3.13 interpreter (default: pyenv's)")
     parser.add_argument("--notebooks", nargs="+", default=NOTEBOOKS)
     parser.add_argument(
         "--keep",
@@ -161,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="keep the temporary folder (clone, venv, executed notebooks)",
     )
     args = parser.parse_args(argv)
-    python = args.python or find_python312()
+    python = args.python or find_python()
     nvcc = shutil.which("nvcc") is not None
     head = run(["git", "-C", ROOT, "rev-parse", "HEAD"]).stdout.strip()
     if args.keep:
@@ -175,6 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str) -> int:
     """Clone, make the venv, run the notebooks (the first installs needle), check the install."""
     clone, venv, work, nomake = tmp / "repo", tmp / "venv", tmp / "content", tmp / "nomake"
+    (tmp / "tmp").mkdir()
     run(["git", "clone", "-q", "--no-checkout", ROOT, clone])
     run(["git", "-C", clone, "checkout", "-q", "-B", "colab-simulation", head])
     work.mkdir()
@@ -193,6 +231,7 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
         NEEDLE_COLAB_REPO=str(clone),
         NEEDLE_COLAB_GPU_CAP=T4,
         CMAKE_BUILD_PARALLEL_LEVEL="2",
+        TMPDIR=str(tmp / "tmp"),  # the set-up cell clones into $TMPDIR/needle-companion
     )
     (work / "execute.py").write_text(EXECUTE)
     report = []
@@ -211,10 +250,14 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
     problems = []
     if "needle installed:" not in first:
         problems.append(f"the first notebook's set-up cell did not install needle: {first!r}")
+    version = run([vpy, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
+    if f"versions of locks/py{version}.txt" not in first:
+        problems.append(f"the set-up cell did not install with the lock of Python {version}")
     for name, result in report[1:]:
         if not result["setup_output"].startswith("needle is installed"):
             problems.append(f"{name}'s set-up cell installed again: {result['setup_output']!r}")
     problems += installed_problems(vpy, clone, env, nvcc)
+    problems += student_command_problems(vpy, work, env)
     timing = report[0][1]["setup_timing"]
     if "shell.execute_reply" in timing and "iopub.execute_input" in timing:
         t0 = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
@@ -227,7 +270,7 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
         print("colab simulation FAILED:\n  " + "\n  ".join(problems))
         return 1
     print(
-        f"colab simulation passed: {', '.join(notebooks)} ran in a fresh Python 3.12 "
+        f"colab simulation passed: {', '.join(notebooks)} ran in a fresh Python {COLAB_PYTHON} "
         f"environment installed by the set-up cell from {head[:10]}"
     )
     return 0

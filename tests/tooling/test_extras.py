@@ -7,6 +7,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from companion import extras
 
 if sys.version_info >= (3, 11):
@@ -73,6 +75,15 @@ def test_a_notebook_names_the_lecture_modules_it_lacks_in_one_line():
     assert "\n" not in message and message.startswith("Lecture 13 needs no_such_module_a, ")
     assert "no_such_module_b" in message and "json" not in message
     assert "companion.extras" in message
+
+
+def test_upgrade_installs_each_package_at_its_newest_release_and_bad_flags_are_refused(monkeypatch):
+    monkeypatch.setattr(extras, "requirements", lambda: ["onnx>=1.16"])
+    calls = []
+    assert extras.main(["--upgrade"], pip=lambda args: calls.append(list(args)) or 0) == 0
+    assert calls == [["install", "--quiet", "--upgrade", "onnx>=1.16"]]
+    with pytest.raises(SystemExit, match="--upgrade"):
+        extras.main(["--latest"], pip=lambda args: 0)
 
 
 def test_main_without_needles_metadata_never_fails(capsys, monkeypatch, tmp_path):

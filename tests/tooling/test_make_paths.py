@@ -130,7 +130,7 @@ def test_make_check_takes_a_homework_path_with_a_quote_and_spaces(tmp_path):
     root.mkdir(parents=True)
     done = run_recipe(
         "check",
-        ("usage: make check", "companion.check"),
+        ("usage: make check", "companion check"),
         {"HW": str(root), "Q": "add", "PY": sys.executable},
     )
     # the checker itself ran and got the path whole: it reports the missing layout of that path
@@ -139,7 +139,7 @@ def test_make_check_takes_a_homework_path_with_a_quote_and_spaces(tmp_path):
 
 
 def test_make_check_without_hw_says_how():
-    done = run_recipe("check", ("usage: make check", "companion.check"), {"PY": sys.executable})
+    done = run_recipe("check", ("usage: make check", "companion check"), {"PY": sys.executable})
     assert done.returncode == 2 and done.stdout.startswith("usage: make check HW=path/to/hwN")
 
 

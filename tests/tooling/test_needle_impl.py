@@ -485,7 +485,7 @@ def test_make_bench_names_a_naive_matmul(student):
     # the command `make bench NEEDLE_IMPL=...` runs (see test_make_paths), quick: tiny sizes
     done = run_recipe(
         "bench",
-        ("benchmarks",),
+        ("companion bench",),
         {"NEEDLE_IMPL": str(student), "NEEDLE_BENCH_QUICK": "1", "PY": sys.executable},
         timeout=600,
     )
@@ -524,10 +524,10 @@ def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, 
     cards = tmp_path / "cards.json"
     done = run_recipe(
         "lecture-report",
-        ("companion.report_card",),
+        ("companion lecture-report",),
         {"NEEDLE_IMPL": str(course_student), "NB": f"notebooks/{name}.py", "PY": sys.executable},
         timeout=600,
-        replace=("companion.report_card", f"companion.report_card --json {cards}"),
+        replace=('"NB=${NB-}"', f'"NB=${{NB-}}" --json {cards}'),
     )
     assert done.returncode == 1, done.stdout + done.stderr  # a cell failed
     (card,) = json.loads(cards.read_text())
