@@ -15,9 +15,14 @@ What a recorded buffer becomes in the replay (its *slot*):
 * an **input**: the array of a Tensor passed to the step (rebound at every call);
 * **external**: a buffer that existed before the call (parameters, optimizer state): the same
   buffer, updated in place by the replay exactly as the eager kernels update it;
-* **carried**: state that the step rebinds in Python (batch norm's running averages are a new
-  Tensor each step): the replay reads the Tensor the module holds at the time of the call,
-  computes the new value and copies it into that Tensor's buffer;
+* **carried**: state that the step rebinds in Python (an optimizer gives each parameter a new
+  array every step, the course's ``p.data = ...``; batch norm's running averages are a new
+  Tensor each step): the replay reads the array that the owner (the module attribute, the
+  ``grad``) holds at the time of the call and computes the new value into a new array, which
+  it gives the owner as the eager step does (the parameter's Tensor gets the new array, the
+  running average a new Tensor), so a snapshot ``Tensor(p)`` keeps the old values. Two traced
+  calls show it: the owner held what each call read before it, and what it made after it;
+  state no owner holds needs a third traced call and is copied into its old buffer;
 * **kept**: a temporary that Python still holds after the call (``p.grad``, a saved
   activation): the replay writes into that same buffer, so Python sees the new values (a
   Tensor kept from an earlier call changes with it); each replay binds ``p.grad`` again to the
@@ -49,7 +54,8 @@ re-traces (or, when it cannot be captured, runs eagerly with the reason in ``sta
 * **device values read by Python** (``x.numpy()`` inside the step, e.g. batch norm's test
   whether a statistic's adjoint is zero) are read again during the replay and compared with the
   traced value; a difference abandons the replay (before any buffer that outlives the call was
-  written) and re-traces;
+  written, and giving back the random numbers it drew) and re-traces. A step that reads a
+  value after updating its state (a parameter's new array included) is never captured;
 * random numbers (``init.rand``/``randn``, dropout masks) are recorded as a draw: the replay
   draws fresh numbers from numpy's global RNG in the same order as the eager step would.
 
@@ -297,8 +303,11 @@ def _replay(p: Program, handles: List[Any]) -> Any:
     ops, bufs, inputs = p.baked
     for s, j in inputs:
         bufs[s] = handles[j]
-    _bind_owned_state(p, bufs)
+    owned = _bind_owned_state(p, bufs)
     values = [guards.read(c, k, kind) + 1 for c, k, kind in p.counters]
+    # a replay abandoned at a read gives back the random numbers it drew: the eager call that
+    # follows must draw what the eager step would have drawn (its dropout masks)
+    rng = np.random.get_state() if p.draws_before_read else None
     for kind, fn, args, patch in ops:
         if patch:
             args = list(args)
@@ -306,12 +315,16 @@ def _replay(p: Program, handles: List[Any]) -> Any:
                 args[pos] = bufs[n] if source == 0 else values[n]
         if kind == 1:  # a device value Python read: it must be what the trace read
             if not np.array_equal(fn(*args[:-1]), args[-1], equal_nan=True):
+                if rng is not None:
+                    np.random.set_state(rng)
                 raise _Replay("a device value the step reads in Python changed")
         else:
             fn(*args)
     for src, dst in p.carries:
-        size, dev = p.slots[src][1], p.slots[src][2]
-        dev.compact(bufs[src], bufs[dst], (size,), (1,), 0)
+        if p.slots[src][0] != "fresh":
+            size, dev = p.slots[src][1], p.slots[src][2]
+            dev.compact(bufs[src], bufs[dst], (size,), (1,), 0)
+    _give_owned_state(owned, bufs)
     for (c, k, kind), v in zip(p.counters, values):
         if kind == "attr":
             setattr(c, k, v)
@@ -320,14 +333,20 @@ def _replay(p: Program, handles: List[Any]) -> Any:
     for t, _before, grad, rebind in p.grads:
         if rebind:
             t.grad = grad
-    return _rebuild(p.outputs, bufs.__getitem__)
+    result = _rebuild(p.outputs, bufs.__getitem__)
+    for *_, src, dst in owned:  # let go of the old and the new arrays of the carried state
+        bufs[src] = bufs[dst] = None
+    return result
 
 
-def _bind_owned_state(p: Program, bufs: List[Any]) -> None:
-    """Put the buffer of each carried state's current Tensor into its slot."""
+def _bind_owned_state(p: Program, bufs: List[Any]) -> List[tuple]:
+    """Put the buffer of each carried state's current Tensor into its slot, and a new array
+    into the slot of its new value; returns (entry, Tensor, array, new slot, old slot) of each."""
     from ..backend_ndarray import NDArray
 
-    for s, (c, k, kind, size, device) in owned_entries(p):
+    fresh = {dst: src for src, dst in p.carries}
+    owned = []
+    for s, (c, k, kind, size, device, renew) in owned_entries(p):
         try:
             value = guards.read(c, k, kind)
         except (AttributeError, KeyError):
@@ -341,6 +360,28 @@ def _bind_owned_state(p: Program, bufs: List[Any]) -> None:
         ):
             raise _Replay(f"the state {k!r} is no longer a compact Tensor of {size} elements")
         bufs[s] = data.buffer[0]
+        bufs[fresh[s]] = device.Array(size)
+        owned.append(((c, k, kind, renew), value, data, fresh[s], s))
+    return owned
+
+
+def _give_owned_state(owned: List[tuple], bufs: List[Any]) -> None:
+    """Give each owner of carried state its new array, as the eager step did: a new Tensor
+    when the step made one (batch norm's running averages), else the same Tensor with the new
+    array (a parameter: a snapshot of it keeps the old array)."""
+    from ..backend_ndarray import NDArray
+
+    for (c, k, kind, renew), value, data, src, _dst in owned:
+        new = NDArray.make(data.shape, device=data.device, handle=bufs[src])
+        new.is_compact()  # known compact, as a new eager array is (its kernels depend on it)
+        if renew:
+            t = type(value).make_const(new, requires_grad=value.requires_grad)
+            if kind == "item":
+                c[k] = t
+            else:
+                setattr(c, k, t)
+        else:
+            value.replace_array(new)
 
 
 def _kept(tmp: List[Any], arrays: Dict[Any, Any]) -> set:

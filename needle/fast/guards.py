@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import types
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -306,22 +306,24 @@ def snapshot(entries: List[Entry]) -> Dict[tuple, Any]:
     return out
 
 
-def expect(desc: Any) -> tuple:
+def expect(desc: Any, loose: Container[int] = ()) -> tuple:
     """What :func:`check` compares a guarded value with, from its description after the traced
     call: (0, type, value) for a number or string, (1, tensor, array, requires_grad) for a
-    Tensor, (2, object) for an identity, (4, type name, items) for a list or tuple, (5, keys,
-    items) for a dict, (3, stripped description) for the rest."""
+    Tensor (array None when the id of its array is in ``loose``: carried state, which a replay
+    finds through its owner), (2, object) for an identity, (4, type name, items) for a list or
+    tuple, (5, keys, items) for a dict, (3, stripped description) for the rest."""
     tag = desc[0]
     if tag == "=":
         return (0, type(desc[1]), desc[1])
     if tag == "T":
-        return (1, desc[4][0], desc[4][1], desc[3])
+        data = desc[4][1]
+        return (1, desc[4][0], None if id(data) in loose else data, desc[3])
     if tag == "is":
         return (2, desc[2])
     if tag in ("list", "tuple"):
-        return (4, tag, tuple(expect(d) for d in desc[1]))
+        return (4, tag, tuple(expect(d, loose) for d in desc[1]))
     if tag == "dict":
-        return (5, tuple(k for k, _ in desc[1]), tuple(expect(d) for _, d in desc[1]))
+        return (5, tuple(k for k, _ in desc[1]), tuple(expect(d, loose) for _, d in desc[1]))
     return (3, strip(desc))
 
 
@@ -330,7 +332,11 @@ def _matches(value: Any, e: tuple) -> bool:
     if code == 2:
         return value is e[1]
     if code == 1:
-        return value is e[1] and value.cached_data is e[2] and value.requires_grad == e[3]
+        return (
+            value is e[1]
+            and (e[2] is None or value.cached_data is e[2])
+            and value.requires_grad == e[3]
+        )
     if code == 0:
         return type(value) is e[1] and (value == e[2] or (value != value and e[2] != e[2]))
     if code == 4:

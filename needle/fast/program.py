@@ -20,10 +20,12 @@ class Program:
     """A captured step: the kernel list with its buffers bound, and the checks before a replay."""
 
     ops: List[tuple]  # ("call", dev, name, fn, args) / ("read", ...) / ("rand", ...) over slots
-    # per slot: ("in", j) ("ext", h) ("kept", h) ("carry", h) ("pool", size, dev)
+    # per slot: ("in", j) ("ext", h) ("kept", h) ("carry", h) ("pool", size, dev); carried
+    # state found through its owner: ("carry", None, owner) and ("fresh", size, dev), the
+    # new array allocated by each replay (see owned_entries)
     slots: List[tuple]
     outputs: Any
-    carries: List[Tuple[int, int]]  # (pooled slot computed, carried slot whose buffer gets it)
+    carries: List[Tuple[int, int]]  # (slot computed, carried slot: its owner or buffer gets it)
     counters: List[Tuple[Any, Any, str]]  # (container, key, "attr"/"item") advanced per call
     counter_uses: List[Tuple[int, int, int]]  # (op index, arg position, counter index)
     guard: List[Tuple[Any, Any, str, tuple]]  # (container, key, kind, guards.expect(...))
@@ -33,6 +35,7 @@ class Program:
     pool_of: Dict[int, int] = field(default_factory=dict)
     baked: Optional[list] = None
     replays: int = 0
+    draws_before_read: bool = False  # a random draw precedes a read (a replay may be abandoned)
 
     def lines(self) -> List[str]:
         """One line per kernel call: ``name(arguments)`` with buffers named by their slots."""
@@ -106,14 +109,17 @@ def _op_slots(op: tuple) -> List[int]:
 
 # ---- building ------------------------------------------------------------------------------------
 class _Slots:
-    """The slots of a program being built from ``cur``, checked against ``prev`` (and
-    ``prev2``, which tells which temporary a carried buffer was)."""
+    """The slots of a program being built from ``cur``, checked against ``prev`` (and, for
+    carried state that no guarded entry holds, ``prev2``, which tells which temporary a carried
+    buffer was)."""
 
     def __init__(self, prev2: Optional[Trace], prev: Trace, cur: Trace) -> None:
         self.prev2, self.prev, self.cur = prev2, prev, cur
         self.slot_of: Dict[tuple, int] = {}
         self.slots: List[tuple] = []
         self.carried: Dict[int, int] = {}  # tmp index in cur -> carried slot
+        self.holders: Optional[tuple] = None  # (cur before, cur after, prev before) by buffer
+        self.owner: Dict[int, tuple] = {}  # tmp index in cur -> the entry shown to hold it
 
     def new(self, key: tuple, desc: tuple) -> int:
         self.slot_of[key] = len(self.slots)
@@ -135,8 +141,7 @@ class _Slots:
             if h is not h0:
                 # state rebound by Python: this call reads what the call before created
                 k1 = self.prev.ids.get(id(h))
-                k0 = self.prev2.ids.get(id(h0)) if self.prev2 is not None else None
-                if not (k1 and k0 and k1[0] == "tmp" and k0 == k1 and k1[1] in self.cur.kept):
+                if not (k1 and k1[0] == "tmp" and self._rebound(h, h0, k1[1])):
                     raise CaptureError(f"{where}: reads a different existing buffer each call")
                 if key not in self.slot_of:
                     self.carried[k1[1]] = self.new(key, ("carry", self.cur.tmp[k1[1]]))
@@ -144,6 +149,40 @@ class _Slots:
         elif key != other:
             raise CaptureError(f"{where}: buffers differ between calls ({other} -> {key})")
         return self.of(key)
+
+    def _rebound(self, h: Any, h0: Any, k: int) -> bool:
+        """Whether the buffer ``h`` that ``cur`` reads (``prev``'s temporary ``k``, where
+        ``prev`` read ``h0``) is state carried from call to call: an entry of the guarded state
+        (an optimizer's parameter, a module's running average) held ``h0`` before ``prev``,
+        ``h`` before ``cur`` and ``cur``'s temporary ``k`` after it, compact (a replay looks
+        that entry up and writes its buffer); or, for state no entry holds, ``prev`` read the
+        temporary ``k`` of the call before it (``prev2``) and Python keeps ``cur``'s."""
+        new = self.cur.tmp[k]
+        if self.holders is None:
+            self.holders = tuple(
+                _holders(snap) for snap in (self.cur.before, self.cur.after, self.prev.before)
+            )
+        before, after, earlier = self.holders
+        for e in before.get(id(h), ()):
+            if e in after.get(id(new), ()) and e in earlier.get(id(h0), ()):
+                self.owner[k] = e
+                return True
+        if self.prev2 is None or k not in self.cur.kept:
+            return False
+        return self.prev2.ids.get(id(h0)) == ("tmp", k)
+
+
+def _holders(snap: Dict[tuple, Any]) -> Dict[int, List[tuple]]:
+    """The entries of a snapshot whose value is a Tensor over a whole compact buffer, by the
+    id of that buffer."""
+    found: Dict[int, List[tuple]] = {}
+    for k, (_c, _key, _kind, desc) in snap.items():
+        data = desc[4][1] if desc[0] == "T" else None
+        if data is not None and hasattr(data, "buffer") and data.is_compact():
+            handle, offset = data.buffer
+            if offset == 0 and handle.size == data.size:
+                found.setdefault(id(handle), []).append(k)
+    return found
 
 
 def _slot_desc(trace: Trace, key: tuple) -> tuple:
@@ -157,7 +196,8 @@ def _slot_desc(trace: Trace, key: tuple) -> tuple:
 def build(prev2: Optional[Trace], prev: Trace, cur: Trace) -> Program:
     """The program of ``cur``, checked against ``prev`` (the call before it): the same kernels
     in the same order, scalars equal or explained by a counter, each external buffer the same
-    or the state carried from the call before (``prev2`` tells which temporary it was)."""
+    or the state carried from the call before (held by the same entry before and after both
+    calls, or, held by none, the same temporary of ``prev2`` and ``prev``)."""
     if len(prev.ops) != len(cur.ops):
         raise CaptureError(f"two calls issued {len(prev.ops)} and {len(cur.ops)} device calls")
     found = guards.counters(prev, cur)
@@ -166,9 +206,10 @@ def build(prev2: Optional[Trace], prev: Trace, cur: Trace) -> Program:
     ops, counter_uses, tmp_info = _match_ops(prev, cur, slots, found)
     outputs = _map_outputs(cur.outputs, slots.of)
     carries = _settle_temporaries(slots, tmp_info, cur)
-    _check_reads(ops, slots.slots)
-    owned = _owned_state(slots.slots, carries, cur)
-    guard, grads = _guards(cur, found, owned)
+    _check_reads(ops, slots.slots, carries)
+    owners = {slots.carried[k]: e for k, e in slots.owner.items() if k in slots.carried}
+    owned, loose = _owned_state(slots.slots, carries, cur, owners)
+    guard, grads = _guards(cur, found, owned, loose)
     program = Program(
         ops=ops,
         slots=slots.slots,
@@ -281,10 +322,13 @@ def _settle_temporaries(slots: _Slots, tmp_info: Dict[int, Tuple[int, Any]], cur
     return carries
 
 
-def _check_reads(ops: List[tuple], slots: List[tuple]) -> None:
-    """A replay can be abandoned at a read only before it wrote a buffer that outlives the
-    call."""
+def _check_reads(ops: List[tuple], slots: List[tuple], carries: list) -> None:
+    """A replay can be abandoned at a read only before it updated the state that outlives the
+    call: a buffer that existed before it, or the new value of carried state (the replay
+    copies that value into the state's buffer at its end, but the step had updated its state
+    before reading the value: an optimizer's new parameters, now a new array each step)."""
     persistent = {s for s, d in enumerate(slots) if d[0] in ("ext", "in", "carry")}
+    persistent |= {src for src, _dst in carries}
     last_safe = len(ops)
     for i, op in enumerate(ops):
         if op[0] == "call" and set(written(op)) & persistent:
@@ -297,26 +341,40 @@ def _check_reads(ops: List[tuple], slots: List[tuple]) -> None:
         )
 
 
-def _owned_state(slots: List[tuple], carries: list, cur: Trace) -> set:
+def _owned_state(
+    slots: List[tuple], carries: list, cur: Trace, owners: Dict[int, tuple]
+) -> Tuple[set, set]:
     """Carried state held by an entry (a module attribute, a ``grad``) is looked up at every
     replay (another program, for another input shape, may have rebound it since): its
-    identity is not guarded. Returns those entries' keys."""
-    owned = set()
-    for _src, dst in carries:
+    identity is not guarded, and each replay computes its new value into a new array that it
+    gives the entry, as the eager step does (an optimizer's ``p.data = ...``: a snapshot
+    ``Tensor(p)`` keeps the old values). Returns those entries' keys, and the ids of the
+    arrays they hold after ``cur`` (a Tensor holding one elsewhere, a parameter in an
+    optimizer's list, is guarded by identity only: its array is rebound by every call).
+    ``owners``: the entry that :meth:`_Slots._rebound` showed to hold a carried slot's state,
+    tried first."""
+    owned, loose = set(), set()
+    for src, dst in carries:
         handle = slots[dst][1]
-        for k, (c, key, kind, desc) in cur.after.items():
+        first = [(owners[dst], cur.after[owners[dst]])] if dst in owners else []
+        for k, (c, key, kind, desc) in first + list(cur.after.items()):
             nd = desc[4][1] if desc[0] == "T" else None
             if nd is not None and nd.buffer[0] is handle and nd.is_compact():
-                slots[dst] = ("carry", None, (c, key, kind, handle.size, nd.device))
+                before = cur.before.get(k)
+                renew = before is None or before[3][0] != "T" or before[3][4][0] is not desc[4][0]
+                slots[dst] = ("carry", None, (c, key, kind, handle.size, nd.device, renew))
+                slots[src] = ("fresh", handle.size, nd.device)
                 owned.add(k)
+                loose.add(id(nd))
                 break
-    return owned
+    return owned, loose
 
 
-def _guards(cur: Trace, found: Dict[tuple, Any], owned: set) -> Tuple[list, list]:
+def _guards(cur: Trace, found: Dict[tuple, Any], owned: set, loose: set) -> Tuple[list, list]:
     """(guard, grads) of the program: every entry but the counters and the owned state is
-    compared with its value after ``cur``; a ``grad`` must be None, or not, as before ``cur``,
-    and is re-bound to its value after ``cur`` by each replay (unless owned)."""
+    compared with its value after ``cur`` (a Tensor over owned state by identity only); a
+    ``grad`` must be None, or not, as before ``cur``, and is re-bound to its value after
+    ``cur`` by each replay (unless owned)."""
     guard, grads = [], []
     for k, (c, key, kind, desc) in cur.after.items():
         if kind == "grad":
@@ -327,12 +385,14 @@ def _guards(cur: Trace, found: Dict[tuple, Any], owned: set) -> Tuple[list, list
             value = desc[4][0] if desc[0] == "T" else desc[1]
             grads.append((c, guards.form(before[3]), value, rebind))
         elif k not in found and k not in owned:
-            guard.append((c, key, kind, guards.expect(desc)))
+            guard.append((c, key, kind, guards.expect(desc, loose)))
     return guard, grads
 
 
 def owned_entries(p: Program) -> List[Tuple[int, tuple]]:
-    """(slot, (container, key, kind, size, device)) of the carried state read from its owner."""
+    """(slot, (container, key, kind, size, device, renew)) of the carried state read from its
+    owner: ``renew`` when the traced call gave the entry a new Tensor (batch norm's running
+    averages), else the entry's Tensor gets the new array (a parameter)."""
     return [(s, d[2]) for s, d in enumerate(p.slots) if d[0] == "carry" and d[1] is None]
 
 
@@ -369,9 +429,14 @@ def bake(p: Program) -> None:
         elif d[0] == "in":
             bufs.append(None)
             inputs.append((s, d[1]))
+        elif d[0] == "fresh":
+            bufs.append(None)  # allocated by each replay
         else:
             bufs.append(d[1])  # None for state looked up at each replay
     input_slots = {s for s, _ in inputs} | {s for s, _ in owned_entries(p)}
+    input_slots |= {s for s, d in enumerate(p.slots) if d[0] == "fresh"}
+    kinds = [op[0] for op in p.ops]
+    p.draws_before_read = "rand" in kinds and "read" in kinds[kinds.index("rand") :]
     p.baked = [[_bake_op(p, i, op, bufs, input_slots) for i, op in enumerate(p.ops)], bufs, inputs]
 
 
