@@ -50,7 +50,7 @@ help:
 	@echo "make progress HW=path/to/hwN   passed/total per homework, changes, the next question"
 	@echo "make lecture-report NEEDLE_IMPL=path/to/hwN/python   every notebook on your needle: a report card"
 	@echo "make data       download MNIST, CIFAR-10 and Penn Treebank into data/"
-	@echo "make lint       ruff (lint and format check) and mypy: the gates CI runs before the tests"
+	@echo "make lint       ruff (lint and format check), mypy and the line budget: the gates CI runs first"
 	@echo "make typecheck  mypy on needle/ (strict on autograd and the NDArray layer)"
 	@echo "make book       the lectures as a website in build/book/ (from the committed notebooks)"
 	@echo "make test-clang     build with clang++ (warnings as errors), run the CPU-module suites on it"
@@ -260,6 +260,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PY) -m mypy
+	$(PY) tests/line_budget.py
 
 clean:
 	rm -rf build

@@ -209,6 +209,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         return simulate(Path(tmp), python, args.notebooks, nvcc, head)
 
 
+def run_notebooks(vpy: Path, clone: Path, work: Path, notebooks: List[str], env: dict) -> list:
+    """[(name, result)] of each notebook executed in the simulated Colab, in order."""
+    (work / "execute.py").write_text(EXECUTE)
+    report = []
+    for name in notebooks:
+        shutil.copy(clone / "notebooks" / f"{name}.ipynb", work / f"{name}.ipynb")
+        out = work / f"{name}.json"
+        run([vpy, work / "execute.py", work / f"{name}.ipynb", out], env=env, cwd=work)
+        result = json.loads(out.read_text())
+        report.append((name, result))
+        print(
+            f"{name}: {result['cells']} code cells ran without error in "
+            f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
+            flush=True,
+        )
+    return report
+
+
 def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str) -> int:
     """Clone, make the venv, run the notebooks (the first installs needle), check the install."""
     clone, venv, work, nomake = tmp / "repo", tmp / "venv", tmp / "content", tmp / "nomake"
@@ -233,19 +251,7 @@ def simulate(tmp: Path, python: str, notebooks: List[str], nvcc: bool, head: str
         CMAKE_BUILD_PARALLEL_LEVEL="2",
         TMPDIR=str(tmp / "tmp"),  # the set-up cell clones into $TMPDIR/needle-companion
     )
-    (work / "execute.py").write_text(EXECUTE)
-    report = []
-    for name in notebooks:
-        shutil.copy(clone / "notebooks" / f"{name}.ipynb", work / f"{name}.ipynb")
-        out = work / f"{name}.json"
-        run([vpy, work / "execute.py", work / f"{name}.ipynb", out], env=sim, cwd=work)
-        result = json.loads(out.read_text())
-        report.append((name, result))
-        print(
-            f"{name}: {result['cells']} code cells ran without error in "
-            f"{result['seconds']:.0f} s; set-up cell said: {result['setup_output'].strip()!r}",
-            flush=True,
-        )
+    report = run_notebooks(vpy, clone, work, notebooks, sim)
     first = report[0][1]["setup_output"]
     problems = []
     if "needle installed:" not in first:
