@@ -107,7 +107,7 @@ class set_grad_enabled(_GradModeSetter):  # noqa: N801 (PyTorch's name)
         _grad_mode.enabled = self.mode
 
     def __enter__(self) -> None:
-        pass  # already set by __init__
+        return None  # the mode was set by __init__
 
     def __call__(self, fn: _F) -> _F:
         _grad_mode.enabled = self._previous.pop()  # a decorator: only its calls change the mode
