@@ -92,7 +92,7 @@ class Op(Generic[V]):
     index: int  # the component such an op picks
 
     # False for ops whose gradient reads only their inputs and saved state, never the node's own
-    # array (a product, a sum): needle.fast.backward then frees that array before computing the
+    # array (a product, a sum): the opt-in fast backward then frees that array before computing the
     # node's gradient when nothing but the pass holds the node.
     gradient_reads_output = True
 
@@ -552,7 +552,7 @@ def compute_gradient_of_variables(
     values; a second backward through the freed graph raises.
 
     ``before_gradient(node)``, when given, is called before each interior node's gradient is
-    computed in a pass that records no graph (``needle.fast.backward`` frees arrays there).
+    computed in a pass that records no graph (the opt-in fast backward frees arrays there).
     """
     record = create_graph and _grad_mode.enabled
     with set_grad_enabled(record):
@@ -614,7 +614,7 @@ def _pass_on(
     grads: Tuple[Optional[Value], ...],
 ) -> None:
     """Append each input's adjoint contribution (a function, so that no loop variable of the
-    pass keeps an input alive into the next node's turn: ``needle.fast.backward`` counts the
+    pass keeps an input alive into the next node's turn: the opt-in fast backward counts the
     references to a node)."""
     for inp, inp_grad in zip(inputs, grads):
         if inp_grad is not None and inp.requires_grad:

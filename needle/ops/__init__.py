@@ -2,7 +2,7 @@
 
 ``ops_mathematic`` (arithmetic, shapes, matmul, stack/split), ``ops_logarithmic`` (stable
 logsumexp / logsoftmax), ``ops_tuple`` (TensorTuple ops) and ``ops_conv`` (flip, dilate,
-conv). The fused ops (one kernel for a composite) live in the opt-in wing, ``needle.fast``.
+conv). The fused ops (one kernel for a composite) live in the opt-in fast wing.
 """
 
 from .ops_conv import *
