@@ -209,7 +209,16 @@ def rewritten(path: Path, repo: str) -> "dict[Path, str]":
     ipynb = path.with_suffix(".ipynb")
     if ipynb.exists():
         new[ipynb] = generate_ipynb(ipynb.read_text(), path.stem, repo, extras(text))
-    return {p: t for p, t in new.items() if t != p.read_text()}
+    return {p: t for p, t in new.items() if _differs(p, t)}
+
+
+def _differs(path: Path, text: str) -> bool:
+    """Whether ``text`` says something else than ``path`` holds (for a notebook, as JSON: the
+    order of a cell's metadata keys, which executing it may change, does not count)."""
+    old = path.read_text()
+    if path.suffix == ".ipynb":
+        return json.loads(text) != json.loads(old)
+    return text != old
 
 
 def stale(folder: Path = NOTEBOOKS, repo: Optional[str] = None) -> List[Path]:
