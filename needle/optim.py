@@ -104,7 +104,7 @@ class Optimizer:
         w = p.realize_cached_data()
         fresh = w.compact()
         if fresh is w:
-            fresh = w * 1.0  # a copy, bit for bit (-0.0 and NaN kept)
+            fresh = w.copy()
         p.replace_array(fresh)  # the course's p.data = new value
         return g.realize_cached_data(), fresh
 

@@ -310,6 +310,11 @@ class NDArray:
             return None
         return order
 
+    def copy(self) -> "NDArray":
+        """A compact copy of this array in a new buffer on its device (an extension, numpy's
+        ``copy``: the optimizers give a parameter its next array this way)."""
+        return self._copy()
+
     def _copy(self) -> "NDArray":
         out = _new(self._shape, self._device)
         if 0 not in self._shape:
