@@ -4,13 +4,6 @@ import os
 import tempfile
 from pathlib import Path
 
-# The tests that run make (the Makefile's recipes, its set-up lock) drive their own make: what
-# the make running this suite was told (`make VENV=.venv-3.10 PYTHON=... test` in .ci/run: make
-# puts command-line variables in its recipes' environment, and MAKEFLAGS passes them on) must not
-# choose their venv or interpreter.
-for _name in ("VENV", "PYTHON", "UNLOCKED", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
-    os.environ.pop(_name, None)
-
 # Tests never write into the tree: hypothesis keeps its caches in the temp directory.
 os.environ.setdefault(
     "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "needle-hypothesis")
@@ -21,6 +14,13 @@ import pytest
 from hypothesis import settings
 
 import needle as ndl
+
+# The tests that run make (the Makefile's recipes, its set-up lock) drive their own make: what
+# the make running this suite was told (`make VENV=.venv-3.10 PYTHON=... test` in .ci/run: make
+# puts command-line variables in its recipes' environment, and MAKEFLAGS passes them on) must not
+# choose their venv or interpreter.
+for _name in ("VENV", "PYTHON", "UNLOCKED", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+    os.environ.pop(_name, None)
 
 # Tests never write into the tree: no hypothesis example database.
 settings.register_profile("needle", database=None, deadline=None)
