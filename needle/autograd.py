@@ -440,20 +440,27 @@ class Tensor(Value):
         through this graph raises RuntimeError. Inside ``no_grad()`` the pass records no graph
         either.
         """
+        compute_gradient_of_variables(
+            self, self.checked_out_grad(out_grad), create_graph=create_graph
+        )
+
+    def checked_out_grad(self, out_grad: Optional["Tensor"]) -> "Tensor":
+        """``out_grad`` for a backward from this tensor (ones when None), after checking that it
+        is a Tensor of this tensor's shape and device."""
         if out_grad is None:
-            out_grad = Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
-        elif not isinstance(out_grad, Tensor):
+            return Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
+        if not isinstance(out_grad, Tensor):
             raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
-        elif tuple(out_grad.shape) != tuple(self.shape):
+        if tuple(out_grad.shape) != tuple(self.shape):
             raise ValueError(
                 f"backward's out_grad has shape {tuple(out_grad.shape)}, expected "
                 f"{tuple(self.shape)}"
             )
-        elif out_grad.device != self.device:
+        if out_grad.device != self.device:
             raise ValueError(
                 f"backward's out_grad is on {out_grad.device}, the tensor on {self.device}"
             )
-        compute_gradient_of_variables(self, out_grad, create_graph=create_graph)
+        return out_grad
 
     def __repr__(self) -> str:
         return "needle.Tensor(" + str(self.realize_cached_data()) + ")"

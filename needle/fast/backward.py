@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from needle import init
 from needle.autograd import Tensor, Value, compute_gradient_of_variables
 
 __all__ = ["backward"]
@@ -20,21 +19,12 @@ __all__ = ["backward"]
 
 def backward(output: Tensor, out_grad: Optional[Tensor] = None) -> None:
     """``output.backward(out_grad, create_graph=False)``, freeing arrays early (module doc)."""
-    if out_grad is None:
-        out_grad = init.ones(*output.shape, device=output.device, dtype=output.dtype)
-    _check_out_grad(output, out_grad)
     compute_gradient_of_variables(
-        output, out_grad, create_graph=False, before_gradient=_free_unread_array
+        output,
+        output.checked_out_grad(out_grad),
+        create_graph=False,
+        before_gradient=_free_unread_array,
     )
-
-
-def _check_out_grad(output: Tensor, out_grad: Tensor) -> None:
-    if not isinstance(out_grad, Tensor):
-        raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
-    if tuple(out_grad.shape) != tuple(output.shape):
-        raise ValueError(
-            f"backward's out_grad has shape {tuple(out_grad.shape)}, expected {tuple(output.shape)}"
-        )
 
 
 def _free_unread_array(node: Value) -> None:

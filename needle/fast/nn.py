@@ -17,7 +17,7 @@ import numpy as np
 from needle import ops
 from needle.autograd import Tensor
 from needle.nn import nn_basic, nn_conv, nn_sequence, nn_transformer
-from needle.nn.nn_basic import BatchNorm1d, BatchNorm2d, Linear, Module, ReLU
+from needle.nn.nn_basic import BatchNorm1d, BatchNorm2d, Linear, Module, ReLU, check_features
 from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
 
 from . import ops as fops
@@ -76,11 +76,6 @@ def course_forward(m: Module, cls: type) -> bool:
     return course is cls and "forward" not in vars(m) and _COURSE_FORWARDS.get(cls) is cls.forward
 
 
-def _check_features(x: Tensor, dim: int, name: str) -> None:
-    if len(x.shape) != 2 or x.shape[1] != dim:
-        raise ValueError(f"{name} expects input of shape (N, {dim}), got {x.shape}")
-
-
 # ---- normalisation ----------------------------------------------------------------------------
 def fold_statistics(norm: BatchNorm1d, op, out: Tensor) -> Tensor:
     """``out``, the result of a training-mode batch-norm ``op`` over ``norm``'s channels, after
@@ -123,7 +118,7 @@ class FastBatchNorm1d(BatchNorm1d):
     _course_class = BatchNorm1d
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_features(x, self.dim, "BatchNorm1d")
+        check_features(x, self.dim, "BatchNorm1d")
         return normalise(self, x)
 
 
@@ -197,7 +192,7 @@ class FastSequential(nn_basic.Sequential):
                 and norm is not None
                 and course_forward(norm, ReLU)
             ):
-                _check_features(x, m.dim, "BatchNorm1d")
+                check_features(x, m.dim, "BatchNorm1d")
                 x = normalise(m, x, relu=True)
                 i += 2
                 continue
@@ -226,7 +221,7 @@ def _linear_norm(linear: Linear, norm: BatchNorm1d, x: Tensor, relu: bool) -> Te
     """norm(linear(x)), then its ReLU when ``relu``: the product, then one node for the bias,
     the norm and the ReLU (the same values as the modules called in turn)."""
     h = x @ linear.weight
-    _check_features(h, norm.dim, "BatchNorm1d")
+    check_features(h, norm.dim, "BatchNorm1d")
     return normalise(norm, h, pre_bias=linear.bias, relu=relu)
 
 

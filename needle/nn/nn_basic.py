@@ -284,7 +284,8 @@ class SoftmaxLoss(Module):
         return (ops.logsumexp(logits, (1,)) - z_y).sum() / n
 
 
-def _check_features(x: Tensor, dim: int, name: str) -> None:
+def check_features(x: Tensor, dim: int, name: str) -> None:
+    """Raise ValueError unless ``x`` is (N, dim), the input ``name`` takes."""
     if len(x.shape) != 2 or x.shape[1] != dim:
         raise ValueError(f"{name} expects input of shape (N, {dim}), got {x.shape}")
 
@@ -316,7 +317,7 @@ class BatchNorm1d(Module):
         self.running_var = init.ones(dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_features(x, self.dim, type(self).__name__)
+        check_features(x, self.dim, type(self).__name__)
         n = x.shape[0]
         if self.training:
             mean = x.sum((0,)) / n
