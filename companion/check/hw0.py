@@ -7,6 +7,7 @@ plain numpy written here; inputs are small random problems so failures print rea
 import gzip
 import os
 import struct
+import sys
 
 import numpy as np
 
@@ -179,6 +180,12 @@ def hw0_softmax_regression_epoch_cpp(ctx):
     try:
         from simple_ml_ext import softmax_regression_epoch_cpp
     except ImportError as exc:
+        if "undefined symbol" in str(exc):  # compiled against another Python's headers
+            raise AssertionError(
+                f"cannot import simple_ml_ext ({exc}): src/simple_ml_ext.so was built for "
+                f"another Python than this one ({sys.version.split()[0]}); delete it so the "
+                "checker rebuilds it"
+            ) from None
         raise AssertionError(
             f"cannot import simple_ml_ext ({exc}); was src/simple_ml_ext.cpp built?"
         ) from None

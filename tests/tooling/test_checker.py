@@ -16,7 +16,9 @@ from __future__ import annotations
 import ast
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -71,9 +73,11 @@ def test_finished_package_passes_every_question(tmp_path, hw):
 
 
 def test_hw0_with_the_compiled_extension_passes(tmp_path):
-    built = sorted((ROOT / "companion" / "apps").glob("simple_ml_ext*.so"))
+    # Several Pythons may share one checkout (CI's venvs): take the module built for this one.
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    built = sorted((ROOT / "companion" / "apps").glob(f"simple_ml_ext{suffix}"))
     if not built:
-        pytest.skip("companion/apps/simple_ml_ext is not compiled here")
+        pytest.skip(f"companion/apps/simple_ml_ext{suffix} is not compiled here")
     root = skeleton(tmp_path, "hw0")
     shutil.copy(ROOT / "src" / "simple_ml_ext.cc", root / "src" / "simple_ml_ext.cpp")
     shutil.copy(built[0], root / "src" / "simple_ml_ext.so")
@@ -81,6 +85,29 @@ def test_hw0_with_the_compiled_extension_passes(tmp_path):
     report = check(root)
     assert report.build == ["src/simple_ml_ext.so is up to date"]
     assert failures(report) == {}, report.format()
+
+
+def test_hw0_extension_built_for_another_python_is_named(tmp_path):
+    """A module that fails to load with an undefined symbol (what a .so compiled for another
+    Python does) is reported as built for another Python, not as a wrong answer."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler here")
+    root = skeleton(tmp_path, "hw0")
+    source = root / "src" / "simple_ml_ext.cpp"
+    source.write_text(
+        'extern "C" void a_symbol_no_python_defines();\n'
+        'extern "C" void* PyInit_simple_ml_ext() { a_symbol_no_python_defines(); return 0; }\n'
+    )
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", str(source), "-o", str(root / "src" / "simple_ml_ext.so")],
+        check=True,
+    )
+    os.utime(root / "src" / "simple_ml_ext.so")
+    report = check(root, only=["hw0_softmax_regression_epoch_cpp"])
+    text = report.format()
+    assert statuses(report)["hw0_softmax_regression_epoch_cpp"] == "fail", text
+    assert "built for another Python" in text and "delete it" in text, text
 
 
 BROKEN_DIVIDE = """
