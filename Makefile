@@ -199,23 +199,19 @@ notebooks: $(BUILT)
 	  $(BIN)/jupytext --to ipynb --update "$$py" -q || exit 1; \
 	  env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${py%.py}.ipynb" || exit 1; \
 	done
+	$(PY) -m companion.viz "$$(pwd)"
 
 # One notebook: make notebook NB=notebooks/05_ndarray.py
 notebook: $(BUILT)
 	@test -n "$${NB-}" || { echo "usage: make notebook NB=notebooks/NN_topic.py"; exit 2; }
 	$(BIN)/jupytext --to ipynb --update "$$NB" -q
 	env -u MPLBACKEND PATH="$$(pwd)/$(BIN):$$PATH" $(NBEXEC) "$${NB%.py}.ipynb"
+	$(PY) -m companion.viz "$$(pwd)"
 
-figures: $(BUILT)
-	@mkdir -p figures
-	@for nb in $(NOTEBOOKS); do \
-	  echo "== $$nb"; \
-	  out=$$(mktemp -d); \
-	  env -u MPLBACKEND NEEDLE_WRITE_FIGURES=1 PATH="$$(pwd)/$(BIN):$$PATH" \
-	    jupyter nbconvert --to notebook --execute --output-dir "$$out" "$$nb" >/dev/null || exit 1; \
-	  rm -rf "$$out"; \
-	done
-	@ls figures
+# figures/ is written from the committed notebooks' own outputs (each `save_figure` output), so
+# it holds exactly the images they show; `make notebook(s)` refreshes it after executing.
+figures: $(INSTALLED)
+	$(PY) -m companion.viz "$$(pwd)"
 
 # These targets run `python -m companion <target>` with the same NAME=value arguments (one place
 # for what they do; companion/__main__.py), so they work without make too.

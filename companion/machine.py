@@ -92,6 +92,16 @@ def numpy_blas_summary() -> str:
         return "unknown (threadpoolctl not installed)"
 
 
+def machine_line() -> str:
+    """The one line a timing cell prints first: CPU model, logical CPUs, vector ISA and the load
+    average it ran under, e.g. ``machine: Intel Xeon ..., 2 logical CPUs, ISA AVX2, load 0.41``."""
+    try:
+        load = f"load {os.getloadavg()[0]:.2f}"
+    except OSError:
+        load = "load unknown"
+    return f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {cpu_isa()}, {load}"
+
+
 def machine_info() -> list[str]:
     """Lines describing when and where the benchmarks ran."""
     import numpy as np

@@ -1,6 +1,8 @@
 """Figure helpers shared by the lecture notebooks (an extension; not part of the course API).
 
-- ``save_figure``: write ``figures/NAME.png`` when ``make figures`` runs.
+- ``save_figure``: show a figure in the notebook as a PNG output tagged ``figures/NAME.png``;
+  ``make figures`` (``python -m companion.viz``) copies the tagged outputs of the committed
+  notebooks into ``figures/``, so that folder holds exactly the images the notebooks show.
 - ``LiveCurves``: training curves that a loop extends point by point, redrawn in place in a
   Jupyter notebook and left there as one static figure.
 - ``draw_graph``: a needle computational graph (forward, and the nodes ``backward()`` added),
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,40 +21,108 @@ from typing import Mapping, Sequence
 FIGURES_DIR = Path(__file__).resolve().parents[1] / "figures"
 
 
-def writing_figures() -> bool:
-    """True when ``NEEDLE_WRITE_FIGURES=1`` (set by ``make figures``)."""
-    return os.environ.get("NEEDLE_WRITE_FIGURES") == "1"
+#: The output-metadata key under which ``save_figure`` records a figure's name.
+FIGURE_KEY = "companion_figure"
 
 
-def save_figure(fig, name: str) -> Path | None:
-    """Save ``fig`` as ``figures/NAME.png`` when ``make figures`` runs; otherwise do nothing.
+def save_figure(fig, name: str) -> bytes:
+    """Show ``fig`` as one PNG output of the running notebook cell, tagged with ``name``, and
+    close it; the PNG bytes.
 
-    The PNG carries no software/date metadata, so re-running gives byte-identical files on one
-    machine. Returns the path written, or None.
+    ``make figures`` writes each tagged output of the committed notebooks to
+    ``figures/NAME.png`` byte for byte (``write_figures``). The PNG carries no software/date
+    metadata. Outside a Jupyter kernel nothing is shown.
     """
-    if not writing_figures():
-        return None
-    FIGURES_DIR.mkdir(exist_ok=True)
-    path = FIGURES_DIR / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    return path
+    import matplotlib.pyplot as plt
+
+    if not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise ValueError(f"save_figure: name must be letters, digits, _ or -, got {name!r}")
+    png = figure_png(fig, dpi=110, tight=True)
+    notebook_display(png, metadata={FIGURE_KEY: name})
+    plt.close(fig)
+    return png
 
 
-def figure_png(fig, dpi: int = 100) -> bytes:
-    """``fig`` rendered as PNG bytes with no software/date metadata (the same bytes each time)."""
+def notebook_figures(path: str | Path) -> dict[str, bytes]:
+    """The figures ``save_figure`` left in the executed notebook ``path``: name -> PNG bytes."""
+    import base64
+    import json
+
+    found: dict[str, bytes] = {}
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    for cell in cells:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get(FIGURE_KEY)
+            if name is None:
+                continue
+            if name in found:
+                raise ValueError(f"{path}: two outputs are tagged as figure {name!r}")
+            found[name] = base64.b64decode(output["data"]["image/png"])
+    return found
+
+
+def all_notebook_figures(notebooks: Sequence[str | Path]) -> dict[str, bytes]:
+    """``notebook_figures`` of every notebook; ValueError when two notebooks use one name."""
+    found: dict[str, bytes] = {}
+    owner: dict[str, Path] = {}
+    for path in notebooks:
+        for name, png in notebook_figures(path).items():
+            if name in found:
+                raise ValueError(f"figure {name!r} is drawn by both {owner[name]} and {path}")
+            found[name], owner[name] = png, Path(path)
+    return found
+
+
+def figure_mismatches(notebooks: Sequence[str | Path], figures_dir: str | Path) -> list[str]:
+    """What differs between ``figures_dir/*.png`` and the notebooks' tagged figures (a line
+    each: missing, not drawn by any notebook, or other bytes); empty when they agree."""
+    shown = all_notebook_figures(notebooks)
+    files = {p.stem: p for p in Path(figures_dir).glob("*.png")}
+    problems = [f"figures/{n}.png is missing" for n in sorted(set(shown) - set(files))]
+    problems += [
+        f"figures/{n}.png is drawn by no notebook" for n in sorted(set(files) - set(shown))
+    ]
+    problems += [
+        f"figures/{n}.png differs from the image its notebook shows"
+        for n in sorted(set(files) & set(shown))
+        if files[n].read_bytes() != shown[n]
+    ]
+    return problems
+
+
+def write_figures(
+    notebooks: Sequence[str | Path], figures_dir: str | Path = FIGURES_DIR
+) -> list[str]:
+    """Write each tagged figure of ``notebooks`` to ``figures_dir/NAME.png`` (PNGs that no
+    notebook draws are left for ``figure_mismatches`` to name); the names written."""
+    shown = all_notebook_figures(notebooks)
+    out = Path(figures_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, png in shown.items():
+        path = out / f"{name}.png"
+        if not path.exists() or path.read_bytes() != png:
+            path.write_bytes(png)
+    return sorted(shown)
+
+
+def figure_png(fig, dpi: int = 100, tight: bool = False) -> bytes:
+    """``fig`` rendered as PNG bytes with no software/date metadata (the same bytes each time);
+    ``tight`` crops it to what is drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    extra = {"bbox_inches": "tight"} if tight else {}
+    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None}, **extra)
     return buffer.getvalue()
 
 
-def notebook_display(png: bytes):
-    """Show ``png`` as a new output of the running Jupyter cell and return its display handle
-    (``handle.update(IPython.display.Image(...))`` replaces it); None outside a Jupyter kernel
-    (plain Python, a terminal IPython), where nothing is shown."""
+def notebook_display(png: bytes, metadata: dict | None = None):
+    """Show ``png`` as a new output of the running Jupyter cell (with ``metadata`` on the
+    output) and return its display handle (``handle.update(IPython.display.Image(...))``
+    replaces it); None outside a Jupyter kernel (plain Python, a terminal IPython), where
+    nothing is shown."""
     try:
         from IPython import get_ipython
         from IPython.display import Image, display
@@ -62,7 +131,7 @@ def notebook_display(png: bytes):
     shell = get_ipython()
     if shell is None or getattr(shell, "kernel", None) is None:
         return None
-    return display(Image(data=png, format="png"), display_id=True)
+    return display(Image(data=png, format="png"), display_id=True, metadata=metadata)
 
 
 def _update_display(handle, png: bytes) -> None:
@@ -581,3 +650,14 @@ def _rows(depth: list[int], edges) -> list[int]:
             columns[d].sort(key=lambda i: (centre(i), row[i]))
             row.update({i: r for r, i in enumerate(columns[d])})
     return [row[i] for i in range(len(depth))]
+
+
+if __name__ == "__main__":  # make figures: figures/ from the committed notebooks' outputs
+    import sys
+
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else FIGURES_DIR.parent  # the checkout
+    notebooks = sorted((root / "notebooks").glob("[0-9]*.ipynb"))
+    names = write_figures(notebooks, root / "figures")
+    print(f"figures/: {len(names)} PNGs written from the notebooks' outputs")
+    for problem in figure_mismatches(notebooks, root / "figures"):
+        print(f"figures/: {problem}", file=sys.stderr)

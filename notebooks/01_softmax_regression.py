@@ -319,7 +319,6 @@ ax.set_ylabel("error rate (log scale)")
 ax.set_title(f"Both models leave chance far behind ({DATASET})")
 ax.legend(fontsize=8)
 save_figure(fig, "softmax_learning_curve")
-plt.show()
 
 # %% [markdown]
 # ## 8. Summary and a look ahead

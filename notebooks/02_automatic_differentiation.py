@@ -226,7 +226,6 @@ fig, ax = plt.subplots(figsize=(9, 2.6))
 draw_graph(v4, names, ax)
 ax.set_title("y = exp(x)·(exp(x) + 1) at x = ln 2: values and adjoints (two paths leave v2)")
 save_figure(fig, "autodiff_graph")
-plt.show()
 
 # %% [markdown]
 # ## A graph with two inputs

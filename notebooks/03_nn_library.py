@@ -977,7 +977,6 @@ ax1.set_title("softmax([100, 100, 101])")
 ax1.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 save_figure(fig, "softmax_overflow")
-plt.show()
 
 # %% [markdown]
 # ## 5. Kaiming initialisation
@@ -1066,7 +1065,6 @@ ax.set_title("Only $\\sigma_w^2 = 2/n_{in}$ keeps a 50-layer ReLU net's activati
 ax.legend(fontsize=8)
 fig.tight_layout()
 save_figure(fig, "kaiming_depth")
-plt.show()
 
 # %% [markdown]
 # ## 6. Ops with several outputs: `TensorTuple`

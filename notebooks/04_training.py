@@ -144,7 +144,6 @@ for ax, (im, title) in zip(axes, panels):
     ax.set_yticks([])  # keep the frame: it shows the crops' shifts
 fig.suptitle("One training digit under RandomFlipHorizontal and RandomCrop(padding=4)", y=1.06)
 save_figure(fig, "transforms")
-plt.show()
 
 # %% [markdown]
 # ## 3. The DataLoader
@@ -385,7 +384,6 @@ ax.set_yscale("log")
 ax.set_title("Too large a step leaves SGD at chance; momentum and Adam train fast")
 ax.legend()
 save_figure(fig, "optimizers")
-plt.show()
 
 # %% [markdown]
 # All four start from the same loss, close to $\log 10 = 2.30$ (small random logits). SGD with

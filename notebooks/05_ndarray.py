@@ -627,7 +627,6 @@ ax.set_title("CPU matmul: naive → tiled → packed/SIMD → BLAS")
 ax.legend()
 ax.grid(True, which="both", alpha=0.3)
 save_figure(fig, "matmul_gflops")
-plt.show()
 
 # %% [markdown]
 # ## Summary

@@ -1119,7 +1119,6 @@ ax2.legend(loc="lower right", fontsize=8)
 ax2.grid(True, which="both", alpha=0.3)
 fig.tight_layout()
 save_figure(fig, "matmul_roofline")
-plt.show()
 
 # %% [markdown]
 # Where a GPU is present (Colab's GPU runtime), the next cell runs the CUDA kernel itself on a
@@ -1232,7 +1231,6 @@ fig.suptitle(f"One training step on cpu(): kernels vs overhead (before: {before[
              fontsize=10)
 fig.tight_layout(rect=(0, 0.08, 1, 1))
 save_figure(fig, "step_profile")
-plt.show()
 
 # %% [markdown]
 # Read the bars as two separate budgets. The kernel part shrinks with better kernels (strided

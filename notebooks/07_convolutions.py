@@ -607,7 +607,6 @@ ax2.legend()
 fig.suptitle(f"ResNet-9 on {DATASET}: {N_TRAIN} images, batch {BATCH_SIZE}, Adam lr {LR}")
 fig.tight_layout()
 save_figure(fig, "resnet9_learning_curve")
-plt.show()
 
 # %% [markdown]
 # ## 7. What the first layer sees
@@ -644,7 +643,6 @@ fig.colorbar(im, ax=axes[:, 1:].ravel().tolist(), fraction=0.02, pad=0.01,
              label="activation (after ReLU)")
 fig.suptitle("ResNet-9 layer 1: the 16 feature maps (8x8) of four test images, one colour scale")
 save_figure(fig, "resnet9_feature_maps")
-plt.show()
 
 # %% [markdown]
 # ## Summary

@@ -432,7 +432,6 @@ ax.set_ylabel("perplexity (log scale)")
 ax.set_title("The LSTM approaches the grammar's floor and beats the bigram")
 ax.legend(fontsize=8)
 save_figure(fig, "lstm_perplexity")
-plt.show()
 
 # %% [markdown]
 # **Does the state carry the subject's number?** In *"the dog that the cats see runs"* the main

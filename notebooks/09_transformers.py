@@ -205,7 +205,6 @@ fig.colorbar(im, ax=axes[1], fraction=0.046)
 fig.suptitle("The causal mask: row i may only look at columns 0..i")
 fig.tight_layout()
 save_figure(fig, "causal_mask")
-plt.show()
 
 # %% [markdown]
 # The test that matters: change the input at positions $\ge 3$ and compare outputs. With the mask,
@@ -573,7 +572,6 @@ axes[0].set_ylabel("query (current word)")
 fig.suptitle("Attention of the trained Transformer LM: each row is a causal distribution")
 fig.tight_layout()
 save_figure(fig, "attention_heatmap")
-plt.show()
 
 # %% [markdown]
 # Heads specialise: some spread their weight over the whole sentence, others lock onto the

@@ -198,7 +198,6 @@ axes[0].set_ylabel("$x_2$")
 axes[0].legend(loc="upper left", markerscale=4)
 fig.colorbar(cs, ax=axes, label="D's P(real)", shrink=0.9)
 save_figure(fig, "gan_2d_samples")
-plt.show()
 
 # %% [markdown]
 # Early on the discriminator's surface separates the two clouds (red where it says "real"); the
@@ -270,7 +269,6 @@ ax2.set_ylabel("error of G's distribution")
 ax2.set_ylim(bottom=0)
 ax2.legend()
 save_figure(fig, "gan_2d_losses")
-plt.show()
 
 # %% [markdown]
 # ## 2. A small image GAN on the 8 × 8 digits
@@ -342,7 +340,6 @@ for r, (name, images) in enumerate(rows):
     axes[r, 0].set_ylabel(name, rotation=0, ha="right", va="center")
 fig.suptitle("generated digits across training (same noise in every row), and real digits")
 save_figure(fig, "gan_digits")
-plt.show()
 
 # %% [markdown]
 # What can be asserted robustly: the generated images become markedly more digit-like to the

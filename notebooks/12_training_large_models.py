@@ -151,7 +151,6 @@ ax.set_ylabel("MiB kept by the layer")
 ax2.set_ylabel("MiB kept so far (line)")
 ax.set_title("activation memory of a 16-block MLP's forward pass (batch 512, width 256)")
 save_figure(fig, "activation_memory_per_layer")
-plt.show()
 
 # %% [markdown]
 # **Gradients and optimizer state.** One Adam step on the same model, with the allocator
@@ -399,7 +398,6 @@ ax2.set_xlabel("step time / step time without checkpointing (measured)")
 ax2.set_ylabel("peak MiB")
 ax2.legend(fontsize=8)
 save_figure(fig, "checkpoint_memory_vs_k")
-plt.show()
 
 # %% [markdown]
 # ## 3. Data parallelism over MPI

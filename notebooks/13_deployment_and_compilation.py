@@ -415,7 +415,6 @@ ax.set_xscale("log")
 ax.set_xlabel("GFLOP/s (log scale), 1024³ float32 matmul, measured")
 ax.set_title("TVM schedule ladder beside needle's engine and numpy (one run)")
 save_figure(fig, "tvm_matmul_ladder")
-plt.show()
 
 # %% [markdown]
 # How to read the rungs (the lines above say which of these happened in this run):

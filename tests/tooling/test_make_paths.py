@@ -9,6 +9,8 @@ sources, so it takes seconds): its commands are CMake's and the compiler's, run 
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 
 import needle
+from companion.viz import FIGURE_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
@@ -195,20 +198,19 @@ def test_make_notebook_and_notebooks_from_a_path_with_a_space(tmp_path):
 
 
 def test_make_figures_from_a_path_with_a_space(tmp_path):
+    """make figures writes figures/ from the notebooks' tagged outputs in a spaced checkout."""
     root = spaced_checkout(tmp_path)
-    (root / "notebooks" / "00_tiny.py").write_text(
-        TINY + "# %%\nimport os\nos.makedirs('../figures', exist_ok=True)\n"
-        "open('../figures/tiny.png', 'w').write(os.environ['NEEDLE_WRITE_FIGURES'])\n"
-    )
-    subprocess.run(
-        [str(VENV / "bin" / "jupytext"), "--to", "ipynb", "-q", "notebooks/00_tiny.py"],
-        cwd=root,
-        check=True,
-        timeout=120,
-    )
-    done = run_recipe("figures", ("for nb in",), {}, cwd=root)
+    png = b"\x89PNG stand-in"
+    output = {
+        "output_type": "display_data",
+        "data": {"image/png": base64.b64encode(png).decode()},
+        "metadata": {FIGURE_KEY: "tiny"},
+    }
+    cell = {"cell_type": "code", "source": "", "metadata": {}, "outputs": [output]}
+    (root / "notebooks" / "00_tiny.ipynb").write_text(json.dumps({"cells": [cell]}))
+    done = run_recipe("figures", ("companion.viz",), {}, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (root / "figures" / "tiny.png").read_text() == "1"
+    assert (root / "figures" / "tiny.png").read_bytes() == png
 
 
 # ---- make build itself, from a checkout whose path holds a space, a parenthesis, non-ASCII -------
