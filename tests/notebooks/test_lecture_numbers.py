@@ -4,6 +4,10 @@ Each header's Lecture field names lectures as ``N, "Title"`` (a number, a comma,
 double quotes); a lecture whose number differs in the current schedule adds ``(lecture M in the
 current schedule)``. No other number may appear (no ranges such as ``23-24``). Across all
 notebooks one number means one title, and each title matches the 2022 schedule below.
+
+In the prose (markdown cells and code comments), every "lecture N" uses the same numbering: N
+is in the schedule, and the paragraph around it gives N's title or one of N's topic words
+(TOPICS below), so "Lecture 12 reuses memory" fails where 12 is GPU Acceleration.
 """
 
 import bisect
