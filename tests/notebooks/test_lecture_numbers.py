@@ -165,9 +165,10 @@ def test_each_lecture_named_is_the_2022_lecture_of_that_number(py):
 TOPICS = {
     1: ("introduction", "logistics", "course overview"),
     2: ("softmax", "regression", "cross-entropy", "hypothesis class", "mnist", "gradient descent"),
-    3: ("neural network", "two-layer", "hidden layer", "backprop", "nonlinear", "relu"),
+    3: ("neural network", "layer", "two-layer", "multi-layer", "backprop", "backward pass",
+        "forward pass", "nonlinear", "relu"),
     4: ("automatic differentiation", "autodiff", "adjoint", "reverse mode", "forward mode",
-        "computational graph", "chain rule"),
+        "computational graph", "chain rule", "gradient"),
     5: ("automatic differentiation", "autodiff", "adjoint", "reverse mode", "computational graph",
         "topological", "gradient", "needle", "tensor"),
     6: ("fully connected", "mlp", "optimi", "sgd", "momentum", "adam", "initiali", "xavier",
