@@ -1,5 +1,6 @@
 """A checkout whose build lost the compiled CPU module says so at import (one stderr line)
 instead of running everything on the numpy device without a word."""
+
 from __future__ import annotations
 
 import os
@@ -17,14 +18,16 @@ def _import_needle(folder: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["NEEDLE_IMPL"] = str(folder)
     code = "import needle as ndl; print(ndl.default_tensor_device())"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _checkout_without_modules(tmp_path: Path, with_build: bool) -> Path:
     folder = tmp_path / "checkout"
-    shutil.copytree(PACKAGE, folder / "needle",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        PACKAGE, folder / "needle", ignore=shutil.ignore_patterns("__pycache__", "*.so")
+    )
     (folder / "CMakeLists.txt").write_text("# stands for this project's build file\n")
     if with_build:
         (folder / "build").mkdir()

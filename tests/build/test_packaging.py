@@ -1,4 +1,5 @@
 """The conda environment file and pyproject.toml must list the same dependencies."""
+
 import re
 import sys
 from pathlib import Path

@@ -5,6 +5,7 @@ Each pattern is a command or flag that exists only in GNU coreutils/util-linux/f
 behaves differently in the BSD tools macOS ships); the test greps the set-up files for them,
 comment lines excepted. The checker itself is tested on lines that must and must not match.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,9 @@ GNU_ONLY = {
     "timeout (coreutils; macOS has none)": _CMD + r"timeout\s",
     "readlink -f (GNU; older macOS rejects -f)": r"\breadlink\s+-[a-z]*f",
     "realpath (coreutils; older macOS has none)": _CMD + r"realpath\s",
-    "sed -i without a suffix (BSD sed takes the next word as the suffix)": r"\bsed\s(?:.*\s)?-i(?:\s|$)|\bsed\s.*--in-place",
+    "sed -i without a suffix (BSD sed takes the next word as the suffix)": (
+        r"\bsed\s(?:.*\s)?-i(?:\s|$)|\bsed\s.*--in-place"
+    ),
     "find -printf (GNU findutils)": r"\bfind\s.*-printf\b",
     "cp --parents (GNU)": r"\bcp\s.*--parents\b",
     "date -d / --date / -I (GNU date flags)": r"\bdate\s+(?:-d\b|--date|-I\b|--iso)",
@@ -52,36 +55,43 @@ def gnu_only_uses(text: str) -> list[tuple[int, str, str]]:
 def test_setup_files_use_no_gnu_only_tools(path):
     uses = gnu_only_uses(path.read_text())
     assert not uses, f"{path.relative_to(ROOT)} uses GNU-only tools:\n" + "\n".join(
-        f"  line {n}: {tool}: {line}" for n, tool, line in uses)
+        f"  line {n}: {tool}: {line}" for n, tool, line in uses
+    )
 
 
-@pytest.mark.parametrize("line", [
-    "\tflock .build.lock $(PY) -m pip install -e .",
-    "JOBS := $(shell nproc)",
-    "\ttimeout 60 $(PY) -m pytest",
-    "ROOT=$(readlink -f .)",
-    "\tsed -i 's/a/b/' file",
-    "\tsed -e 's/a/b/' -i file.txt",
-    "\tfind . -name '*.so' -printf '%p\\n'",
-    "\tcp --parents src/a.h out/",
-    "\tdate -d yesterday",
-    "\tls | xargs -r rm",
-    "\tgrep -P '\\d+' file",
-    "\tstat -c %s file",
-    "\tsha256sum data.bin",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "\tflock .build.lock $(PY) -m pip install -e .",
+        "JOBS := $(shell nproc)",
+        "\ttimeout 60 $(PY) -m pytest",
+        "ROOT=$(readlink -f .)",
+        "\tsed -i 's/a/b/' file",
+        "\tsed -e 's/a/b/' -i file.txt",
+        "\tfind . -name '*.so' -printf '%p\\n'",
+        "\tcp --parents src/a.h out/",
+        "\tdate -d yesterday",
+        "\tls | xargs -r rm",
+        "\tgrep -P '\\d+' file",
+        "\tstat -c %s file",
+        "\tsha256sum data.bin",
+    ],
+)
 def test_checker_flags_gnu_only_lines(line):
     assert gnu_only_uses(line), line
 
 
-@pytest.mark.parametrize("line", [
-    "# no flock here: the lock is fcntl in Python",
-    "LOCKED = $(PYTHON) -c 'import fcntl; fcntl.flock(lock, fcntl.LOCK_EX)'",
-    "\tsed -i.bak 's/a/b/' file",
-    "NBEXEC := jupyter nbconvert --ExecutePreprocessor.timeout=1200",
-    "\tfind . -name __pycache__ -prune -exec rm -rf {} +",
-    "\tout=$$(mktemp -d)",
-    "\tdate +%s",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "# no flock here: the lock is fcntl in Python",
+        "LOCKED = $(PYTHON) -c 'import fcntl; fcntl.flock(lock, fcntl.LOCK_EX)'",
+        "\tsed -i.bak 's/a/b/' file",
+        "NBEXEC := jupyter nbconvert --ExecutePreprocessor.timeout=1200",
+        "\tfind . -name __pycache__ -prune -exec rm -rf {} +",
+        "\tout=$$(mktemp -d)",
+        "\tdate +%s",
+    ],
+)
 def test_checker_passes_portable_lines(line):
     assert not gnu_only_uses(line), line

@@ -7,6 +7,7 @@ kept out of the notebooks. Each notebook's section is run twice, on the cells al
 stubs every check says "not answered yet"; with the reference answers in place of the stubs
 every check passes in strict mode (anything but "correct" raises).
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,17 +21,26 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
 # Notebooks that carry exercises: every lecture notebook.
-WITH_EXERCISES = ["01_softmax_regression", "02_automatic_differentiation", "03_nn_library",
-                  "04_training", "05_ndarray", "06_hardware_acceleration", "07_convolutions",
-                  "08_sequence_models", "09_transformers", "10_nn_abstractions",
-                  "11_generative_adversarial_networks", "12_training_large_models",
-                  "13_deployment_and_compilation"]
+WITH_EXERCISES = [
+    "01_softmax_regression",
+    "02_automatic_differentiation",
+    "03_nn_library",
+    "04_training",
+    "05_ndarray",
+    "06_hardware_acceleration",
+    "07_convolutions",
+    "08_sequence_models",
+    "09_transformers",
+    "10_nn_abstractions",
+    "11_generative_adversarial_networks",
+    "12_training_large_models",
+    "13_deployment_and_compilation",
+]
 
 
 def exercise_cells(notebook: Path) -> dict[str, list[str]]:
     """The sources of the exercise cells of a percent-format notebook, by tag."""
-    cells: dict[str, list[str]] = {"exercise-setup": [], "exercise-stub": [],
-                                   "exercise-check": []}
+    cells: dict[str, list[str]] = {"exercise-setup": [], "exercise-stub": [], "exercise-check": []}
     for cell in jupytext.read(notebook).cells:
         for tag in cell.metadata.get("tags", []):
             if tag in cells:
@@ -49,7 +59,7 @@ def run_section(cells: dict[str, list[str]], answers: str | None) -> str:
     with contextlib.redirect_stdout(out):
         for source in cells["exercise-setup"]:
             exec(compile(source, "exercise-setup", "exec"), namespace)
-        for source in ([answers] if answers is not None else cells["exercise-stub"]):
+        for source in [answers] if answers is not None else cells["exercise-stub"]:
             exec(compile(source, "answers", "exec"), namespace)
         for source in cells["exercise-check"]:
             exec(compile(source, "exercise-check", "exec"), namespace)

@@ -4,6 +4,7 @@ The first markdown cell of each notebooks/NN_*.py (the Jupytext percent-format s
 hold a title line (``# NN · Title``) and then these bold fields, each at the start of its own
 line and followed by text: Lecture, Homework, Prerequisites, You will be able to, Run time.
 """
+
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def first_markdown_cell(text: str) -> list[str]:
     except StopIteration:
         return []
     cell = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("# %%"):
             break
         cell.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
@@ -44,7 +45,7 @@ def header_problems(text: str) -> list[str]:
         lines = [line for line in body if line.startswith(tag)]
         if not lines:
             problems.append(f"no line starting with {tag}")
-        elif not lines[0][len(tag):].strip():
+        elif not lines[0][len(tag) :].strip():
             problems.append(f"{tag} is empty")
     return problems
 
@@ -73,8 +74,9 @@ def test_the_checker_accepts_a_full_header():
 def test_the_checker_names_a_missing_or_empty_field(field):
     dropped = "\n".join(line for line in GOOD.splitlines() if f"**{field}:**" not in line)
     assert header_problems(dropped) == [f"no line starting with **{field}:**"]
-    emptied = GOOD.replace(next(line for line in GOOD.splitlines() if f"**{field}:**" in line),
-                           f"# **{field}:**")
+    emptied = GOOD.replace(
+        next(line for line in GOOD.splitlines() if f"**{field}:**" in line), f"# **{field}:**"
+    )
     assert header_problems(emptied) == [f"**{field}:** is empty"]
 
 
@@ -86,7 +88,8 @@ def test_the_checker_reads_only_the_first_markdown_cell():
 
 def test_the_checker_wants_a_title_first():
     assert header_problems(GOOD.replace("# # 99 · Example", "# 99 · Example"))[0].startswith(
-        "the first line is not")
+        "the first line is not"
+    )
 
 
 def test_there_are_notebooks():
@@ -99,7 +102,7 @@ def test_notebook_has_the_header_fields(py):
     assert not problems, f"{py.name}: first markdown cell: " + "; ".join(problems)
 
 
-# ---- student mode (NEEDLE_IMPL): companion-only cells ----------------------------------------------
+# ---- student mode (NEEDLE_IMPL): companion-only cells ---
 STUDENT_MODE = "**Student mode:**"
 
 
@@ -122,6 +125,7 @@ def student_mode_problems(text: str) -> list[str]:
     without must do neither."""
     from companion.colab import SETUP_MARK
     from companion.lecture import companion_only_reason
+
     cells = [c for c in code_cells(text) if not (c and c[0].startswith(SETUP_MARK))]
     marked = sum(companion_only_reason(c) is not None for c in cells)
     header = [line.strip() for line in first_markdown_cell(text)]
@@ -130,16 +134,20 @@ def student_mode_problems(text: str) -> list[str]:
     if marked and not claims:
         return [f"{marked} companion-only cells but no line starting with {STUDENT_MODE}"]
     if marked and not calls:
-        return [f"{marked} companion-only cells but the first code cell does not call "
-                "lecture.setup()"]
+        return [
+            f"{marked} companion-only cells but the first code cell does not call lecture.setup()"
+        ]
     if not marked and (claims or calls):
-        return [f"no companion-only cells, yet the notebook has a {STUDENT_MODE} line or calls "
-                "lecture.setup()"]
+        return [
+            f"no companion-only cells, yet the notebook has a {STUDENT_MODE} line or calls "
+            "lecture.setup()"
+        ]
     return []
 
 
-MARKED = GOOD.replace("# Text.", "# Text.\n\n# %%\nfrom companion import lecture\nlecture.setup()"
-                      ).replace("print(1)", "# companion-only: create_graph=True\nprint(1)")
+MARKED = GOOD.replace(
+    "# Text.", "# Text.\n\n# %%\nfrom companion import lecture\nlecture.setup()"
+).replace("print(1)", "# companion-only: create_graph=True\nprint(1)")
 CLAIM = "# **Student mode:** with NEEDLE_IMPL, cells marked companion-only are skipped\n"
 
 
@@ -147,7 +155,8 @@ def test_marked_cells_need_the_student_mode_line_and_setup():
     with_line = MARKED.replace("#\n# Text.", CLAIM + "#\n# Text.")
     assert student_mode_problems(with_line) == []
     assert student_mode_problems(MARKED) == [
-        f"1 companion-only cells but no line starting with {STUDENT_MODE}"]
+        f"1 companion-only cells but no line starting with {STUDENT_MODE}"
+    ]
     no_setup = with_line.replace("lecture.setup()", "pass")
     assert "does not call lecture.setup()" in student_mode_problems(no_setup)[0]
 

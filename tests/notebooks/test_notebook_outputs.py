@@ -1,4 +1,5 @@
 """What the committed notebooks show under their cells."""
+
 from __future__ import annotations
 
 import json

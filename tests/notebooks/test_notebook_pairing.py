@@ -4,6 +4,7 @@ nbval only reads the .ipynb, so an edit to the .py that was never regenerated
 (`make notebooks`) would otherwise pass unnoticed. The check compares each cell's type,
 source and tags, independent of file times.
 """
+
 from pathlib import Path
 
 import jupytext
@@ -36,12 +37,17 @@ def pairing_problems(py: Path, ipynb: Path) -> list[str]:
             what = "type" if a[0] != b[0] else "source" if a[1] != b[1] else "tags"
             problems.append(f"cell {i} differs in {what}: {a[1][:60]!r} vs {b[1][:60]!r}")
     unexecuted = [
-        i for i, cell in enumerate(out.cells)
-        if cell.cell_type == "code" and cell.source.strip() and cell.execution_count is None
+        i
+        for i, cell in enumerate(out.cells)
+        if cell.cell_type == "code"
+        and cell.source.strip()
+        and cell.execution_count is None
         and "skip-execution" not in cell.metadata.get("tags", [])
     ]
     if unexecuted:
-        problems.append(f"{ipynb.name} has unexecuted code cells {unexecuted[:5]}: run `make notebooks`")
+        problems.append(
+            f"{ipynb.name} has unexecuted code cells {unexecuted[:5]}: run `make notebooks`"
+        )
     return problems
 
 
@@ -56,7 +62,9 @@ def test_notebook_is_paired_and_executed(py):
 
 
 def test_every_ipynb_has_a_source():
-    orphans = [nb.name for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not nb.with_suffix(".py").exists()]
+    orphans = [
+        nb.name for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not nb.with_suffix(".py").exists()
+    ]
     assert not orphans, f"notebooks without a .py source: {orphans}"
 
 

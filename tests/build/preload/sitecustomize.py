@@ -8,6 +8,7 @@ finder placed first on sys.meta_path answers for that one name), so what the mod
 loads, such as warning about NEEDLE_CPU_ISA, happens at the usual moment. Without the variable
 this file does nothing.
 """
+
 import os
 
 _PATH = os.environ.get("NEEDLE_TEST_CPU_MODULE")
