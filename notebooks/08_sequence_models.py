@@ -29,14 +29,17 @@
 # perplexity against a known floor and simple baselines, and test what its state remembers;
 # sample text from it
 #
-# **Run time:** about 7 s of CPU time on a 2-core x86-64 machine (28 s of wall time under
-# heavy load)
+# **Run time:** about 9 s of CPU time on a 2-core x86-64 machine
+# **Student mode:** with `NEEDLE_IMPL=path/to/hw4/python` (your own needle), the cell marked
+# companion-only is skipped: it checks that every tensor a chunk leaves alive is a graph node,
+# which holds only for this needle's `backward()` (the course's keeps a gradient on every node).
 #
 # A sequence model reads inputs $x_1, x_2, \dots$ one step at a time and keeps a **hidden
 # state** $h_t$ that summarises everything it has seen. This notebook
 #
 # 1. writes out the **RNN** recurrence and checks `nn.RNN` against it;
-# 2. does the same for the **LSTM**, against a numpy reference of its gates;
+# 2. does the same for the **LSTM**, against a numpy reference of its gates, and measures how
+#    gradients **vanish or explode** along a sequence in each;
 # 3. explains **truncated back-propagation through time** and shows, by counting live tensors,
 #    why the hidden state must be *detached* between chunks;
 # 4. trains an LSTM **language model** (with gradient clipping) on a corpus whose best possible
@@ -70,6 +73,7 @@ from companion import lecture
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
+lecture.setup()  # with NEEDLE_IMPL: cells marked "# companion-only" print a skip line
 # cuda() where a GPU is visible (Colab's GPU runtime), else the compiled CPU backend when it is
 # built, else needle's numpy device
 from companion.lecture import best_device  # noqa: E402
@@ -97,9 +101,18 @@ EMBED, HIDDEN, SEQ_LEN, BATCH, EPOCHS, LR = 32, 64, 20, 16, 4, 0.01
 #
 # needle stores vectors as rows, so $W_{ih}$ has shape (input_size, hidden_size): the transpose
 # of PyTorch's `weight_ih`. Inputs are **time-major**: `X` has shape (seq_len, batch, input).
+# The recurrence walks along time, and step $t$ multiplies the (batch, input) slice $X_t$ by
+# $W_{ih}$; with time first that slice is one contiguous block of memory, where a batch-first
+# (batch, seq_len, input) array would make it a strided gather to copy at every step.
 # `nn.RNN` returns every $h_t$ of its last layer and the final state of every layer.
+#
+# Real sentences differ in length. A batch of them is **padded** to the longest, and the padded
+# steps must change neither the state nor the loss: they are masked, or (PyTorch's packed
+# sequences) the batch is sorted by length so that each step's product runs only over the
+# sequences still going. The language model of section 4 avoids the question the course's way:
+# it reads one token stream cut into equal chunks, where a sentence ends with an `<eos>` token.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 T_, B_, I_, H_ = 5, 2, 3, 4
 rnn = nn.RNN(I_, H_, device=device)
 X = np.random.randn(T_, B_, I_).astype(np.float32)
@@ -119,7 +132,7 @@ def rnn_numpy(X, cell):
 
 
 err = np.abs(out.numpy() - rnn_numpy(X, rnn.rnn_cells[0])).max()
-print(f"max |needle - numpy| = {err:.1e}")
+print("max |needle - numpy|", "below 1e-6" if err < 1e-6 else f"= {err:.1e}")
 assert out.shape == (5, 2, 4) and h_n.shape == (1, 2, 4)
 assert err < 1e-5
 assert np.array_equal(out.numpy()[-1], h_n.numpy()[0])  # the last output is the final state
@@ -140,9 +153,12 @@ assert np.array_equal(out.numpy()[-1], h_n.numpy()[0])  # the last output is the
 # \end{aligned}$$
 #
 # A numpy reference of exactly these lines checks a two-layer `nn.LSTM` (layer 2 reads layer 1's
-# $h_t$).
+# $h_t$). Both run **layer first**: the whole sequence through layer 1, then layer 1's outputs
+# through layer 2. Going time step by time step through all layers gives the same numbers,
+# since step $t$ of layer 2 needs only step $t$ of layer 1 and step $t-1$ of layer 2; layer
+# first is simpler, and it lets a layer's input products for all steps be one matrix product.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 def lstm_numpy(X, cells, h0=None, c0=None):
     """Stacked LSTM in float64 numpy: X (T, B, I) → (output (T, B, H), h_n, c_n)."""
     sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
@@ -170,9 +186,75 @@ out, (h_n, c_n) = lstm(ndl.Tensor(X, device=device))
 ref = lstm_numpy(X, lstm.lstm_cells)
 errs = [np.abs(a.numpy() - b).max() for a, b in zip((out, h_n, c_n), ref)]
 print("W_ih", lstm.lstm_cells[0].W_ih.shape, "| W_hh", lstm.lstm_cells[0].W_hh.shape)
-print("max |needle - numpy| for output, h_n, c_n:", ", ".join(f"{e:.1e}" for e in errs))
+print("max |needle - numpy| for output, h_n, c_n:",
+      ", ".join("below 1e-6" if e < 1e-6 else f"{e:.1e}" for e in errs))
 assert lstm.lstm_cells[0].W_ih.shape == (3, 16) and lstm.lstm_cells[1].W_ih.shape == (4, 16)
 assert max(errs) < 1e-5
+
+# %% [markdown]
+# **Vanishing and exploding gradients, measured.** How much does the state at step 0 still
+# matter at step $T$? The cell below runs a cell for $T$ steps on random inputs from a zero
+# state and measures $\lVert \partial (u \cdot h_T) / \partial h_0 \rVert$ (for the LSTM, the
+# gradient with respect to $h_0$ and $c_0$ together), for a fixed random direction $u$. The
+# tanh RNN gets $W_{hh}$ = a random orthogonal matrix times a scale: every step multiplies the
+# gradient by $\mathrm{diag}(1 - h_t^2)\, W_{hh}^\top$. The LSTM is shown at needle's
+# initialisation and with its forget gate's bias raised by 3 (so that $f$ starts near
+# $\sigma(3) \approx 0.95$), a common initialisation: along the cell state each step multiplies the gradient by
+# $f$, not by a matrix.
+
+# %% tags=["nbval-ignore-output"]
+def state_gradient_norm(cell, T, hidden, lstm=False, seed=0):
+    """|d (u · h_T) / d (initial state)| after T steps of ``cell`` on random inputs, batch 1."""
+    rng = np.random.RandomState(seed)
+    h0, c0 = (ndl.Tensor(np.zeros((1, hidden), np.float32), device=device) for _ in range(2))
+    h, c = h0, c0
+    for x in rng.randn(T, 1, hidden).astype(np.float32):
+        x = ndl.Tensor(x, device=device, requires_grad=False)
+        if lstm:
+            h, c = cell(x, (h, c))
+        else:
+            h = cell(x, h)
+    u = ndl.Tensor(rng.randn(1, hidden).astype(np.float32), device=device, requires_grad=False)
+    (h * u).sum().backward()
+    grads = [h0.grad.numpy()] + ([c0.grad.numpy()] if lstm else [])
+    return float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
+
+
+HID, STEPS = 16, (1, 5, 10, 20, 40)
+Q_orth = np.linalg.qr(np.random.RandomState(0).randn(HID, HID))[0].astype(np.float32)
+cells = {}
+for scale in (0.5, 4.0):
+    np.random.seed(1)
+    cells[f"tanh RNN, W_hh = {scale} x orthogonal"] = (nn.RNNCell(HID, HID, device=device), False)
+    cells[f"tanh RNN, W_hh = {scale} x orthogonal"][0].W_hh = nn.Parameter(
+        ndl.Tensor(scale * Q_orth, device=device))
+np.random.seed(1)
+cells["LSTM, needle's initialisation"] = (nn.LSTMCell(HID, HID, device=device), True)
+np.random.seed(1)
+forget_biased = nn.LSTMCell(HID, HID, device=device)
+bias = forget_biased.bias_ih.numpy().copy()
+bias[HID:2 * HID] += 3.0                       # the f block of the packed i, f, g, o gates
+forget_biased.bias_ih = nn.Parameter(ndl.Tensor(bias, device=device))
+cells["LSTM, forget bias + 3"] = (forget_biased, True)
+norms = {name: [state_gradient_norm(cell, T, HID, lstm) for T in STEPS]
+         for name, (cell, lstm) in cells.items()}
+trends = {}
+print(f"{'T =':36s}" + "".join(f"{T:>10d}" for T in STEPS))
+for name, values in norms.items():
+    trends[name] = ("explodes" if values[-1] > 100 * values[0] else "vanishes"
+                    if values[-1] < 1e-3 * values[0] else "survives")
+    print(f"{name:36s}" + "".join(f"{v:10.1e}" for v in values) + f"   {trends[name]}")
+assert list(trends.values()) == ["vanishes", "explodes", "vanishes", "survives"]
+
+# %% [markdown]
+# The last column is computed from the first and the last value of each row (and asserted).
+# A tanh RNN whose $W_{hh}$ shrinks vectors forgets the start geometrically; one whose $W_{hh}$
+# stretches them amplifies it geometrically, so a long chunk can produce a gradient far larger
+# than an ordinary one: the *exploding gradient* that gradient clipping (section 5) guards
+# against. The LSTM at needle's initialisation forgets too: its forget gate starts near
+# $\sigma(0) = 0.5$, and the cell path loses about half per step. What the LSTM changes is
+# that this factor is a gate the model learns rather than a fixed matrix, and with the gate
+# near 1 (the raised bias) the gradient survives the whole span.
 
 # %% [markdown]
 # ## 3. Truncated back-propagation through time
@@ -220,8 +302,8 @@ print("not detached:", attached)
 print("detached:    ", detached)
 
 # %% [markdown]
-# Without detaching, every chunk leaves the same number of extra tensors alive — exactly the
-# nodes its forward pass added to the graph behind the state — so memory grows linearly with the
+# Without detaching, every chunk leaves more tensors alive: the nodes its forward pass added to
+# the graph behind the state stay reachable through $h$, so memory grows linearly with the
 # length of the stream, and each `backward()` walks back through every earlier chunk too. With
 # `detach`, only the 7 parameters and the 2 carried state tensors ($h$, $c$) survive a chunk:
 # the count stays flat at 9.
@@ -231,9 +313,23 @@ growth = np.diff(attached)
 graph_growth = np.diff(attached_graph)
 print("extra tensors per chunk without detach:", sorted(set(growth.tolist())),
       "| nodes added to the graph behind the state per chunk:", sorted(set(graph_growth.tolist())))
-assert len(set(growth.tolist())) == 1 and len(set(graph_growth.tolist())) == 1
-assert growth[0] == graph_growth[0] > 9
+assert len(set(graph_growth.tolist())) == 1 and min(growth) >= graph_growth[0] > 9
 assert detached == [9] * 6
+
+# %% [markdown]
+# How many nodes a chunk adds depends on how the LSTM cell is written: here section 3 ran
+# needle's `nn.LSTM`, a loop of per-step cells like the course's, whose ten steps add the
+# number of nodes printed above; your own hw4 cell, written with other ops, adds its own number. On this
+# needle the extra live tensors are *exactly* those graph nodes, because `backward()` keeps a
+# gradient only on the leaves (the parameters, whose `.grad` the loop clears). The course's
+# `backward()` leaves a `.grad` on every node of the graph, so on a course needle the gradients
+# of the kept chunks stay alive as well and the count grows faster than the graph; the cell
+# below, which checks the exact match, runs only on this needle.
+
+# %%
+# companion-only: this needle's backward() keeps no .grad on interior nodes (the course's does)
+assert len(set(growth.tolist())) == 1 and growth[0] == graph_growth[0]
+print(f"each chunk leaves exactly its {growth[0]} graph nodes alive")
 
 # %% [markdown]
 # ## 4. A corpus with a known best perplexity
@@ -335,12 +431,14 @@ assert nxt[:-1] == col[1:]
 #
 # **Gradient clipping.** The gradient through a recurrence is a product of one Jacobian per
 # time step, so on an unlucky chunk it can be many times larger than usual (the *exploding
-# gradient* of section 2), and a single step along it can undo what training had reached.
-# `epoch_general_ptb(..., clip=5.0)` calls `opt.clip_grad_norm(5.0)` between `backward()` and
-# `step()`: if the global norm $\lVert g \rVert$ of all gradients together exceeds 5, every
-# gradient is multiplied by $5 / \lVert g \rVert$. The direction is kept; only the length of
-# the step is capped. (The course's hw4 exposes the same `clip` argument.) To see how often it
-# acts, the optimizer below records the norm it finds at every step.
+# gradient* measured in section 2). With plain SGD the step is the learning rate times the
+# gradient, so one such step can undo what training had reached. Clipping caps it: if the
+# global norm $\lVert g \rVert$ of all gradients together exceeds a threshold $c$, every
+# gradient is multiplied by $c / \lVert g \rVert$. The direction is kept; only the length is
+# capped. The course's hw4 does it with `epoch_general_ptb(..., clip=c)`, which calls the
+# optimizer's `clip_grad_norm(c)` between `backward()` and `step()`. Here the optimizer does
+# it at the start of its own `step()`, in the few lines below, and records the norm it finds
+# at every step, so that we can see how often it acts.
 
 # %% [markdown]
 # The model trains on needle's fast path: `lecture.fast_path(model)` calls
@@ -359,27 +457,46 @@ if DATASET == "grammar":
     assert 0.5 * V < np.exp(loss0) < 2 * V
 
 # %% tags=["nbval-ignore-output"]
-class RecordingAdam(ndl.optim.Adam):
-    """Adam that keeps, per step, the global gradient norm clip_grad_norm found (``norms``)."""
+def global_norm(params):
+    """The L2 norm of all the parameters' gradients together."""
+    return float(np.sqrt(sum((p.grad.numpy().astype(np.float64) ** 2).sum()
+                             for p in params if p.grad is not None)))
 
-    def __init__(self, params, **kwargs):
+
+class Clipping:
+    """Mixin for an optimizer: step() first records the global gradient norm (``norms``) and,
+    above ``max_norm`` (None: never), scales every gradient by max_norm / norm."""
+
+    def __init__(self, params, max_norm=None, **kwargs):
         super().__init__(params, **kwargs)
-        self.norms = []
+        self.max_norm, self.norms = max_norm, []
 
-    def clip_grad_norm(self, max_norm=0.25):
-        norm = super().clip_grad_norm(max_norm)
+    def step(self):
+        norm = global_norm(self.params)
         self.norms.append(norm)
-        return norm
+        if self.max_norm is not None and norm > self.max_norm:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad = p.grad.detach() * (self.max_norm / norm)
+        super().step()
+
+
+class ClippedAdam(Clipping, ndl.optim.Adam):
+    pass
+
+
+class ClippedSGD(Clipping, ndl.optim.SGD):
+    pass
 
 
 CLIP = 5.0
-opt = RecordingAdam(model.parameters(), lr=LR)
+opt = ClippedAdam(model.parameters(), max_norm=CLIP, lr=LR)
 history = {"train": [], "test": [], "clipped": []}
 with LiveCurves({"perplexity": ["train (during the epoch)", "test"]}, logy=["perplexity"],
                 title="while it trains") as live:
     for epoch in range(EPOCHS):
         steps_before = len(opt.norms)
-        _, train_loss = epoch_general_ptb(train_data, model, seq_len=SEQ_LEN, opt=opt, clip=CLIP,
+        _, train_loss = epoch_general_ptb(train_data, model, seq_len=SEQ_LEN, opt=opt,
                                           device=device, progress=False)
         _, test_loss = evaluate_ptb(model, test_data, seq_len=SEQ_LEN, device=device,
                                     progress=False)
@@ -393,16 +510,85 @@ with LiveCurves({"perplexity": ["train (during the epoch)", "test"]}, logy=["per
               f"test perplexity {history['test'][-1]:.2f} | gradient norm median "
               f"{np.median(norms):.2f}, max {norms.max():.2f}, clipped in {history['clipped'][-1]} "
               f"of {len(norms)} steps")
+print(f"clipping at {CLIP} acted in {sum(history['clipped'])} of {len(opt.norms)} steps; the "
+      f"largest gradient norm was {max(opt.norms) / CLIP:.2f} of the threshold")
 
 # %% [markdown]
 # (The exact digits above depend on floating-point details of the machine, so nbval does not
 # compare them; the cell below asserts what matters.) The test perplexity falls from epoch to
 # epoch and ends within 15% of the floor: far below the untrained model's ≈ 69 and below the
 # bigram model's 14.53. The last columns show what clipping did: the typical gradient norm, the
-# largest, and how many steps of each epoch found a norm above 5 and were shortened. A
-# threshold well above the typical norm, as here, is insurance against a rare spike and leaves
-# ordinary steps alone; a threshold below it (the course's `clip_grad_norm` defaults to 0.25)
-# would shorten most steps, which acts like a smaller learning rate.
+# largest, and how many steps of each epoch found a norm above 5 and were shortened; the line
+# below them says how often it acted in the whole run. A threshold well above the typical
+# norm is insurance against a rare spike and leaves ordinary steps alone.
+#
+# **Clipping under Adam is not a smaller learning rate.** With SGD, a threshold below the
+# typical norm (the course's `clip_grad_norm` defaults to 0.25) shortens most steps, which
+# acts like a smaller learning rate. Adam's step is $\mathrm{lr} \cdot \hat m / (\sqrt{\hat v}
+# + \epsilon)$: multiply every gradient by the same constant and $\hat m$ and $\sqrt{\hat v}$
+# both scale with it, so the step does not change. Clipping under Adam scales each step's
+# gradient by its own factor, so what it changes is how much each step's gradient weighs in
+# the running averages, not the length of the steps. The cell below checks the invariance:
+# one step of each optimizer from the same small model, with its gradients as computed and
+# scaled by 0.1.
+
+# %%
+def step_length(optimizer_class, scale, **kwargs):
+    """The length of one optimizer step from a fresh small LSTM LM, its gradients x scale."""
+    np.random.seed(0)
+    m = LanguageModel(8, V, 16, seq_model="lstm", device=device)
+    x, y = get_batch(train_data, 0, SEQ_LEN, device=device)
+    nn.SoftmaxLoss()(m(x)[0], y).backward()
+    for p in m.parameters():
+        p.grad = p.grad.detach() * scale
+    before = [p.numpy().astype(np.float64) for p in m.parameters()]
+    optimizer_class(m.parameters(), **kwargs).step()
+    return np.sqrt(sum(((p.numpy() - b) ** 2).sum() for p, b in zip(m.parameters(), before)))
+
+
+ratios = {}
+for name, cls, kwargs in (("SGD", ndl.optim.SGD, dict(lr=1.0)),
+                          ("Adam", ndl.optim.Adam, dict(lr=LR))):
+    ratios[name] = step_length(cls, 0.1, **kwargs) / step_length(cls, 1.0, **kwargs)
+    print(f"{name:4s}: gradients x 0.1 -> step length x {ratios[name]:.2f}")
+assert abs(ratios["SGD"] - 0.1) < 1e-3 and abs(ratios["Adam"] - 1) < 1e-2
+
+# %% [markdown]
+# So with Adam the threshold matters only relative to the *spread* of the norms. With the
+# course's hw4 setting, `SGD(lr=4.0)`, it is different. The cell below trains the same model
+# for two epochs with SGD at that rate, once without clipping and once clipped at the course's
+# default 0.25, and prints how often the clip acted and where each run ends.
+
+# %% tags=["nbval-ignore-output"]
+def sgd_run(max_norm, epochs=2):
+    """(test perplexity, gradient norm of every step) of the LSTM LM after ``epochs`` of
+    SGD(lr=4.0), its gradients clipped at ``max_norm`` (None: not clipped)."""
+    np.random.seed(0)
+    m = LanguageModel(EMBED, V, HIDDEN, seq_model="lstm", seq_len=SEQ_LEN, device=device)
+    lecture.fast_path(m)
+    sgd = ClippedSGD(m.parameters(), max_norm=max_norm, lr=4.0)
+    for _ in range(epochs):
+        epoch_general_ptb(train_data, m, seq_len=SEQ_LEN, opt=sgd, device=device, progress=False)
+    _, loss = evaluate_ptb(m, test_data, seq_len=SEQ_LEN, device=device, progress=False)
+    return float(np.exp(loss)), np.array(sgd.norms)
+
+
+sgd_results = {clip: sgd_run(clip) for clip in (None, 0.25)}
+for clip, (ppl, norms) in sgd_results.items():
+    acted = 0 if clip is None else int((norms > clip).sum())
+    print(f"SGD lr 4.0, {'not clipped' if clip is None else f'clipped at {clip}':15s}: "
+          f"test perplexity {ppl:7.2f} | gradient norm median {np.median(norms):.2f}, "
+          f"max {norms.max():.2f} | clip acted in {acted} of {len(norms)} steps")
+(ppl_free, _), (ppl_clip, _) = sgd_results[None], sgd_results[0.25]
+print("with SGD(lr=4.0), clipping at 0.25 " + ("helps" if ppl_clip < ppl_free else "hurts")
+      + f": test perplexity {ppl_clip:.2f} against {ppl_free:.2f} without clipping")
+
+# %% [markdown]
+# Under SGD the threshold acts on the step itself: a clipped step moves the parameters by at
+# most $4.0 \times 0.25 = 1$ in norm, so whenever the gradient norm exceeds 0.25 (the count
+# printed above) the effective learning rate is lower than 4.0. Whether that helps at this
+# rate on this corpus is the last printed line; the point is that the same threshold would do
+# nothing of the kind under Adam.
 
 # %% tags=["nbval-ignore-output"]
 final = history["test"][-1]
@@ -435,8 +621,8 @@ save_figure(fig, "lstm_perplexity")
 
 # %% [markdown]
 # **Does the state carry the subject's number?** In *"the dog that the cats see runs"* the main
-# verb must be singular because of "dog", five words back, while the word just before it
-# ("see") is plural because of "cats". The grammar makes this measurable: walking its state
+# verb must be singular because of "dog", five positions back (four words lie between them),
+# while the word just before it ("see") is plural because of "cats". The grammar makes this measurable: walking its state
 # machine along the test text finds every position where the next word is the main verb after
 # a relative clause (state `NPR.sg` or `NPR.pl`), and which number that verb must have. At each
 # such position we add up the probability the model gives to all singular main verbs and to all
@@ -448,16 +634,16 @@ save_figure(fig, "lstm_perplexity")
 # %% tags=["nbval-ignore-output"]
 def next_token_probabilities(model, ids, seq_len):
     """The model's next-token distribution (len(ids), V) along one token stream, read in chunks
-    of seq_len with the state carried (batch 1), without building a graph."""
+    of seq_len with the state carried (batch 1, detached between chunks)."""
     model.eval()
     h, out = None, []
-    with ndl.no_grad():
-        for i in range(0, len(ids), seq_len):
-            x = ndl.Tensor(np.asarray(ids[i:i + seq_len], np.float32)[:, None], device=device)
-            logits, h = model(x, h)
-            z = logits.numpy().astype(np.float64)
-            p = np.exp(z - z.max(axis=1, keepdims=True))
-            out.append(p / p.sum(axis=1, keepdims=True))
+    for i in range(0, len(ids), seq_len):
+        x = ndl.Tensor(np.asarray(ids[i:i + seq_len], np.float32)[:, None], device=device)
+        logits, h = model(x, h)
+        h = detach_state(h)
+        z = logits.numpy().astype(np.float64)
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        out.append(p / p.sum(axis=1, keepdims=True))
     return np.concatenate(out)
 
 
@@ -552,6 +738,13 @@ if DATASET == "grammar":
 # LSTM's gated, additive cell state is what lets gradients survive longer spans. Training on a
 # stream uses truncated BPTT, where `detach` keeps the graph (and memory) bounded per chunk. On
 # text with a known entropy rate, a small LSTM gets within 15% of the best possible perplexity.
+#
+# Lecture 18 also sketches models beyond one left-to-right stack, which this notebook does not
+# build. A **sequence-to-sequence** model (translation) runs an encoder RNN over the source
+# sentence and starts a decoder RNN from its final state; the decoder generates the target one
+# word at a time, as the sampler above does. A **bidirectional** RNN runs a second RNN from
+# right to left and gives each position both states; it needs the whole input in advance, so
+# it suits tagging or encoding, not a language model, which must not see the next word.
 # Notebook 09 replaces the recurrence with attention.
 
 # %% [markdown]

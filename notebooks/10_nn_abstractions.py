@@ -28,7 +28,7 @@
 # layer; build a graph first and run it later with needle's lazy mode; say what each design makes
 # easy and hard; explain why a re-runnable static graph needs every gradient to be a graph op
 #
-# **Run time:** about 6 s on a 2-core x86-64 machine
+# **Run time:** about 8 s on a 2-core x86-64 machine
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: the re-runnable static graph of section 3 and exercises 10.3-10.4
 # use `backward(create_graph=True)`, which the course's `Tensor` does not have.
@@ -97,11 +97,14 @@ print([p.shape for p in params0])
 # parameter gradients. The network is a list; training is "forward through the list, backward
 # through it reversed". Each backward is written by hand, once per layer type.
 #
-# The layers below are a toy version. Real Caffe keeps no arrays on a layer: the `Net` owns
-# every blob (an array with its data and its gradient, "diff"), and passes a layer its bottom and
-# top blobs in `Forward(bottom, top)` and again in `Backward(top, propagate_down, bottom)`. Here
-# each layer stores its input on itself (`self.bottom`), which is shorter and has a limit that
-# real Caffe does not (section 4).
+# The layers below are a toy version. Real Caffe keeps no *activations* on a layer: the `Net`
+# owns every activation blob (an array with its data and its gradient, "diff"), and passes a
+# layer its bottom and top blobs in `Forward(bottom, top)` and again in
+# `Backward(top, propagate_down, bottom)`. A Caffe layer does own its parameter blobs
+# (`Layer::blobs_`) and, in many layers, buffers that its backward reads (Dropout's mask
+# `rand_vec_`, max pooling's argmax `max_idx_`, SoftmaxWithLoss's `prob_`). Here each layer
+# also stores its input on itself (`self.bottom`), which is shorter and adds to that limit
+# (section 4).
 
 # %%
 class LinearLayer:
@@ -185,8 +188,10 @@ for (i, j) in zip(*np.unravel_index(largest, grads_caffe[0].shape)):
     down = caffe_loss(X1, y1)
     W[i, j] += eps
     fd = (up - down) / (2 * eps)
-    print(f"dW1[{i},{j}]: backward {grads_caffe[0][i, j]:+.8f}  finite difference {fd:+.8f}")
-    assert abs(fd - grads_caffe[0][i, j]) < 1e-7
+    diff = abs(fd - grads_caffe[0][i, j])
+    print(f"dW1[{i},{j}]: backward {grads_caffe[0][i, j]:+.6f}, |backward - finite difference| "
+          + ("below 1e-7" if diff < 1e-7 else f"= {diff:.1e}"))
+    assert diff < 1e-7
 
 # %% [markdown]
 # ## 2. Define by run (PyTorch, needle)
@@ -278,8 +283,12 @@ draw_graph(loss_lazy, names=names, grads=False, title="define, then run: defined
 # %% [markdown]
 # The drawing shows the program before it runs: the leaves hold data, every op says "not
 # computed". Running it means asking for a value: `realize_cached_data()` computes the loss and,
-# recursively, every node it needs. The backward pass then extends the graph (built in lazy mode
-# too), and reading a gradient's value runs that part.
+# recursively, every node it needs. The backward pass then extends the graph. Unlike the
+# forward pass, it cannot be *defined* without computing in needle: `backward()` makes its seed
+# with the loss's shape, and several gradients read their inputs' shapes (`BroadcastTo`,
+# `Summation`, `MatMul`) or values (`ReLU`), and in needle reading a node's shape computes it.
+# The re-runnable graph below counts how much of the two graphs is computed while they are
+# built.
 #
 # For contrast, calling `nn.SoftmaxLoss` on a lazy graph computes it on the spot:
 
@@ -322,7 +331,11 @@ assert err_lazy < 1e-5
 # `.grad` is a graph node rather than a number (needle's default, as in the course; the keyword
 # only says so). It is built in lazy mode too: in eager mode needle folds every node that needs
 # no gradient into a constant (for example $X^\top$ in $\partial\ell/\partial W_1 = X^\top G$),
-# which is right for one step and wrong for a graph meant to be re-fed.
+# which is right for one step and wrong for a graph meant to be re-fed. Lazy mode does not mean
+# nothing is computed, though: needle has no shape inference, so building the gradient graph
+# computes the forward pass and most of the backward pass once (the first printed line below
+# counts them). What makes the graph static is that `run` clears every computed node and
+# recomputes it from the fed placeholders, so those first values are thrown away.
 
 # %%
 # companion-only: backward(create_graph=True) (gradients as graph nodes)
@@ -355,7 +368,21 @@ def build_graph(relu):
     return x, y_hot, loss, grads
 
 
+def computed_ops(nodes):
+    """(op nodes among ``nodes`` that hold a value, op nodes among them)."""
+    ops_nodes = [n for n in nodes if n.op is not None]
+    return sum(n.cached_data is not None for n in ops_nodes), len(ops_nodes)
+
+
 x_ph, y_ph, loss_node, grad_nodes = build_graph(ndl.ops.relu)
+forward_nodes = autograd.find_topo_sort([loss_node])
+in_forward = {id(n) for n in forward_nodes}
+gradient_nodes = [n for n in autograd.find_topo_sort(grad_nodes) if id(n) not in in_forward]
+(fwd_done, fwd_total), (grad_done, grad_total) = (computed_ops(forward_nodes),
+                                                  computed_ops(gradient_nodes))
+print(f"after build_graph, before any run: forward ops computed {fwd_done} of {fwd_total}, "
+      f"gradient-graph ops computed {grad_done} of {grad_total}")
+assert fwd_done == fwd_total and grad_done > grad_total // 2
 _, grads_caffe2 = caffe_step(X2, y2)
 first = run(grad_nodes, {x_ph: X1, y_ph: one_hot(y1)})
 second = run(grad_nodes, {x_ph: X2, y_ph: one_hot(y2)})
@@ -384,7 +411,8 @@ relu_gradient_graph(ndl.ops.relu, "sum(relu(X W)) and its gradient, with needle'
 # The first batch is right and the second is **wrong**. Needle's `ReLU.gradient` is written for
 # define-by-run: it reads the value of its node *while the backward graph is being built* and
 # stores the mask $[x > 0]$ as a constant leaf. The drawing shows the pattern on a graph small
-# enough to read, $\sum \mathrm{ReLU}(XW)$ and its gradient: the mask is the grey (4, 2)
+# enough to read, $\sum \mathrm{ReLU}(XW)$ and its gradient (every box shows a shape: building
+# the gradient graph computed its nodes, as counted above): the mask is the grey (4, 2)
 # constant that feeds the backward pass's multiplication, and no edge leads to it from the
 # forward graph. Re-running the graph recomputes every node but
 # not that constant, so batch 2 is differentiated with batch 1's mask. In define-by-run this is
@@ -447,13 +475,24 @@ relu_gradient_graph(lambda a: GraphReLU()(a), "the same graph with GraphReLU")
 # must be a pure function of graph values. Caffe's layers avoid the question: each backward is
 # written by hand against the blobs of its own forward run, and there is no gradient graph to
 # re-run. (This notebook's toy layers keep their input on the layer object, so one object can be
-# used only once per forward pass: a second use would overwrite `self.bottom`. That limit is the
-# toy's. Real Caffe passes Net-owned blobs to `Forward` and `Backward`; a layer still appears
-# once in a Caffe net, and reusing weights means two layers that share a parameter blob by
-# name.) Define-by-run avoids the question by rebuilding the graph every step, at the cost of
-# Python overhead per op (measured in notebook 06's step profile).
-# Modern systems mix the two: PyTorch 2's `torch.compile` and JAX's `jit` trace a define-by-run
-# program into a static graph and compile it.
+# used only once per forward pass: a second use would overwrite `self.bottom`. Real Caffe passes
+# Net-owned activation blobs to `Forward` and `Backward`, but its layers keep buffers of their
+# own forward run (Dropout's mask, max pooling's argmax), so a Caffe layer cannot be run twice
+# per pass either: a layer appears once in a Caffe net, and reusing weights means two layers
+# that share a parameter blob by name.) Define-by-run avoids the question by rebuilding the
+# graph every step, at the cost of Python overhead per op (measured in notebook 06's step
+# profile). Modern systems mix the two by *capturing* a graph from a Python program and
+# compiling it: PyTorch 2's `torch.compile` reads the Python bytecode (TorchDynamo) and falls
+# back to ordinary Python at the "graph breaks" it cannot capture; JAX's `jit` traces a pure
+# function with abstract values (JAX differentiates functions, `grad(f)`, rather than recording
+# a tape as needle does).
+#
+# **The rest of lecture 7.** Its second half draws the components a library is built from,
+# around the autograd engine: modules, loss functions, optimizers, initialisation, and the data
+# loader with its transforms. Notebook 03 builds the first four for needle (`nn.Module` and how
+# it finds parameters, `SoftmaxLoss` as a module, `SGD` updating outside the graph, Kaiming
+# initialisation), and notebook 04 the rest (`Dataset`, transforms and `DataLoader`, `Adam`, and
+# weight decay as an optimizer option next to the same penalty written as a loss term).
 
 # %% [markdown]
 # ## Exercises
