@@ -95,15 +95,21 @@ def softmax_xent_bwd(
     # after it write into its buffer, so the gradient costs one (N, C) array, not three (the
     # vocabulary-sized temporaries made this the peak of a language model's step).
     out = _IOTA[key] == labels.compact().reshape((rows, 1))
-    _binary_into("sub", probs, out, out)
-    _binary_into("mul", out, column, out)
+    binary_into("sub", probs, out, out)
+    binary_into("mul", out, column, out)
     return out
 
 
-def _binary_into(op: str, a: NDArray, b: NDArray, out: NDArray) -> None:
+def binary_into(op: str, a: NDArray, b: NDArray, out: NDArray) -> None:
     """``out = a <op> b`` element-wise (``op`` a name of ``BINARY_OPS``) written into the
     compact ``out``, which may be ``a`` or ``b`` themselves (every output element reads only
     the same element of each operand); ``a`` and ``b`` are broadcast to ``out``'s shape."""
+    if op not in BINARY_OPS:
+        raise ValueError(f"binary_into: unknown op {op!r} (one of {', '.join(BINARY_OPS)})")
+    if not out.is_compact():
+        raise ValueError("binary_into: out must be a compact array (it is written in place)")
+    if a.device != out.device or b.device != out.device:
+        raise ValueError(f"binary_into: operands on {a.device} and {b.device}, out on {out.device}")
     if out.size == 0:
         return
     a, b = a.broadcast_to(out.shape), b.broadcast_to(out.shape)

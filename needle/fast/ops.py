@@ -608,11 +608,11 @@ def softmax_last_axis(x: Tensor, scale: float = 1.0, causal: bool = False) -> Te
 
 # ---- a linear layer's product and bias ---------------------------------------------------------
 if BACKEND == "nd":
-    from ..backend_ndarray.fused import _binary_into
+    from ..backend_ndarray.fused import binary_into
 
     def _add_over(out, row) -> None:
         """out += row, element by element, written over the compact array ``out``."""
-        _binary_into("add", out, row, out)
+        binary_into("add", out, row, out)
 
 else:  # numpy arrays add in place themselves (the NDArray layer is never loaded then)
 

@@ -343,3 +343,18 @@ def test_module_rejects_views_outside_the_buffer(device):
     with pytest.raises(ValueError, match="Array size must be non-negative, got -1"):
         mod.Array(-1)
     assert mod.to_numpy(a, (0, 9), (9, 1), 100).shape == (0, 9)  # empty views read nothing
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_binary_into_checks_its_output(device):
+    """fused.binary_into writes in place: it refuses an unknown op and a non-compact ``out``
+    (which the kernel would write as if compact), and broadcasts a row as numpy does."""
+    from needle.backend_ndarray.fused import binary_into
+
+    out, row = arange((2, 3), device), arange((1, 3), device)
+    binary_into("mul", out, row, out)
+    np.testing.assert_array_equal(out.numpy(), np.arange(6).reshape(2, 3) * np.arange(3))
+    with pytest.raises(ValueError, match="unknown op 'pow!'"):
+        binary_into("pow!", out, row, out)
+    with pytest.raises(ValueError, match="out must be a compact array"):
+        binary_into("add", out.permute((1, 0)), row.reshape((3, 1)), out.permute((1, 0)))
