@@ -25,13 +25,15 @@ FIGURES_DIR = Path(__file__).resolve().parents[1] / "figures"
 FIGURE_KEY = "companion_figure"
 
 
-def save_figure(fig, name: str) -> bytes:
+def save_figure(fig, name: str) -> None:
     """Show ``fig`` as one PNG output of the running notebook cell, tagged with ``name``, and
-    close it; the PNG bytes.
+    close it.
 
     ``make figures`` writes each tagged output of the committed notebooks to
     ``figures/NAME.png`` byte for byte (``write_figures``). The PNG carries no software/date
-    metadata. Outside a Jupyter kernel nothing is shown.
+    metadata. Outside a Jupyter kernel nothing is shown. It returns None: a cell ending with
+    ``save_figure(...)`` would otherwise also show the returned bytes as its text result, which
+    nbval compares and which differ between matplotlib versions.
     """
     import matplotlib.pyplot as plt
 
@@ -40,7 +42,6 @@ def save_figure(fig, name: str) -> bytes:
     png = figure_png(fig, dpi=110, tight=True)
     notebook_display(png, metadata={FIGURE_KEY: name})
     plt.close(fig)
-    return png
 
 
 def notebook_figures(path: str | Path) -> dict[str, bytes]:

@@ -80,15 +80,17 @@ def tensor(array, requires_grad=False):
                       requires_grad=requires_grad)
 
 
-def discriminator_step(D, opt_D, real, fake):
+def discriminator_step(D, opt_D, real, fake, reset_grad=True):
     """One step of D on real (label 1) against generated (label 0) samples, both (B, d) Tensors.
 
     ``fake`` must already be detached, so that D's step does not reach into G. The loss is the
-    average of D's two cross-entropies; returns it as a float.
+    average of D's two cross-entropies; returns it as a float. ``reset_grad=False`` leaves the
+    stale gradients G's step put on D's parameters until D's backward replaces them.
     """
     B = real.shape[0]
     loss_fn = nn.SoftmaxLoss()
-    opt_D.reset_grad()
+    if reset_grad:
+        opt_D.reset_grad()
     loss_D = (loss_fn(D(real), tensor(np.ones(B))) + loss_fn(D(fake), tensor(np.zeros(B)))) * 0.5
     loss_D.backward()
     opt_D.step()
@@ -221,8 +223,11 @@ late_mean_err, late_cov_err = moments[-20:].mean(axis=0)
 print(f"at step 0: mean error {moments[0, 0]:.2f}, covariance error {moments[0, 1]:.2f}")
 print(f"average over the last 1000 steps: mean error {late_mean_err:.2f}, "
       f"covariance error {late_cov_err:.2f}")
+print(f"largest |W - A| entry {np.abs(W - A).max():.2f}: "
+      + ("a different W, the same distribution" if np.abs(W - A).max() > 0.1 else "W is A"))
 assert moments[0, 0] > 1.0 and late_mean_err < 0.25
 assert late_cov_err < 0.15 and late_cov_err < moments[0, 1] / 2
+assert np.abs(W - A).max() > 0.1  # section 5 says the generator found W != A
 
 # %% [markdown]
 # The discriminator's accuracy on fresh real and generated samples, and the loss curves:
@@ -242,25 +247,32 @@ assert history[:20, 1].mean() > 1.0  # the curves start far from ln 2 ...
 assert abs(late_D - np.log(2)) < 0.02 and abs(late_G - np.log(2)) < 0.1  # ... and settle there
 
 # %% [markdown]
-# At the game's equilibrium $D(x) = 1/2$ everywhere, so each of D's two cross-entropies is
-# $\ln 2$, and so is the generator's loss: both curves settle at $\ln 2 \approx 0.693$. The
-# plotted discriminator loss is the average of its two cross-entropies, which is minus half the
-# game's value $V$ of the minimax objective; at equilibrium $V = -\log 4 = -2 \ln 2$
-# (exercise 11.4). The course's notebook sums the two cross-entropies instead, so its
-# discriminator curve settles at $2 \ln 2$.
+# At the game's equilibrium the generator's distribution is the data's, so the optimal
+# discriminator $D^*(x) = p_\text{data}(x) / (p_\text{data}(x) + p_G(x))$ is $1/2$ wherever the
+# data lie (off the data's support nothing constrains it, and nothing is sampled there). Each of
+# D's two cross-entropies is then $\ln 2$, and so is the generator's loss: both curves settle
+# at $\ln 2 \approx 0.693$. The plotted discriminator loss is the average of its two
+# cross-entropies, which is minus half the game's value $V$ of the minimax objective; at
+# equilibrium $V = -\log 4 = -2 \ln 2$ (exercise 11.4). The course's notebook sums the two
+# cross-entropies instead, so its discriminator loss settles at $2 \ln 2$.
+#
+# The curves are moving averages over 50 steps, each drawn at the step that ends its window.
 
 # %%
 def smooth(values, width=50):
-    return np.convolve(values, np.ones(width) / width, mode="valid")
+    """(steps, moving averages): the mean of each ``width`` consecutive values, at the step
+    that ends its window (steps are numbered from 1)."""
+    return np.arange(width, len(values) + 1), np.convolve(values, np.ones(width) / width, "valid")
 
 
 fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.2))
-ax.plot(smooth(history[:, 0]), label="generator")
-ax.plot(smooth(history[:, 1]), label="discriminator")
+curves = {"generator": smooth(history[:, 0]), "discriminator": smooth(history[:, 1])}
+for name, (steps, values) in curves.items():
+    ax.plot(steps, values, label=name)
 ax.axhline(np.log(2), color="k", lw=0.8, ls="--", label="ln 2")
 ax.set_xlabel("step")
 ax.set_ylabel("loss (moving average of 50)")
-ax.set_ylim(0, 2)
+ax.set_ylim(0, 1.05 * max(values.max() for _, values in curves.values()))  # no peak clipped
 ax.legend()
 ax2.plot(np.arange(len(moments)) * 50, moments[:, 0], label="|mean - μ|")
 ax2.plot(np.arange(len(moments)) * 50, moments[:, 1], label="relative covariance error")
@@ -354,16 +366,26 @@ print(f"confidence {confidence[0]:.3f} at step 0 -> {confidence[STEPS2]:.3f} at 
       f"(real digits {conf_real:.3f})")
 print(f"smallest class share {class_share.min():.3f}; pixel mean generated {fresh.mean():.3f}, "
       f"real {X_digits.mean():.3f}")
-print(f"discriminator accuracy at the end {d2_acc:.3f}")
+print(f"discriminator accuracy at the end {d2_acc:.3f}: it still tells real from generated "
+      f"about {round(d2_acc * 4)} times in 4")
+print(f"uniform noise scores {conf_noise:.3f}, "
+      + ("above" if conf_noise > confidence[0] else "below")
+      + f" the generator at step 0 ({confidence[0]:.3f}): a score shows digit-likeness only "
+      f"between noise's {conf_noise:.2f} and real digits' {conf_real:.2f}")
 assert confidence[STEPS2] > confidence[0] + 0.1
 assert class_share.min() > 0.03
 assert abs(fresh.mean() - X_digits.mean()) < 0.03
 assert 0.6 < d2_acc < 0.9  # the text below describes this run: D still wins
+assert conf_noise > 0.2  # the score's floor the text describes
 
 # %% [markdown]
-# The discriminator here is *not* at one half: it still separates real from generated images
-# about three times in four. The two-player game has not reached its equilibrium, and the
-# generated digits, though recognizable, are blurrier than real ones.
+# The discriminator here is *not* at one half (the assert keeps its accuracy between 0.6 and
+# 0.9; the cell prints this run's): the two-player game has not reached its equilibrium, and the
+# generated digits, though recognizable, are blurrier than real ones. The classifier's score has
+# a floor as well as a ceiling: images of uniform noise with the digits' mean brightness already
+# get a confidence well above 1/10, so the score is informative only between that floor and the
+# real digits' score (the last line of the cell places this run's starting generator against
+# that floor).
 #
 # ## 3. The adversarial loss as a module
 #
@@ -373,23 +395,35 @@ assert 0.6 < d2_acc < 0.9  # the text below describes this run: D still wins
 # calling `gan_loss(fake, real)` first takes $D$'s step (on the detached samples), then returns
 # $G$'s loss against the updated $D$ as a Tensor. The generator is then trained like any other
 # model: `loss = gan_loss(G(z), real); loss.backward(); opt_G.step()`.
+#
+# Like the course's, it is a plain class, not an `nn.Module`: a Module collects the parameters
+# of every Module it holds, so a `GANLoss(nn.Module)` would list $D$'s parameters in
+# `gan_loss.parameters()`, and once registered inside a larger model (as the CycleGAN below would
+# do) the generator's optimizer would update $D$ too. The cell checks that against needle's
+# `Module`.
+#
+# The check below trains part 1's players twice from the same seed on the same 200 batches,
+# once with `gan_step` and once with `GANLoss`, and compares every parameter. Both loops call
+# the same `discriminator_step` and `generator_loss`, so this is a refactoring check: it fails
+# only if the module takes the steps in another order or detaches the wrong tensor. A third run
+# drops `opt_D.reset_grad()` from $D$'s step (next paragraph).
 
 # %%
-class GANLoss(nn.Module):
-    """The adversarial loss as a module: it owns the discriminator D and D's optimizer.
+class GANLoss:
+    """The adversarial loss as a callable that owns the discriminator D and D's optimizer.
 
     Calling it with fake (B, d) samples of G (attached to G's graph) and real (B, d) data first
     takes one step of D on real vs the detached fakes, then returns G's non-saturating loss
     -log D(fake) against the updated D, a scalar Tensor. ``last_D_loss`` keeps D's loss.
     """
 
-    def __init__(self, D, opt_D):
-        super().__init__()
-        self.D, self.opt_D = D, opt_D
+    def __init__(self, D, opt_D, reset_grad=True):
+        self.D, self.opt_D, self.reset_grad = D, opt_D, reset_grad
         self.last_D_loss = None
 
-    def forward(self, fake, real):
-        self.last_D_loss = discriminator_step(self.D, self.opt_D, real, fake.detach())
+    def __call__(self, fake, real):
+        self.last_D_loss = discriminator_step(self.D, self.opt_D, real, fake.detach(),
+                                              reset_grad=self.reset_grad)
         return generator_loss(self.D, fake)
 
 
@@ -410,27 +444,68 @@ G_a, D_a, opt_G_a, opt_D_a = part1_players(1)
 for real, z in batches:
     gan_step(G_a, D_a, opt_G_a, opt_D_a, real, z)
 
-G_b, D_b, opt_G_b, opt_D_b = part1_players(1)
-gan_loss = GANLoss(D_b, opt_D_b)
-for real, z in batches:
-    loss = gan_loss(G_b(tensor(z)), tensor(real))  # D steps inside the loss
-    opt_G_b.reset_grad()
-    loss.backward()
-    opt_G_b.step()
 
-gaps = [np.abs(p.numpy() - q.numpy()).max()
-        for p, q in zip(G_a.parameters() + D_a.parameters(), G_b.parameters() + D_b.parameters())]
-print(f"after {len(batches)} steps, largest difference between the two loops' parameters: "
-      f"{max(gaps):.1e}")
-assert max(gaps) == 0.0
+def train_with_gan_loss(reset_grad):
+    """Part 1's players trained on ``batches`` through GANLoss; returns all their parameters."""
+    G, D, opt_G, opt_D = part1_players(1)
+    gan_loss = GANLoss(D, opt_D, reset_grad=reset_grad)
+    for real, z in batches:
+        loss = gan_loss(G(tensor(z)), tensor(real))  # D steps inside the loss
+        opt_G.reset_grad()
+        loss.backward()
+        opt_G.step()
+    return G.parameters() + D.parameters()
+
+
+def largest_gap(params_a, params_b):
+    return max(float(np.abs(p.numpy() - q.numpy()).max()) for p, q in zip(params_a, params_b))
+
+
+class ModuleGANLoss(nn.Module):
+    """The pitfall: the same loss as an nn.Module, holding D as an attribute."""
+
+    def __init__(self, D):
+        super().__init__()
+        self.D = D
+
+
+reference = G_a.parameters() + D_a.parameters()
+gap = largest_gap(reference, train_with_gan_loss(reset_grad=True))
+gap_no_reset = largest_gap(reference, train_with_gan_loss(reset_grad=False))
+print(f"after {len(batches)} steps, largest difference to gan_step's parameters: GANLoss "
+      f"{gap:.1e}; GANLoss without D's reset_grad {gap_no_reset:.1e}")
+leaked = len(ModuleGANLoss(D_a).parameters())
+print(f"a GANLoss written as an nn.Module would list {leaked} parameters (all of D's "
+      f"{len(D_a.parameters())}) in .parameters()")
+assert gap == 0.0 and gap_no_reset == 0.0 and leaked == len(D_a.parameters())
 
 # %% [markdown]
-# The two loops compute the same operations in the same order, so their parameters agree bit
-# for bit. The module is the point of the lesson: a loss that *learns* slots into a training
-# loop written for a fixed one, and the same idea covers any learned loss (a perceptual loss, a
-# critic in reinforcement learning). One caution it hides: $G$'s `backward()` also leaves
-# gradients on $D$'s parameters, so $D$'s step must clear them first (here
-# `discriminator_step` calls `opt_D.reset_grad()` before its own backward).
+# The loops agree bit for bit. The module is the point of the lesson: a loss that *learns*
+# slots into a training loop written for a fixed one, and the same idea covers any learned loss
+# (a perceptual loss, a critic in reinforcement learning).
+#
+# **Stale gradients on $D$.** $G$'s `backward()` also leaves gradients on $D$'s parameters
+# ($G$'s loss passes through $D$). In PyTorch, where `.grad` *accumulates*, $D$'s step must zero
+# them first. needle's `backward()` (the course's, and this one) *overwrites* each parameter's
+# `.grad`, and $D$'s loss reaches every parameter of $D$, so $D$'s own backward replaces the
+# stale gradients anyway: the run without `reset_grad` above ends with the same parameters.
+# The `opt_D.reset_grad()` in `discriminator_step` only frees them early, together with the
+# graph that the course's `backward()` records for each gradient.
+#
+# **The lecture's example: CycleGAN.** An adversarial loss is often one term of a larger
+# objective. CycleGAN translates between two image domains $X$ and $Y$ (photos and paintings,
+# say) without paired examples: a generator $G: X \to Y$ with a discriminator $D_Y$, a
+# generator $F: Y \to X$ with a discriminator $D_X$, and a *cycle-consistency* loss that asks a
+# round trip to return the input:
+#
+# $$\mathcal L(G, F) = \mathcal L_\text{GAN}(G, D_Y) + \mathcal L_\text{GAN}(F, D_X)
+#   + \lambda \left(\mathbb E_x \lVert F(G(x)) - x \rVert_1
+#   + \mathbb E_y \lVert G(F(y)) - y \rVert_1\right).$$
+#
+# With `GANLoss` each adversarial term is one call, and the generators' step is an ordinary
+# one: `loss = gan_Y(G(x), y) + gan_X(F(y), x) + lam * (l1(F(G(x)), x) + l1(G(F(y)), y))`, then
+# `loss.backward()` and a step of the optimizer that holds $G$'s and $F$'s parameters, while
+# each `GANLoss` steps its own discriminator inside the call.
 #
 # ## 4. Toward images: DCGAN and the transposed convolution
 #

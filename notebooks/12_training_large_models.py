@@ -66,6 +66,7 @@ import numpy as np
 import needle as ndl
 import needle.nn as nn
 from companion import lecture
+from companion.machine import machine_line
 from companion.viz import save_figure
 
 np.set_printoptions(precision=3, suppress=True)
@@ -179,8 +180,11 @@ assert abs(state["Adam's m and v"] / param_bytes - 2) < 0.01
 
 # %% [markdown]
 # So a float32 model trained with Adam holds four copies of its parameters (weights, gradients,
-# $m$, $v$) before a single activation is counted; with mixed precision, the float32 master
-# weights come on top. Under data parallelism every device holds all four. **ZeRO** (the
+# $m$, $v$), 16 bytes per parameter, before a single activation is counted. **Mixed precision**
+# does the arithmetic in 16 bits: 16-bit weights and gradients (2 + 2 bytes per parameter) and
+# half-size activations, but the optimizer keeps float32 master weights, $m$ and $v$
+# (4 + 4 + 4): still 16 bytes per parameter, of which 12 are optimizer state. Under data
+# parallelism every device holds all four. **ZeRO** (the
 # "zero redundancy optimizer" of DeepSpeed) removes the copies that need not be replicated:
 # stage 1 shards the optimizer state, each of $K$ devices keeping $m$ and $v$ for $1/K$ of the
 # parameters and updating only that slice (the gradient all-reduce becomes a reduce-scatter,
@@ -248,9 +252,21 @@ for n_blocks in (4, 8, 16):
 # $$\underbrace{\lceil N/k \rceil}_{\text{segment inputs}} + \underbrace{c\,k}_{\text{one segment
 # recomputed}} \quad\text{activations,}$$
 #
-# with $c = 3$ activations per block here, plus what every step needs (gradients, parameters).
-# It is smallest at $k = \sqrt{N/c}$; the usual "$\sqrt N$ rule" is the case $c = 1$. Every block
-# is recomputed exactly once, whatever $k$: the price is one extra forward pass.
+# with $c = 3$ activations per block here, plus a fixed cost of the step (the parameter
+# gradients as backward creates them, the loss's arrays; the parameters themselves were
+# allocated before the count starts and are not in it). It is smallest at $k = \sqrt{N/c}$; the
+# usual "$\sqrt N$ rule" is the case $c = 1$. Every block is recomputed exactly once, whatever
+# $k$: the price is one extra forward pass.
+#
+# *Which* activations to drop matters as much as how many. Recomputing an element-wise op (a
+# ReLU, a normalisation, a dropout mask from its seed) costs almost nothing beside a matrix
+# product, so a common refinement keeps the outputs of the expensive ops and drops only the
+# cheap ones, recomputing them in backward (Chen et al.'s sublinear-memory paper drops the
+# results of cheap operations such as batch norm and ReLU; Megatron-LM's *selective*
+# recomputation drops only the parts of attention that take much memory and little arithmetic).
+# Here each block keeps three activations: the product $XW$, its sum with the bias and the
+# ReLU's output. Keeping only the product and recomputing the two element-wise ones would save
+# two thirds of the activation memory for a small fraction of the time.
 #
 # The steps below call `backward(create_graph=False)`: the gradients are computed as plain
 # arrays, each adjoint is freed once it has been passed on, and so is each node of the forward
@@ -340,6 +356,7 @@ assert np.all(np.abs(shape + fixed - np.array([peaks[k] / ACT for k in KS])) <= 
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: needle.checkpoint.checkpoint_sequential
+print(machine_line())
 x = ndl.Tensor(X, device=device, requires_grad=False)
 y = ndl.Tensor(Y, device=device, requires_grad=False)
 
@@ -429,23 +446,27 @@ else:
     # what one step must send, from the architecture alone: Linear(64, 64) and Linear(64, 10)
     # with biases, float32 gradients, all in one bucket
     grad_bytes = 4 * ((64 + 1) * 64 + (64 + 1) * 10)
-    print(f"each rank sent {int(two['comm_bytes']) // int(two['comm_calls'])} bytes per step "
-          f"in {int(two['comm_calls'])} Allreduce calls; the model's gradients are {grad_bytes} "
-          f"bytes")
+    print(f"each rank contributed {int(two['comm_bytes']) // int(two['comm_calls'])} bytes per "
+          f"step to {int(two['comm_calls'])} Allreduce calls; the model's gradients are "
+          f"{grad_bytes} bytes")
     assert int(two["world"]) == 2 and n_params * 4 == grad_bytes
     assert param_diff < 1e-5
     assert int(two["comm_calls"]) == 30 and int(two["comm_bytes"]) == 30 * grad_bytes
 
 # %% [markdown]
 # The two runs agree to float32 rounding (the shards' sums are added in a different order).
-# On this machine the two "devices" are two processes on the same two cores, so the run shows the
-# mechanism, not a speed-up. Its communication was measured:
+# "Contributed" counts the bytes each rank hands to `Allreduce` (its gradient buffer); what
+# travels on the wire depends on the algorithm MPI picks (for two ranks a ring sends the same
+# amount). The two "devices" are two processes sharing one machine's cores, so the run shows the
+# mechanism, not a speed-up. Its communication was measured (inside the script, so the cell
+# prints the machine it ran on first):
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the MPI run of the companion-only cell above
 if mpiexec is None:
     print(lecture.NO_MPI.format(what="the data-parallel run's communication"))
 else:
+    print(machine_line())
     comm_ms = 1e3 * float(two["comm_seconds"]) / int(two["comm_calls"])
     compute_ms = 1e3 * float(two["compute_seconds"]) / 30
     print(f"per step: compute {compute_ms:.2f} ms, Allreduce of {4 * n_params / 1e3:.0f} kB "
@@ -460,6 +481,7 @@ else:
 # of a network link.
 
 # %% tags=["nbval-ignore-output"]
+print(machine_line())
 n = 1024
 fastest = lecture.best_device()  # one device's matmul speed: the GPU where there is one (Colab)
 a = ndl.Tensor(np.random.standard_normal((n, n)), device=fastest, requires_grad=False)
@@ -503,13 +525,20 @@ else:
 # The bandwidth term is *bounded*, not constant: it grows from $n/\beta$ at $K = 2$ towards
 # $2n/\beta$, never beyond, which is what makes the ring bandwidth-optimal. The latency term
 # grows linearly with $K$: with thousands of devices, $2(K-1)$ sequential message latencies
-# matter, which is why large clusters use trees ($2\log_2 K$ latencies), or hierarchies (a ring
-# over the fast links inside each node, then one across nodes).
+# matter. A **tree** (reduce up a binary tree, broadcast back down) needs only $2\log_2 K$
+# latencies, but as a plain tree it moves the whole $n$ bytes at each of its $2\log_2 K$ levels:
+# its bandwidth term is $2\log_2 K \cdot n/\beta$, which grows with $K$ and is far worse than
+# the ring's (the table below has both columns). Production libraries get both: NCCL's double
+# binary tree cuts the data into chunks and pipelines them through two trees, for log-depth
+# latency at nearly the ring's bandwidth, and hierarchies run a ring over the fast links inside
+# each node, then one across nodes.
 #
-# Frameworks hide the all-reduce behind the backward pass: the gradients of the last layers are
-# complete first, so their bucket is sent while earlier layers are still being differentiated
-# (the single bucket of `allreduce_gradients` is the first half of that idea). That hides the
-# communication only while it is shorter than the backward computation.
+# Frameworks hide the all-reduce behind the backward pass. `allreduce_gradients` sends all the
+# gradients in one *bucket*, which pays the per-message latency once instead of once per
+# parameter (bucketing amortises latency), but it waits for the whole backward pass. Overlap
+# needs several buckets: the gradients of the last layers are complete first, so their bucket
+# is sent while earlier layers are still being differentiated. That hides the communication
+# only while it is shorter than the backward computation.
 #
 # **The parameter-server alternative.** Instead of all-reducing among themselves, the workers
 # push their gradients to a server, which sums them, updates the parameters and lets the workers
@@ -540,17 +569,18 @@ accel_step = 6 * P * tokens / accel
 print(f"one step's compute on one device: {cpu_step:.1f} s ({cpu_step / 60:.1f} min) at this "
       f"machine's measured {flops / 1e9:.0f} GFLOP/s; {accel_step:.3f} s on the assumed "
       f"accelerator")
-print(f"{'K':>5s} {'ring: latency':>14s} {'bandwidth':>10s} {'tree latency':>13s} "
-      f"{'1 param server':>15s}   (s per step, assumed link)")
+print(f"{'K':>5s} {'ring: latency':>14s} {'bandwidth':>10s} {'tree: latency':>14s} "
+      f"{'bandwidth':>10s} {'1 param server':>15s}   (s per step, assumed link)")
 comm = {}
 for K in (2, 64, 4096):
     comm[K] = {"ring latency": 2 * (K - 1) * alpha,
                "ring bandwidth": 2 * (K - 1) / K * grad_bytes_big / beta,
                "tree latency": 2 * np.log2(K) * alpha,
+               "tree bandwidth": 2 * np.log2(K) * grad_bytes_big / beta,
                "parameter server": K * grad_bytes_big / beta}
     c = comm[K]
     print(f"{K:5d} {c['ring latency']:14.5f} {c['ring bandwidth']:10.3f} "
-          f"{c['tree latency']:13.5f} {c['parameter server']:15.1f}")
+          f"{c['tree latency']:14.5f} {c['tree bandwidth']:10.2f} {c['parameter server']:15.1f}")
 ring_4096 = comm[4096]["ring latency"] + comm[4096]["ring bandwidth"]
 print(f"K = 4096: the ring all-reduce takes {ring_4096:.2f} s per step, "
       f"{ring_4096 / accel_step:.1f}x the assumed accelerator's compute: "
@@ -635,10 +665,14 @@ for K, M in ((8, 1), (8, 4), (8, 32), (4, 16)):
     assert abs(sim - formula) < 1e-12
 
 # %% [markdown]
-# More micro-batches shrink the bubble, at the price of smaller matrix products per stage;
-# interleaved schedules (1F1B) keep the same bubble but hold fewer micro-batches' activations at
-# once. In practice the three are combined ("3D parallelism"): tensor parallelism inside a node,
-# pipeline stages across a few nodes, data parallelism (with ZeRO) over the rest.
+# More micro-batches shrink the bubble, at the price of smaller matrix products per stage.
+# The **1F1B** schedule (one forward, one backward: each stage starts a micro-batch's backward
+# as soon as it can) keeps GPipe's bubble but holds at most $K$ micro-batches' activations at
+# once instead of $M$; its **interleaved** variant gives each device $v$ non-consecutive
+# chunks of layers (virtual stages) and so also divides the bubble by $v$, at the price of $v$
+# times as many activation transfers between devices. In practice the three are combined
+# ("3D parallelism"): tensor parallelism inside a node, pipeline stages across a few nodes, data
+# parallelism (with ZeRO) over the rest.
 
 # %% [markdown]
 # ## Exercises

@@ -25,14 +25,15 @@
 # parallel loops), notebook 07 (convolutions)
 #
 # **You will be able to:** export a trained needle model to ONNX and check it; run it in
-# onnxruntime and compare latency with needle at batch 1 and 64; read TVM's loop-level IR;
+# onnxruntime and compare latency with needle at batch 1 and 64; quantize its weights to 8 bits
+# and measure what that changes; read TVM's loop-level IR;
 # transform a schedule with split, reorder, vectorize and parallel and measure each step;
 # compile an ONNX model with TVM, read its graph before and after operator fusion, fuse loops
 # with `reverse_compute_at`, and check and time it against onnxruntime; capture a needle
 # training step with `ndl.compile`, read its kernel list and memory plan, and see when it
 # re-traces
 #
-# **Run time:** about 100 s on a busy 2-core x86-64 machine (19 TVM compilations included)
+# **Run time:** about 100 s on a busy 2-core x86-64 machine (21 TVM compilations included)
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: the ONNX export of section 2 and everything that runs the exported
 # models (onnxruntime latency, TVM in section 5) use `needle.export`, which the course's needle
@@ -57,6 +58,7 @@ from companion import lecture
 lecture.require_modules("onnx", "onnxruntime", "tvm", what="This lecture")
 
 import re
+import tempfile
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -72,6 +74,7 @@ from tvm.target import codegen
 import needle as ndl
 import needle.nn as nn
 from companion.apps.mlp_resnet import MLPResNet
+from companion.machine import machine_line
 from companion.timing import measure
 from companion.viz import save_figure
 
@@ -110,7 +113,8 @@ def fit(model, inputs, epochs, lr=0.01, batch=64):
                                       requires_grad=False))
             loss.backward()
             opt.step()
-    return model.eval()
+    model.eval()  # the course's eval() returns None: return the model itself
+    return model
 
 
 def accuracy(logits):
@@ -137,10 +141,15 @@ assert all(accuracy(out) > 0.85 for out in needle_out.values())
 # `Conv` between two `Transpose`s because needle's convolution is NHWC and ONNX's is NCHW, ...).
 # Parameters become initializers, and so does every sub-graph that does not depend on the input:
 # needle has already computed it, so the exporter writes its value. That is **constant
-# folding**: BatchNorm's $\sqrt{\text{running var} + \epsilon}$ becomes one stored vector. The
+# folding**, here of BatchNorm's $-$mean and $\sqrt{\text{running var} + \epsilon}$. But needle
+# computed those sub-graphs when the model ran, *after* broadcasting the running statistics to
+# the batch's shape (`BatchNorm1d` broadcasts them with `broadcast_to(x.shape)` before it
+# subtracts and divides), so the exporter stores them batch-sized, not as one vector per
+# feature: the cell prints their shapes, and how the initializers grow from batch 1 to batch
+# 64. An exporter that folded before the broadcast would store the vectors and an `Expand`. The
 # normalisation itself, $(x - \text{mean}) / \sqrt{\cdot} \cdot \gamma + \beta$, still runs as
 # nodes on every input (an `Add` of the folded $-$mean, `Div`, `Mul`, `Add`, with `Expand`s
-# broadcasting the per-channel vectors). **Folding BatchNorm into the layer before it**
+# broadcasting $\gamma$ and $\beta$). **Folding BatchNorm into the layer before it**
 # (exercise 13.1: scale the convolution's or Linear's weights and shift its bias, so the nodes
 # disappear) is a different, algebraic rewrite that this exporter does not do. The result passes
 # the ONNX checker.
@@ -172,6 +181,26 @@ print(f"conv net, batch 64: input dims {input_dims}; shape constants holding the
 print("conv net's operators in order:", " ".join(n.op_type for n in proto.graph.node))
 assert input_dims[0] == 64 and baked
 
+
+def initializer_bytes(proto):
+    return sum(onnx.numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+
+
+def batchnorm_constants(proto):
+    """Shapes of the initializers BatchNorm reads: the Add of -mean and the Div's divisor."""
+    inits = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    return [(inits[producer[div.input[0]].input[1]], inits[div.input[1]])
+            for div in proto.graph.node if div.op_type == "Div"]
+
+
+for b in (1, 64):
+    print(f"MLP-ResNet, batch {b}: BatchNorm's folded (-mean, sqrt(var + eps)) have shapes "
+          f"{batchnorm_constants(exported[('MLP-ResNet', b)])}; initializers "
+          f"{initializer_bytes(exported[('MLP-ResNet', b)]):,} bytes")
+assert all(shape[0] == 64 for pair in batchnorm_constants(exported[("MLP-ResNet", 64)])
+           for shape in pair)
+
 sessions = {key: ort.InferenceSession(proto.SerializeToString(),
                                       providers=["CPUExecutionProvider"])
             for key, proto in exported.items()}
@@ -194,6 +223,7 @@ for name, (m, inp) in models.items():
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the onnxruntime sessions of the exported models (needle.export)
+print(machine_line())
 print(f"{'model':12s} {'batch':>5s} {'needle ms':>10s} {'onnxruntime ms':>15s} "
       f"{'needle/onnxruntime':>19s}")
 latency = {}
@@ -214,12 +244,70 @@ for name in models:
           + ("; at batch 64 needle is the faster one" if r64 > 1 else ""))
 
 # %% [markdown]
-# At batch 1 the work is a few thousand multiply-adds, so the time is per-operator overhead:
+# At batch 1 the work is small: 12,928 multiply-adds for the MLP-ResNet (a 64 × 64 `Linear`,
+# two blocks of 64 × 32 and 32 × 64, a 64 × 10 head) and 25,600 for the conv net (4,608 in the
+# first convolution, 18,432 in the second, 2,560 in the head), so the time is per-operator
+# overhead:
 # needle creates a Python `Tensor` and a graph node per op, while onnxruntime runs a
 # pre-planned graph from C++. At batch 64 each operator does 64 times the arithmetic, so the
 # fixed overhead weighs less (the last lines above say what this run measured). Deployment
 # engines win first by removing the framework, then by fusing operators and planning memory
 # ahead.
+#
+# **Quantization.** Deployment also fits the model to its hardware target in size. *Dynamic
+# quantization* stores each weight matrix as 8-bit integers with one float scale and zero
+# point (a quarter of float32's bytes); at run time it quantizes each layer's input to 8 bits
+# as well (`DynamicQuantizeLinear`), multiplies in integers (`MatMulInteger`, `ConvInteger`)
+# and scales the result back to float. onnxruntime's `quantize_dynamic` rewrites an ONNX file
+# this way; the course's deployment notebook ends with the same idea at scale, a Llama model
+# served in 4 bits by MLC-LLM. The cell quantizes both exported models (batch 64) and measures
+# what changed: the initializers' bytes, the test accuracy, how many predictions agree with the
+# float model's, and the latency of the two files in the same runtime, both timed in this
+# cell. What does not shrink is telling: BatchNorm's batch-sized constants stay float32.
+
+# %% tags=["nbval-ignore-output"]
+# companion-only: the exported ONNX models (needle.export) and onnxruntime's quantizer
+import logging
+
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+print(machine_line())
+logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice to pre-process the model
+quantized = {}
+with tempfile.TemporaryDirectory() as tmp:
+    for i, name in enumerate(models):
+        onnx.save(exported[(name, 64)], f"{tmp}/{i}.onnx")
+        quantize_dynamic(f"{tmp}/{i}.onnx", f"{tmp}/{i}.int8.onnx", weight_type=QuantType.QInt8)
+        quantized[name] = onnx.load(f"{tmp}/{i}.int8.onnx")
+for name, (m, inp) in models.items():
+    q_session = ort.InferenceSession(quantized[name].SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    q_out = np.concatenate([q_session.run(None, {"input": inp[test][s:s + 64]})[0]
+                            for s in range(0, 384, 64)])
+    f_out = needle_out[name][:384]
+    acc_q, acc_f = ((out.argmax(1) == y[test][:384]).mean() for out in (q_out, f_out))
+    agree = (q_out.argmax(1) == f_out.argmax(1)).mean()
+    x = inp[test][:64]
+    t_f, t_q = (measure(lambda: sess.run(None, {"input": x}), repeats=30)
+                for sess in (sessions[(name, 64)], q_session))
+    bytes_f, bytes_q = initializer_bytes(exported[(name, 64)]), initializer_bytes(quantized[name])
+    ops = sorted({n.op_type for n in quantized[name].graph.node} - {n.op_type for n in
+                                                                    exported[(name, 64)].graph.node})
+    print(f"{name}, int8 weights: new operators {ops}; initializers {bytes_f:,} -> {bytes_q:,} "
+          f"bytes ({bytes_q / bytes_f:.2f}x); test accuracy {acc_f:.3f} -> {acc_q:.3f}, "
+          f"{agree:.1%} of predictions unchanged; latency at batch 64 {t_f * 1e3:.3f} -> "
+          f"{t_q * 1e3:.3f} ms ({t_q / t_f:.2f}x, "
+          + ("faster" if t_q < 0.9 * t_f else "slower" if t_q > 1.1 * t_f else "about the same")
+          + ")")
+
+# %% [markdown]
+# On models this small the weights are not what fills the file (the first line's bytes include
+# the batch-sized BatchNorm constants) and the integer kernels do not necessarily pay: quantizing
+# each input on the fly and rescaling each output costs time that only large matrix products
+# earn back, and the last number on each line says how it came out here. The accuracy and the
+# agreement show the other side of the trade, the rounding the model absorbs. Production
+# pipelines also quantize activations statically (with scales calibrated on sample data) and
+# fold BatchNorm first (exercise 13.1), so that nothing batch-sized is stored.
 #
 # ## 3. Machine-learning compilation with TVM: a vector add
 #
@@ -262,7 +350,23 @@ for name, fn in vadd_fns.items():
     assert np.array_equal(c.numpy(), a_np + b_np), name
 print("both vector adds equal numpy's a + b exactly")
 
+# %% [markdown]
+# On a GPU the same `split` maps the loop onto the hardware's two levels of parallelism:
+# `bind` makes the outer loop the grid of thread blocks and the inner one the threads of a
+# block, so the loop nest becomes one kernel launch of $2^{20} / 256 = 4096$ blocks of 256
+# threads. The IR below is that schedule; compiling it needs a CUDA target
+# (`tvm.compile(gpu.mod, target="cuda")`), which this notebook does not assume.
+
 # %% tags=["nbval-ignore-output"]
+gpu = tvm.s_tir.Schedule(vadd)
+(i,) = gpu.get_loops(gpu.get_sblock("C"))
+i_block, i_thread = gpu.split(i, factors=[None, 256])
+gpu.bind(i_block, "blockIdx.x")
+gpu.bind(i_thread, "threadIdx.x")
+print(gpu.mod.script())
+
+# %% tags=["nbval-ignore-output"]
+print(machine_line())
 vadd_gbs = {name: 3 * 4 * n / measure(lambda: fn(a, b, c), repeats=50) / 1e9
             for name, fn in vadd_fns.items()}
 vadd_gbs["numpy"] = 3 * 4 * n / measure(lambda: np.add(a_np, b_np), repeats=50) / 1e9
@@ -291,7 +395,14 @@ print(f"split + parallel + vectorize: {ratio:.2f}x the plain loop's bytes per se
 #    while it is reused (notebook 06's blocking);
 # 4. **vectorize** the inner $j$ loop of 64 (SIMD registers), with the zero-initialisation moved
 #    out of the reduction (`decompose_reduction`);
-# 5. **parallel** over the outer $i$ blocks (two cores).
+# 5. **parallel** over the outer $i$ blocks (two cores);
+# 6. **register tile**, a second path from the reordered loops: tiling for the *registers*
+#    instead of the caches. Each 8 × 32 tile of $C$ is summed in a local buffer
+#    (`cache_write`, then `reverse_compute_at` to write it back once per tile) over the whole
+#    $k$ loop; its 32 columns are vectorized (two 16-float AVX-512 registers per row) and its 8
+#    rows unrolled, so its 16 vectors of accumulators can live in registers (AVX-512 has 32),
+#    and each row segment of $B$ loaded for one $k$ serves 8 rows of $A$;
+# 7. **parallel** again, over the register tiles' rows.
 #
 # The naive version is slow enough that it is timed on the first 64 rows of $C$ only (the same
 # loops, 1/16 of the work; GFLOP/s is per-flop speed, so it compares; the timing cell prints
@@ -331,7 +442,29 @@ def schedule(step, rows=N_MM):
     return sch.mod
 
 
-STEPS = ["naive (i, j, k)", "reorder (i, k, j)", "tile 32x64x64", "+ vectorize", "+ parallel"]
+def register_tiled(rows, parallel):
+    """The matmul with each 8 x 32 tile of C summed in a local buffer over the whole k loop
+    (cache_write: LLVM keeps it in vector registers), its 32 columns vectorized, its 8 rows
+    unrolled; then written back to C once. ``parallel``: row tiles over the cores."""
+    sch = tvm.s_tir.Schedule(matmul_module(rows))
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, 8])
+    j0, j1 = sch.split(j, [None, 32])
+    sch.reorder(i0, j0, k, i1, j1)
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), j0)
+    sch.unroll(i1)
+    sch.vectorize(j1)
+    if parallel:
+        sch.parallel(i0)
+    sch.decompose_reduction(block, k)
+    return sch.mod
+
+
+STEPS = ["naive (i, j, k)", "reorder (i, k, j)", "tile 32x64x64", "+ vectorize", "+ parallel",
+         "register tile 8x32", "register + parallel"]
+BASE = {after: before for before, after in zip(STEPS, STEPS[1:])}  # what each rung changes
+BASE["register tile 8x32"] = "reorder (i, k, j)"  # the second path starts from reorder
 A_np = np.random.standard_normal((N_MM, N_MM)).astype(np.float32)
 B_np = np.random.standard_normal((N_MM, N_MM)).astype(np.float32)
 C_ref = A_np.astype(np.float64) @ B_np.astype(np.float64)
@@ -339,7 +472,8 @@ B_tvm = tvm.runtime.tensor(B_np, dev)
 compiled = {}
 for step, name in enumerate(STEPS):
     rows = 64 if step == 0 else N_MM
-    fn = tvm.compile(schedule(step, rows), target=TARGET)
+    mod = schedule(step, rows) if step < 5 else register_tiled(rows, parallel=step == 6)
+    fn = tvm.compile(mod, target=TARGET)
     A_tvm = tvm.runtime.tensor(A_np[:rows], dev)
     C_tvm = tvm.runtime.empty((rows, N_MM), "float32", dev)
     fn(A_tvm, B_tvm, C_tvm)
@@ -380,6 +514,9 @@ print(f"naive loop scalar only: {scalar_naive}; reordered loop already packed SI
 # are computed from the figures, not written in advance.
 
 # %% tags=["nbval-ignore-output"]
+print(machine_line())
+
+
 def gflops(fn, rows, repeats=3):
     best = measure(fn, repeats=repeats, warmup=1, min_sample_s=0.0)
     return 2 * rows * N_MM * N_MM / best / 1e9
@@ -395,12 +532,12 @@ for name, g in ladder.items():
     print(f"{name:20s} {g:7.1f} GFLOP/s")
 print(f"the naive loops would take {2 * N_MM**3 / ladder[STEPS[0]] / 1e9:.1f} s for the whole "
       f"product")
-for before, after in zip(STEPS, STEPS[1:]):
+for after, before in BASE.items():
     ratio = ladder[after] / ladder[before]
-    verdict = ("faster" if ratio > 1.1 else "slower" if ratio < 1 / 1.1
-               else "about the same (within 10 %)")
-    print(f"{after:20s} {verdict}: {ladder[after]:.1f} vs {ladder[before]:.1f} GFLOP/s "
-          f"({ratio:.2f}x)")
+    verdict = ("faster than" if ratio > 1.1 else "slower than" if ratio < 1 / 1.1
+               else "about the same (within 10 %) as")
+    print(f"{after:20s} {verdict} {before}: {ladder[after]:.1f} vs {ladder[before]:.1f} "
+          f"GFLOP/s ({ratio:.2f}x)")
 best_rung = max(STEPS, key=ladder.get)
 print(f"fastest rung: {best_rung}, {ladder[best_rung] / ladder[STEPS[0]]:.0f}x the naive loops; "
       f"needle's engine {ladder['needle engine'] / ladder[best_rung]:.1f}x and numpy "
@@ -434,11 +571,19 @@ save_figure(fig, "tvm_matmul_ladder")
 #   the auto-vectorizer gives up (non-unit strides, unknown extents).
 # * **parallel** needs idle cores: on a shared 2-core machine the two threads wait for each
 #   other and the rung can come out no faster, or slower, than the single-thread one.
+# * **register tile** is the tiling that modern CPUs reward (compare it with reorder, its
+#   base, in the lines above). The reordered loop loads and stores a vector of $C$ for every
+#   multiply-add; the register tile can keep its 16 vectors of $C$ in registers for all 1024
+#   values of $k$, so each multiply-add costs one load of $B$ shared by 8 rows. Cache tiling
+#   (rungs 3-5) reduces misses; register tiling reduces the loads and stores themselves, which
+#   is what a loop that already streams from cache is limited by.
 #
-# What separates the best rung from needle's engine (the last line of the timing cell) is
-# register blocking and packing, the next rungs of notebook 06's ladder (its C++ kernel does
-# those steps by hand). numpy's OpenBLAS runs threads on both cores, so on a busy machine it
-# loses the most. Searching over tile
+# What separates the best rung from needle's engine (the last line of the timing cell) is the
+# rest of notebook 06's ladder, which its C++ kernel does by hand: packing blocks of $A$ and
+# $B$ into contiguous panels, a register tile sized for this CPU inside cache tiles, and
+# threads. needle's engine and numpy's OpenBLAS both run on every core, like the two
+# "parallel" rungs, so on a busy machine those lose the most, while the other rungs run on one
+# core. Searching over tile
 # sizes and loop orders automatically is what TVM's MetaSchedule does; it is not run here
 # because it takes minutes per kernel.
 #
@@ -544,9 +689,12 @@ print(scheduled[fused[2]].script())
 # the whole epilogue (bias, BatchNorm, residual, ReLU) is one expression applied to it. The
 # script still declares `matmul_intermediate` as 64 × 64; `tvm.compile`'s buffer planning
 # shrinks it to the one row that an iteration of `i0` uses (exercise 13.3's check counts such
-# elements). The folded constants show what `FoldConstant` did with the `broadcast_to` kernels:
-# each bias and BatchNorm vector became a full 64 × 64 constant (`param_1` ... `param_5`), read
-# at every call: folding trades run-time work for constant memory. The compiled models in the
+# elements). The kernel's arguments show where its constants come from. The `Linear`'s bias
+# `param_1` is still a vector of 64, broadcast inside the loop. BatchNorm's $-$mean and
+# $\sqrt{\text{var} + \epsilon}$, `param_2` and `param_3`, are 64 × 64 because the exporter
+# wrote them batch-sized (section 2). $\gamma$ and $\beta$, `param_4` and `param_5`, are 64 × 64
+# because `FoldConstant` evaluated the two `broadcast_to` kernels that expanded them. Each is
+# read at every call: folding trades run-time work for constant memory. The compiled models in the
 # three forms (unfused, fused, fused and scheduled), checked against onnxruntime at both batch
 # sizes:
 
@@ -582,6 +730,7 @@ for (name, b, form), vm in vms.items():
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the compiled exported models (needle.export)
+print(machine_line())
 print(f"{'model':12s} {'batch':>5s} {'needle':>8s} {'onnxruntime':>12s} {'TVM unfused':>12s} "
       f"{'TVM fused':>10s} {'+ scheduled':>12s}   (ms)")
 for name, (m, inp) in models.items():
@@ -639,6 +788,7 @@ for (name, b), t in latency.items():
 # compared).
 
 # %% tags=["nbval-ignore-output"]
+print(machine_line())
 for name in ("s_tir.Schedule", "compile", "runtime.tensor", "runtime.empty", "tirx.max",
              "tirx.const"):
     obj = tvm
@@ -653,9 +803,10 @@ print(f"every TVM 0.27 name of the table exists; time_evaluator on '{STEPS[1]}':
 # %% [markdown]
 # ## 6. A captured training step: `ndl.compile`
 #
-# Lecture 7 set two ways to run a computational graph against each other: *define and run*
-# (needle, PyTorch's default: Python builds the graph anew at every step) and *define, then run*
-# (the graph is fixed once and executed many times). A training step of a fixed model on batches
+# Lecture 7 set two ways to run a computational graph against each other (notebook 10): *define
+# by run* (needle, PyTorch's default: Python builds the graph anew at every step) and *define,
+# then run* (often called define-and-run: the graph is fixed once and executed many times, as
+# in TensorFlow 1 and Caffe). A training step of a fixed model on batches
 # of a fixed shape calls the same kernels, on buffers of the same sizes, every time; only the
 # numbers in the buffers change. `ndl.compile(step)` exploits this: it runs the first calls
 # eagerly while recording every call into the device module (the kernels of notebook 06's
@@ -756,6 +907,7 @@ print("most used:", ", ".join(f"{n} x{names.count(n)}"
 import statistics
 import time
 
+print(machine_line())
 x_b, y_b = batch(0)
 blocks = {"eager": [], "replay": []}
 for _ in range(7):
@@ -767,13 +919,14 @@ for _ in range(7):
 eager_ms, replay_ms = (statistics.median(blocks[k]) * 1e3 for k in ("eager", "replay"))
 print(f"eager step {eager_ms:.2f} ms, replayed step {replay_ms:.2f} ms (medians of 7 blocks)")
 print(f"the replay takes {replay_ms / eager_ms:.2f}x the eager step's time: "
-      f"{1 - replay_ms / eager_ms:.0%} of the eager step was the Python layer the replay skips "
-      f"(graph building, op dispatch, argument checks)")
+      f"{1 - replay_ms / eager_ms:.0%} of the eager step was what the replay skips: the Python "
+      f"layer (graph building, op dispatch, argument checks) and the temporaries' allocations")
 
 # %% [markdown]
-# What is left in the replay is the kernels themselves and one Python loop over the list; for a
-# small model like this one, most of an eager step was Python. (`make bench` measures the four
-# course models: `benchmarks/bench_compiled_step.py`.)
+# What is left in the replay is the kernels themselves and one Python loop over the list; the
+# last line above says how much of this small model's eager step that removed in this run (the
+# smaller the model, the larger the share of Python). (`make bench` measures the four course
+# models: `benchmarks/bench_compiled_step.py`.)
 #
 # **When it must re-trace.** A replay is only valid for the situation it was recorded in, so
 # every call first checks a cheap guard: the shapes, strides and devices of the inputs (a new
@@ -785,13 +938,19 @@ print(f"the replay takes {replay_ms / eager_ms:.2f}x the eager step's time: "
 
 # %%
 # companion-only: ndl.compile (needle/fast/compile.py)
+last = {}
+
+
 def show(what):
+    """The compiled step's counters so far, and what changed since the previous line."""
     s = compiled_step.stats
-    print(f"{what:<28} traced {s['traces']:2d}, replayed {s['replays']:2d}, "
-          f"re-traced {s['retraces']}")
+    change = ", ".join(f"{s[k] - last.get(k, s[k]):+d} {k}" for k in ("traces", "replays"))
+    print(f"{what:<38} traced {s['traces']:2d}, replayed {s['replays']:2d}, "
+          f"re-traced {s['retraces']}" + (f" ({change})" if last else ""))
+    last.update(s)
 
 
-show("after the 30 steps")
+show("after the 30 steps and the 35 timed ones")
 for i in range(4):
     compiled_step(*batch(i, size=32))  # a batch of 32: a new input signature
 show("4 steps with batch 32")
@@ -802,17 +961,17 @@ show("4 steps after lr = 0.01")
 assert compiled_step.stats["retraces"] >= 1
 
 # %% [markdown]
-# The batch of 32 was traced three times (the third call confirmed the second) and replayed
-# once; back on batch 64 with a new `lr`, the guard saw the change, dropped the program and traced
-# again. (The two programs share batch norm's running averages: each replay reads them from the
+# The batch of 32 was traced twice (the second trace confirmed the first) and replayed on the
+# next two calls; back on batch 64 with a new `lr`, the guard saw the change, dropped the
+# program and traced again (twice, as for a new shape), then replayed. (The two programs share batch norm's running averages: each replay reads them from the
 # Tensors the modules hold at that moment, so switching shapes alone does not re-trace.)
 # The limits, stated in `needle/fast/compile.py`: Python state the step reaches only indirectly is not
 # guarded (pass it in `watch=`); a step whose Python reads device values that change every call
 # (a loss printed inside the step) re-traces every call and ends up eager; only the `nd` backend
 # is captured.
 #
-# **The memory plan.** Lecture 12 reuses the memory of an activation once nothing reads it any
-# more. The program knows each temporary's lifetime (from the call that first writes it to the
+# **The memory plan.** Lecture 15 (notebook 12, section 1) showed inference reusing the memory
+# of an activation once nothing reads it any more. The program knows each temporary's lifetime (from the call that first writes it to the
 # last that reads it), so temporaries whose lifetimes do not overlap share one preallocated
 # buffer of their size. The allocator counter (`memory_stats`, the bytes of live buffers) shows
 # what one step allocates above what was live before it:
@@ -856,7 +1015,7 @@ assert replay_peak <= param_bytes + 4096 and replay_peak < eager_peak / 4
 # * ONNX is a framework-neutral graph of standard operators; exporting is a graph walk, and the
 #   exported models here reproduce needle's outputs to 1e-5 in onnxruntime and in TVM.
 # * Runtimes win on small inputs by removing per-op framework overhead. A compiler fuses
-#   operators (printed above: fewer kernels, no whole intermediate tensors) and generates loops
+#   operators (printed above: fewer kernels, no graph-level intermediate tensors) and generates loops
 #   for the exact shapes and CPU; whether its kernels beat a tuned library depends on their
 #   schedules, which is what section 4's ladder and a schedule search are about.
 # * A schedule separates *what* is computed from *how* the loops run; split, reorder, vectorize
@@ -904,7 +1063,8 @@ bn_ex.weight = nn.Parameter(ndl.Tensor(rng.uniform(0.5, 2, 4).astype(np.float32)
 bn_ex.bias = nn.Parameter(ndl.Tensor(rng.standard_normal(4).astype(np.float32)))
 for _ in range(5):
     bn_ex(lin_ex(ndl.Tensor(rng.standard_normal((16, 6)).astype(np.float32) * 2 + 1)))
-lin_bn_ex = nn.Sequential(lin_ex, bn_ex).eval()
+lin_bn_ex = nn.Sequential(lin_ex, bn_ex)
+lin_bn_ex.eval()
 BN_ARGS = [t.numpy().astype(np.float64) for t in (lin_ex.weight, lin_ex.bias, bn_ex.weight,
                                                    bn_ex.bias, bn_ex.running_mean,
                                                    bn_ex.running_var)] + [bn_ex.eps]

@@ -75,12 +75,19 @@ def test_save_figure_tags_its_output_in_a_kernel(tmp_path):
             "from companion.viz import save_figure\n"
             "fig, ax = plt.subplots(figsize=(2, 1.5))\nax.plot([0, 1], [1, 0])\n"
             "png = save_figure(fig, 'line')\nplt.get_fignums()"
-        )
+        ),
+        # a notebook's figure cell ends with the call: it must leave no text result beside the
+        # image (the bytes' repr would be compared by nbval and differ between matplotlibs)
+        nbformat.v4.new_code_cell(
+            "fig, ax = plt.subplots(figsize=(2, 1.5))\nax.plot([0, 1], [0, 1])\n"
+            "save_figure(fig, 'rise')"
+        ),
     ]
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     path = tmp_path / "01_k.ipynb"
     nbformat.write(nb, path)
     shown = notebook_figures(path)
-    assert list(shown) == ["line"] and shown["line"].startswith(b"\x89PNG")
+    assert list(shown) == ["line", "rise"] and shown["line"].startswith(b"\x89PNG")
     result = [o for o in nb.cells[0].outputs if o["output_type"] == "execute_result"]
     assert result[0]["data"]["text/plain"] == "[]"  # closed: not drawn a second time
+    assert [o["output_type"] for o in nb.cells[1].outputs] == ["display_data"]
