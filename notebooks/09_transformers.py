@@ -567,7 +567,8 @@ ax.set_ylabel(f"test perplexity after {EPOCHS} epochs")
 ax.set_title("Final perplexity of every run (dots: seeds, bars: means)")
 fig.tight_layout()
 save_figure(fig, "transformer_lstm_final_perplexity")
-#
+
+# %% [markdown]
 # ### Where the LSTM's lead comes from
 #
 # One difference is built into the models. The LSTM carries its state from chunk to chunk, so
