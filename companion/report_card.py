@@ -52,9 +52,10 @@ def _first_line(source: str) -> str:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # IPython's frame headers: "File /path/x.py:12, in f()" (or "File /path/x.py:12") and
-# "Cell In[3], line 4"; the line that ran is marked "----> 12 code".
+# "Cell In[3], line 4" (", in f()" for a function the notebook defined); the line that ran is
+# marked "----> 12 code".
 _FILE_FRAME = re.compile(r"\s*File (?P<path>.+?):(?P<line>\d+)(?:, in .*)?")
-_CELL_FRAME = re.compile(r"\s*Cell In\[\d*\], line (?P<line>\d+)")
+_CELL_FRAME = re.compile(r"\s*Cell In\[\d*\], line (?P<line>\d+)(?:, in .*)?")
 _ARROW = re.compile(r"\s*-+>\s*(?P<line>\d+)\s?(?P<code>.*)")
 
 
