@@ -73,6 +73,7 @@ def _course_backward(self, out_grad=None):
     compute_gradient_of_variables(self, out_grad)
 
 
+_course_backward.__qualname__ = "Tensor.backward"
 Tensor.backward = _course_backward
 
 
@@ -179,6 +180,7 @@ def _course_loader_init(self, dataset, batch_size=1, shuffle=False):
     _companion_loader_init(self, dataset, batch_size, shuffle)
 
 
+_course_loader_init.__qualname__ = "DataLoader.__init__"
 DataLoader.__init__ = _course_loader_init
 """
 
