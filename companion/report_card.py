@@ -76,11 +76,24 @@ def _frames(traceback: list[str]) -> list[tuple[str | None, str, str]]:
     return frames
 
 
+def _site(frame: tuple[str | None, str, str]) -> str:
+    """A frame as ``line N `code``` (a notebook cell) or ``path:N `code``` (the path relative
+    to this project's checkout when inside it)."""
+    path, number, code = frame
+    if path is None:
+        return f"line {number} `{code}`"
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(CHECKOUT):
+        path = resolved.relative_to(CHECKOUT).as_posix()
+    return f"{path}:{number} `{code}`"
+
+
 def failing_line(traceback: list[str], student: Path | None) -> str:
     """Where an error was raised, from its IPython ``traceback`` (a notebook's error output):
     ``path:line `code``` for the deepest frame inside ``student`` (the student's homework
-    folder; the path relative to it), else ``line N `code``` in the cell, else the deepest
-    frame; "" when the traceback names no frame."""
+    folder; the path relative to it); else the cell's line, ``line N `code```, followed by
+    ``(raised at ...)`` when a deeper frame (a function the notebook or a library defines)
+    raised; "" when the traceback names no frame."""
     frames = _frames(traceback)
     if not frames:
         return ""
@@ -89,8 +102,9 @@ def failing_line(traceback: list[str], student: Path | None) -> str:
             if path is not None and Path(path).resolve().is_relative_to(student):
                 relative = Path(path).resolve().relative_to(student).as_posix()
                 return f"{relative}:{number} `{code}`"
-    path, number, code = next((f for f in reversed(frames) if f[0] is None), frames[-1])
-    return f"{'line ' if path is None else path + ':'}{number} `{code}`"
+    cell = next((f for f in frames if f[0] is None), frames[0])
+    where = _site(cell)
+    return where if frames[-1] is cell else f"{where} (raised at {_site(frames[-1])})"
 
 
 def _homework_root() -> Path | None:

@@ -544,7 +544,7 @@ def test_the_homework_root_is_on_the_path_as_in_the_course(course_student, tmp_p
 IMPORT_CELLS = [
     "import time\nimport needle as ndl",
     "y = 1\nassert y == 2, 'y is not 2'",
-    "def f():\n    raise KeyError('k')\n\n\nf()",  # the deepest cell frame: inside f
+    "def f():\n    raise KeyError('k')\n\n\nf()",  # raised in a function the notebook defines
 ]
 
 
@@ -573,7 +573,7 @@ def test_the_lecture_report_names_the_students_failing_line(course_student, tmp_
     assert first["error"].startswith("ImportError: cannot import name 'randbb' from ")
     assert second["where"] == "line 2 `assert y == 2, 'y is not 2'`"
     assert second["error"] == "AssertionError: y is not 2"
-    assert third["where"] == "line 2 `raise KeyError('k')`"
+    assert third["where"] == "line 5 `f()` (raised at line 2 `raise KeyError('k')`)"
     row = report_card.format_cards([card], "x").splitlines()[3]
     assert f"cell 1: {first['where']}: ImportError: cannot import name 'randbb'" in row
 
