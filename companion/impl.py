@@ -33,6 +33,12 @@ student's package, but never this project's, for as long as the process runs. An
 ``NEEDLE_IMPL``, or one naming this project's own folder, is ignored with one line on stderr.
 The first import prints (stderr) which needle is in use. A relative path is made absolute in
 ``os.environ``, so subprocesses started from another folder import the same package.
+
+The course's environment, reproduced. The course's notebooks and tests run from the homework
+root (the folder above ``python/``), so that folder is on ``sys.path`` there, and student code
+may import through it (``from python.needle.init.init_basic import randb``). :func:`install`
+therefore appends the folder above ``NEEDLE_IMPL`` to ``sys.path`` too (at the end: it adds
+names, it shadows none; ``needle`` itself stays the finder's).
 """
 
 from __future__ import annotations
@@ -100,7 +106,8 @@ def _finder() -> StudentNeedle | None:
 
 
 def install() -> bool:
-    """Serve ``import needle`` from ``NEEDLE_IMPL``'s folder; returns whether it now does.
+    """Serve ``import needle`` from ``NEEDLE_IMPL``'s folder, with the folder above it (the
+    homework root) at the end of ``sys.path``; returns whether it now does.
 
     A no-op returning False when ``NEEDLE_IMPL`` is unset, empty, or names this project's own
     folder (the last two say so in one line on stderr); calling it again is harmless. Raises
@@ -128,6 +135,9 @@ def install() -> bool:
             "starts, or call companion.impl.install() before `import needle`"
         )
     sys.meta_path.insert(0, StudentNeedle(raw))
+    homework_root = str(folder.parent)
+    if homework_root not in sys.path:
+        sys.path.append(homework_root)  # as in the course, which runs from the homework root
     return True
 
 

@@ -30,7 +30,8 @@ SHIPPED_SRC = Path(__file__).resolve().parent / "src"
 MARKER = re.compile(r"#\s*companion-only:\s*(?P<reason>\S.*?)\s*$")
 #: How every skip line begins (``companion.report_card`` counts skipped cells by it).
 SKIP_PREFIX = "companion-only cell skipped: "
-#: The cells run in this kernel under NEEDLE_IMPL: (status, first line, error), in order.
+#: The cells run in this kernel under NEEDLE_IMPL: (status, first line or, for a failed cell, the
+#: line that raised (:func:`raised_at`), error), in order.
 CELLS: List[tuple] = []
 
 
@@ -99,25 +100,47 @@ def _tally(result) -> None:
         return
     error = result.error_before_exec or result.error_in_exec
     if error is not None:
-        CELLS.append(("failed", first, f"{type(error).__name__}: {error}"))
+        CELLS.append(
+            ("failed", raised_at(error) or f"`{first[:60]}`", f"{type(error).__name__}: {error}")
+        )
     elif companion_only_reason(lines) is not None:
         CELLS.append(("skipped", first, ""))
     else:
         CELLS.append(("passed", first, ""))
 
 
+def raised_at(error: BaseException) -> str:
+    """Where ``error`` was raised: ``path:line `code``` of the deepest frame in the student's
+    homework folder (the folder above NEEDLE_IMPL's; the path relative to it), else "" (the
+    error came from the cell itself or from code outside that folder)."""
+    import traceback
+
+    from companion.impl import active_folder
+
+    folder = active_folder()
+    if folder is None:
+        return ""
+    root = folder.parent
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(root):
+            return (
+                f"{path.relative_to(root).as_posix()}:{frame.lineno} `{(frame.line or '').strip()}`"
+            )
+    return ""
+
+
 def report_card() -> None:
     """Print the cells this kernel ran under NEEDLE_IMPL since :func:`setup`: counts of passed,
-    failed and skipped, then each failure (its first line and error)."""
+    failed and skipped, then each failure (the student's line that raised it, else the cell's
+    first line, and the error)."""
     counts = {k: sum(1 for c in CELLS if c[0] == k) for k in ("passed", "failed", "skipped")}
     lines = [
         f"report card: {counts['passed']} cells passed, {counts['failed']} failed, "
         f"{counts['skipped']} skipped (companion-only)"
     ]
     lines += [
-        f"  failed: `{first[:60]}`: {error[:150]}"
-        for status, first, error in CELLS
-        if status == "failed"
+        f"  failed: {where}: {error[:150]}" for status, where, error in CELLS if status == "failed"
     ]
     print("\n".join(lines))
 

@@ -5,7 +5,10 @@ executes each lecture notebook (default: every ``notebooks/NN_*.ipynb``) in a fr
 inherits ``NEEDLE_IMPL`` (so ``import needle`` is the student's package, :mod:`companion.impl`),
 carrying on after a failing cell, and prints one table: per notebook the code cells that passed,
 failed and were skipped (companion-only cells, which :func:`companion.lecture.setup` turns into
-one skip line under ``NEEDLE_IMPL``), and the first failing cell's number, first line and error.
+one skip line under ``NEEDLE_IMPL``), and the first failing cell's number, the line that raised
+and the error. The line that raised is read from the error's traceback: the deepest frame in the
+student's homework folder (the folder above ``NEEDLE_IMPL``: their ``file:line`` and its code),
+else the cell's own line.
 Nothing is written back to the notebooks. Exit status 1 when any cell failed.
 
 Inside one notebook, :func:`companion.lecture.report_card` prints the same tally for the cells
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +33,8 @@ NOTEBOOKS = CHECKOUT / "notebooks"
 @dataclass
 class Card:
     """One notebook's result: counts of code cells, and the first failure (cell number counts
-    code cells from 1; ``first_line`` is the cell's first non-blank line)."""
+    code cells from 1; ``first_line`` is the cell's first non-blank line, ``where`` the line
+    that raised, see :func:`failing_line`)."""
 
     notebook: str
     passed: int = 0
@@ -45,11 +50,75 @@ def _first_line(source: str) -> str:
     return next((line.strip() for line in source.splitlines() if line.strip()), "")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# IPython's frame headers: "File /path/x.py:12, in f()" (or "File /path/x.py:12") and
+# "Cell In[3], line 4" (", in f()" for a function the notebook defined); the line that ran is
+# marked "----> 12 code".
+_FILE_FRAME = re.compile(r"\s*File (?P<path>.+?):(?P<line>\d+)(?:, in .*)?")
+_CELL_FRAME = re.compile(r"\s*Cell In\[\d*\], line (?P<line>\d+)(?:, in .*)?")
+_ARROW = re.compile(r"\s*-+>\s*(?P<line>\d+)\s?(?P<code>.*)")
+
+
+def _frames(traceback: list[str]) -> list[tuple[str | None, str, str]]:
+    """(path or None for the cell, line number, code) of each frame in an IPython traceback."""
+    frames = []
+    for entry in traceback:
+        lines = [line for line in _ANSI.sub("", entry).splitlines() if line.strip()]
+        if not lines:
+            continue
+        file, cell = _FILE_FRAME.fullmatch(lines[0]), _CELL_FRAME.fullmatch(lines[0])
+        if not (file or cell):
+            continue
+        marked = [m for m in map(_ARROW.fullmatch, lines[1:]) if m]
+        code = marked[-1].group("code") if marked else (lines[1] if len(lines) > 1 else "")
+        number = (file or cell).group("line")  # type: ignore[union-attr]
+        frames.append((file.group("path") if file else None, number, code.strip()))
+    return frames
+
+
+def _site(frame: tuple[str | None, str, str]) -> str:
+    """A frame as ``line N `code``` (a notebook cell) or ``path:N `code``` (the path relative
+    to this project's checkout when inside it)."""
+    path, number, code = frame
+    if path is None:
+        return f"line {number} `{code}`"
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(CHECKOUT):
+        path = resolved.relative_to(CHECKOUT).as_posix()
+    return f"{path}:{number} `{code}`"
+
+
+def failing_line(traceback: list[str], student: Path | None) -> str:
+    """Where an error was raised, from its IPython ``traceback`` (a notebook's error output):
+    ``path:line `code``` for the deepest frame inside ``student`` (the student's homework
+    folder; the path relative to it); else the cell's line, ``line N `code```, followed by
+    ``(raised at ...)`` when a deeper frame (a function the notebook or a library defines)
+    raised; "" when the traceback names no frame."""
+    frames = _frames(traceback)
+    if not frames:
+        return ""
+    if student is not None:
+        for path, number, code in reversed(frames):
+            if path is not None and Path(path).resolve().is_relative_to(student):
+                relative = Path(path).resolve().relative_to(student).as_posix()
+                return f"{relative}:{number} `{code}`"
+    cell = next((f for f in frames if f[0] is None), frames[0])
+    where = _site(cell)
+    return where if frames[-1] is cell else f"{where} (raised at {_site(frames[-1])})"
+
+
+def _homework_root() -> Path | None:
+    """The folder above NEEDLE_IMPL's (the homework root, which holds the student's files)."""
+    impl = os.environ.get("NEEDLE_IMPL", "").strip()
+    return Path(impl).expanduser().resolve().parent if impl else None
+
+
 def grade(nb, name: str) -> Card:
     """The card of an executed notebook ``nb`` (an nbformat node): each non-empty code cell is
     skipped (it printed the companion-only skip line), failed (an error output), not run (no
     execution count: the kernel died or timed out before it) or passed."""
     card = Card(name)
+    student = _homework_root()
     number = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -64,6 +133,7 @@ def grade(nb, name: str) -> Card:
             failure = {
                 "cell": number,
                 "first_line": _first_line(cell.source),
+                "where": failing_line(error.get("traceback", []), student),
                 "error": f"{error.get('ename', '?')}: {error.get('evalue', '')}".strip(),
             }
             card.failures.append(failure)
@@ -80,10 +150,10 @@ def grade(nb, name: str) -> Card:
     return card
 
 
-def run_notebook(path: Path, timeout: int = 1200) -> Card:
-    """Execute the notebook at ``path`` (cwd: its folder) and grade it; errors in cells do not
-    stop the run. A kernel that dies or a cell that times out ends the run: the cells after it
-    count as not run, and ``note`` says why."""
+def execute(path: Path, timeout: int = 1200):
+    """Execute the notebook at ``path`` (cwd: its folder) from scratch, carrying on after a
+    failing cell; returns (the executed nbformat node, note). A kernel that dies or a cell that
+    times out ends the run; ``note`` then says why (else "")."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -105,13 +175,25 @@ def run_notebook(path: Path, timeout: int = 1200) -> Card:
     except Exception as exc:  # DeadKernelError, CellTimeoutError: grade what ran
         first = (str(exc).strip().splitlines() or [""])[0]
         note = f"{type(exc).__name__}: {first}"
+    return nb, note
+
+
+def run_notebook(path: Path, timeout: int = 1200) -> Card:
+    """Execute the notebook at ``path`` (:func:`execute`) and grade it; the cells after a dead
+    kernel or a timed-out cell count as not run, and ``note`` says why."""
+    nb, note = execute(path, timeout)
     card = grade(nb, path.stem)
     card.note = note
     return card
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 4] + "...`"
+
+
 def format_cards(cards: list[Card], needle: str) -> str:
-    """The table: notebook, passed, failed, skipped (and not run), the first failure."""
+    """The table: notebook, passed, failed, skipped (and not run), the first failure (its cell,
+    the line that raised and the error)."""
     lines = [
         f"lecture report card: needle from {needle}",
         f"{'notebook':<36}{'passed':>7}{'failed':>7}{'skipped':>8}  first failing cell",
@@ -121,7 +203,8 @@ def format_cards(cards: list[Card], needle: str) -> str:
         first = ""
         if c.first_failure:
             f = c.first_failure
-            first = f"cell {f['cell']}: `{f['first_line'][:50]}`: {f['error'][:120]}"
+            where = f.get("where") or f"`{f['first_line'][:50]}`"
+            first = f"cell {f['cell']}: {_clip(where, 110)}: {f['error'][:120]}"
         if c.not_run:
             first += f"{'; ' if first else ''}{c.not_run} cell(s) not run ({c.note})"
         lines.append(f"{c.notebook:<36}{c.passed:>7}{c.failed:>7}{c.skipped:>8}  {first}")

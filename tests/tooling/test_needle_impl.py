@@ -1,9 +1,10 @@
 """NEEDLE_IMPL: the lecture notebooks and this project's tools run against a student's own needle.
 
 Each test copies this project's ``needle/`` as it is (the framework and nothing else) into a
-course-layout ``hw4/python/needle`` in tmp_path, then imports ``needle`` in a subprocess with
-``NEEDLE_IMPL`` pointing at it; ``companion.*`` comes from this project and builds on whichever
-needle is imported.
+course-layout ``hw4/python/needle`` in tmp_path, or writes the course-style needle of
+``course_needle.py`` there, then imports ``needle`` in a subprocess with ``NEEDLE_IMPL`` pointing
+at it; ``companion.*`` comes from this project and builds on whichever needle is imported.
+(The lecture notebooks on the course-style needle: ``test_course_needle.py``.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from course_needle import EXTENSIONS, import_through_homework_root, make_course_needle
 from test_make_paths import run_recipe
 
 import companion
@@ -27,8 +29,6 @@ from companion import lecture
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(needle.__file__).resolve().parent
 COMPANION = Path(companion.__file__).resolve().parent
-# This project's later-lecture modules, which the course's package does not have.
-EXTENSIONS = ("checkpoint", "export", "distributed")
 
 
 @pytest.fixture
@@ -39,32 +39,10 @@ def student(tmp_path) -> Path:
     return python
 
 
-# The course's Tensor, emulated on a copy of this one: no retain_grad(), a backward() without
-# keywords, and every node keeps its gradient.
-COURSE_TENSOR = """
-
-del Value.retain_grad
-Value._retains_grad = True
-_companion_backward = Tensor.backward
-
-
-def _course_backward(self, out_grad=None):
-    _companion_backward(self, out_grad)
-
-
-Tensor.backward = _course_backward
-"""
-
-
 @pytest.fixture
-def course_student(student) -> Path:
-    """The student's folder as the course's is: without this project's later-lecture modules,
-    and with the course's Tensor (see COURSE_TENSOR)."""
-    for name in EXTENSIONS:
-        (student / "needle" / f"{name}.py").unlink()
-    autograd = student / "needle" / "autograd.py"
-    autograd.write_text(autograd.read_text() + COURSE_TENSOR)
-    return student
+def course_student(tmp_path) -> Path:
+    """``tmp_path/hw4/python``: the course-style needle (course_needle.py)."""
+    return make_course_needle(tmp_path / "hw4" / "python")
 
 
 def run(code: str, impl, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -321,56 +299,6 @@ def test_setup_registers_the_transformer_only_in_student_mode(student):
     assert done.stdout.splitlines() == ["False", "marked cell ran", "plain cell ran"]
 
 
-# ---- real notebooks, end to end ------------------------------------------------------------------
-# 02 and 03: companion-only cells among course cells (03's ScaleAdd step and update boundary
-# need no extension); 12: a notebook mostly about extensions (needle.checkpoint,
-# needle.distributed, memory_stats), whose course part must still run.
-NOTEBOOKS = ["02_automatic_differentiation", "03_nn_library", "12_training_large_models"]
-EXECUTE = """
-import json, sys
-import nbformat
-from nbclient import NotebookClient
-nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-               resources={"metadata": {"path": sys.argv[2]}}).execute()
-errors, streams = [], []
-for cell in nb.cells:
-    for out in cell.get("outputs", []):
-        if out.output_type == "error":
-            errors.append(f"{out.ename}: {out.evalue} in {cell.source[:80]!r}")
-        elif out.output_type == "stream":
-            streams.append(out.text)
-print(json.dumps({"errors": errors, "streams": streams}))
-"""
-
-
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_a_notebook_runs_on_the_students_needle(course_student, name):
-    notebook = ROOT / "notebooks" / f"{name}.ipynb"
-    student = course_student
-    source = notebook.with_suffix(".py").read_text()
-    marked = len(re.findall(r"^# %%.*\n# companion-only: ", source, flags=re.M))
-    assert marked, f"notebook {name} has no companion-only cells to skip"
-    env = {k: v for k, v in os.environ.items() if k not in ("NEEDLE_IMPL", "MPLBACKEND")}
-    env["NEEDLE_IMPL"] = str(student)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    done = subprocess.run(
-        [sys.executable, "-c", EXECUTE, str(notebook), str(notebook.parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
-    assert result["errors"] == []
-    text = "".join(result["streams"])
-    assert f"needle from {student} (NEEDLE_IMPL)" in text
-    assert text.count("companion-only cell skipped: ") == marked
-    # the exercise checks ran on the student's package too
-    assert "not answered yet" in text
-
-
 # ---- a failed import keeps failing: never this project's needle ----------------------------------
 RETRY = """
 import sys
@@ -549,13 +477,15 @@ def test_the_lecture_report_names_the_failing_notebook_and_cell(course_student, 
     assert first["first_line"] == next(
         line.strip() for line in code[first["cell"] - 1].splitlines() if line.strip()
     )
+    # the line that raised: the student's file and line, not the cell's first line
+    planted = ops.read_text().splitlines().index('    raise RuntimeError("planted add bug")') + 1
+    where = f'python/needle/ops/ops_mathematic.py:{planted} `raise RuntimeError("planted add bug")`'
+    assert first["where"] == where
     # the cells before it ran on the student's needle and passed
     assert card["passed"] >= first["cell"] - 1 - marked
     row = next(line for line in done.stdout.splitlines() if line.startswith(name))
     assert row.split()[1:4] == [str(card["passed"]), str(card["failed"]), str(card["skipped"])]
-    assert (
-        f"cell {first['cell']}: `{first['first_line'][:50]}`: RuntimeError: planted add bug"
-    ) in row
+    assert f"cell {first['cell']}: {where}: RuntimeError: planted add bug" in row
     assert f"needle from {course_student} (NEEDLE_IMPL)" in done.stdout
 
 
@@ -577,3 +507,115 @@ def test_a_notebook_kernel_prints_its_own_report_card(student):
         "report card: 2 cells passed, 1 failed, 1 skipped (companion-only)",
         "  failed: `1 / 0`: ZeroDivisionError: division by zero",
     ]
+
+
+# ---- the course's environment: the homework root on sys.path ---------------------------------
+DROPOUT = """
+import sys
+import numpy as np
+import needle as ndl
+np.random.seed(0)
+y = ndl.nn.Dropout(0.5)(ndl.Tensor(np.ones((2, 4), dtype="float32")))
+print(y.numpy().ravel().tolist())
+print(sys.modules["python.needle.init.init_basic"].__file__)
+print(sys.path[-1])
+"""
+
+
+def test_the_homework_root_is_on_the_path_as_in_the_course(course_student, tmp_path):
+    """A real student's hw2 imported ``randb`` through the homework root (``from
+    python.needle.init.init_basic import randb``): it works under NEEDLE_IMPL as in the course,
+    from any folder, because the folder above NEEDLE_IMPL is on sys.path too."""
+    import_through_homework_root(course_student)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run(DROPOUT, course_student, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    values, init_file, last = done.stdout.splitlines()
+    import numpy as np
+
+    np.random.seed(0)  # the mask is one np.random.rand call, kept where rand <= 1 - p
+    expected = np.where(np.random.rand(2, 4) <= 0.5, 2.0, 0.0).ravel().tolist()
+    assert json.loads(values) == expected
+    assert Path(init_file) == course_student / "needle" / "init" / "init_basic.py"
+    assert Path(last) == course_student.parent
+
+
+IMPORT_CELLS = [
+    "import time\nimport needle as ndl",
+    "y = 1\nassert y == 2, 'y is not 2'",
+    "def f():\n    raise KeyError('k')\n\n\nf()",  # raised in a function the notebook defines
+]
+
+
+def test_the_lecture_report_names_the_students_failing_line(course_student, tmp_path, monkeypatch):
+    """The report names the line that raised (the student's file:line, or the cell's line) and
+    the error, not the cell's first line."""
+    import nbformat
+
+    from companion import report_card
+
+    nn_basic = import_through_homework_root(course_student)
+    text = nn_basic.read_text().replace("init_basic import randb\n", "init_basic import randbb\n")
+    nn_basic.write_text(text)
+    number = text.splitlines().index("from python.needle.init.init_basic import randbb") + 1
+    notebook = tmp_path / "tiny.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in IMPORT_CELLS])
+    nbformat.write(nb, notebook)
+    monkeypatch.setenv("NEEDLE_IMPL", str(course_student))
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    card = report_card.run_notebook(notebook, timeout=120)
+    assert (card.passed, card.failed, card.not_run) == (0, 3, 0), card
+    first, second, third = card.failures
+    assert first["where"] == (
+        f"python/needle/nn/nn_basic.py:{number} `from python.needle.init.init_basic import randbb`"
+    )
+    assert first["error"].startswith("ImportError: cannot import name 'randbb' from ")
+    assert second["where"] == "line 2 `assert y == 2, 'y is not 2'`"
+    assert second["error"] == "AssertionError: y is not 2"
+    assert third["where"] == "line 5 `f()` (raised at line 2 `raise KeyError('k')`)"
+    row = report_card.format_cards([card], "x").splitlines()[3]
+    assert f"cell 1: {first['where']}: ImportError: cannot import name 'randbb'" in row
+
+
+KERNEL_TALLY = (
+    IPYTHON
+    + """
+shell.run_cell("import numpy as np; x = needle.Tensor(np.ones(2, dtype='float32'))")
+shell.run_cell("x + x")
+shell.run_cell("lecture.report_card()")
+"""
+)
+
+
+def test_a_notebook_kernel_names_the_students_failing_line(student):
+    ops = student / "needle" / "ops" / "ops_mathematic.py"
+    ops.write_text(ops.read_text() + PLANTED_ADD)
+    planted = ops.read_text().splitlines().index('    raise RuntimeError("planted add bug")') + 1
+    done = run(KERNEL_TALLY, student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        f"  failed: python/needle/ops/ops_mathematic.py:{planted} "
+        '`raise RuntimeError("planted add bug")`: RuntimeError: planted add bug'
+    )
+
+
+APPS = """
+import numpy as np
+import needle as ndl
+from companion import lecture
+from companion.apps.models import LanguageModel, ResNet9
+
+model = ResNet9(device=ndl.cpu())
+lm = LanguageModel(8, 11, 16, seq_model="lstm", seq_len=4, device=ndl.cpu())
+out, _ = lm(ndl.Tensor(np.zeros((4, 2), dtype="float32"), device=ndl.cpu()))
+print(lecture.fast_path(model, lm), type(model.model.modules[0]).__name__, out.shape)
+"""
+
+
+def test_the_apps_import_on_a_needle_without_the_fast_wing(course_student):
+    """The course's model zoo runs on a student's needle, which has no needle.fast (the fused
+    twins are this project's): no twin is registered and fast_path() leaves the model as is."""
+    done = run(APPS, course_student)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "ConvBN", "(8,", "11)"]
