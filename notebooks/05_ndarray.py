@@ -733,7 +733,7 @@ ax.set_xticks(SIZES)
 ax.set_xlabel("matrix size n (n×n @ n×n, float32)")
 ax.set_ylabel("GFLOP/s (log scale, median of 5)")
 ax.set_title("CPU matmul: naive → tiled → packed/SIMD → BLAS")
-ax.legend()
+ax.legend(loc="center right", fontsize=8)
 ax.grid(True, which="both", alpha=0.3)
 save_figure(fig, "matmul_gflops")
 
