@@ -23,8 +23,10 @@
 # **Prerequisites:** notebook 05 (strides, views, `compact`); notebook 02 (vector-Jacobian
 # products)
 #
-# **You will be able to:** compute a convolution as matrix products and as one im2col product;
-# predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
+# **You will be able to:** say what weight sharing saves against a dense layer and how the
+# receptive field grows with depth; compute a convolution as matrix products and as one im2col
+# product, and time the formulations against each other; tell NHWC from NCHW storage and what
+# `nn.Conv` does about it; predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
 # derive a convolution's input gradient (flip, dilate, crop), say how needle computes both
 # gradients (col2im and im2col products) and check them numerically; compute max and average
 # pooling and their gradients; train ResNet-9 and look at its first layer's feature maps
@@ -813,7 +815,7 @@ ax2.set_xlabel("epoch")
 ax2.set_ylabel("accuracy")
 ax2.set_ylim(0, 1)
 ax2.set_title("Accuracy: far above chance, train above test")
-ax2.legend()
+ax2.legend(loc="lower right", fontsize=8)
 fig.suptitle(f"ResNet-9 on {DATASET}: {N_TRAIN} images, batch {BATCH_SIZE}, Adam lr {LR}")
 fig.tight_layout()
 save_figure(fig, "resnet9_learning_curve")
@@ -895,7 +897,12 @@ save_figure(fig, "resnet9_feature_maps")
 #   kernel call each.
 # * Max and average pooling summarise each window of a channel; average pooling is a
 #   convolution with a fixed kernel, and max pooling's gradient goes to each window's maximum.
-# * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.
+# * A convolution shares one small kernel across positions: far fewer weights than a dense
+#   layer, translation equivariance, and a receptive field that grows with depth and stride.
+# * `ndl.conv` works in NHWC, where a patch is $K$ contiguous runs; hw4's `nn.Conv` takes NCHW
+#   and transposes around it, and initialises with the convolution's fan-in $K^2 C_{in}$.
+# * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU,
+#   and on 1,000 images it overfits: compare training and test accuracy in the same mode.
 
 # %% [markdown]
 # ## Exercises
