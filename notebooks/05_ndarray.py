@@ -33,7 +33,8 @@
 #
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's compiled module (strided kernels, size
-# checks, `matmul_naive`, `__gemm__`), `NDArray.matmul_tiled` and negative indices.
+# checks, `matmul_naive`, `__gemm__`), `NDArray.matmul_tiled` and negative indices. Section 8
+# still times your own module's `matmul` and `matmul_tiled`.
 #
 # In homework 3 needle stops borrowing numpy and gets its own array, `NDArray`
 # (`needle/backend_ndarray/ndarray.py`). It is deliberately small: a **flat buffer of float32**
