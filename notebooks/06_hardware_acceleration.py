@@ -34,7 +34,8 @@
 #
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's device protocol, its GEMM blocking and ISA
-# dispatch (`__gemm__`), and `benchmarks/`.
+# dispatch (`__gemm__`), its thread pool and scratch plan, and `companion.step_profile` with
+# `needle.fast`.
 #
 # Notebook 05 built the NDArray: a flat buffer plus (shape, strides, offset), views without
 # copies, and `compact()`. It ended with a measurement: the same product $C = AB$ runs far
