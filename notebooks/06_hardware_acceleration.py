@@ -31,9 +31,11 @@
 # training step into time inside kernels and framework overhead.
 #
 # **Run time:** about 25 s on a 2-core x86-64 machine (a minute when other jobs load it)
+#
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use this project's device protocol, its GEMM blocking and ISA
-# dispatch (`__gemm__`), and `benchmarks/`.
+# dispatch (`__gemm__`), its thread pool and scratch plan, and `companion.step_profile` with
+# `needle.fast`.
 #
 # Notebook 05 built the NDArray: a flat buffer plus (shape, strides, offset), views without
 # copies, and `compact()`. It ended with a measurement: the same product $C = AB$ runs far
@@ -42,15 +44,16 @@
 #
 # 1. **The device-module protocol**: the fixed list of functions every device implements.
 # 2. **Element-wise kernels and reductions**: flat loops over compact buffers (the course's
-#    form), or loops that take strides and read views directly; reductions over an axis.
+#    form), or loops that take strides and read views directly; how a loop is split among
+#    threads; shared memory in a GPU window sum; reductions over an axis.
 # 3. **Matmul arithmetic**: $2mnp$ flops against the bytes each loop nest moves; register
 #    tiling and cache blocking, with the block sizes the compiled module reports.
 # 4. **The tiled layout** of the homework's `matmul_tiled`, built with `as_strided`.
 # 5. **The CUDA matmul kernel**: blocks, threads and shared memory, with the numbers for a
 #    $1024^3$ product. Nothing here runs on a GPU: it is arithmetic on the kernel's source,
 #    and the "checks" of the kernel test a numpy emulation of it, not the CUDA code.
-# 6. **Where a training step's time goes**: kernels against framework overhead, before and
-#    after the array layer's rework.
+# 6. **Where a training step's time goes**: kernels against framework overhead, for the
+#    course's modules and for needle's fused fast path, measured in one run.
 #
 # The CPU block sizes come from the compiled module (`__gemm__`), so the arithmetic always
 # describes the kernels this machine runs. The CUDA launch constants are read by name from
@@ -79,6 +82,7 @@ import numpy as np
 import needle as ndl
 import needle.backend_ndarray.ndarray as ndarray_module
 from needle import backend_ndarray as nd
+from companion.machine import machine_line
 from companion.timing import measure
 from companion import lecture
 from companion.viz import save_figure
@@ -240,8 +244,9 @@ assert not np.array_equal(raw.numpy(), expected)
 # The course's `NDArray` therefore compacts every operand first: one extra read-and-write pass
 # over each non-compact operand, on every op. The protocol's `ewise_binary` takes each
 # operand's strides and offset instead and does the index arithmetic itself, so a transposed
-# or broadcast (stride-0) operand is read in place, with no copy and no extra buffer. Given the
-# view's strides $(1, 3)$, the same buffer gives the right answer; this is what `t + y` calls:
+# or broadcast (stride-0) operand needs no `compact()` call (for large transposed matrices the
+# kernel still makes a copy of its own, as the timings below show). Given the view's strides
+# $(1, 3)$, the same buffer gives the right answer; this is what `t + y` calls:
 
 # %%
 # companion-only: the device protocol (protocol.py, ewise_binary)
@@ -255,48 +260,109 @@ assert np.array_equal((t + y).numpy(), expected)
 
 # %% [markdown]
 # Saving the copy is not the same as saving time. A transposed operand read through its
-# strides jumps a whole row (8 KiB here) between consecutive elements: each element needs its
-# own cache line, of which it uses 4 of 64 bytes, and a walk down one column touches 2048
-# lines (128 KiB), more than L1 holds, so the rest of each line has to be fetched again for
-# the next columns. The `compact` copy walks the transpose in cache-sized blocks instead, and
-# the add that follows reads two contiguous buffers. Measured here (timings vary, so the
-# output is not compared): adding two $2048 \times 2048$ arrays, both compact, then with one
-# operand transposed (read through its strides), and what compacting the transposed operand
-# on its own costs. The course's route
-# costs the first line plus the third; the last line of the output compares the two routes
-# from the numbers above it. Read through its strides element by element, a transposed
-# operand costs a cache line per element, so `cpu()`'s element-wise kernels do the copy
-# themselves when an operand of at least 2^18 elements is
-# a transpose (into a scratch buffer, with the blocked walk of `compact`), and the strided line
-# above costs about the copy plus the add. The strided read saves memory, not time, for a
-# transposed operand; the kernel spends that memory for a moment to save the time.
-# (A broadcast, stride-0 operand is the opposite case: it re-reads one element or one row,
-# which stays in cache, and copying it would write a whole array for nothing.)
+# strides jumps a whole row between consecutive elements: each element needs its own cache
+# line, of which it uses 4 of 64 bytes, and once a column's lines no longer fit in L1 the rest
+# of each line has to be fetched again for the next columns. The `compact` copy walks the
+# transpose in cache-sized blocks instead, and the add that follows reads two contiguous
+# buffers. `cpu()`'s element-wise kernels therefore do not always read in place: when an
+# operand of at least `kScratchMin` elements is a transposed **matrix** (a view that
+# simplifies to two dimensions), the kernel first copies it into a scratch buffer with the
+# blocked walk of `compact`, and adds afterwards. The next cell reads that threshold from
+# `src/cpu/ndarray_backend_cpu_ewise.h` and measures three cases, each as "operand read
+# through its strides by the kernel" against "explicit `compact()`, then a compact add":
+#
+# * a transposed $500 \times 500$ matrix, below the threshold: the kernel really reads it in
+#   place;
+# * a $128^3$ cube with its axes reversed, `permute((2, 1, 0))`, 2 M elements: three
+#   dimensions, so the scratch plan does not apply and the kernel reads it in place, one cache
+#   line per element;
+# * a transposed $2048 \times 2048$ matrix, above the threshold: here both routes copy, the
+#   kernel into its scratch buffer and `compact()` into a new array, so this row compares the
+#   kernel's blocked copy with the explicit one.
+#
+# Timings vary, so the output is not compared; each verdict line is computed from the numbers
+# above it. (A broadcast, stride-0 operand is the opposite case: it re-reads one element or one
+# row, which stays in cache, and copying it would write a whole array for nothing.)
 
 # %% tags=["nbval-ignore-output"]
-# cpu(): what this measures is how a CPU core reads memory through its cache lines
-big = nd.array(np.random.randn(2048, 2048).astype(np.float32), device=device)
-big_t = big.permute((1, 0))
+# companion-only: the device protocol's strided kernels (ewise_binary) and their scratch plan
+print(machine_line())
+SCRATCH_MIN = constant(source("cpu/ndarray_backend_cpu_ewise.h"),
+                       r"constexpr idx_t kScratchMin = idx_t\(1\) << (\d+);")
+print(f"kScratchMin = 2^{SCRATCH_MIN} = {2**SCRATCH_MIN:,} elements")
 
 
 def median_ms(fn) -> float:
-    """Median milliseconds per call of fn() (companion.timing.measure: warm-up, repeated samples)."""
+    """Median milliseconds per call of fn() (companion.timing.measure: warmup, repeated samples)."""
     return 1e3 * measure(fn)
 
 
-ms_plain = median_ms(lambda: big + big)
-ms_strided = median_ms(lambda: big + big_t)
-ms_copy = median_ms(lambda: big_t.compact())
-print(f"compact + compact:     {ms_plain:6.2f} ms")
-print(f"compact + transposed:  {ms_strided:6.2f} ms  (strided read)")
-print(f"compact of transposed: {ms_copy:6.2f} ms  (the copy it avoids)")
-copy_first = ms_plain + ms_copy
-if ms_strided > copy_first:
-    print(f"measured: reading the transposed operand in place took {ms_strided / copy_first:.1f}x "
-          f"as long as copying it first and then adding ({copy_first:.2f} ms): the copy wins")
-else:
-    print(f"measured: reading the transposed operand in place took {ms_strided:.2f} ms, "
-          f"{copy_first / ms_strided:.1f}x less than copying it first ({copy_first:.2f} ms)")
+def strided_vs_copy(name: str, base: nd.NDArray, view: nd.NDArray) -> tuple:
+    """(ms: compact + compact, compact + view, compact() of view) for base + view."""
+    assert np.array_equal((base + view).numpy(), base.numpy() + view.numpy())
+    ms = (median_ms(lambda: base + base), median_ms(lambda: base + view),
+          median_ms(lambda: view.compact()))
+    print(f"{name:<37} compact+compact {ms[0]:7.2f} ms | compact+view {ms[1]:7.2f} ms | "
+          f"view.compact() {ms[2]:7.2f} ms")
+    return ms
+
+
+rng_t = np.random.default_rng(0)
+small = nd.array(rng_t.standard_normal((500, 500)).astype(np.float32), device=device)
+cube = nd.array(rng_t.standard_normal((128, 128, 128)).astype(np.float32), device=device)
+big = nd.array(rng_t.standard_normal((2048, 2048)).astype(np.float32), device=device)
+assert 500 * 500 < 2**SCRATCH_MIN <= 128**3 and 2048 * 2048 >= 2**SCRATCH_MIN
+cases = {"500x500 transposed (in place)": strided_vs_copy(
+             "500x500 transposed (in place)", small, small.permute((1, 0))),
+         "128^3 axes reversed (in place)": strided_vs_copy(
+             "128^3 axes reversed (in place)", cube, cube.permute((2, 1, 0))),
+         "2048x2048 transposed (kernel copies)": strided_vs_copy(
+             "2048x2048 transposed (kernel copies)", big, big.permute((1, 0)))}
+for name, (plain, through, copy) in cases.items():
+    first = plain + copy  # the course's route: compact the operand, then a compact add
+    how = "the kernel's blocked copy, then its add," if "copies" in name else "reading in place"
+    ratio = through / first
+    word = "about the same" if 0.95 <= ratio <= 1.05 else "faster" if ratio < 1 else "slower"
+    print(f"verdict, {name}: {how} took {ratio:.2f}x the time of compact() then a compact add "
+          f"({word}), {through / plain:.1f}x a compact + compact add")
+
+# %% [markdown]
+# ### Threads: a parallel for (lecture 11)
+#
+# Lecture 11 parallelises a loop with OpenMP's `#pragma omp parallel for`, which splits the
+# iterations among threads. The CPU module does the same with a thread pool of its own
+# (`src/cpu/ndarray_backend_cpu_threads.h`), through `parallel_ranges(n, threshold, grain, f)`
+# (`src/cpu/ndarray_backend_cpu_strided.h`). Below `threshold` elements, or with one thread,
+# it calls `f(0, n)` on the calling thread: waking threads costs more than a short loop
+# saves. Otherwise it cuts $[0, n)$ into chunks of `grain` elements, and the calling thread
+# and the pool's idle workers each claim the next unclaimed chunk from one shared atomic
+# counter (`fetch_add`) until none is left. A thread that the operating system pauses simply
+# claims fewer chunks, which is OpenMP's `schedule(dynamic, grain)`. The chunks an element-wise
+# add is cut into, with the constants read from the source and two threads:
+
+# %%
+# companion-only: this project's compiled module's thread pool (parallel_ranges)
+ewise_h = source("cpu/ndarray_backend_cpu_ewise.h")
+strided_h = source("cpu/ndarray_backend_cpu_strided.h")
+PARALLEL_EWISE = 2 ** constant(ewise_h, r"constexpr idx_t kParallelEwise = idx_t\(1\) << (\d+);")
+GRAIN = 2 ** constant(ewise_h, r"constexpr idx_t kEwiseGrain = idx_t\(1\) << (\d+);")
+assert "if (n < threshold || n <= grain || max_threads() <= 1) {" in strided_h
+
+
+def chunks(n: int, threshold: int, grain: int, threads: int) -> list[tuple[int, int]]:
+    """The (begin, end) ranges parallel_ranges passes to f, in the order they are claimed."""
+    if n < threshold or n <= grain or threads <= 1:
+        return [(0, n)]
+    return [(c * grain, min(n, (c + 1) * grain)) for c in range(-(-n // grain))]
+
+
+print(f"threshold {PARALLEL_EWISE:,} elements, grain {GRAIN:,}")
+for n in (100_000, 10**6, 2048 * 2048):
+    parts = chunks(n, PARALLEL_EWISE, GRAIN, threads=2)
+    last = parts[-1][1] - parts[-1][0]
+    print(f"{n:>10,} elements: {len(parts):>3} call(s) of f, the last one {last:,} elements")
+    assert parts[0][0] == 0 and parts[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # every element exactly once
 
 # %% [markdown]
 # On the GPU the same kernels run one **thread per element**. The launcher uses blocks of
@@ -309,20 +375,28 @@ BLOCK = named_constant(cu, "BLOCK")
 MAX_BLOCKS = named_constant(cu, "MAX_BLOCKS")
 
 
+GRID_FOR = re.search(r"unsigned grid_for\(int64_t n, int64_t per_block = BLOCK\) \{\s*"
+                     r"return static_cast<unsigned>\(std::max<int64_t>\(1, std::min\("
+                     r"\(n \+ per_block - 1\) / per_block,\s*MAX_BLOCKS\)\)\);", cu)
+assert GRID_FOR, "grid_for in ndarray_backend_cuda.cu changed: update the Python copy below"
+
+
 def grid_for(n: int) -> int:
-    """Blocks launched for n elements (ndarray_backend_cuda.cu: grid_for)."""
-    return min(math.ceil(n / BLOCK), MAX_BLOCKS)
+    """Blocks launched for n elements: the body of grid_for matched above, in Python."""
+    return max(1, min(math.ceil(n / BLOCK), MAX_BLOCKS))
 
 
-print(f"BLOCK = {BLOCK}, MAX_BLOCKS = {MAX_BLOCKS}")
+print(f"BLOCK = {BLOCK}, MAX_BLOCKS = {MAX_BLOCKS}; grid_for = max(1, min(ceil(n / BLOCK), "
+      "MAX_BLOCKS)) (read from the .cu)")
 print(f"{'elements':>12} {'blocks':>8} {'threads':>12} {'elements per thread (max)':>26}")
 for n in [1000, 2**20, 2**26]:
     blocks = grid_for(n)
     print(f"{n:>12,} {blocks:>8,} {blocks * BLOCK:>12,} {math.ceil(n / (blocks * BLOCK)):>26}")
 for n in [1, 1000, 2**20, 2**26, 2**34]:
     blocks = grid_for(n)
-    # enough threads for one element each, unless the grid is capped; then the grid-stride
-    # loop gives each thread ceil(n / threads) elements, and no block is left idle
+    # arithmetic on the rule above, not a test of the CUDA code: enough threads for one element
+    # each, unless the grid is capped; then the grid-stride loop gives each thread
+    # ceil(n / threads) elements, and no block is left idle
     assert blocks == MAX_BLOCKS or blocks * BLOCK >= n > (blocks - 1) * BLOCK
 
 # %% [markdown]
@@ -371,6 +445,41 @@ for name, v in views.items():
     print(f"{name:<20} strides={str(v.strides):<12} -> {len(dims)} dim(s) {dims}")
     assert np.array_equal(gather(buf, v), v.compact().numpy())
 assert [len(simplify(v.shape, v.strides)) for v in views.values()] == [1, 3, 2, 2]
+
+# %% [markdown]
+# ### Shared memory in miniature: lecture 12's window sum
+#
+# Lecture 12 introduces shared memory with a 1-D window sum, $out[i] = \sum_{k=-R}^{R}
+# in[i+k]$ (zero outside the array). With one thread per output, each thread reads $2R+1$
+# inputs from global memory, and neighbouring threads read almost the same ones. With shared
+# memory, each block of $T$ threads first copies the $T + 2R$ inputs its outputs need into
+# shared memory (one each, and $2R$ threads a second one), waits at `__syncthreads()`, and then
+# reads its $2R+1$ inputs from shared memory: global reads per output fall from $2R+1$ to about
+# $(T + 2R)/T$. The same emulated block by block in numpy (no GPU involved), checked against
+# `np.convolve`, with the reads counted:
+
+# %%
+def window_sum_blocks(x: np.ndarray, R: int, T: int) -> tuple[np.ndarray, int]:
+    """(out, global reads): the window sum computed block by block as the shared-memory
+    kernel does it, each block staging x[start - R : start + T + R] first."""
+    n, out, reads = len(x), np.zeros(len(x)), 0
+    for start in range(0, n, T):
+        lo, hi = start - R, start + T + R
+        tile = np.zeros(T + 2 * R)  # the block's shared memory; zero outside the array
+        tile[max(lo, 0) - lo:min(hi, n) - lo] = x[max(lo, 0):min(hi, n)]
+        reads += min(hi, n) - max(lo, 0)
+        for t in range(min(T, n - start)):  # thread t's window, read from shared memory
+            out[start + t] = tile[t:t + 2 * R + 1].sum()
+    return out, reads
+
+
+R_WIN, T_WIN, n_win = 3, 256, 4096
+x_win = np.random.randn(n_win)
+summed, staged = window_sum_blocks(x_win, R_WIN, T_WIN)
+assert np.allclose(summed, np.convolve(x_win, np.ones(2 * R_WIN + 1), mode="same"))
+print(f"n = {n_win}, R = {R_WIN}, blocks of {T_WIN}: global reads {(2 * R_WIN + 1) * n_win:,} "
+      f"with one thread per output, {staged:,} staged through shared memory "
+      f"({staged / n_win:.3f} per output)")
 
 # %% [markdown]
 # ### Reductions
@@ -446,8 +555,8 @@ def warp_tree_sum(lanes: np.ndarray) -> float:
 
 
 lanes = np.random.randn(32).astype(np.float32)
-print(f"tree: {warp_tree_sum(lanes):.6f}   "
-      f"sequential: {float(np.sum(lanes.astype(np.float64))):.6f}")
+print(f"tree: {warp_tree_sum(lanes):.5f}   "  # float32 sums: 5 decimals are what agree
+      f"sequential: {float(np.sum(lanes.astype(np.float64))):.5f}")
 assert abs(warp_tree_sum(lanes) - lanes.astype(np.float64).sum()) < 1e-5
 assert warp_tree_sum(np.arange(32)) == 496.0
 
@@ -477,6 +586,7 @@ print(f"minimum (each once):     {minimum_loads:,} floats = {minimum_loads * 4 /
 print(f"intensity naive:         {flops / naive_loads:.2f} flop/float = "
       f"{flops / naive_loads / 4:.2f} flop/byte")
 print(f"intensity upper bound:   {flops / minimum_loads:.2f} flop/float")
+# arithmetic checks of the numbers in the text, not measurements
 assert flops == 2_147_483_648 and naive_loads * 4 == 8 * 2**30 and minimum_loads * 4 == 12 * 2**20
 assert abs(flops / minimum_loads - 682.67) < 0.01
 
@@ -579,8 +689,17 @@ for name, cfg in CPU_CONFIGS.items():
 # * **memory**: $A$ and $B$ are read once, and each K panel reads and writes $C$ again:
 #   $mn + np + mp(2\lceil n/KC \rceil - 1)$ floats, whose intensity tends to $KC$ for large $n$.
 #
-# The footprints explain the sizes: a B sliver must fit in L1 (32 KiB of data cache on
-# x86-64 cores for over a decade) and the A block in L2 (at least 256 KiB).
+# The footprints explain the sizes, with one caveat. The A block ($MC \times KC$) is sized for
+# L2 (at least 256 KiB on x86-64 cores). The B sliver ($KC \times NR$) is what the
+# micro-kernel streams through for every A sliver, and the BLIS rule of thumb keeps it to
+# about **half** of L1 (32 KiB of data cache on most x86-64 cores; some recent ones have
+# 48 KiB), leaving the rest for the A sliver and the block of $C$. The table below shows where
+# each variant stands. With AVX-512, $KC = 256$ and $NR = 32$ make the sliver 32 KiB, all of
+# such an L1, so part of it is evicted and re-read from L2 on each pass. The same table says
+# why that costs little: per step of its $k$ loop the micro-kernel reads $4\,NR$ bytes of $B$
+# and issues $MR \cdot NR / VW$ vector FMAs, so at two FMAs per clock it needs only
+# $8\,VW/MR$ bytes of $B$ per clock, which L2 delivers several times over. Whether a smaller
+# $KC$ would be faster is not measured here.
 #
 # The memory count makes one more assumption: **packed B stays in cache**. Every row block of
 # A streams over all of packed B, $4np$ bytes (4 MiB for $n = p = 1024$; in the C++, over its
@@ -594,12 +713,17 @@ for name, cfg in CPU_CONFIGS.items():
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the GEMM configurations of the companion-only cells above
-print(f"{'kernel':<10}{'B sliver KC x NR (L1)':>24}{'A block MC x KC (L2)':>24}")
+L1D = "/sys/devices/system/cpu/cpu0/cache/index0/size"  # Linux: this machine's L1 data cache
+print("this machine's L1 data cache:", open(L1D).read().strip() if os.path.exists(L1D) else "?")
+print(f"{'kernel':<10}{'B sliver KC x NR':>18}{'of 32 KiB L1':>14}{'A block MC x KC (L2)':>22}"
+      f"{'B bytes/clock':>15}")
 for name, cfg in CPU_CONFIGS.items():
     sliver, block = cfg["KC"] * cfg["NR"] * 4, cfg["MC"] * cfg["KC"] * 4
-    print(f"{name:<10}{sliver // 1024:>20} KiB{block // 1024:>20} KiB")
+    b_per_clock = 4 * cfg["NR"] / (cfg["MR"] * cfg["NR"] / cfg["VW"] / 2)  # 2 FMAs per clock
+    print(f"{name:<10}{sliver // 1024:>14} KiB{100 * sliver / 32768:>13.0f}%"
+          f"{block // 1024:>18} KiB{b_per_clock:>15.1f}")
     assert cfg["MC"] % cfg["MR"] == 0  # an A block is whole MR slivers
-    assert sliver <= 32 * 1024 and block <= 256 * 1024
+    assert block <= 256 * 1024 and abs(b_per_clock - 8 * cfg["VW"] / cfg["MR"]) < 1e-9
 
 # %% [markdown]
 # Here is that loop nest in numpy, with counters for the floats each level supplies. It is a
@@ -715,10 +839,10 @@ limit = 2 / (1 / GEMM["MC"] + 2 / GEMM["KC"])
 print(f"large-n limit when B is re-read: 2 / (1/MC + 2/KC) = {limit:.1f}")
 
 # %% [markdown]
-# Each level multiplies the reuse of the one below it: with AVX-512's blocking the naive
-# loop's 1 flop per float becomes about 17 at the registers, 47 at L1 and 228 at main memory.
-# That, plus SIMD and threads, is the gap between `matmul_naive` and `matmul` in notebook 05's
-# figure.
+# Each level multiplies the reuse of the one below it: in the table of counts above, for every
+# instruction set this CPU runs, the naive loop's 1 flop per float grows from column to column,
+# registers, then L1, then main memory (the assert in that cell checks the order). That, plus
+# SIMD and threads, is the gap between `matmul_naive` and `matmul` in notebook 05's figure.
 #
 # ## 6. The tiled layout of the homework's `matmul_tiled`
 #
@@ -1044,12 +1168,13 @@ for cfg in (SMALL, BIG):
 # $64 \times 64$ kernel, 2 for the $8 \times 8$ ones. An SM's shared memory delivers 32 banks
 # × 4 bytes = 128 bytes per clock, while its 128 FP32 lanes do 256 flops per clock, so its
 # ridge is at 2 flop/byte; over 132 SMs at the 1.98 GHz boost clock (the clock that gives the
-# datasheet's 67 TFLOP/s) that is 33.4 TB/s. The $64 \times 64$ configuration, the one the
+# datasheet's 67 TFLOP/s) that is 33.5 TB/s. The $64 \times 64$ configuration, the one the
 # launcher picks for $1024^3$ on an H200, is therefore capped near **half** of FP32 peak by
 # shared memory, whatever its global intensity; the $128 \times 128$ one sits exactly at the
 # shared-memory ridge, so even its bound leaves no slack. (Both are bounds: latency, occupancy
 # and instruction overhead take real kernels further below them.) The left panel puts all the
-# traffic counts of this notebook side by side; the right one draws both roofs.
+# traffic counts of this notebook side by side; the right one draws the global-memory roof
+# (hollow markers on it) and marks the shared-memory cap below it with filled markers.
 
 # %%
 PEAK, BANDWIDTH = 67e12, 4.8e12  # H200 SXM datasheet: FP32 flop/s, HBM bytes/s
@@ -1072,6 +1197,7 @@ for k, ai in gpu_points.items():
           f"({100 * bound[k] / PEAK:5.1f}%)")
 print(f"ridges: global memory {ridge:.2f} flop/byte, shared memory {shared_ridge:.2f} flop/byte "
       f"({SHARED_BW / 1e12:.1f} TB/s)")
+# arithmetic on the datasheet constants above (they check the text's numbers, not a GPU)
 assert abs(ridge - 13.96) < 0.01 and abs(bound["untiled"] / 1e12 - 1.2) < 1e-9
 assert bound["untiled"] / PEAK < 0.02
 assert gpu_points["64x64 tiles"] == 16 > ridge and gpu_points["128x128 tiles"] == 32 > 2 * ridge
@@ -1129,6 +1255,7 @@ save_figure(fig, "matmul_roofline")
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: this project's cuda() module (synchronize) and the sizes N, flops above
+print(machine_line())
 gpu = lecture.best_device()  # cuda() where a GPU is visible, else cpu()
 if gpu.name != "cuda":
     print(f"no GPU here (best_device() is {gpu}): the CUDA matmul kernel is not timed")
@@ -1160,74 +1287,73 @@ else:
 # update) of four models: hw2's MLP-ResNet (batch 100, Adam), ResNet-9 (batch 32), and 2-layer
 # LSTM and Transformer language models (sequence 32, batch 16, width 128, vocabulary 1000).
 #
-# The *before* figures were measured on the code before the array layer was reworked (the
-# commit and date are in the file; it was a shared 2-core machine, so they are medians of
-# repeated steps):
+# Two ways of running the same four steps are compared, **in one run, on this machine**: the
+# course's modules (needle's default: every layer built from the course's ops, as in your
+# homework) and needle's opt-in fast path (`needle.fast.fuse` on the model and the loss,
+# `needle.fast.backward`), which runs fused kernels for the composites a step repeats. The
+# repository also keeps a profile of the code before its array layer was reworked
+# (`companion/step_profile_before.json`, `make profile` compares with it); it was measured on
+# another machine, under other load, so this notebook does not put it beside a live run.
+# Timings depend on the machine and its load, so these cells' output is not compared; the
+# machine line says where and under what load they ran, and the verdict lines are computed
+# from the tables.
 
-# %%
-# companion-only: companion.step_profile on this project's needle
+# %% tags=["nbval-ignore-output"]
+# companion-only: companion.step_profile and needle.fast on this project's needle
 from companion import step_profile  # noqa: E402
 
-before = step_profile.before()
-print(f"before: commit {before['commit']}, {before['date']}, medians of {before['repeats']} "
-      "steps")
-print(before["machine"][1])
-print(step_profile.render(before["cases"]))
-assert set(before["cases"]) == set(step_profile.CASES)
+
 def overhead_share(r: dict) -> float:
     """Overhead / (kernel + overhead), the table's overhead column."""
     return r["overhead_ms"] / (r["kernel_ms"] + r["overhead_ms"])
 
 
-share = {case: overhead_share(r) for case, r in before["cases"].items()}
-small_ops = ["mlp_resnet", "lstm_lm", "transformer_lm"]
-print(f"overhead share before: {', '.join(f'{c} {100 * share[c]:.0f}%' for c in share)}")
-assert 0.6 < min(share[c] for c in small_ops) and max(share[c] for c in small_ops) < 0.75
-assert share["resnet9"] < 0.5
-
-# %% [markdown]
-# The same measurement now, live (timings depend on the machine and its load, so these cells'
-# output is not compared). The code before the rework ran its fused kernels by default; today
-# they are needle's opt-in fast path (`needle.fast.fuse` on the model and the loss,
-# `needle.fast.backward`), so "after" profiles that path, like with like. The course's modules
-# (needle's default) make several times more, smaller calls; `python -m companion.step_profile`
-# profiles them.
-
-# %% tags=["nbval-ignore-output"]
-# companion-only: companion.step_profile on this project's needle
-# on cpu(), as before: the timers clock each call, and cuda() returns before its kernels finish
-after = {case: step_profile.profile_case(case, device, repeats=5, fast=True)
-         for case in step_profile.CASES}
-print("after: this checkout's fast path, medians of 5 steps")
-print(step_profile.render(after))
-share_now = {case: overhead_share(r) for case, r in after.items()}
-larger = [c for c in share_now if share_now[c] > 0.5]
-print(f"overhead share now: {', '.join(f'{c} {100 * share_now[c]:.0f}%' for c in share_now)}; "
-      f"overhead is the larger part for: {', '.join(larger) or 'none of the four'}")
-for r in after.values():  # timings move with the load: check what does not
-    assert r["kernel_ms"] > 0 and r["kernel_calls"] > 0
-    assert tuple(r["phases"]) == step_profile.PHASES
+print(machine_line())
+# on cpu(): the timers clock each call, and cuda() returns before its kernels finish
+profiles = {}
+for label, fast in (("course's modules", False), ("fast path", True)):
+    profiles[label] = {case: step_profile.profile_case(case, device, repeats=5, fast=fast,
+                                                       with_torch=fast)
+                       for case in step_profile.CASES}
+    print(f"\n{label}: medians of 5 steps" + ("" if fast else " (PyTorch timed with the fast "
+                                                              "path only)"))
+    print(step_profile.render(profiles[label]))
+    for r in profiles[label].values():  # timings move with the load: check what does not
+        assert r["kernel_ms"] > 0 and r["kernel_calls"] > 0
+        assert tuple(r["phases"]) == step_profile.PHASES
+print(machine_line())  # the load at the end of the run
+course_run, fast_run = profiles["course's modules"], profiles["fast path"]
+for label, run in profiles.items():
+    share = {case: overhead_share(r) for case, r in run.items()}
+    larger = [c for c in share if share[c] > 0.5]
+    shares = ", ".join(f"{c} {100 * v:.0f}%" for c, v in share.items())
+    print(f"verdict, {label}: overhead share {shares}; overhead is the larger part for "
+          f"{', '.join(larger) or 'none of the four'}")
+print("verdict, fast path against the course's modules: "
+      + ", ".join(f"{c} {course_run[c]['step_ms'] / fast_run[c]['step_ms']:.1f}x faster "
+                  f"({course_run[c]['kernel_calls']} -> {fast_run[c]['kernel_calls']} calls)"
+                  for c in step_profile.CASES))
 
 # %% tags=["nbval-ignore-output"]
 # companion-only: the step profiles of the companion-only cells above
 fig, axes = plt.subplots(1, len(step_profile.CASES), figsize=(12, 3.6))
 for ax, case in zip(axes, step_profile.CASES):
-    rows = [("before", before["cases"][case]), ("after", after[case])]
+    rows = [("course", course_run[case]), ("fast path", fast_run[case])]
     kernel = [r["kernel_ms"] for _, r in rows]
     overhead = [max(r["overhead_ms"], 0.0) for _, r in rows]
     ax.bar([name for name, _ in rows], kernel, color="C0", label="inside kernels")
     ax.bar([name for name, _ in rows], overhead, bottom=kernel, color="C1",
            label="framework overhead")
-    for i, (_, r) in enumerate(rows):
-        torch_ms = r.get("torch_min_ms") or r.get("torch_ms")  # the least disturbed step
-        if torch_ms:
-            ax.plot([i - 0.4, i + 0.4], [torch_ms] * 2, "k--", lw=1)
+    torch_ms = fast_run[case].get("torch_min_ms")  # the least disturbed step
+    if torch_ms:
+        ax.axhline(torch_ms, color="k", ls="--", lw=1)
     ax.set_title(case.replace("_", " "), fontsize=10)
     ax.set_ylabel("ms per training step" if ax is axes[0] else "")
     ax.grid(True, axis="y", alpha=0.3)
 fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=9)
-fig.suptitle(f"One training step on cpu(): kernels vs overhead (before: {before['commit']}, "
-             f"{before['date'][:10]}; dashed: PyTorch's fastest step in the same run)",
+with_torch = any(fast_run[case].get("torch_min_ms") for case in step_profile.CASES)
+fig.suptitle("One training step on cpu(), one run: the course's modules vs the fast path"
+             + (" (dashed: PyTorch's fastest step in the same run)" if with_torch else ""),
              fontsize=10)
 fig.tight_layout(rect=(0, 0.08, 1, 1))
 save_figure(fig, "step_profile")
@@ -1236,11 +1362,10 @@ save_figure(fig, "step_profile")
 # Read the bars as two separate budgets. The kernel part shrinks with better kernels (strided
 # operands instead of copies, fused kernels, a direct path for small products); the overhead
 # part shrinks only with less Python per op and fewer ops per step (fused composites, in-place
-# optimizer updates). Before the rework, the models made of many small ops (the MLP and the
-# language models) spent 62% to 73% of a step on overhead, ResNet-9, with fewer and larger
-# ops, 43%. The live run's shares are printed under its table (they move with the machine and
-# its load); where PyTorch is installed, its dashed line shows how much of either part is left
-# to win.
+# optimizer updates), which is what the fast path's fewer calls buy. The verdict lines above
+# say, for this run, which models spend most of a step on overhead under each path and how
+# much the fast path saves; where PyTorch is installed, its dashed line shows how much of
+# either part is left to win.
 
 # %% [markdown]
 # ## Summary
@@ -1248,9 +1373,10 @@ save_figure(fig, "step_profile")
 # * A device is a module implementing one protocol (buffers, strided copies, element-wise and
 #   scalar ops, `matmul`, reductions); `NDArray` calls exactly those functions.
 # * The course's element-wise kernels are flat loops over compact buffers, so its ops compact
-#   their operands first; kernels that take strides (`ewise_binary`) read views in place. That
-#   saves a buffer, not necessarily time: for a transposed operand the measured copy-first
-#   route was the faster one.
+#   their operands first; kernels that take strides (`ewise_binary`) skip that call. They read
+#   broadcast, small and many-dimensional views in place, and copy a large transposed matrix
+#   into a scratch buffer themselves, with the blocked walk of `compact`; whether reading in
+#   place beats copying first depends on the view and the machine (section 2's verdict lines).
 # * A reduction reduces runs of the (permuted) view: the course compacts the reduced axis to
 #   the end first; on a GPU, threads combine partial results in a tree (warp shuffles, then
 #   shared memory across warps).
@@ -1266,8 +1392,8 @@ save_figure(fig, "step_profile")
 #   emulated in numpy here; the CUDA code itself is tested only on a GPU). Shared-memory
 #   bandwidth caps the $64 \times 64$ configuration near half of FP32 peak.
 # * A training step is kernel time plus framework overhead; `companion/step_profile.py`
-#   measures both. Before the rework, overhead was 62–73% of a step for the models made of many
-#   small ops.
+#   measures both, and section 9 compares the course's modules with the fused fast path in
+#   one run (its verdict lines say which models spend most of a step on overhead).
 
 # %% [markdown]
 # ## Exercises

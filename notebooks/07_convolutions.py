@@ -23,8 +23,10 @@
 # **Prerequisites:** notebook 05 (strides, views, `compact`); notebook 02 (vector-Jacobian
 # products)
 #
-# **You will be able to:** compute a convolution as matrix products and as one im2col product;
-# predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
+# **You will be able to:** say what weight sharing saves against a dense layer and how the
+# receptive field grows with depth; compute a convolution as matrix products and as one im2col
+# product, and time the formulations against each other; tell NHWC from NCHW storage and what
+# `nn.Conv` does about it; predict output sizes for any stride, padding and dilation; estimate im2col's memory cost;
 # derive a convolution's input gradient (flip, dilate, crop), say how needle computes both
 # gradients (col2im and im2col products) and check them numerically; compute max and average
 # pooling and their gradients; train ResNet-9 and look at its first layer's feature maps
@@ -33,9 +35,12 @@
 #
 # With the real `needle` package, we will
 #
-# 1. write a convolution as a loop, then as **matrix multiplications**;
+# 1. write a convolution as a loop, then as **matrix multiplications**, and count what weight
+#    sharing saves against a dense layer;
 # 2. get the output size for any stride, padding and dilation, and check it against `ndl.conv`;
-# 3. build the **im2col** matrix as a strided *view* (no copy) and count what compacting it costs;
+# 3. build the **im2col** matrix as a strided *view* (no copy) and count what compacting it
+#    costs; compare NHWC with NCHW storage (what `nn.Conv` does about it); time the loop, the
+#    $K^2$ products, im2col and `ndl.conv`;
 # 4. derive the gradient of a convolution: another convolution, with a **flipped** kernel, a
 #    **dilated** output gradient and a final crop — checked against finite differences — and
 #    see how needle computes it instead (col2im for the input, one im2col product for the weight);
@@ -110,6 +115,59 @@ W1 = np.random.randn(1, 1, 3, 5).astype(np.float32)
 z1 = ndl.conv(ndl.Tensor(x, device=device), ndl.Tensor(W1, device=device), padding=0).numpy()
 assert np.allclose(z1, x @ W1[0, 0], atol=1e-5)
 print("1x1 conv == x @ W[0, 0]:", z1.shape)
+
+# %% [markdown]
+# ### Why convolutions (lecture 10): few weights, shared across positions
+#
+# A dense layer that maps a $32\times32\times3$ image to $32\times32\times16$ features needs a
+# weight for every (input pixel-channel, output pixel-channel) pair. A $3\times3$ convolution
+# with the same input and output needs $3 \cdot 3 \cdot 3 \cdot 16$: the same small kernel is
+# used at every position (**weight sharing**), and each output looks only at a $3\times3$
+# neighbourhood. Sharing also makes the layer **translation equivariant**: shift the image and
+# the (stride-1) output shifts with it, so a detector for an edge works wherever the edge is.
+# Variants cut the count further: a *grouped* convolution splits the channels into $g$ groups
+# that do not mix ($1/g$ of the weights), and a *depthwise* one gives every channel its own
+# $K\times K$ filter ($K^2 C$ weights, usually followed by a $1\times1$ convolution to mix
+# channels). needle's `conv` has neither; both are one convolution per group.
+
+# %%
+dense_weights = (32 * 32 * 3) * (32 * 32 * 16)
+conv_weights = 3 * 3 * 3 * 16
+print(f"dense 32x32x3 -> 32x32x16: {dense_weights:,} weights; 3x3 conv: {conv_weights} weights "
+      f"({dense_weights // conv_weights:,}x fewer)")
+print(f"depthwise 3x3 on 64 channels: {3 * 3 * 64} weights; full 3x3 64 -> 64: "
+      f"{3 * 3 * 64 * 64:,}; grouped (4 groups): {3 * 3 * 64 * 64 // 4:,}")
+assert dense_weights == 50_331_648 and conv_weights == 432
+
+xs = np.random.randn(1, 10, 10, 2).astype(np.float32)
+Ws = np.random.randn(3, 3, 2, 4).astype(np.float32)
+shifted = np.roll(xs, (1, 2), axis=(1, 2))  # the image moved 1 row down, 2 columns right
+z_x = ndl.conv(ndl.Tensor(xs, device=device), ndl.Tensor(Ws, device=device), padding=0).numpy()
+z_s = ndl.conv(ndl.Tensor(shifted, device=device), ndl.Tensor(Ws, device=device),
+               padding=0).numpy()
+same = np.allclose(z_s[:, 1:, 2:], z_x[:, :-1, :-2], atol=1e-5)  # away from the wrapped edge
+print(f"shifted input -> output shifted by the same (1, 2) pixels: {same}")
+assert same
+
+# %% [markdown]
+# The price of small kernels is a small view. Each layer sees $K$ of its input's positions
+# along each axis, and its input's positions are $j$ pixels apart, where $j$ is the product of
+# the strides so far; so the **receptive field** (the image pixels one output can depend on)
+# grows by $(K - 1)\,j$ per layer. Through ResNet-9's convolutions (section 6) it outgrows the
+# $32\times32$ image after four of them, which is what lets its last feature, a single pixel,
+# describe the whole image:
+
+# %%
+RESNET9_CONVS = [("ConvBN(3, 16, 7, 4)", 7, 4), ("ConvBN(16, 32, 3, 2)", 3, 2),
+                 ("residual ConvBN(32, 32, 3, 1)", 3, 1), ("residual ConvBN(32, 32, 3, 1)", 3, 1),
+                 ("ConvBN(32, 64, 3, 2)", 3, 2), ("ConvBN(64, 128, 3, 2)", 3, 2),
+                 ("residual ConvBN(128, 128, 3, 1)", 3, 1),
+                 ("residual ConvBN(128, 128, 3, 1)", 3, 1)]
+field, jump = 1, 1
+for name, K_, S_ in RESNET9_CONVS:
+    field, jump = field + (K_ - 1) * jump, jump * S_
+    print(f"{name:<32} receptive field {field:>3} x {field:<3} pixels (outputs {jump} apart)")
+assert field == 223 and jump == 32
 
 # %% [markdown]
 # ## 2. Output sizes: stride, padding, dilation
@@ -252,6 +310,132 @@ z_conv = ndl.conv(ndl.Tensor(x_first, device=device), ndl.Tensor(W_first, device
 assert np.allclose(z_cols.reshape(z_conv.shape), z_conv, atol=1e-3)
 
 # %% [markdown]
+# ### Storage order: NHWC and NCHW
+#
+# `ndl.conv` takes **NHWC**: the $C$ channels of one pixel are adjacent in memory, so one row
+# of the im2col matrix (a $K\times K\times C$ patch) is $K$ runs of $KC$ contiguous floats,
+# one per kernel row. In **NCHW** (PyTorch's order, and the order hw4's CIFAR-10 images and
+# `nn.Conv` use) each channel is a plane of its own, and the same patch is $CK$ runs of $K$
+# floats: more, shorter reads. The count for a $3\times3\times16$ patch:
+
+# %%
+def runs(positions: np.ndarray) -> int:
+    """Contiguous runs in a sequence of buffer positions."""
+    return 1 + int(np.count_nonzero(np.diff(positions.ravel()) != 1))
+
+
+Kp, Cp = 3, 16
+nhwc = np.arange(1 * 8 * 8 * Cp).reshape(1, 8, 8, Cp)          # buffer positions, NHWC
+nchw = np.arange(1 * Cp * 8 * 8).reshape(1, Cp, 8, 8)          # buffer positions, NCHW
+patch_nhwc = nhwc[0, 2:2 + Kp, 3:3 + Kp, :]                    # patch order (a, b, c)
+patch_nchw = nchw[0, :, 2:2 + Kp, 3:3 + Kp]                    # patch order (c, a, b)
+print(f"one {Kp}x{Kp}x{Cp} patch: NHWC {runs(patch_nhwc)} runs of {Kp * Cp} floats, "
+      f"NCHW {runs(patch_nchw)} runs of {Kp} floats")
+assert (runs(patch_nhwc), runs(patch_nchw)) == (Kp, Cp * Kp)
+
+# %% [markdown]
+# hw4's `nn.Conv` keeps the course's interface in NCHW, $(N, C_{in}, H, W) \to
+# (N, C_{out}, H_{out}, W_{out})$ with "same" padding $\lfloor K/2 \rfloor$, and converts
+# around the NHWC `conv`: two transposes in, `conv`, the bias added over the last axis, two
+# transposes out. The layer gives exactly that composition. Its weight, $(K, K, C_{in},
+# C_{out})$, is Kaiming-uniform with the convolution's **fan-in**, $K^2 C_{in}$ (each output
+# sums that many products), which hw4 asks you to fix in `init`: its variance is
+# $2/(K^2 C_{in})$, not $2/C_{in}$.
+
+# %%
+conv_layer = nn.Conv(16, 32, 3, stride=2, device=device)
+x_nchw = np.random.randn(2, 16, 8, 8).astype(np.float32)
+y_layer = conv_layer(ndl.Tensor(x_nchw, device=device)).numpy()
+x_nhwc = x_nchw.transpose(0, 2, 3, 1)  # (N, C, H, W) -> (N, H, W, C): the course's two transposes
+y_nhwc = ndl.conv(ndl.Tensor(x_nhwc, device=device), conv_layer.weight, stride=2,
+                  padding=1).numpy() + conv_layer.bias.numpy()
+composed = np.allclose(y_layer, y_nhwc.transpose(0, 3, 1, 2), atol=1e-5)
+print(f"nn.Conv(16, 32, 3, stride=2): {x_nchw.shape} -> {y_layer.shape}; equals transpose, "
+      f"conv, bias, transpose back: {composed}")
+assert composed
+
+wide = nn.Conv(64, 64, 3, device=device).weight.numpy()
+ratio = float(wide.var()) / (2 / (3 * 3 * 64))
+print(f"nn.Conv(64, 64, 3): weight variance / (2 / (K^2 C_in)) = {ratio:.2f} "
+      f"(a fan-in of C_in alone would make it {3 * 3})")
+assert abs(ratio - 1) < 0.05
+
+# %% [markdown]
+# ### How fast is each formulation?
+#
+# Lecture 14 times the same convolution written four ways. The next cell does that: the
+# seven-loop definition in Python against the $K^2$ products (`conv_offsets`) on a small
+# case, then the $K^2$ products, the im2col matrix of section 3 (needle's `NDArray`: strided
+# view, compact, one product) and `ndl.conv` at the size of ResNet-9's first layer (batch 50,
+# $32\times32\times3 \to 8\times8\times16$, $7\times7$, stride 4). Timings depend on the
+# machine and its load, so the output is not compared; the verdict lines are computed from
+# the timings above them.
+
+# %% tags=["nbval-ignore-output"]
+from companion.machine import machine_line  # noqa: E402
+from companion.timing import measure  # noqa: E402
+
+print(machine_line())
+
+
+def conv_loops(x, W):
+    """Valid, stride-1 NHWC convolution as the seven nested loops of its definition."""
+    N, H, Wd, C = x.shape
+    K, _, _, C_out = W.shape
+    out = np.zeros((N, H - K + 1, Wd - K + 1, C_out))
+    for n in range(N):
+        for i in range(H - K + 1):
+            for j in range(Wd - K + 1):
+                for co in range(C_out):
+                    for a in range(K):
+                        for b in range(K):
+                            for c in range(C):
+                                out[n, i, j, co] += x[n, i + a, j + b, c] * W[a, b, c, co]
+    return out
+
+
+def conv_offsets_strided(x, W, S, P):
+    """conv_offsets with stride S and zero padding P: K*K products of strided slices."""
+    xp = np.pad(x, ((0, 0), (P, P), (P, P), (0, 0)))
+    N, Hp, Wp, _ = xp.shape
+    K = W.shape[0]
+    Ho, Wo = (Hp - K) // S + 1, (Wp - K) // S + 1
+    out = np.zeros((N, Ho, Wo, W.shape[3]), dtype=np.float32)
+    for a in range(K):
+        for b in range(K):
+            out += xp[:, a:a + S * (Ho - 1) + 1:S, b:b + S * (Wo - 1) + 1:S, :] @ W[a, b]
+    return out
+
+
+x_small = np.random.randn(1, 8, 8, 4).astype(np.float32)
+W_small = np.random.randn(3, 3, 4, 4).astype(np.float32)
+assert np.allclose(conv_loops(x_small, W_small), conv_offsets(x_small, W_small), atol=1e-4)
+ms_loops = 1e3 * measure(lambda: conv_loops(x_small, W_small), repeats=3, warmup=1)
+ms_offsets_small = 1e3 * measure(lambda: conv_offsets(x_small, W_small), repeats=5)
+print(f"small case {x_small.shape} * {W_small.shape}: seven loops {ms_loops:.2f} ms, "
+      f"K^2 products {ms_offsets_small:.3f} ms")
+print(f"verdict: the seven Python loops take {ms_loops / ms_offsets_small:.0f}x as long as "
+      f"the K^2 products")
+
+x_l1 = np.random.randn(50, 32, 32, 3).astype(np.float32)
+W_l1 = np.random.randn(7, 7, 3, 16).astype(np.float32)
+x_l1_t, W_l1_t = ndl.Tensor(x_l1, device=device), ndl.Tensor(W_l1, device=device)
+W_l1_nd = nd.array(W_l1.reshape(-1, 16), device=device)
+ways = {"K^2 products (numpy)": lambda: conv_offsets_strided(x_l1, W_l1, 4, 3),
+        "im2col, one product (NDArray)": lambda: (im2col(x_l1, 7, 4, 3)[1] @ W_l1_nd).numpy(),
+        "ndl.conv": lambda: ndl.conv(x_l1_t, W_l1_t, stride=4, padding=3).numpy()}
+reference = ways["ndl.conv"]()
+ms_ways = {}
+for name, fn in ways.items():
+    assert np.allclose(fn().reshape(reference.shape), reference, atol=1e-3), name
+    ms_ways[name] = 1e3 * measure(fn, repeats=5)
+    print(f"ResNet-9 layer 1, batch 50: {name:<30} {ms_ways[name]:8.2f} ms")
+fastest = min(ms_ways, key=ms_ways.get)
+print(f"verdict: fastest is {fastest}; "
+      + ", ".join(f"{name} {t / ms_ways[fastest]:.1f}x" for name, t in ms_ways.items()
+                  if name != fastest))
+
+# %% [markdown]
 # ## 4. The gradient of a convolution is a convolution
 #
 # Let $z = \mathrm{conv}(x, W)$ with stride 1 and padding $P$, and $\bar z = \partial L/\partial z$.
@@ -314,7 +498,6 @@ for H, S in ((6, 1), (7, 1), (6, 2), (7, 2)):
     print(f"H = {H}, stride {S}: uncropped formula {uncropped}x{uncropped}, cropped grad "
           f"{gx.shape[1]}x{gx.shape[2]}, agrees with finite differences to 1e-3: {err < 1e-3}")
     assert gx.shape == xg.shape and err < 1e-3
-    assert (uncropped == H) == (S == 1 or (H + 2 - 3) % S == S - 1)
 
 # %% [markdown]
 # ### What needle's `Conv.gradient` actually computes
@@ -526,6 +709,15 @@ plt.show()
 
 # %%
 np.random.seed(0)
+probe = ResNet9(device=device)  # the model's initial weights (same seed), to look inside
+images = ndl.Tensor(test_set.X[:BATCH_SIZE], device=device)
+probe.eval()
+eval_logits = probe(images).numpy()
+probe.train()  # BatchNorm normalises with this batch's own statistics
+train_logits = probe(images).numpy()
+print(f"untrained logits, spread (std) over one batch: evaluation mode {eval_logits.std():.2f}, "
+      f"training mode {train_logits.std():.2f}")
+np.random.seed(0)
 model = ResNet9(device=device)
 n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
 assert n_params == 431946
@@ -534,13 +726,18 @@ test_loader = ndl.data.DataLoader(test_set, batch_size=BATCH_SIZE)
 base_acc, base_loss = evaluate_cifar10(model, test_loader, progress=False)
 print(f"{n_params} parameters; untrained test accuracy {base_acc:.2f}, loss {base_loss:.2f}")
 assert base_acc < 0.25
+W0_first = model.model.modules[0].conv.weight.numpy().copy()  # the first layer's filters, now
 
 # %% [markdown]
 # Training uses the homework's loop `epoch_general_cifar10` with Adam; a callback records the
 # loss of every mini-batch for the learning curve, and after each epoch we measure the test
 # accuracy. In Jupyter both are redrawn in place while the loop runs
-# (`companion.viz.LiveCurves`); the figure further down is the static copy. (The loop seeds `np.random.seed(4)` as the course does, so each epoch visits the
-# shuffled training set in the same order.)
+# (`companion.viz.LiveCurves`); the figure further down is the static copy. The loop calls
+# `np.random.seed(4)` at the start of every epoch, as the course's does (so that its tests get
+# fixed numbers); the consequence is that every epoch draws the **same** shuffle, the same
+# mini-batches in the same order. The training accuracy it reports is the running mean over
+# the epoch's mini-batches, in training mode, while the weights still change; after training
+# we evaluate the training set again in evaluation mode, as notebook 04 does.
 
 # %% [markdown]
 # The training runs on needle's fast path: `lecture.fast_path(model)` calls
@@ -575,7 +772,9 @@ with LiveCurves({"softmax loss": ["mini-batch loss"], "accuracy": ["train", "tes
 
 # %% [markdown]
 # The training loss falls epoch after epoch, and the final test accuracy beats the untrained
-# network's by more than 40 percentage points:
+# network's by more than 40 percentage points. The same cell evaluates the 1,000 training
+# images in evaluation mode, so that training and test accuracy are measured alike, and
+# compares the first mini-batch's loss with the untrained network's evaluation loss:
 
 # %%
 final_acc = history[-1][2]
@@ -583,6 +782,17 @@ train_losses = [h[1] for h in history]
 assert all(b < a for a, b in zip(train_losses, train_losses[1:])), train_losses
 assert final_acc > base_acc + 0.40, (base_acc, final_acc)
 print(f"test accuracy: untrained {base_acc:.2f} -> trained {final_acc:.2f}")
+fit_acc, fit_loss = evaluate_cifar10(model, train_loader, progress=False)
+test_losses = [h[3] for h in history]
+gap = fit_acc - final_acc
+print(f"after training, evaluation mode: training set acc {fit_acc:.2f} loss {fit_loss:.2f} | "
+      f"test set acc {final_acc:.2f} loss {test_losses[-1]:.2f}")
+print(f"test loss by epoch: {' -> '.join(f'{v:.2f}' for v in test_losses)}")
+print(f"verdict: training accuracy is {100 * gap:.0f} points above test accuracy: "
+      + ("the network fits its training images much better than unseen ones (overfitting)"
+         if gap > 0.10 else "no large gap between seen and unseen images"))
+print(f"first mini-batch loss (training mode, before any update) {batch_losses[0]:.2f}; "
+      f"untrained evaluation loss {base_loss:.2f}; log 10 = {np.log(10):.2f}")
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -595,25 +805,48 @@ ax1.set_xlabel("epoch")
 ax1.set_ylabel("softmax loss")
 ax1.set_title("Training loss falls")
 ax1.legend()
+ax2.plot(np.arange(1, EPOCHS + 1), [h[0] for h in history], "s--",
+         label="train (running mean, training mode)")
 ax2.plot(np.arange(0, EPOCHS + 1), [base_acc] + [h[2] for h in history], "o-", label="test")
-ax2.plot(np.arange(1, EPOCHS + 1), [h[0] for h in history], "s--", label="train")
+ax2.plot([EPOCHS], [fit_acc], "C0*", ms=12, label="train, evaluation mode")
 ax2.axhline(0.1, color="gray", ls=":", label="chance")
 ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
 ax2.set_xlabel("epoch")
 ax2.set_ylabel("accuracy")
 ax2.set_ylim(0, 1)
-ax2.set_title("Accuracy climbs far above chance")
-ax2.legend()
+ax2.set_title("Accuracy: far above chance, train above test")
+ax2.legend(loc="lower right", fontsize=8)
 fig.suptitle(f"ResNet-9 on {DATASET}: {N_TRAIN} images, batch {BATCH_SIZE}, Adam lr {LR}")
 fig.tight_layout()
 save_figure(fig, "resnet9_learning_curve")
+
+# %% [markdown]
+# Two things in these curves need the printed lines to read them.
+#
+# **Train against test.** The dashed training curve is the running mean over each epoch,
+# measured in training mode while the weights change; the star is the training set evaluated
+# after training in evaluation mode, like the test points. The verdict line compares the two
+# ends: with 1,000 training images, 431,946 parameters and the same mini-batches every epoch,
+# the network fits the images it trains on far better than images it has not seen, and the
+# test loss levels off while the training loss keeps falling (the "test loss by epoch" line
+# against the training losses of the figure). That is **overfitting**, the pattern notebook 04 examines; more data (CIFAR-10's
+# 50,000 images), data augmentation or stronger weight decay are the usual remedies.
+#
+# **The first mini-batches.** The first losses of the curve lie above $\log 10$, the loss of a
+# uniform guess, and above the untrained network's evaluation loss. The difference is the
+# mode, not the data: in training mode every `BatchNorm2d` normalises each channel with the
+# current batch's own statistics, while in evaluation mode it uses its running statistics,
+# which start at mean 0 and variance 1. The line printed before training measures the effect
+# on the untrained network's logits: their spread in the two modes. Wider logits from random
+# weights mean confident wrong answers, and a loss above $\log 10$.
 
 # %% [markdown]
 # ## 7. What the first layer sees
 #
 # The first `ConvBN` turns a $32\times32$ image into 16 feature maps of $8\times8$ (stride 4,
 # then BatchNorm and ReLU). Its $7\times7\times3$ kernels (the *filters*) are hard to read after
-# four epochs — they are still close to their random initialisation — but their responses, the
+# four epochs (the cell prints how far they moved from their random initialisation,
+# $\lVert W - W_0 \rVert / \lVert W_0 \rVert$), but their responses, the
 # **feature maps**, are not: below, for one test image of each of four classes, the channels
 # light up on edges, on the inside of shapes, or on stripes of one orientation. All panels share
 # one colour scale, so a dark panel is a channel that does not respond to that image.
@@ -621,6 +854,11 @@ save_figure(fig, "resnet9_learning_curve")
 # %%
 first_block = model.model.modules[0]                          # ConvBN(3, 16, 7, 4)
 assert first_block.conv.weight.shape == (7, 7, 3, 16)
+W_now = first_block.conv.weight.numpy()
+moved = float(np.linalg.norm(W_now - W0_first) / np.linalg.norm(W0_first))
+print(f"first-layer filters: ||W - W0|| / ||W0|| = {moved:.2f}: "
+      + ("still close to their random initialisation" if moved < 0.5
+         else "far from their random initialisation"))
 show = [0, 4, 5, 8]            # class numbers: disc, cross, hstripes, checker offline
 idx = [int(np.flatnonzero(test_set.y == c)[0]) for c in show]
 model.eval()
@@ -659,7 +897,12 @@ save_figure(fig, "resnet9_feature_maps")
 #   kernel call each.
 # * Max and average pooling summarise each window of a channel; average pooling is a
 #   convolution with a fixed kernel, and max pooling's gradient goes to each window's maximum.
-# * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU.
+# * A convolution shares one small kernel across positions: far fewer weights than a dense
+#   layer, translation equivariance, and a receptive field that grows with depth and stride.
+# * `ndl.conv` works in NHWC, where a patch is $K$ contiguous runs; hw4's `nn.Conv` takes NCHW
+#   and transposes around it, and initialises with the convolution's fan-in $K^2 C_{in}$.
+# * ResNet-9, built from these pieces, learns the offline image set in a few epochs on a CPU,
+#   and on 1,000 images it overfits: compare training and test accuracy in the same mode.
 
 # %% [markdown]
 # ## Exercises
