@@ -47,7 +47,8 @@ OPS = (
 def operands(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Two 8×8 float32 arrays."""
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))  # type: ignore
+    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    return a, b
 
 
 def graph_gradients(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

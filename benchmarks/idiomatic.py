@@ -281,7 +281,7 @@ _COMPOSITES = ("LSTM", "TransformerLayer")
 def needle_layers(model) -> list:
     """needle's weight-holding layers of ``model`` in definition order (an LSTM or a
     TransformerLayer as one layer)."""
-    layers, inside = [], set()
+    layers, inside = [], set[int]()
     for m in model.submodules():
         if id(m) in inside or type(m).__name__ not in LAYER_PAIRS:
             continue
