@@ -179,7 +179,7 @@ def bench_ops_in_children(repeats: int, runs: int) -> dict:
         return {}
     table = ops_table(times, runs)
     table.print()
-    return {f"per op: {case}": table.ratio(*row[1:]) for case, *row in table.rows}
+    return {f"per op: {case}": table.ratio(n, r) for case, n, r in table.rows}
 
 
 def cases(device):

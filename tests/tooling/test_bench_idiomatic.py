@@ -222,6 +222,18 @@ def test_the_per_op_table_lists_every_case_in_microseconds():
     assert table.ratio(4.0, 2.0) == 0.5
 
 
+def test_the_per_op_benchmark_returns_each_cases_ratio(monkeypatch, capsys):
+    times = {
+        "needle": {case: (i + 1) * 1e-6 for i, case in enumerate(bench_overhead.OPS)},
+        "torch": dict.fromkeys(bench_overhead.OPS, 2e-6),
+    }
+    monkeypatch.setattr(bench_overhead, "libraries", lambda: ("needle", "torch"))
+    monkeypatch.setattr(bench_overhead, "time_libraries_in_children", lambda *a, **k: times)
+    ratios = bench_overhead.bench_ops_in_children(repeats=1, runs=1)
+    assert ratios == {f"per op: {c}": 2 / (i + 1) for i, c in enumerate(bench_overhead.OPS)}
+    assert "a + b (no grad)" in capsys.readouterr().out
+
+
 # ---- the per-op cases ---------------------------------------------------------------------------
 
 
