@@ -4,9 +4,10 @@ and fast path) beside PyTorch's standard modules (:mod:`benchmarks.idiomatic`:
 ``nn.BatchNorm2d``, ``nn.CrossEntropyLoss``), one training step each (forward, loss, backward,
 optimizer), the same sizes.
 
-The other model tables (``bench_lm``, ``bench_resnet9``, ``bench_mlp_resnet``) time PyTorch
-code written to match needle's module for module (a fair kernel comparison); this one times
-the model a PyTorch user writes. First a child process checks that both sides compute the same
+The other model tables (``bench_lm``, ``bench_resnet9``, ``bench_mlp_resnet``) build PyTorch's
+side to match needle's module for module (for the Transformer a hand-written twin with an
+explicit masked softmax: a fair kernel comparison); this one times the model a PyTorch user
+writes. First a child process checks that both sides compute the same
 model: equal parameter counts, and equal logits and loss once needle's weights are copied into
 PyTorch's modules. Then each library is timed in processes of its own (``CHILD_RUNS``
 alternating children per library, each timing blocks of steps; medians). The ratio is
