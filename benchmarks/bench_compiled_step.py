@@ -25,6 +25,7 @@ from typing import Callable, Dict, List
 
 import needle as ndl
 from benchmarks.common import busy_note
+from companion.machine import machine_line
 from companion.steps import CASES, TITLES, needle_step, peak_bytes
 
 
@@ -101,6 +102,7 @@ def main(argv: List[str] | None = None) -> None:
         f"{'eager peak':>11}{'replay peak':>12}{'pool':>9}{'kept':>9}"
         f"{'kernels':>8}{'temps':>6}{'buffers':>8}"
     )
+    print(machine_line())
     print(header)
     for case in args.cases or CASES:
         r = measure(case, args.blocks, args.steps)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from companion.machine import OPENBLAS_OVERRIDES, REEXEC_MARKER
+from companion.machine import OPENBLAS_OVERRIDES, REEXEC_MARKER, machine_line
 from companion.timing import measure
 
 
@@ -219,7 +219,9 @@ class Table:
     """Rows of (case, needle value, reference value) in one unit, printed with needle/ref.
 
     ``higher_is_better`` says how to read the unit (GFLOP/s: True; ms: False); the ratio is
-    always needle's throughput over the reference's (above 1: needle is faster).
+    always needle's throughput over the reference's (above 1: needle is faster). ``machine``
+    (by default :func:`companion.machine.machine_line` when the table is made: CPU, ISA,
+    load) is printed under the title, so every table names the CPU it ran on.
     """
 
     title: str
@@ -227,6 +229,7 @@ class Table:
     reference: str = "numpy"
     higher_is_better: bool = True
     rows: list[tuple[str, float, float]] = field(default_factory=list)
+    machine: str = field(default_factory=machine_line)
 
     def add(self, case: str, needle: float, reference: float) -> None:
         self.rows.append((case, needle, reference))
@@ -253,7 +256,7 @@ class Table:
             )
 
         rule = "-" * len(line(head))
-        return "\n".join([self.title, rule, line(head), rule, *map(line, body), rule])
+        return "\n".join([self.title, self.machine, rule, line(head), rule, *map(line, body), rule])
 
     def print(self) -> None:
         print(self.render(), flush=True)

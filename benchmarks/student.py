@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         numpy = numpy_figures(mode)
         roof = measured_cpu(256, 1 << 22, 5) if mode == "quick" else measured_cpu()
+    from companion.machine import machine_line
+
+    print(machine_line())
     print(report(student, ours, numpy, roof, mode))
     return 0
 
