@@ -134,8 +134,8 @@ plt.show()
 # (stored as `round(255 x)`, so they agree to half a grey level, $1/510$).
 
 # %%
-idx_paths = companion.data.write_digits_idx(tempfile.mkdtemp())
-img_path, lbl_path = idx_paths["test"]
+idx_dir = tempfile.TemporaryDirectory()  # removed at the end of the cell
+img_path, lbl_path = companion.data.write_digits_idx(idx_dir.name)["test"]
 with gzip.open(img_path, "rb") as f:
     magic, n_img, rows, cols = struct.unpack(">IIII", f.read(16))
     pixels = np.frombuffer(f.read(), dtype=np.uint8)
@@ -153,6 +153,7 @@ X_digits, y_digits = companion.data.load_digits_mnist_like(28, train=False)
 assert X_parsed.dtype == np.float32 and np.array_equal(X_parsed, X_idx) and np.array_equal(y_parsed, labels)
 assert np.abs(X_parsed - X_digits).max() <= 1 / 510 + 1e-6 and np.array_equal(y_parsed, y_digits)
 print("parse_mnist = the reader above; both within 1/510 of section 1's test images, same labels")
+idx_dir.cleanup()
 
 # %% [markdown]
 # ## 2. The softmax loss

@@ -679,12 +679,13 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
 # %% [markdown]
 # Drawn, the graph of $h = (x s_0 + b_0) + (x s_1 + b_1)$ shows the two branches as two chains
 # of ops that meet only at the last addition; no box says "module". `draw_graph` (from
-# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. After
-# `backward()` it also draws the nodes that the backward pass added (red) and outlines each
-# leaf's `.grad`: $x$ is used by both branches, so its gradient is the sum (`EWiseAdd`) of two
-# products, one per branch. In this project $b_0$ and $b_1$ pass the all-ones seed through
-# unchanged (a `broadcast_to` that changes no shape returns its adjoint as it is), so both keep
-# that one constant node as their `.grad`. The course's `BroadcastTo.gradient` sums and reshapes
+# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. Given
+# the gradients of $x$, $b_0$ and $b_1$ after `backward()`, it also draws the nodes that the
+# backward pass added for them (red) and outlines each `.grad` ($s_0$'s and $s_1$'s, two more
+# products, are left out so that the branches stay readable): $x$ is used by both branches,
+# so its gradient is the sum (`EWiseAdd`) of two products, one per branch. In this project
+# $b_0$ and $b_1$ pass the all-ones seed through unchanged (a `broadcast_to` that changes no
+# shape returns its adjoint as it is), so both keep that one constant node as their `.grad`. The course's `BroadcastTo.gradient` sums and reshapes
 # even then, so on a course needle each bias gets nodes of its own; the values are the same.
 
 # %%
@@ -697,7 +698,9 @@ h_draw.backward()
 p0, p1 = branches.path0, branches.path1
 assert x_draw.grad.numpy()[0] == 2 and p0.s.grad.numpy()[0] == 2 and p1.b.grad.numpy()[0] == 1
 draw_graph(h_draw, names={"x": x_draw, "s0": p0.s, "b0": p0.b, "s1": p1.s, "b1": p1.b,
-                          "h": h_draw}, title="ScaleAdd's two branches, and what backward() added")
+                          "h": h_draw},
+           grads={x_draw: x_draw.grad, p0.b: p0.b.grad, p1.b: p1.b.grad},
+           title="ScaleAdd's two branches, and what backward() added for x, b0 and b1")
 
 # %%
 # companion-only: the node structure of this project's gradients (an identity broadcast_to passes its adjoint on)
