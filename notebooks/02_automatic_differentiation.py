@@ -29,13 +29,14 @@
 # (reverse mode extends the graph); use lazy evaluation
 #
 # **Run time:** about 10 s on a 2-core x86-64 machine
+#
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use `retain_grad()` and `backward(create_graph=False)`, which the
 # course's `Tensor` does not have, or the node-by-node structure of this project's gradients.
 #
 # Training a network needs the gradient of a scalar loss with respect to every parameter.
-# Writing those derivatives by hand does not scale; numerical differences are slow (one
-# evaluation per parameter) and inexact. **Automatic differentiation** gets exact gradients by
+# Writing those derivatives by hand does not scale; numerical differences are slow (central
+# differences take two evaluations of the loss per parameter) and inexact. **Automatic differentiation** gets exact gradients by
 # recording the program as a **computational graph** and applying the chain rule to it.
 #
 # needle's autodiff (`needle/autograd.py`, homework 1) has three ingredients:
@@ -56,12 +57,15 @@ if "google.colab" in sys.modules or os.environ.get("NEEDLE_COLAB_SIMULATE") == "
     done = subprocess.run(f"{q(py)} -m companion.colab_setup --status 2>/dev/null || {{ {{ test -d {q(src)} || git clone -q --depth=1 {q(repo)} {q(src)}; }} && cd {q(src)} && {q(py)} -m companion.colab_setup --install {q(repo)} --cwd {q(os.getcwd())}; }}", shell=True, capture_output=True, text=True); print(done.stdout + done.stderr[-3000:], end=""); assert done.returncode == 0, f"the set-up could not install this project from {repo} (what failed is above)"
 
 # %%
+import time
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 import needle as ndl
 from needle import autograd
 from companion import lecture
+from companion.machine import machine_line
 from companion.viz import save_figure
 
 np.random.seed(0)
@@ -129,9 +133,12 @@ assert [names[id(n)] for n in order] == ["v1", "v2", "v3", "v4"]
 #
 # Check: $y = e^{2x} + e^x$, so $dy/dx = 2e^{2x} + e^x = 2\cdot 4 + 2 = 10$ at $x = \ln 2$.
 # `backward()` stores the adjoint of every **leaf** (here $v_1$) in `.grad`. The course's needle
-# stores it on every node; this project keeps interior adjoints only when asked with
-# `retain_grad()` before `backward()` (PyTorch's rule, an extension), so that the adjoints of
-# interior nodes are released as soon as they have been passed on. We ask for all three here.
+# stores it on every node; this project sets `.grad` on an interior node only when asked with
+# `retain_grad()` before `backward()` (PyTorch's rule, an extension), so interior nodes hold no
+# reference to their adjoint. That alone does not free the adjoints: with the default
+# `backward()` they stay alive as part of the leaves' gradient graphs (section "Differentiating a
+# gradient" below draws them), and only `backward(create_graph=False)` frees each one once it
+# has been used. We ask for all three here.
 
 # %%
 # companion-only: retain_grad() and this project's rule that only leaves and retained nodes keep .grad
@@ -248,21 +255,24 @@ assert abs(a.grad.numpy()[0] - (6 * 0.5 + 4 * -2.0 - 1)) < 1e-6   # -6
 assert abs(b.grad.numpy()[0] - 4 * 0.5) < 1e-6                     # 2
 
 # %% [markdown]
-# The same check on a matrix expression, $L = \sum \mathrm{logsoftmax}(\tanh(XW))$, against
-# central differences computed from a numpy re-implementation (float64) for every entry of $W$:
+# The same check on a matrix expression built from hw1's ops (`matmul`, `relu`, `exp`,
+# `summation`, `log`), $L = \sum_i \log \sum_j \exp\bigl(\mathrm{ReLU}(XW)\bigr)_{ij}$,
+# against central differences computed from a numpy re-implementation (float64) for every
+# entry of $W$:
 
 # %%
 X = np.random.randn(4, 3)
 W = np.random.randn(3, 5)
 
 
-def loss_np(W):
-    z = np.tanh(X @ W)
-    return (z - np.log(np.exp(z).sum(1, keepdims=True))).sum()
+def loss_np(W, X=X):
+    z = np.maximum(X @ W, 0)
+    return np.log(np.exp(z).sum(1)).sum()
 
 
 Wt = ndl.Tensor(W, dtype="float32")
-loss = ndl.logsoftmax(ndl.tanh(ndl.Tensor(X, dtype="float32", requires_grad=False) @ Wt)).sum()
+Xt = ndl.Tensor(X, dtype="float32", requires_grad=False)
+loss = ndl.summation(ndl.log(ndl.summation(ndl.exp(ndl.relu(Xt @ Wt)), axes=(1,))))
 loss.backward()
 fd = np.zeros_like(W)
 for idx in np.ndindex(*W.shape):
@@ -270,8 +280,78 @@ for idx in np.ndindex(*W.shape):
     e[idx] = 1e-6
     fd[idx] = (loss_np(W + e) - loss_np(W - e)) / 2e-6
 err = np.abs(Wt.grad.numpy() - fd).max()
-print(f"loss = {loss.numpy().item():.4f}, max |autodiff - finite differences| < 1e-5: {err < 1e-5}")
 assert abs(loss.numpy().item() - loss_np(W)) < 1e-4 and err < 1e-5
+print(f"loss = {loss.numpy().item():.4f}; max |autodiff - finite differences| < 1e-5 "
+      f"(|gradient| up to {np.abs(fd).max():.2f})")
+
+# %% [markdown]
+# ## The adjoints hw1 Q2 grades
+#
+# Most of hw1's `gradient` methods are one line, but a few are where students lose points.
+# Each rule follows from one fact: an input entry's adjoint is the sum of the adjoints of every
+# output entry it went into.
+#
+# * `broadcast_to`: each input entry is copied into several outputs, so its adjoint **sums**
+#   `out_grad` over the broadcast axes: the new leading axes (summed away) and the axes
+#   stretched from size 1 (summed, then kept as size 1), then reshaped to the input's shape.
+#   hw1 tests $(3, 1) \to (3, 3)$ and $() \to (3, 3, 3)$; the third case below has both kinds of
+#   axis at once. Forgetting the new leading axes is the classic bug.
+# * `reshape`: the same entries in another shape, so the adjoint is `out_grad` reshaped back.
+# * `transpose(axes=(i, j))` swaps two axes (the last two without `axes`), so the adjoint
+#   swaps the same two back.
+# * batched `matmul`, $C = AB$ with $A$ of shape $(b, m, n)$ and $B$ of shape $(n, p)$: per batch
+#   entry $\bar A = \bar C B^\top$, and because the one $B$ serves all $b$ products,
+#   $\bar B = \sum_{\text{batch}} A^\top \bar C$ (the broadcast rule again).
+#
+# The cell writes each rule in numpy, then checks it against needle's `backward()` with the same
+# `out_grad` and against central differences of $\langle \bar y, f(x) \rangle$ (float64).
+
+# %%
+def fd_adjoint(f, x, out_grad, h=1e-6):
+    """Central differences of sum(out_grad * f(x)) for each entry of x: x's adjoint."""
+    x = np.asarray(x, dtype=np.float64)
+    adj = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        e = np.zeros_like(x)
+        e[idx] = h
+        adj[idx] = ((out_grad * f(x + e)).sum() - (out_grad * f(x - e)).sum()) / (2 * h)
+    return adj
+
+
+rng = np.random.default_rng(1)
+A_, B_ = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5))
+cases = [  # name, needle op, numpy op, inputs, out_grad shape, the adjoints by hand
+    ("broadcast_to (3,1)->(3,3)", lambda x: ndl.broadcast_to(x, (3, 3)),
+     lambda x: np.broadcast_to(x, (3, 3)), [rng.standard_normal((3, 1))], (3, 3),
+     lambda g: [g.sum(axis=1, keepdims=True)]),
+    ("broadcast_to ()->(3,3,3)", lambda x: ndl.broadcast_to(x, (3, 3, 3)),
+     lambda x: np.broadcast_to(x, (3, 3, 3)), [np.array(rng.standard_normal())], (3, 3, 3),
+     lambda g: [g.sum()]),
+    ("broadcast_to (4,1)->(2,4,3)", lambda x: ndl.broadcast_to(x, (2, 4, 3)),
+     lambda x: np.broadcast_to(x, (2, 4, 3)), [rng.standard_normal((4, 1))], (2, 4, 3),
+     lambda g: [g.sum(axis=0).sum(axis=1, keepdims=True)]),
+    ("reshape (2,6)->(3,4)", lambda x: ndl.reshape(x, (3, 4)), lambda x: x.reshape(3, 4),
+     [rng.standard_normal((2, 6))], (3, 4), lambda g: [g.reshape(2, 6)]),
+    ("transpose axes=(0,2)", lambda x: ndl.transpose(x, axes=(0, 2)),
+     lambda x: x.swapaxes(0, 2), [rng.standard_normal((2, 3, 4))], (4, 3, 2),
+     lambda g: [g.swapaxes(0, 2)]),
+    ("batched matmul (2,3,4)@(4,5)", ndl.matmul, np.matmul, [A_, B_], (2, 3, 5),
+     lambda g: [g @ B_.T, (A_.transpose(0, 2, 1) @ g).sum(axis=0)]),
+]
+for name, op, op_np, inputs, out_shape, by_hand in cases:
+    g = rng.standard_normal(out_shape)
+    xs = [ndl.Tensor(x, dtype="float32") for x in inputs]
+    op(*xs).backward(ndl.Tensor(g, dtype="float32"))
+    for i, (x, hand) in enumerate(zip(xs, by_hand(g))):
+        others = lambda xi: op_np(*[xi if j == i else inputs[j] for j in range(len(inputs))])
+        assert x.grad.shape == inputs[i].shape, (name, x.grad.shape)
+        assert np.abs(x.grad.numpy() - hand).max() < 1e-4, name
+        assert np.abs(fd_adjoint(others, inputs[i], g) - hand).max() < 1e-6, name
+    shapes = ", ".join(str(x.shape) for x in inputs)
+    print(f"{name:<29} adjoint shapes {shapes:<17} by hand = needle = finite differences")
+
+# %% [markdown]
+# Exercise 2.4 below does the same for `summation` over an axis.
 
 # %% [markdown]
 # ## Forward mode, and why reverse mode
@@ -285,26 +365,80 @@ assert abs(loss.numpy().item() - loss_np(W)) < 1e-4 and err < 1e-5
 # One forward-mode pass gives the derivative of every output along **one** input direction (a
 # Jacobian-vector product). A loss $L:\mathbb R^n \to \mathbb R$ has one output and $n$
 # parameters, so forward mode needs $n$ passes for the gradient, while reverse mode gets all $n$
-# entries from **one** backward pass (a vector-Jacobian product) costing about as much as the
-# forward pass. Below, forward mode in numpy (each line is the tangent rule of the line of
-# `loss_np` it follows) recovers the gradient of the matrix loss above, one entry of $W$ per pass.
+# entries from **one** backward pass (a vector-Jacobian product). Below, forward mode in numpy
+# (each line is the tangent rule of the line of `loss_np` it follows) recovers the gradient of
+# the matrix loss above, one entry of $W$ per pass; `loss_grad` is reverse mode written out in
+# numpy (the same lines' adjoints, in reverse order).
 
 # %%
-def loss_tangent(W, W_dot):
+def loss_tangent(W, W_dot, X=X):
     """dL/dW · W_dot for loss_np: the forward-mode tangent, computed alongside the values."""
-    z = np.tanh(X @ W)
-    z_dot = (1 - z ** 2) * (X @ W_dot)                   # tanh' · (X Ẇ)
-    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-    lse_dot = (p * z_dot).sum(1)                         # d log Σ exp z = softmax · ż
-    return z_dot.sum() - z.shape[1] * lse_dot.sum()      # L = Σ z − (columns) · Σ lse
+    u = X @ W
+    u_dot = X @ W_dot
+    z, z_dot = np.maximum(u, 0), (u > 0) * u_dot          # ReLU' · u̇
+    s = np.exp(z).sum(1)
+    s_dot = (np.exp(z) * z_dot).sum(1)                   # Σ_j exp(z_j) ż_j
+    return (s_dot / s).sum()                             # L = Σ log s, so L̇ = Σ ṡ / s
+
+
+def loss_grad(W, X=X):
+    """dL/dW for loss_np by reverse mode: one forward pass, then the adjoints back."""
+    u = X @ W
+    z = np.maximum(u, 0)
+    e = np.exp(z)
+    z_bar = e / e.sum(1, keepdims=True)                  # L̄ = 1, s̄ = 1/s, z̄ = s̄ · exp(z)
+    u_bar = z_bar * (u > 0)                              # ReLU's adjoint
+    return X.T @ u_bar                                   # matmul's adjoint for W
 
 
 basis = np.eye(W.size).reshape(W.size, *W.shape)
 forward_grad = np.array([loss_tangent(W, e) for e in basis]).reshape(W.shape)
-err = np.abs(forward_grad - Wt.grad.numpy()).max()
+assert np.abs(forward_grad - Wt.grad.numpy()).max() < 1e-5
+assert np.abs(loss_grad(W) - Wt.grad.numpy()).max() < 1e-5
 print(f"forward mode: {len(basis)} passes (one per entry of W); reverse mode: 1 backward pass; "
-      f"max difference < 1e-5: {err < 1e-5}")
-assert err < 1e-5
+      "both equal needle's W.grad to 1e-5")
+
+# %% [markdown]
+# What does a pass cost? Reverse mode's backward pass costs a small constant multiple of the
+# forward pass (each op's adjoint is a few times the work of the op; the "cheap gradient
+# principle"), whatever $n$ is. Each of forward mode's passes also costs a few forward passes,
+# and it needs $n$ of them, so its gradient's cost grows in proportion to $n$. The cell times, in numpy on one batch of 64 rows, one evaluation
+# of the loss, the reverse-mode gradient and the $n$ forward-mode passes, for $W$ of $d \times d$
+# entries, and prints both gradients' cost in loss evaluations with a verdict computed from them
+# (timings vary with the machine and its load, printed first; the output is not compared).
+#
+# Reverse mode pays in **memory** instead: the backward pass needs the forward pass's
+# intermediates ($u$, $z$ and $e$ in `loss_grad`), so all of them stay alive until it has run,
+# for every layer of a network at once. Forward mode keeps only the current value and tangent.
+# Trading that memory back for recomputation is the subject of notebook 12.
+
+# %% tags=["nbval-ignore-output"]
+def best_time(fn, repeat=5):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+print(machine_line())
+rng_t = np.random.default_rng(2)
+print("gradient cost in loss evaluations, for n entries of W:")
+print("|    n | reverse mode | forward mode |")
+cost = {}
+for d in (4, 8, 16, 32):
+    Xb, Wb = rng_t.standard_normal((64, d)), rng_t.standard_normal((d, d))
+    basis_b = np.eye(d * d).reshape(d * d, d, d)
+    t_loss = best_time(lambda: loss_np(Wb, Xb))
+    t_rev = best_time(lambda: loss_grad(Wb, Xb)) / t_loss
+    t_fwd = best_time(lambda: [loss_tangent(Wb, e, Xb) for e in basis_b], repeat=3) / t_loss
+    cost[d * d] = (t_rev, t_fwd)
+    print(f"| {d * d:>4} | {t_rev:>12.1f} | {t_fwd:>12.0f} |")
+(n0, (r0, f0)), (n1, (r1, f1)) = list(cost.items())[0], list(cost.items())[-1]
+print(f"verdict: from n = {n0} to {n1} ({n1 // n0}x the parameters) reverse mode's cost went from "
+      f"{r0:.1f} to {r1:.1f} loss evaluations ({r1 / r0:.1f}x), forward mode's from {f0:.0f} to "
+      f"{f1:.0f} ({f1 / f0:.0f}x)")
 
 # %% [markdown]
 # ## Differentiating a gradient

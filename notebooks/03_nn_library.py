@@ -15,7 +15,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/needle-companion/needle-companion/blob/main/notebooks/03_nn_library.ipynb)
 #
-# **Lecture:** 8, "NN Library Implementation" (lecture 9 in the current schedule), with the
+# **Lecture:** 8, "NN Library Implementation" (numbered 9 in the current schedule), with the
 # initialisation part of lecture 6, "Fully Connected Networks, Optimization, Initialization",
 # and the module and optimizer abstractions of lecture 7, "Neural Network Library Abstractions"
 #
@@ -33,9 +33,12 @@
 # an op with several outputs
 #
 # **Run time:** about 20 s on a 2-core x86-64 machine
+#
 # **Student mode:** with `NEEDLE_IMPL=path/to/hwN/python` (your own needle), the cells marked
 # companion-only are skipped: they use `retain_grad()`, which the course's `Tensor` does not
-# have (its `backward()` keeps every node's gradient instead).
+# have (its `backward()` keeps every node's gradient instead), this project's `.data` setter
+# checks (the course's checks only the dtype), or the node-by-node structure of this project's
+# gradients.
 #
 # Automatic differentiation (notebook 02) gives us gradients of any expression; a *library*
 # adds the structure around it:
@@ -84,10 +87,16 @@ print("backend:", ndl.BACKEND, "| device:", device)
 # with two trainable scalars. Trainable tensors are `nn.Parameter`s (a `Tensor` subclass), so the
 # library can tell them apart from other tensors a module keeps (a running mean, say).
 #
-# needle's element-wise ops broadcast with numpy's rules (and sum each gradient back to its
-# input's shape), so `x * self.s` would work; the lecture writes the `broadcast_to` explicitly
-# to make the point that stretching a `(1,)` parameter to `x`'s shape is itself an op, whose
-# gradient **sums** over the copies. We keep it explicit.
+# Stretching a `(1,)` parameter to `x`'s shape is itself an op, `broadcast_to`, whose gradient
+# **sums** over the copies. In this project element-wise ops also broadcast by numpy's rules and
+# sum each gradient back to its input's shape, so `x * self.s` would work here. In the course's
+# needle it does not: the NDArray backend refuses two arrays of unequal shapes, and on the numpy
+# backend `EWiseMul`'s gradient comes back with `x`'s shape instead of `s`'s (the classic hw2
+# bias-gradient bug). That is why the lecture and hw2 always write the `broadcast_to`, and so do
+# we.
+#
+# A module is called like a function: `Module.__call__` passes its arguments to `forward`, so
+# `model(x)` is `model.forward(x)`.
 
 # %%
 class ScaleAdd(nn.Module):
@@ -203,8 +212,12 @@ assert frozen == [1.0, 0.0, 1.0, 0.0]                 # ... but the list's param
 assert losses_all[-1] < losses_lec[-1]                # training all six fits better
 
 # %% [markdown]
-# needle's discovery policy therefore also searches **lists, tuples and dicts** (in index /
-# insertion order, nested to any depth); names use the index or the dict key.
+# The course's hw2 `Module` (its `_unpack_params`) already searches **lists, tuples and
+# dicts** as well as attributes and sub-modules; only the lecture's short walker skips them. So
+# does this project's `parameters()` (in index / insertion order, nested to any depth), and it
+# adds what the homework does not need: `named_parameters()` (names use the index or the dict
+# key), each shared parameter listed once, sets refused, and optimizers that refuse a list with
+# a duplicate.
 
 # %%
 class Branches(nn.Module):
@@ -260,11 +273,13 @@ W_np, b_np = lin.weight.numpy(), lin.bias.numpy()
 print(f"weight {lin.weight.shape}, bias {lin.bias.shape}, output {Yl.shape}; "
       f"Var(W) = {W_np.var():.5f} (2/fan_in = {2 / 400:.5f}, 2/fan_out = {2 / 100:.5f})")
 assert lin.weight.shape == (400, 100) and lin.bias.shape == (1, 100)
-assert np.allclose(Yl, Xl @ W_np + b_np, atol=1e-4)          # Y = X W + b ...
-W_pt = np.ascontiguousarray(W_np.T)                         # PyTorch's layout: (out, in)
-assert W_pt.shape == (100, 400)
-assert np.allclose(Yl, np.einsum("ni,oi->no", Xl, W_pt) + b_np, atol=1e-4)  # ... = X W_pt^T + b
+assert np.allclose(Yl, Xl @ W_np + b_np, atol=1e-4)          # Y = X W + b
 assert abs(W_np.var() / (2 / 400) - 1) < 0.05
+# The layout, read off the layer's responses: input i alone (a one-hot row) produces row i of
+# the weight (plus the bias), so rows are inputs and columns outputs: (in, out).
+responses = lin(ndl.Tensor(np.eye(400, dtype=np.float32), device=device)).numpy() - b_np
+assert np.allclose(responses, W_np, atol=1e-6)
+print("the response to input i alone (minus the bias) is row i of weight, for all 400 inputs")
 
 
 # %% [markdown]
@@ -282,8 +297,11 @@ assert abs(W_np.var() / (2 / 400) - 1) < 0.05
 #
 # `backward()` stores gradients on **leaves** (parameters, inputs). The course's needle stores
 # one on every node, interior ones such as $h$ included; this project keeps an interior adjoint
-# only when asked with `h.retain_grad()` before `backward()` (PyTorch's rule, an extension) and
-# frees the others as reverse mode moves on. $\partial L/\partial h$ needs neither: it is the
+# only when asked with `h.retain_grad()` before `backward()` (PyTorch's rule, an extension).
+# The others are not freed by that: under the default `backward()` they live on as inputs of
+# the leaves' gradient graphs (section 6's figure shows $\bar u$ as an input of $x$'s `.grad`);
+# only `backward(create_graph=False)` frees each one once it has been used (notebook 02).
+# $\partial L/\partial h$ needs neither: it is the
 # gradient of the loss with respect to its input, so evaluate the loss on a leaf holding $h$'s
 # value.
 
@@ -661,11 +679,14 @@ assert [p.grad.numpy()[0] for p in nested.parameters()] == \
 # %% [markdown]
 # Drawn, the graph of $h = (x s_0 + b_0) + (x s_1 + b_1)$ shows the two branches as two chains
 # of ops that meet only at the last addition; no box says "module". `draw_graph` (from
-# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. After
-# `backward()` it also draws the nodes that the backward pass added (red) and outlines each
-# leaf's `.grad`: $x$ is used by both branches, so its gradient is the sum (`EWiseAdd`) of two
-# products, one per branch; $b_0$ and $b_1$ pass the all-ones seed through unchanged, so both
-# keep that one constant node as their `.grad`.
+# `companion.viz`) puts the inputs on the left, one box per node with its op and shape. Given
+# the gradients of $x$, $b_0$ and $b_1$ after `backward()`, it also draws the nodes that the
+# backward pass added for them (red) and outlines each `.grad` ($s_0$'s and $s_1$'s, two more
+# products, are left out so that the branches stay readable): $x$ is used by both branches,
+# so its gradient is the sum (`EWiseAdd`) of two products, one per branch. In this project
+# $b_0$ and $b_1$ pass the all-ones seed through unchanged (a `broadcast_to` that changes no
+# shape returns its adjoint as it is), so both keep that one constant node as their `.grad`. The course's `BroadcastTo.gradient` sums and reshapes
+# even then, so on a course needle each bias gets nodes of its own; the values are the same.
 
 # %%
 from companion.viz import draw_graph
@@ -675,11 +696,18 @@ branches = MultiPathScaleAdd()
 h_draw = branches(x_draw)
 h_draw.backward()
 p0, p1 = branches.path0, branches.path1
+assert x_draw.grad.numpy()[0] == 2 and p0.s.grad.numpy()[0] == 2 and p1.b.grad.numpy()[0] == 1
+draw_graph(h_draw, names={"x": x_draw, "s0": p0.s, "b0": p0.b, "s1": p1.s, "b1": p1.b,
+                          "h": h_draw},
+           grads={x_draw: x_draw.grad, p0.b: p0.b.grad, p1.b: p1.b.grad},
+           title="ScaleAdd's two branches, and what backward() added for x, b0 and b1")
+
+# %%
+# companion-only: the node structure of this project's gradients (an identity broadcast_to passes its adjoint on)
 assert type(x_draw.grad.op).__name__ == "EWiseAdd"
 assert [type(i.op).__name__ for i in x_draw.grad.inputs] == ["EWiseMul", "EWiseMul"]
 assert p0.b.grad is p1.b.grad and p0.b.grad.op is None  # one constant node: the seed
-draw_graph(h_draw, names={"x": x_draw, "s0": p0.s, "b0": p0.b, "s1": p1.s, "b1": p1.b,
-                          "h": h_draw}, title="ScaleAdd's two branches, and what backward() added")
+print("x.grad = EWiseAdd(EWiseMul, EWiseMul); b0.grad is b1.grad, one constant node (the seed)")
 
 # %% [markdown]
 # ## 3. The update boundary
@@ -774,12 +802,16 @@ assert alias.is_leaf() and not alias.requires_grad
 
 
 # %% [markdown]
-# The `.data` setter is a boundary, so it checks what crosses it: the new array must have this
-# tensor's dtype, shape (up to size-1 dimensions, so a `(n,)` vector may fill a `(1, n)` bias)
-# and device. (On the NDArray backend every array is float32, so a float64 tensor cannot even
-# be built; on the numpy backend the setter itself rejects it.)
+# The `.data` setter is a boundary. The course's setter checks only the dtype (the homework's
+# code says a complete update interface should also enforce a compatible shape and device), so
+# on a course needle `w.data = short_tensor` quietly changes `w`'s shape. This project's setter
+# checks all three: the new array must have this tensor's dtype, shape (up to size-1
+# dimensions, so a `(n,)` vector may fill a `(1, n)` bias) and device. (On the NDArray backend
+# every array is float32, so a float64 tensor cannot even be built; on the numpy backend the
+# setter itself rejects it.)
 
 # %%
+# companion-only: this project's .data setter checks shape and device (the course's checks only the dtype)
 def show_error(fn):
     """Run fn, print the exception it raises, and return it (fail if it raises none)."""
     try:
@@ -919,7 +951,7 @@ assert lse[2] == -np.inf and np.isnan(smx[2]).all()
 # numpy loss.
 
 # %%
-zc = np.random.randn(1, 5).astype(np.float32) * 3
+zc = np.random.randn(1, 5).astype(np.float32)
 yc = np.array([3])
 zt = ndl.Tensor(zc, device=device)
 nn.SoftmaxLoss()(zt, ndl.Tensor(yc, device=device, requires_grad=False)).backward()
@@ -939,9 +971,30 @@ p = np.exp(zc - zc.max()) / np.exp(zc - zc.max()).sum()
 formula = p - np.eye(5)[yc]
 print("needle grad      :", np.array2string(zt.grad.numpy()[0], precision=4))
 print("softmax - one-hot:", np.array2string(formula[0], precision=4))
-print(f"max |needle - finite differences| < 1e-5: {np.abs(zt.grad.numpy() - fd).max() < 1e-5}")
 assert np.abs(zt.grad.numpy() - formula).max() < 1e-6
 assert np.abs(zt.grad.numpy() - fd).max() < 1e-5
+print("max |needle - finite differences| < 1e-5; the gradient's entries sum to "
+      f"{abs(zt.grad.numpy().sum()):.4f} (softmax sums to 1, the one-hot to 1)")
+
+# %% [markdown]
+# The same rule, with an axis, is hw2's `LogSumExp` gradient. For $s = \mathrm{logsumexp}(Z)$
+# over axis 1 of a matrix, $\partial s_i / \partial Z_{ij} = \mathrm{softmax}(Z_i)_j$, so the
+# adjoint of $Z$ is the softmax of each row times that row's $\bar s_i$: the `out_grad` of shape
+# (rows,) must be reshaped to (rows, 1) and broadcast back along the reduced axis before the
+# product. Getting that reshape wrong (broadcasting a (rows,) vector along the wrong axis) is
+# the usual hw2 bug; a non-square $Z$ shows it.
+
+# %%
+rng_lse = np.random.default_rng(3)  # its own generator: later cells' draws stay as they were
+Zs = rng_lse.standard_normal((3, 4)).astype(np.float32)
+gs = rng_lse.standard_normal(3).astype(np.float32)
+Zst = ndl.Tensor(Zs, device=device)
+ndl.logsumexp(Zst, axes=(1,)).backward(ndl.Tensor(gs, device=device))
+soft = np.exp(Zs - Zs.max(1, keepdims=True))
+soft /= soft.sum(1, keepdims=True)
+assert np.abs(Zst.grad.numpy() - soft * gs[:, None]).max() < 1e-5
+print(f"logsumexp over axis 1: Z {Zs.shape}, out_grad {gs.shape}; "
+      "Z's adjoint = softmax(Z) * out_grad[:, None] to 1e-5")
 
 # %% [markdown]
 # The figure shows both computations on $z = [100, 100, 101]$: the exponentials (left, log
@@ -986,7 +1039,10 @@ save_figure(fig, "softmax_overflow")
 #
 # $$\mathbb{E}[Y^2] = \mathrm{Var}(Y) = n_{in}\, q\, \sigma_w^2 .$$
 #
-# A ReLU after it keeps the positive half of a distribution symmetric about zero, so
+# The next layer's pre-activation $A$ is such a sum, and it is **symmetric about zero** whatever
+# the inputs are: the weights are zero-mean, symmetrically distributed and independent of the
+# inputs, so flipping the sign of every weight negates $A$ without changing its distribution. A
+# ReLU keeps the positive half of a symmetric distribution, so
 # $\mathbb{E}[\mathrm{ReLU}(A)^2] = \tfrac12\mathbb{E}[A^2]$. Layer to layer the **second
 # moment** of the activations is multiplied by $\tfrac12 n_{in}\sigma_w^2$, which is $1$ exactly
 # when
@@ -994,8 +1050,12 @@ save_figure(fig, "softmax_overflow")
 # $$\sigma_w^2 = \frac{2}{n_{in}}\qquad\text{(Kaiming / He).}$$
 #
 # (The second moment, not the variance, is what the argument tracks: after a ReLU the
-# activations are not zero-mean, and their variance is only a fixed fraction of the second
-# moment.) First the two facts, by sampling:
+# activations are not zero-mean, and which fraction of the second moment their variance is
+# depends on the shape of the distribution, $1 - 1/\pi$ for a Gaussian pre-activation; only
+# the second moment follows a rule that holds for every shape.) The argument is about the
+# average over random weights at initialisation, not a guarantee for one draw of the weights
+# or for the network once training has moved them (He et al., 2015, §2.2, make the same
+# assumptions). First the two facts, by sampling:
 
 # %%
 n_in, q, sigma2 = 64, 3.0, 0.05
@@ -1067,9 +1127,42 @@ fig.tight_layout()
 save_figure(fig, "kaiming_depth")
 
 # %% [markdown]
+# hw2 Q1 asks for four initialisers. The **Xavier** (Glorot) pair aims at a variance of
+# $\mathrm{gain}^2 \cdot 2/(n_{in} + n_{out})$, a compromise between keeping the forward
+# signal ($1/n_{in}$) and the backward gradient ($1/n_{out}$) at scale in linear or tanh
+# layers; the **Kaiming** pair aims at $\mathrm{gain}^2/n_{in}$ with $\mathrm{gain} = \sqrt 2$
+# for ReLU, the $2/n_{in}$ above. A uniform distribution on $[-a, a]$ has variance $a^2/3$, so
+# the uniform versions use $a = \mathrm{gain}\sqrt{6/(n_{in} + n_{out})}$ and
+# $a = \mathrm{gain}\sqrt{3/n_{in}}$, and the normal ones the standard deviations
+# $\mathrm{gain}\sqrt{2/(n_{in} + n_{out})}$ and $\mathrm{gain}/\sqrt{n_{in}}$. The `gain`
+# argument only scales the result.
+
+# %%
+np.random.seed(1)
+fan_in, fan_out = 300, 100
+print("| initialiser            | bound or std | max abs W | Var(W) | target variance |")
+for name, draw, spread, target in [
+    ("xavier_uniform gain=2", lambda: init.xavier_uniform(fan_in, fan_out, gain=2.0),
+     2 * np.sqrt(6 / (fan_in + fan_out)), 4 * 2 / (fan_in + fan_out)),
+    ("xavier_normal gain=2", lambda: init.xavier_normal(fan_in, fan_out, gain=2.0),
+     2 * np.sqrt(2 / (fan_in + fan_out)), 4 * 2 / (fan_in + fan_out)),
+    ("kaiming_uniform (ReLU)", lambda: init.kaiming_uniform(fan_in, fan_out),
+     np.sqrt(2) * np.sqrt(3 / fan_in), 2 / fan_in),
+    ("kaiming_normal (ReLU)", lambda: init.kaiming_normal(fan_in, fan_out),
+     np.sqrt(2) / np.sqrt(fan_in), 2 / fan_in),
+]:
+    Wi = draw().numpy().astype(np.float64)
+    assert Wi.shape == (fan_in, fan_out) and abs(Wi.var() / target - 1) < 0.05, name
+    if "uniform" in name:
+        assert np.abs(Wi).max() <= spread * (1 + 1e-6) and np.abs(Wi).max() > 0.99 * spread, name
+    print(f"| {name:<22} | {spread:>12.4f} | {np.abs(Wi).max():>9.4f} | {Wi.var():.4f} | "
+          f"{target:>15.4f} |")
+
+# %% [markdown]
 # ## 6. Ops with several outputs: `TensorTuple`
 #
-# Some ops return several tensors (`split`, an LSTM cell's `(h, c)`). needle gives them a
+# Some ops return several tensors (`split`; in this project also the fused LSTM cell step's
+# `(h, c)`, where hw4's `LSTMCell` returns a plain Python tuple of two tensors). needle gives them a
 # `TensorTupleOp` whose output is **one** `TensorTuple` node; `tuple_get_item` (what `out[i]`
 # calls) picks a component. The lecture's example is the "fused" op
 #
@@ -1078,8 +1171,9 @@ save_figure(fig, "kaiming_depth")
 # "Fused" here names the **operator abstraction**: one graph node computes several results, so
 # the graph has a single op where two `AddScalar`s would otherwise be. It is not a fused
 # *kernel* — `compute` still runs two separate additions. (needle also has fused kernels in
-# that second sense: `nn.SoftmaxLoss` computes softmax and cross-entropy in one pass over the
-# logits, with the same values as the composition of its parts.)
+# that second sense: `nn.SoftmaxLoss` computes softmax and cross-entropy in one kernel, which
+# per row still makes several passes (a maximum, a shifted exponential, a sum, a scale), with
+# the same values as the composition of its parts.)
 #
 # For $L = 3u + 4v$ at $x = 1$: $u = 2$, $v = 3$, $L = 6 + 12 = 18$. The adjoint of the tuple
 # node is the pair $(\bar u, \bar v) = (3, 4)$, and the op's gradient sums it:
@@ -1237,6 +1331,9 @@ check_exercise("3.1 linear_weight_bound",
                predicate=_bound_ok)
 
 # %% [markdown]
+# Exercises 3.2 to 3.4 are about `LayerNorm1d`, `Dropout` and `BatchNorm1d`, which notebook 04
+# teaches; do them after it (or now, as a preview).
+#
 # **Exercise 3.2 (a module in numpy).** Write layer normalisation of each row of `x`
 # (mean 0 and variance 1 over the features, with $\epsilon$ inside the square root, weight 1,
 # bias 0). The check compares with `nn.LayerNorm1d`.

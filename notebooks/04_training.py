@@ -64,6 +64,7 @@ import needle.nn as nn
 import companion.data
 from companion import lecture
 from companion.apps import mlp_resnet
+from companion.apps import simple_ml as sm
 from companion.viz import LiveCurves, save_figure
 
 np.random.seed(0)
@@ -155,7 +156,7 @@ save_figure(fig, "transforms")
 # once per epoch.
 
 # %%
-loader = ndl.data.DataLoader(train_set, batch_size=100, shuffle=True, device=device)
+loader = ndl.data.DataLoader(train_set, batch_size=100, shuffle=True)
 seen = []
 for X, y in loader:
     seen.append(y.numpy())
@@ -165,9 +166,11 @@ if DATASET == "digits":
     assert sorted(np.concatenate(seen).astype(int).tolist()) == sorted(train_set.labels.astype(int).tolist())
 
 # %% [markdown]
-# (`device=` is an extension of needle's loader: it puts the batches on the same device as the
-# model's parameters. `mlp_resnet.epoch` moves batches itself, so the course's calls work
-# unchanged.)
+# This project's loader also takes `device=` (an extension: it puts the batches on the model's
+# device). This notebook keeps everything on the default device and calls the loader as the
+# course does, so every cell also runs on a student's hw2 needle (`NEEDLE_IMPL`); the digits
+# come from `companion.data.DigitsDataset`, which builds on whichever needle's `Dataset` is
+# imported.
 #
 # ## 4. Optimizers
 #
@@ -352,7 +355,7 @@ def train_curve(opt_cls, epochs=5, **kw):
     np.random.seed(1)
     curve = []
     for _ in range(epochs):
-        for X, y in ndl.data.DataLoader(train_set, 100, shuffle=True, device=device):
+        for X, y in ndl.data.DataLoader(train_set, 100, shuffle=True):
             loss = loss_fn(model(X), y)
             opt.reset_grad()
             loss.backward()
@@ -408,6 +411,11 @@ assert last["Adam, lr 0.01"] < last["SGD, lr 0.1"]
 # $\hat\mu \leftarrow (1 - m)\hat\mu + m\,\mu_B$ (momentum $m = 0.1$) for evaluation, where it
 # uses $\hat\mu, \hat\sigma^2$ instead of the batch's. With $w = 1, b = 0$ the training output has
 # mean 0 and variance $\sigma_B^2 / (\sigma_B^2 + \epsilon) \approx 1$ per feature.
+#
+# A hw2 trap: the homework's docstring calls `running_var` "the running (unbiased) variance",
+# but its tests expect the update with the **biased** batch variance (divided by the batch size
+# $B$, the same one the normalisation uses), as below. PyTorch updates with the unbiased one
+# (divided by $B - 1$); the cell prints both.
 
 # %%
 x = (np.random.randn(64, 5) * 2.0 + 3.0).astype(np.float32)
@@ -419,6 +427,10 @@ assert np.abs(out.mean(axis=0)).max() < 1e-5
 assert np.allclose(out.var(axis=0), x.var(axis=0) / (x.var(axis=0) + 1e-5), atol=1e-4)
 assert np.allclose(bn.running_mean.numpy(), 0.1 * x.mean(axis=0), atol=1e-5)
 assert np.allclose(bn.running_var.numpy(), 0.9 + 0.1 * x.var(axis=0), atol=1e-4)
+print("running_var after one batch:", np.round(bn.running_var.numpy(), 4),
+      "(biased batch variance, as hw2's tests expect)")
+print("with the unbiased variance:  ", np.round(0.9 + 0.1 * x.var(axis=0, ddof=1), 4),
+      "(PyTorch's running_var)")
 
 bn.eval()
 out_eval = bn(ndl.Tensor(x, device=device)).numpy()
@@ -519,7 +531,21 @@ print(f"95% interval for the error rate: [{lo:.3f}, {hi:.3f}], "
 assert test_acc > 0.9
 if DATASET == "digits":
     assert abs(test_acc - 0.98) < 0.01
-    assert hi - lo > 3 / n_test  # wider than three images: a difference of 1-3 images ranks nothing
+    # notebook 01's two models, trained again here as notebook 01 trains them
+    state = np.random.get_state()
+    X01_tr, y01_tr = companion.data.load_digits_mnist_like(28, train=True)
+    X01_te, y01_te = companion.data.load_digits_mnist_like(28, train=False)
+    settings = dict(epochs=20, lr=0.2, batch=100, verbose=False)
+    wrong01 = {
+        "softmax regression": sm.train_softmax(X01_tr, y01_tr, X01_te, y01_te, **settings),
+        "two-layer net": sm.train_nn(X01_tr, y01_tr, X01_te, y01_te, hidden_dim=100, **settings),
+    }
+    np.random.set_state(state)
+    for name, hist01 in wrong01.items():
+        k01 = int(round(hist01[-1]["test_err"] * n_test))
+        inside = lo * n_test <= k01 <= hi * n_test
+        print(f"notebook 01's {name}: {k01} wrong, {'inside' if inside else 'outside'} the interval")
+        assert inside
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -555,8 +581,8 @@ if DATASET == "digits":
 
 # %% [markdown]
 # **Regularization** is anything that keeps a model from fitting its training set as closely as
-# its parameters allow, in the hope of a smaller gap. Lecture 9 covers three kinds, and this
-# run already uses the first two.
+# its parameters allow, in the hope of a smaller gap. Lecture 9 pairs it with normalization;
+# of its regularizers this run already uses two.
 #
 # * **L2 regularization / weight decay** adds $\frac{\lambda}{2}\lVert\theta\rVert^2$ to the
 #   loss: large weights cost something, so the model prefers small ones. Its gradient
@@ -566,7 +592,7 @@ if DATASET == "digits":
 # %%
 lam = 0.01
 model_a, model_b = small_net(), small_net()  # same weights
-X_reg, y_reg = next(iter(ndl.data.DataLoader(train_set, 100, device=device)))
+X_reg, y_reg = next(iter(ndl.data.DataLoader(train_set, 100)))
 opt_a = ndl.optim.SGD(model_a.parameters(), lr=0.1, weight_decay=lam)
 opt_b = ndl.optim.SGD(model_b.parameters(), lr=0.1)
 nn.SoftmaxLoss()(model_a(X_reg), y_reg).backward()
@@ -583,7 +609,8 @@ assert gap < 1e-6
 # * **Dropout** zeroes random activations in training (section 5). Each step trains a
 #   different random sub-network, so no unit can rely on particular others being present; the
 #   network becomes a kind of average of many thinned networks, and the $1/(1-p)$ scaling makes
-#   evaluation mode (no dropout) that average's expected output.
+#   evaluation mode (no dropout) that average's expected output. (How many different masks
+#   this run actually drew is measured below.)
 #
 # Dropout and BatchNorm also mean that the training error above, measured in training mode,
 # is the error of a *different function* from the test error: in training mode dropout is on
@@ -606,13 +633,108 @@ print(f"eval mode puts the training error {direction} than train mode did; in th
 assert train_eval_err < h[-1, 2] and train_eval_loss < h[-1, 3]  # still a gap in eval mode
 
 # %% [markdown]
+# Why does evaluation mode get *more* training images wrong than training mode did, when
+# training mode has dropout on? Three suspects, each measured below on the trained model and
+# the 1,500 training images:
+#
+# * **the running statistics**: BatchNorm's running averages (momentum 0.1: mostly the last ten
+#   or so of an epoch's fifteen batches) lag behind weights that kept changing; re-estimating
+#   them with a cumulative average over one pass of the training set (dropout off, nothing
+#   trained) removes the lag;
+# * **the weights changing during the epoch**: the train-mode figure was accumulated batch by
+#   batch while the weights moved; evaluating the final weights in train mode removes that;
+# * **the dropout masks**: `mlp_resnet.epoch`, like the course's, starts every epoch with
+#   `np.random.seed(4)`, so every epoch shuffles the same way and draws the **same** dropout
+#   masks; train mode with the epochs' own seed replays those masks, and another seed draws
+#   new ones.
+#
+# A forward pass in training mode also updates the running statistics, so each measurement
+# puts the trained model's running statistics back afterwards.
+
+# %%
+norms = [m for m in model._children() if isinstance(m, nn.BatchNorm1d)]
+saved = [(bn.running_mean, bn.running_var) for bn in norms]
+
+
+def restore_running_stats() -> None:
+    """Give every BatchNorm1d the running statistics it had after training."""
+    for bn, (mean, var) in zip(norms, saved):
+        bn.running_mean, bn.running_var = mean, var
+
+
+def wrong_on_train(batch_stats: bool, dropout: bool, seed: int, shuffle: bool) -> int:
+    """Training images the trained model gets wrong with BatchNorm's batch statistics or
+    running averages, dropout on or off, numpy seeded with `seed` (no training)."""
+    np.random.seed(seed)
+    for m in model._children():
+        if isinstance(m, nn.BatchNorm1d):
+            m.training = batch_stats
+        elif isinstance(m, nn.Dropout):
+            m.training = dropout
+    loader = ndl.data.DataLoader(train_set, 100, shuffle=shuffle)
+    wrong = sum(int((model(X).numpy().argmax(axis=1) != y.numpy()).sum()) for X, y in loader)
+    if batch_stats:
+        restore_running_stats()
+    return wrong
+
+
+def reestimate_running_stats() -> None:
+    """Replace each BatchNorm1d's running statistics with their average over one pass."""
+    for m in model._children():
+        m.training = isinstance(m, nn.BatchNorm1d)  # batch statistics on, dropout off
+    for i, (X, _) in enumerate(ndl.data.DataLoader(train_set, 100), start=1):
+        for bn in norms:
+            bn.momentum = 1 / i  # running = the mean of the first i batches' statistics
+        model(X)
+    for bn in norms:
+        bn.momentum = 0.1
+
+
+n_train = len(train_set)
+rows = {
+    "train mode, the epochs' own masks (seed 4)": wrong_on_train(True, True, 4, shuffle=True),
+    "train mode, new masks (seed 5)": wrong_on_train(True, True, 5, shuffle=True),
+    "batch statistics, dropout off": wrong_on_train(True, False, 5, shuffle=True),
+    "eval mode, running statistics as trained": wrong_on_train(False, False, 5, shuffle=False),
+}
+reestimate_running_stats()
+rows["eval mode, running statistics re-estimated"] = wrong_on_train(False, False, 5, shuffle=False)
+restore_running_stats()
+model.eval()
+print(f"last epoch, as training measured it: {round(h[-1, 0] * n_train)} of {n_train} wrong")
+for name, wrong in rows.items():
+    print(f"{name:<44} {wrong:>3} of {n_train} wrong")
+own, new = rows["train mode, the epochs' own masks (seed 4)"], rows["train mode, new masks (seed 5)"]
+as_trained = rows["eval mode, running statistics as trained"]
+redone = rows["eval mode, running statistics re-estimated"]
+print(f"verdict: new dropout masks change the train-mode count by {new - own:+d} images, "
+      f"re-estimating the running statistics changes the eval-mode count by {redone - as_trained:+d}")
+assert as_trained == round(train_eval_err * n_train)
+if DATASET == "digits":
+    assert new - own > 10 * abs(redone - as_trained)  # the masks, not the running statistics
+
+# %% [markdown]
+# The epochs' own masks reproduce the count training reported (1 image), and new masks raise it
+# to 45: the network has fitted the training set *under the fifteen mask patterns it saw in
+# every epoch*, so train mode's near-zero error was a replay of those masks, not a measurement
+# of the model. Re-estimating the running statistics moves the eval-mode count by one image,
+# so they were not lagging; with dropout off and batch statistics the count (14) is of the
+# same order as eval mode's. The honest training error is eval mode's 10 images.
+#
+# The seeding also weakens dropout as a regularizer here: the description above ("each step
+# trains a different random sub-network") holds within an epoch, but every epoch repeats the
+# same fifteen sub-networks. The course seeds each epoch so that its tests are reproducible; a
+# training loop of your own should seed once, before the first epoch.
+
+# %% [markdown]
 # The gap in this run is what remains *with* dropout $p = 0.1$ and $\lambda = 10^{-3}$: both
 # are mild, and on 1,500 training images a network of 110,860 parameters can still memorise.
 # Stronger settings, more data or augmentation (section 2) are the usual next steps; whether
 # one of them helps here would have to show up as a difference larger than the interval of
 # section 6.
 #
-# * **Normalization** is the third, and its main effect is on optimization. Without it, the
+# **Normalization**, the lecture's other half, is mainly an **optimization aid**, with a mild
+# regularizing side effect (BatchNorm's batch statistics add noise). Without it, the
 #   scale of the activations drifts from layer to layer by a factor that depends on the
 #   weights' scale, so one learning rate cannot suit every layer, and with depth a slightly
 #   wrong initialisation makes the activations (and the gradients flowing back through them)
@@ -621,9 +743,10 @@ assert train_eval_err < h[-1, 2] and train_eval_loss < h[-1, 3]  # still a gap i
 #   through 20 ReLU layers of width 100 with weights $\mathcal N(0, \sigma^2 / 100)$: Kaiming's
 #   $\sigma^2 = 2$ keeps the scale on average (the finite width makes it wander a little),
 #   $\sigma^2 = 1$ halves the second moment at every layer and $\sigma^2 = 3$ multiplies it by
-#   1.5, so after 20 layers the RMS is near $2^{-10} \approx 0.001$ and $1.5^{10} \approx 58$;
-#   after a `LayerNorm1d` in every layer all three stay at RMS 1. (BatchNorm's batch
-#   statistics also add noise, a mild regularizer of their own.)
+#   1.5, so after 20 layers the RMS is predicted near $(\sigma^2/2)^{10}$ times the input's:
+#   $2^{-10} \approx 0.001$ and $1.5^{10} \approx 58$. The cell prints each prediction next to
+#   the measurement (the finite width makes them differ by a factor printed beside them); after
+#   a `LayerNorm1d` in every layer all three stay at RMS 1.
 
 # %%
 def activation_scales(sigma2: float, norm: bool, depth: int = 20, width: int = 100):
@@ -646,21 +769,111 @@ sigmas = (1.0, 2.0, 3.0)
 plain = {s2: activation_scales(s2, norm=False) for s2 in sigmas}
 normed = {s2: activation_scales(s2, norm=True) for s2 in sigmas}
 for s2 in sigmas:
-    print(f"sigma^2 = {s2:.0f}: RMS after layer 20: {plain[s2][-1]:9.3g} without normalization, "
+    predicted = (s2 / 2) ** 10
+    print(f"sigma^2 = {s2:.0f}: RMS after layer 20: {plain[s2][-1]:9.3g} without normalization "
+          f"(predicted {predicted:.3g}, measured/predicted {plain[s2][-1] / predicted:.2f}), "
           f"{normed[s2][-1]:.3f} with LayerNorm1d")
-assert plain[1.0][-1] < 0.01 < 0.5 < plain[2.0][-1] < 2 < 10 < plain[3.0][-1]
+    assert 0.5 < plain[s2][-1] / predicted < 2  # within a factor of two
 assert all(abs(normed[s2][-1] - 1) < 0.01 for s2 in sigmas)
+ratios = [plain[s2][-1] / (s2 / 2) ** 10 for s2 in sigmas]
+assert max(ratios) / min(ratios) < 1.001  # one random draw, scaled: the same factor
 
 fig, ax = plt.subplots(figsize=(6, 3.6))
 for s2, c in zip(sigmas, ["C0", "C1", "C2"]):
     ax.plot(np.arange(1, 21), plain[s2], "o-", color=c, ms=3, label=f"σ² = {s2:.0f}, plain")
     ax.plot(np.arange(1, 21), normed[s2], "--", color=c, label=f"σ² = {s2:.0f}, LayerNorm1d")
 ax.set_yscale("log")
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 ax.set_xlabel("layer")
 ax.set_ylabel("RMS activation (log scale)")
 ax.set_title("Normalization keeps every layer at one scale, whatever the weights' scale")
 ax.legend(fontsize=7, ncol=2)
 plt.show()
+
+# %% [markdown]
+# The measured factor is the same for all three scales: the three nets draw the same random
+# numbers (the same seed), only scaled, and a ReLU network is positively homogeneous
+# ($\mathrm{ReLU}(cz) = c\,\mathrm{ReLU}(z)$ for $c > 0$), so the scale multiplies the output by
+# exactly $(\sigma^2/2)^{10}$. What separates the measurement from the prediction is that one
+# random draw of a finite-width network, not the scale.
+#
+# That the activations stay at scale is true by construction (it is what LayerNorm computes).
+# What matters is whether the network then **trains** better. The cell trains the same 20-layer
+# ReLU MLP (width 100, the hidden layers' weights drawn with the mis-scaled $\sigma^2 = 1$ and
+# $\sigma^2 = 3$) with and without a `LayerNorm1d` after every hidden layer, for 5 epochs with
+# Adam ($\alpha = 10^{-3}$), and prints the first batch's loss and the mean loss of the last
+# epoch for each, with a verdict per $\sigma^2$ computed from them.
+
+# %%
+def deep_mlp(sigma2: float, norm: bool, depth: int = 20, width: int = 100) -> nn.Module:
+    """784 -> width -> ... -> 10 ReLU MLP; hidden weights N(0, sigma2/width), LayerNorm1d
+    after every hidden Linear when `norm`."""
+    np.random.seed(0)
+    layers = [nn.Linear(784, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        linear = nn.Linear(width, width)
+        linear.weight.data = ndl.Tensor(
+            (np.random.randn(width, width) * np.sqrt(sigma2 / width)).astype(np.float32))
+        layers += [linear] + ([nn.LayerNorm1d(width)] if norm else []) + [nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def train_losses(net: nn.Module, epochs: int = 5) -> np.ndarray:
+    """Every batch's training loss over `epochs` epochs of Adam(lr=1e-3)."""
+    opt = ndl.optim.Adam(net.parameters(), lr=1e-3)
+    np.random.seed(1)
+    losses = []
+    for _ in range(epochs):
+        for X, y in ndl.data.DataLoader(train_set, 100, shuffle=True):
+            loss = nn.SoftmaxLoss()(net(X), y)
+            opt.reset_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.numpy()))
+    return np.array(losses)
+
+
+deep_runs = {(s2, norm): train_losses(deep_mlp(s2, norm)) for s2 in (1.0, 3.0) for norm in (False, True)}
+batches = len(deep_runs[1.0, False]) // 5
+for (s2, norm), losses in deep_runs.items():
+    print(f"sigma^2 = {s2:.0f}, {'LayerNorm1d' if norm else 'plain      '}: first batch loss "
+          f"{losses[0]:7.2f}, last epoch mean {losses[-batches:].mean():.3f}")
+for s2 in (1.0, 3.0):
+    plain_last = deep_runs[s2, False][-batches:].mean()
+    norm_last = deep_runs[s2, True][-batches:].mean()
+    start = deep_runs[s2, False][0]
+    print(f"verdict, sigma^2 = {s2:.0f}: the plain net starts at loss {start:.1f} "
+          f"({start / np.log(10):.1f}x chance's log 10) and ends "
+          + (f"{plain_last / norm_last:.1f}x higher than" if plain_last > norm_last
+             else f"{norm_last / plain_last:.1f}x lower than")
+          + " the normalized one")
+
+fig, ax = plt.subplots(figsize=(6, 3.6))
+for (s2, norm), losses in deep_runs.items():
+    ax.plot(np.arange(1, len(losses) + 1) / batches, losses, "-" if norm else "--",
+            color="C0" if s2 == 1.0 else "C2",
+            label=f"σ² = {s2:.0f}, {'LayerNorm1d' if norm else 'plain'}")
+ax.axhline(np.log(10), color="gray", ls=":", lw=1, label="chance, log 10")
+ax.set_yscale("log")
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+ax.set_xlabel("epoch")
+ax.set_ylabel("training loss (batch mean, log scale)")
+ax.set_title("A 20-layer MLP with mis-scaled weights, with and without LayerNorm1d")
+ax.legend(fontsize=7)
+plt.show()
+if DATASET == "digits":
+    assert deep_runs[1.0, False][-batches:].mean() > 2 * deep_runs[1.0, True][-batches:].mean()
+    assert deep_runs[3.0, False][0] > 10 * deep_runs[3.0, True][0]
+
+# %% [markdown]
+# With weights too small ($\sigma^2 = 1$) the plain network's signal and gradients shrink
+# layer after layer and it trains slowly: its last epoch's loss is several times the
+# normalized network's (the verdict line gives the factor). With weights too large
+# ($\sigma^2 = 3$) its first loss is some twenty times chance's, from logits blown up by the
+# layers; LayerNorm starts it at chance. Adam divides each step by the gradient's own scale,
+# so the plain $\sigma^2 = 3$ network recovers from that start and, here, ends lower than the
+# normalized one. Normalization is an optimization aid: it makes training insensitive to the
+# weights' scale, which does not promise a lower final loss in every run.
 
 # %% [markdown]
 # ## Exercises
@@ -710,26 +923,28 @@ check_exercise("4.1 sgd_momentum", lambda: sgd_momentum(theta_ex, grads_ex, 0.1,
                rtol=1e-5, atol=1e-6)
 
 # %% [markdown]
-# **Exercise 4.2 (predict Adam's first step).** With bias correction, Adam's very first step
-# does not depend on the gradient's size, only on its sign (up to $\epsilon$). Write the
-# change $\theta_1 - \theta_0$ after one step of `optim.Adam(lr=lr)` (default betas and
-# $\epsilon = 10^{-8}$) for gradient `g`.
+# **Exercise 4.2 (Adam's bias correction).** Section 4 showed Adam's first step. Write the
+# change $\theta_2 - \theta_0$ after **two** steps of `optim.Adam(lr=lr)` (default betas 0.9
+# and 0.999, $\epsilon = 10^{-8}$, no weight decay) with gradients `g1` and then `g2`: the
+# second step divides the averages by $1 - \beta^2$, and no longer moves every coordinate by
+# the same amount.
 
 # %% tags=["exercise-stub"]
-def adam_first_step(g, lr):
-    """theta_1 - theta_0 for one Adam step with gradient g."""
+def adam_two_steps(g1, g2, lr):
+    """theta_2 - theta_0 for two Adam steps with gradients g1, then g2."""
     raise NotImplementedError
 
 
 # %% tags=["exercise-check"]
-check_exercise("4.2 adam_first_step", lambda: adam_first_step(grads_ex[0], 0.01),
-               run_optimizer(lambda ps: optim.Adam(ps, lr=0.01), theta_ex, grads_ex[:1])
+check_exercise("4.2 adam_two_steps", lambda: adam_two_steps(grads_ex[0], grads_ex[1], 0.01),
+               run_optimizer(lambda ps: optim.Adam(ps, lr=0.01), theta_ex, grads_ex[:2])
                - theta_ex, rtol=1e-3, atol=1e-6)
 
 # %% [markdown]
 # **Exercise 4.3 (an initialisation's spread).** `init.kaiming_normal(fan_in, fan_out)` draws
 # from $\mathcal N(0, \sigma^2)$ so that ReLU layers keep their activations' second moment.
-# Write $\sigma$ as a formula; the check measures the spread of 200 000 draws.
+# Write $\sigma$ as a formula; the check measures the spread of 200 000 draws. (Notebook 03
+# derives it: rebuild the formula from that argument rather than looking it up.)
 
 # %% tags=["exercise-stub"]
 def kaiming_normal_std(fan_in):

@@ -12,9 +12,14 @@ def sgd_momentum(theta0, grads, lr, momentum):
     return theta
 
 
-def adam_first_step(g, lr):
-    """theta_1 - theta_0 for one Adam step: m̂ = g and v̂ = g², so the step is -lr·g/(|g|+eps)."""
-    return -lr * g / (np.abs(g) + 1e-8)
+def adam_two_steps(g1, g2, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """theta_2 - theta_0 for two Adam steps: the averages m, v divided by 1 - beta^t at t = 1, 2."""
+    m, v, change = 0.0, 0.0, 0.0
+    for t, g in enumerate((g1, g2), start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        change = change - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return change
 
 
 def kaiming_normal_std(fan_in):
