@@ -32,35 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 #: The two that train for minutes (see the module docstring): NEEDLE_SLOW=1 only.
 SLOW = {"09_transformers", "11_generative_adversarial_networks"}
-#: Cells that fail on the course-style needle today: {notebook: {code cell number: error start}}.
-#: Each depends on this project's behaviour (or follows from one that does) and is not marked
-#: companion-only: lecture debt, to be fixed in the notebooks. The test fails when one of them
-#: passes (remove it here) or another cell fails.
-NO_KEYWORD = "TypeError: DataLoader.__init__() got an unexpected keyword argument 'device'"
-NO_GRAD_MODE = "AttributeError: module 'needle' has no attribute 'no_grad'"
-KNOWN_FAILURES: dict[str, dict[int, str]] = {
-    # the identity broadcast gradient (p0.b.grad is p1.b.grad); the setter's shape check
-    "03_nn_library": {24: "AssertionError", 28: "AssertionError: no exception was raised"},
-    # DataLoader(..., device=device): the course's DataLoader has no device keyword
-    "04_training": {
-        8: NO_KEYWORD,
-        12: NO_KEYWORD,
-        13: "NameError",
-        14: "NameError",
-        23: NO_KEYWORD,
-    },
-    # live-tensor growth of this project's fused LSTM layer; clip_grad_norm's returned norm
-    # (the course's returns None), then the training it broke; ndl.no_grad
-    "08_sequence_models": {
-        7: "AssertionError",
-        13: "TypeError: '>' not supported between instances of 'NoneType' and 'float'",
-        14: "AssertionError",
-        15: "ValueError: x and y must have same first dimension",
-        16: NO_GRAD_MODE,
-        18: "AssertionError",
-    },
-    "09_transformers": {13: NO_GRAD_MODE, 15: NO_GRAD_MODE},  # ndl.no_grad
-}
 
 
 @pytest.fixture(scope="module")
@@ -233,21 +204,12 @@ def run_on(python: Path, notebook: Path, monkeypatch) -> tuple[report_card.Card,
 
 
 def check(card: report_card.Card, text: str, python: Path, notebook: Path) -> None:
-    """Every cell ran; the marked ones were skipped; the failures are exactly the known ones."""
+    """Every cell ran; the marked ones were skipped; none failed."""
     assert f"needle from {python} (NEEDLE_IMPL)" in text
     assert card.not_run == 0, card.note
     assert card.skipped == marked_cells(notebook)
-    known = KNOWN_FAILURES.get(notebook.stem, {})
-    new = {
-        f["cell"]: f"{f['where']}: {f['error']}"
-        for f in card.failures
-        if not f["error"].startswith(known.get(f["cell"], "\0"))
-    }
-    fixed = sorted(set(known) - {f["cell"] for f in card.failures})
-    assert not new and not fixed, (
-        f"{notebook.stem}: cells failing on the course's needle {new}; "
-        f"known failures that now pass (remove them from KNOWN_FAILURES): {fixed}"
-    )
+    failed = {f["cell"]: f"{f['where']}: {f['error']}" for f in card.failures}
+    assert not failed, f"{notebook.stem}: cells failing on the course's needle {failed}"
 
 
 @pytest.mark.parametrize(
