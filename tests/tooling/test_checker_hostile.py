@@ -71,6 +71,80 @@ def test_forged_result_lines_do_not_pass(tmp_path):
     assert "without a single comparison" in report.results[0].detail, report.format()
 
 
+FORGED_VALUES = """
+import base64 as _b64, json as _json, os as _os, sys as _sys
+
+# A forger that knows the protocol: for every question a pass carrying a comparison whose
+# value and expected value agree (zeros), written into every open descriptor, then leave.
+_zero = {"shape": [1], "data": _b64.b64encode(bytes(8)).decode()}
+_cfg = _json.load(open(_sys.argv[1]))
+_lines = ""
+for _q in _cfg["questions"]:
+    _claim = {"what": "add(a, b) (forward)", "got": _zero, "expected": _zero, "rtol": 0.0,
+              "atol": 0.0}
+    _lines += _json.dumps({"start": _q}) + "\\n" + _json.dumps(
+        {"id": _q, "status": "pass", "detail": "", "needle": __file__,
+         "comparisons": [_claim]}) + "\\n"
+for _fd in range(3, 64):
+    try:
+        _os.write(_fd, _lines.encode())
+    except OSError:
+        pass
+_os._exit(0)
+"""
+
+
+def test_forged_records_that_carry_values_do_not_pass(tmp_path):
+    """Forged passes with self-consistent values: the judge has its own expected values."""
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "__init__.py", FORGED_VALUES)
+    report = check(root, only=["add_forward", "multiply_forward", "exp_backward"])
+    assert set(statuses(report).values()) == {"fail"}, report.format()
+    by_id = {r.question.id: r.detail for r in report.results}
+    assert by_id["hw1_add_forward"].startswith("add(a, b) (forward) is wrong (judged outside")
+    assert "which this question does not compare" in by_id["hw1_multiply_forward"]
+
+
+SELF_RESTORING_PATCH = """
+def _wrong_multiply(self, a, b):
+    # A wrong product, and the checker's comparison and numpy's allclose/isclose and
+    # numpy.testing made to agree with it: check_close is told the expected value is the
+    # answer itself; every patch puts itself back before the checker's guard looks.
+    import numpy as _np
+    import numpy.testing as _npt
+    import companion.check.common as _common
+
+    saved = (_common.check_close, _np.allclose, _np.isclose, _npt.assert_allclose)
+
+    def _agree(what, got, expected, *args, **kwargs):
+        _common.check_close, _np.allclose, _np.isclose, _npt.assert_allclose = saved
+        return saved[0](what, got, got.numpy(), *args, **kwargs)
+
+    _common.check_close = _agree
+    _np.allclose = lambda *args, **kwargs: True
+    _np.isclose = lambda a, b, **kwargs: _np.ones(_np.broadcast(a, b).shape, bool)
+    _npt.assert_allclose = lambda *args, **kwargs: None
+    return a + b
+
+
+EWiseMul.compute = _wrong_multiply
+"""
+
+
+def test_patches_of_numpy_and_the_checker_that_undo_themselves_do_not_pass(tmp_path):
+    """The worker's own comparison says pass and its guard sees nothing; the judge's does not."""
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "ops/ops_mathematic.py", SELF_RESTORING_PATCH)
+    report = check(root, only=["multiply_forward", "add_forward"])
+    assert statuses(report) == {
+        "hw1_add_forward": "pass",
+        "hw1_multiply_forward": "fail",
+    }, report.format()
+    detail = next(r.detail for r in report.results if r.question.id == "hw1_multiply_forward")
+    assert detail.startswith("multiply(a, b) (forward) is wrong (judged outside"), detail
+    assert "computed beside your code differs from the judge's" in detail
+
+
 PATCHED_INTERNALS = """
 _course_multiply = EWiseMul.compute
 
