@@ -484,6 +484,31 @@ def test_the_judge_decides_a_claimed_pass_from_its_own_expected_values():
         judge("pass", reference)
 
 
+def test_the_judge_takes_each_device_the_student_has_against_the_same_expected_values():
+    """Checks repeat on every device the student enabled ("on cpu(): ...", "on cuda(): ..."):
+    each device's values are judged against the reference's, and each must be complete."""
+    from companion.check.diagnose import Recorder, record
+    from companion.check.judge import judge
+
+    a, b = np.array([1.0, 2.0]), np.array([3.0])
+    with Recorder() as reference:  # the reference run had one device
+        record("on cpu(): A.sum()", a, a, 0.0, 0.0)
+        record("on cpu(): A.max()", b, b, 0.0, 0.0)
+    with Recorder() as two_devices:
+        for dev in ("cpu_numpy()", "cuda()"):
+            record(f"on {dev}: A.sum()", a, a, 0.0, 0.0)
+            record(f"on {dev}: A.max()", b, b, 0.0, 0.0)
+    assert judge(two_devices, reference) is None
+    assert judge(two_devices[:3], reference) == (
+        "your process sent no value for 'A.max()', which this question compares"
+    )
+    wrong = [dict(c) for c in two_devices]
+    with Recorder() as bad:
+        record("on cuda(): A.max()", np.array([4.0]), b, 0.0, 0.0)
+    wrong[3] = bad[0]
+    assert judge(wrong, reference).startswith("on cuda(): A.max() is wrong (judged outside")
+
+
 # ---- never hang or mislead ---------------------------------------------------------------------
 def test_an_import_that_never_returns_is_one_diagnosis(tmp_path):
     root = skeleton(tmp_path, "hw1")
