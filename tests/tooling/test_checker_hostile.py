@@ -1,7 +1,9 @@
 """Student code that attacks the checker gets an honest verdict, within the worker's limits.
 
 Each test plants hostile code in a copy of this project's needle (the course's layout, as in
-test_checker.py): forged results, numpy's internals patched, files written outside the
+test_checker.py): forged results (also ones carrying self-consistent values), numpy's internals
+and the checker's functions patched (also by patches that undo themselves before the worker's
+guard looks: only the judge, outside the worker, catches those), files written outside the
 homework folder, a fork bomb, a memory hog, a CPU burner, a process that escapes with setsid,
 and a signal to the process that watches the worker. None of them earns a pass it did not
 compute, none leaves a process or a file behind, and each report names the limit it hit.
