@@ -85,7 +85,9 @@ def describe_box(limits: Limits, timeout: float) -> str:
     return (
         f"each worker: memory {limits.memory / GIB:g} GiB (RLIMIT_DATA), CPU {cpu} "
         f"(RLIMIT_CPU), at most {limits.processes} processes, all ended with it; {files}. "
-        "Code that sets out to fake a verdict from inside the worker can still do so."
+        "Verdicts are the judge's: it compares the values your code produced with expected "
+        "values computed in a process that never runs your code, so patching numpy or the "
+        "checker, or writing forged results, does not pass."
     )
 
 

@@ -2,10 +2,11 @@
 
 This module runs inside the checker's worker process next to the *student's* ``needle``, so it
 imports only numpy and the standard library (never ``needle``): tensors are converted through
-their ``numpy()`` method. Because student code shares that process, every comparison is also
-recorded (``Recorder``: the values copied out as bytes) and the runner recomputes the verdict in
-its own process (``recheck``); ``NumpyGuard`` notices student code replacing numpy's functions,
-which the references are computed with.
+their ``numpy()`` method. Because student code shares that process, nothing decided here is
+believed: every comparison is also recorded (``Recorder``: the values copied out as bytes), and
+the runner's judge (``judge.py``) decides a pass from the student's values against expected
+values of its own. ``NumpyGuard`` notices student code replacing numpy's functions, which
+this process's diagnoses are computed with.
 """
 
 from __future__ import annotations
@@ -298,10 +299,6 @@ def _encode(x) -> dict | None:
     return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
-def _decode(d: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(d["data"]), dtype=np.float64).reshape(d["shape"])
-
-
 def record(what: str, got, expected, rtol: float, atol: float) -> None:
     """Copy one comparison's values out (as float64 bytes) while a ``Recorder`` is active."""
     if _RECORD is None:
@@ -318,7 +315,7 @@ def record(what: str, got, expected, rtol: float, atol: float) -> None:
 
 class Recorder:
     """``with Recorder() as log:`` collects every ``check_close``/``check_adjoints`` comparison
-    made inside the block into ``log`` (JSON-ready dicts), for ``recheck`` in another process."""
+    made inside the block into ``log`` (JSON-ready dicts), for the judge in another process."""
 
     def __enter__(self) -> list:
         global _RECORD
@@ -329,26 +326,6 @@ class Recorder:
     def __exit__(self, *exc) -> None:
         global _RECORD
         _RECORD = None
-
-
-def recheck(comparisons: Sequence[dict]) -> str | None:
-    """Recompute recorded comparisons (in the runner's process); the first mismatch, or None."""
-    for c in comparisons:
-        problem = mismatch(
-            _decode(c["got"]), _decode(c["expected"]), rtol=c["rtol"], atol=c["atol"]
-        )
-        if problem is not None:
-            return (
-                f"{c['what']} is wrong (compared again in the checker's own process: "
-                "inside yours it looked right, so your code changes how numpy or the "
-                "checker compares).\n  expected: "
-                + show(_decode(c["expected"]))
-                + "\n  got:      "
-                + show(_decode(c["got"]))
-                + "\n  "
-                + problem.replace("\n", "\n  ")
-            )
-    return None
 
 
 class NumpyGuard:

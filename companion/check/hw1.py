@@ -282,7 +282,7 @@ def hw1_topo_sort(ctx):
     present(got, "find_topo_sort returned None")
     got_names = [names.get(id(n), "?") for n in got]
     exp_names = [names[id(n)] for n in expected]
-    code = "abcdef?"  # the order as numbers, rechecked by the runner
+    code = "abcdef?"  # the order as numbers, judged by the runner
     record(
         "find_topo_sort([f]) order",
         np.array([code.index(n) for n in got_names], dtype=np.float64),

@@ -13,11 +13,11 @@ Each worker runs in a box (``sandbox.py``, started through ``boxed.py``): memory
 process-count limits that the report names when hit; every process it starts, ``setsid`` or
 not, ended with it; on Linux with Landlock, no file changed outside the homework folder and a
 scratch folder, and no signal sent outside the box. Its answers come over a pipe (no results
-file it could append to), and every comparison a passing question made is checked again here,
-from the values the worker copied out. What this does not do: the references are computed in
-the worker, beside the student's code, so code written to fake a verdict from inside that
-process (rather than to compute an answer) can still do so; the report says this in its
-``sandbox:`` line.
+file it could append to), and a pass is only a claim: the judge (``judge.py``) decides it here,
+from the values the worker sent, against expected values computed by the same checks run on
+this project's own needle in a worker that never imports the student's code. The worker still
+computes its own copy of the expected values (for the diagnosis of a failure), so code written
+to read them out of the worker's memory and return them as answers is not stopped.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .boxed import GIB, Boxed, Limits, describe_box
-from .diagnose import recheck
+from .judge import Malformed, judge, references
 from .questions import HOMEWORKS, Question, questions_for
 
 IMPORT_PROBE = "__import__"  # the worker's first step (worker.IMPORT_PROBE)
@@ -50,6 +50,8 @@ class Result:
     status: str
     detail: str = ""
     warnings: list[str] = field(default_factory=list)
+    # the values a worker that claims a pass sent; judge.py decides whether it is one
+    claims: list = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -289,10 +291,13 @@ def _build_cmake(root: Path, env: dict, timeout: float) -> list[str]:
     return ["FAILED to build with CMake:\n" + log]
 
 
-def _worker_env(root: Path, hw: str, scratch: Path, limits: Limits) -> dict:
+def _worker_env(
+    root: Path, hw: str, scratch: Path, limits: Limits, reference: bool = False
+) -> dict:
     """The worker's environment: no outside paths or backend choice; ``NEEDLE_IMPL`` names the
-    homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package;
-    temporary files go to the scratch folder."""
+    homework's ``python/`` folder (hw1 on), so ``import needle`` is the student's package
+    (this project's needle for the judge's ``reference`` run); temporary files go to the
+    scratch folder."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -301,7 +306,7 @@ def _worker_env(root: Path, hw: str, scratch: Path, limits: Limits) -> dict:
     env["PYTHONNOUSERSITE"] = "1"
     env["TMPDIR"] = str(scratch)
     env["COMPANION_CHECK_MEMORY"] = f"{limits.memory / GIB:g} GiB"
-    if hw != "hw0":
+    if hw != "hw0" and not reference:
         env["NEEDLE_IMPL"] = str(root / "python")
     return env
 
@@ -367,7 +372,11 @@ def _apply(event: dict, state: dict, ctx: dict) -> None:
         state.update(import_problem=("error", str(event["import_error"])), current=None)
     elif event.get("id") in by_id and event["id"] not in results:
         results[event["id"]] = _result(
-            by_id[event["id"]], event, ctx["hw"], ctx["paths"], ctx["allowed"]
+            by_id[event["id"]],
+            event,
+            ctx["hw"],
+            ctx["paths"],
+            None if ctx["reference"] else ctx["allowed"],
         )
         if ctx["hw"] != "hw0" and isinstance(event.get("needle"), str):
             ctx["needle"] = ctx["needle"] or event["needle"]
@@ -411,7 +420,7 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
         "probe": True,
     }
     cpu = limits.cpu if limits.cpu is not None else timeout * (len(batch) + 1)
-    env = _worker_env(root, hw, scratch, limits)
+    env = _worker_env(root, hw, scratch, limits, ctx["reference"])
     state = {
         "current": None,
         "started": 0.0,
@@ -482,6 +491,7 @@ def run_questions(
     timeout: float = 120.0,
     isolate: bool = False,
     limits: Limits | None = None,
+    reference: bool = False,
 ) -> tuple[list[Result], str | None]:
     """Run ``questions`` in boxed worker processes; returns the results and the needle file.
 
@@ -489,7 +499,8 @@ def run_questions(
     limit as a question): if that hangs, exits or raises, every question gets that one
     diagnosis and nothing more runs. ``isolate`` starts one worker per question (slower; the
     default restarts a worker only after a crash or a timeout). A question the worker passed
-    fails if one of its comparisons, recomputed here, does not hold.
+    is judged here (``judge.py``) from the values it sent, against the reference run's expected
+    values; ``reference`` is that run (this project's needle in ``root``: no judging).
     """
     paths = search_paths(root, hw)
     ctx = {
@@ -500,46 +511,87 @@ def run_questions(
         "allowed": [os.path.abspath(p) for p in paths],
         "results": {},
         "needle": None,
+        "reference": reference,
     }
     opts = {"limits": limits or Limits(), "timeout": timeout}
-    results, by_id = ctx["results"], ctx["by_id"]
     with tempfile.TemporaryDirectory(prefix="companion-check-") as tmp:
         remaining = [q.id for q in questions]
         round_ = 0
         while remaining:
             round_ += 1
             _round(Path(tmp), round_, remaining[:1] if isolate else remaining, ctx, opts)
-            left = [q for q in remaining if q not in results]
-            if ctx["import_problem"] is not None:
-                status, detail = ctx["import_problem"]
-                for qid in left:
-                    results[qid] = Result(by_id[qid], status, detail)
-                left = []
-            elif left and left[0] == remaining[0] and ctx["current"] is None and ctx["returncode"]:
-                # The worker died before starting anything (the checker itself is broken).
-                for qid in left:
-                    results[qid] = Result(
-                        by_id[qid],
-                        "error",
-                        "the checker could not start:\n" + _tail(Path(tmp) / f"stderr{round_}.txt"),
-                    )
-                left = []
-            remaining = left
-    return [results[q.id] for q in questions], ctx["needle"]
+            remaining = _after_round(Path(tmp), round_, remaining, ctx)
+    results = [ctx["results"][q.id] for q in questions]
+    if not reference:
+        _judge_passes(results, hw, timeout)
+    return results, ctx["needle"]
+
+
+def _after_round(tmp: Path, round_: int, remaining: list[str], ctx: dict) -> list[str]:
+    """The questions still to run after a round (none after an import problem, which every
+    question left gets, or when the checker itself could not start)."""
+    results, by_id = ctx["results"], ctx["by_id"]
+    left = [q for q in remaining if q not in results]
+    if ctx["import_problem"] is not None:
+        status, detail = ctx["import_problem"]
+        for qid in left:
+            results[qid] = Result(by_id[qid], status, detail)
+        return []
+    if left and left[0] == remaining[0] and ctx["current"] is None and ctx["returncode"]:
+        # The worker died before starting anything (the checker itself is broken).
+        for qid in left:
+            results[qid] = Result(
+                by_id[qid],
+                "error",
+                "the checker could not start:\n" + _tail(tmp / f"stderr{round_}.txt"),
+            )
+        return []
+    return left
+
+
+def _judge_passes(results: list[Result], hw: str, timeout: float) -> None:
+    """Decide every claimed pass from the values its worker sent (``judge.judge``)."""
+    claimed = [r for r in results if r.status == "pass"]
+    if not claimed:
+        return
+    expected = references(hw, [r.question.id for r in claimed], timeout)
+    for r in claimed:
+        reference = expected[r.question.id]
+        if isinstance(reference, str):
+            problem = (
+                "the checker's judge could not compute this question's expected values with "
+                f"this project's own needle, so it cannot pass here ({reference.splitlines()[0]})"
+            )
+            status = "error"
+        else:
+            try:
+                problem = judge(r.claims, reference)
+            except Malformed as exc:
+                problem = f"what your process sent is not well-formed values ({exc})"
+            status = "fail"
+        if problem is not None:
+            r.status, r.detail, r.warnings = status, problem, []
+        r.claims = []
 
 
 def _result(
-    question: Question, event: dict, hw: str, paths: list[str], allowed: list[str]
+    question: Question, event: dict, hw: str, paths: list[str], allowed: list[str] | None
 ) -> Result:
-    """A worker's verdict, checked: the needle came from the homework folder, and every
-    comparison holds when recomputed here."""
+    """A worker's verdict: the needle came from the homework folder (``allowed``: None for the
+    reference run), and a pass carries the values to judge (``claims``)."""
     status, detail = str(event.get("status")), str(event.get("detail", ""))
     if status not in ("pass", "fail", "not implemented", "error"):
         status, detail = "error", f"the worker sent an unknown status {status!r}"
     warnings = event.get("warnings") if status == "pass" else []
-    result = Result(question, status, detail, [str(w) for w in warnings or []])
+    if not isinstance(warnings, list):
+        warnings = []
+    result = Result(question, status, detail, [str(w) for w in warnings])
     where = event.get("needle") if hw != "hw0" else None  # hw0 has no needle of its own
-    if where and not any(os.path.abspath(where).startswith(a) for a in allowed):
+    if (
+        allowed is not None
+        and where
+        and not any(os.path.abspath(str(where)).startswith(a) for a in allowed)
+    ):
         result.status, result.detail = (
             "error",
             (f"imported needle from {where}, not from {' or '.join(paths)}: fix the layout"),
@@ -548,18 +600,14 @@ def _result(
         result.status, result.detail, result.warnings = (
             "error",
             (
-                "the worker claimed a pass without a single comparison to recheck (every "
+                "the worker claimed a pass without a single comparison to judge (every "
                 "question compares values): something other than the checker wrote this verdict"
             ),
             [],
         )
     elif result.status == "pass":
-        try:
-            problem = recheck(event.get("comparisons") or [])
-        except (KeyError, TypeError, ValueError) as exc:
-            problem = f"the worker's record of comparisons is malformed ({exc})"
-        if problem is not None:
-            result.status, result.detail, result.warnings = "fail", problem, []
+        comparisons = event.get("comparisons")
+        result.claims = comparisons if isinstance(comparisons, list) else [comparisons]
     return result
 
 

@@ -14,9 +14,11 @@ and scratch folders where Landlock is available): ``{"start": "__import__"}`` an
 imported once, before any question, so a hang, an exit or a syntax error at import is reported
 once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "needle",
 "comparisons"}`` after it. ``comparisons`` carries every value a check compared (see
-``diagnose.Recorder``), so the runner recomputes each verdict in its own process, out of the
-student's code's reach. A crash (segfault) or an exit leaves a start without an end, which the
-runner reports for that question alone.
+``diagnose.Recorder``): a pass is only a claim, which the runner's judge (``judge.py``)
+decides from those values against expected values computed where the student's code never
+runs. The worker is also how the judge computes them: the same checks run on this project's
+needle (the runner's ``reference`` run). A crash (segfault) or an exit leaves a start without
+an end, which the runner reports for that question alone.
 """
 
 import faulthandler

@@ -449,19 +449,64 @@ def test_the_guard_names_and_undoes_a_rewritten_checker_function():
         diagnose.mismatch.__code__ = original
 
 
-def test_the_runner_recomputes_a_passing_verdict():
-    """A worker that claims a pass over values that differ is overruled by the runner."""
+def test_the_judge_decides_a_claimed_pass_from_its_own_expected_values():
+    """A worker that claims a pass is judged against the reference run's expected values, not
+    the ones it sent; anything that is not well-formed values is named as such."""
     from companion.check.diagnose import Recorder, record
+    from companion.check.judge import Malformed, judge
     from companion.check.runner import _result
 
-    with Recorder() as log:
-        record("multiply(a, b) (forward)", np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1e-5, 1e-6)
-    event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": log}
+    what = "multiply(a, b) (forward)"
+    with Recorder() as reference:
+        record(what, np.array([1.0, 3.0]), np.array([1.0, 3.0]), 1e-5, 1e-6)
+    with Recorder() as claims:  # the worker's: its expected agrees with its wrong answer
+        record(what, np.array([1.0, 2.0]), np.array([1.0, 2.0]), 1e-5, 1e-6)
+    event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": claims}
     result = _result(BY_ID["hw1_multiply_forward"], event, "hw1", [], [])
-    assert result.status == "fail"
-    assert result.detail.startswith(
-        "multiply(a, b) (forward) is wrong (compared again in the checker's own process"
+    assert result.status == "pass" and result.claims == claims  # not decided by the worker
+    assert judge(claims, reference).startswith(f"{what} is wrong (judged outside your process")
+    with Recorder() as right:
+        record(what, np.array([1.0, 3.0]), np.array([0.0, 0.0]), 1e-5, 1e-6)
+    assert judge(right, reference) is None
+    assert "sent no value for 'other'" in judge(
+        right, reference + [dict(reference[0], what="other")]
     )
+    assert "does not compare" in judge(right + [dict(right[0], what="other")], reference)
+    for bad in (
+        {"shape": [2], "data": "not base64!"},
+        {"shape": [3], "data": right[0]["got"]["data"]},
+        {"shape": ["2"], "data": right[0]["got"]["data"]},
+        {"shape": [2], "data": right[0]["got"]["data"], "pickle": "cos\nsystem"},
+    ):
+        with pytest.raises(Malformed):
+            judge([dict(right[0], got=bad)], reference)
+    with pytest.raises(Malformed):
+        judge("pass", reference)
+
+
+def test_the_judge_takes_each_device_the_student_has_against_the_same_expected_values():
+    """Checks repeat on every device the student enabled ("on cpu(): ...", "on cuda(): ..."):
+    each device's values are judged against the reference's, and each must be complete."""
+    from companion.check.diagnose import Recorder, record
+    from companion.check.judge import judge
+
+    a, b = np.array([1.0, 2.0]), np.array([3.0])
+    with Recorder() as reference:  # the reference run had one device
+        record("on cpu(): A.sum()", a, a, 0.0, 0.0)
+        record("on cpu(): A.max()", b, b, 0.0, 0.0)
+    with Recorder() as two_devices:
+        for dev in ("cpu_numpy()", "cuda()"):
+            record(f"on {dev}: A.sum()", a, a, 0.0, 0.0)
+            record(f"on {dev}: A.max()", b, b, 0.0, 0.0)
+    assert judge(two_devices, reference) is None
+    assert judge(two_devices[:3], reference) == (
+        "your process sent no value for 'A.max()', which this question compares"
+    )
+    wrong = [dict(c) for c in two_devices]
+    with Recorder() as bad:
+        record("on cuda(): A.max()", np.array([4.0]), b, 0.0, 0.0)
+    wrong[3] = bad[0]
+    assert judge(wrong, reference).startswith("on cuda(): A.max() is wrong (judged outside")
 
 
 # ---- never hang or mislead ---------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Student code that attacks the checker gets an honest verdict, within the worker's limits.
 
 Each test plants hostile code in a copy of this project's needle (the course's layout, as in
-test_checker.py): forged results, numpy's internals patched, files written outside the
+test_checker.py): forged results (also ones carrying self-consistent values), numpy's internals
+and the checker's functions patched (also by patches that undo themselves before the worker's
+guard looks: only the judge, outside the worker, catches those), files written outside the
 homework folder, a fork bomb, a memory hog, a CPU burner, a process that escapes with setsid,
 and a signal to the process that watches the worker. None of them earns a pass it did not
 compute, none leaves a process or a file behind, and each report names the limit it hit.
@@ -69,6 +71,80 @@ def test_forged_result_lines_do_not_pass(tmp_path):
     report = check(root, only=["add_forward", "multiply_forward", "exp_backward"])
     assert "pass" not in statuses(report).values(), report.format()
     assert "without a single comparison" in report.results[0].detail, report.format()
+
+
+FORGED_VALUES = """
+import base64 as _b64, json as _json, os as _os, sys as _sys
+
+# A forger that knows the protocol: for every question a pass carrying a comparison whose
+# value and expected value agree (zeros), written into every open descriptor, then leave.
+_zero = {"shape": [1], "data": _b64.b64encode(bytes(8)).decode()}
+_cfg = _json.load(open(_sys.argv[1]))
+_lines = ""
+for _q in _cfg["questions"]:
+    _claim = {"what": "add(a, b) (forward)", "got": _zero, "expected": _zero, "rtol": 0.0,
+              "atol": 0.0}
+    _lines += _json.dumps({"start": _q}) + "\\n" + _json.dumps(
+        {"id": _q, "status": "pass", "detail": "", "needle": __file__,
+         "comparisons": [_claim]}) + "\\n"
+for _fd in range(3, 64):
+    try:
+        _os.write(_fd, _lines.encode())
+    except OSError:
+        pass
+_os._exit(0)
+"""
+
+
+def test_forged_records_that_carry_values_do_not_pass(tmp_path):
+    """Forged passes with self-consistent values: the judge has its own expected values."""
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "__init__.py", FORGED_VALUES)
+    report = check(root, only=["add_forward", "multiply_forward", "exp_backward"])
+    assert set(statuses(report).values()) == {"fail"}, report.format()
+    by_id = {r.question.id: r.detail for r in report.results}
+    assert by_id["hw1_add_forward"].startswith("add(a, b) (forward) is wrong (judged outside")
+    assert "which this question does not compare" in by_id["hw1_multiply_forward"]
+
+
+SELF_RESTORING_PATCH = """
+def _wrong_multiply(self, a, b):
+    # A wrong product, and the checker's comparison and numpy's allclose/isclose and
+    # numpy.testing made to agree with it: check_close is told the expected value is the
+    # answer itself; every patch puts itself back before the checker's guard looks.
+    import numpy as _np
+    import numpy.testing as _npt
+    import companion.check.common as _common
+
+    saved = (_common.check_close, _np.allclose, _np.isclose, _npt.assert_allclose)
+
+    def _agree(what, got, expected, *args, **kwargs):
+        _common.check_close, _np.allclose, _np.isclose, _npt.assert_allclose = saved
+        return saved[0](what, got, got.numpy(), *args, **kwargs)
+
+    _common.check_close = _agree
+    _np.allclose = lambda *args, **kwargs: True
+    _np.isclose = lambda a, b, **kwargs: _np.ones(_np.broadcast(a, b).shape, bool)
+    _npt.assert_allclose = lambda *args, **kwargs: None
+    return a + b
+
+
+EWiseMul.compute = _wrong_multiply
+"""
+
+
+def test_patches_of_numpy_and_the_checker_that_undo_themselves_do_not_pass(tmp_path):
+    """The worker's own comparison says pass and its guard sees nothing; the judge's does not."""
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "ops/ops_mathematic.py", SELF_RESTORING_PATCH)
+    report = check(root, only=["multiply_forward", "add_forward"])
+    assert statuses(report) == {
+        "hw1_add_forward": "pass",
+        "hw1_multiply_forward": "fail",
+    }, report.format()
+    detail = next(r.detail for r in report.results if r.question.id == "hw1_multiply_forward")
+    assert detail.startswith("multiply(a, b) (forward) is wrong (judged outside"), detail
+    assert "computed beside your code differs from the judge's" in detail
 
 
 PATCHED_INTERNALS = """
@@ -269,3 +345,39 @@ open({str(root / "kill.txt")!r}, "w").write(_outcome)
     report = check(root, only=["flatten"])
     assert (root / "kill.txt").read_text() == "refused"
     assert statuses(report) == {"hw2_flatten": "pass"}, report.format()
+
+
+READS_THE_CHECKERS_FRAMES = """
+import sys as _sys
+
+_course_numpy = Tensor.numpy
+
+
+def _numpy_from_the_callers_expected(self):
+    # The attack the judge does not stop: the worker still computes its own expected values
+    # (for the diagnosis of a failure), and Tensor.numpy() runs inside the checker's record()
+    # with that value in a caller's frame.
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if "companion" in frame.f_code.co_filename and "expected" in frame.f_locals:
+            return frame.f_locals["expected"]
+        frame = frame.f_back
+    return _course_numpy(self)
+
+
+Tensor.numpy = _numpy_from_the_callers_expected
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit: the worker computes expected values beside student code, so code that "
+    "reads them out of the checker's stack frames passes (only a worker that never computes "
+    "them would stop this)",
+)
+def test_reading_the_expected_value_out_of_the_checkers_frames_does_not_pass(tmp_path):
+    root = skeleton(tmp_path, "hw1")
+    plant(root, "autograd.py", READS_THE_CHECKERS_FRAMES)
+    plant(root, "ops/ops_mathematic.py", "EWiseMul.compute = lambda self, a, b: a + b\n")
+    report = check(root, only=["multiply_forward"])
+    assert statuses(report) == {"hw1_multiply_forward": "fail"}, report.format()
