@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from companion import steps
-from companion.steps import CASES, Step, _fast_backward
+from companion.steps import CASES, Step
 
 TITLES = {
     "mlp_resnet": "MLP-ResNet step (nn.Linear, nn.BatchNorm1d, batch 100, Adam)",
@@ -124,23 +124,7 @@ def needle_step(case: str, device, fast: bool = False, sizes: Sizes = Sizes()) -
     else:
         opt = ndl.optim.SGD(params, lr=0.01 if case == "resnet9" else 0.1)
     x_np, y_np = batch(case, sizes)
-    x = ndl.Tensor(x_np.astype(np.float32), device=device, requires_grad=False)
-    y = ndl.Tensor(y_np.astype(np.float32), device=device, requires_grad=False)
-    loss_fn = ndl.nn.SoftmaxLoss()
-    backward = _fast_backward
-    if fast:
-        import needle.fast
-
-        needle.fast.fuse(model)
-        needle.fast.fuse(loss_fn)
-        backward = needle.fast.backward
-
-    def forward():
-        opt.reset_grad()
-        out = model(x)
-        return loss_fn(out[0] if isinstance(out, tuple) else out, y)
-
-    return Step(forward, backward, opt.step)
+    return steps.training_step(model, opt, x_np, y_np, device, fast)
 
 
 # ---- PyTorch's side: its standard modules ------------------------------------------------------

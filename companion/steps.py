@@ -133,6 +133,18 @@ def needle_step(case: str, device, fast: bool = False) -> Step:
     param_device = model.parameters()[0].device
     if param_device != device:
         raise RuntimeError(f"{case}: the model's parameters are on {param_device}, not {device}")
+    return training_step(model, opt, x_np, y_np, device, fast)
+
+
+def training_step(
+    model, opt, x_np: np.ndarray, y_np: np.ndarray, device, fast: bool = False
+) -> Step:
+    """A needle training step of ``model`` on the batch (x_np, y_np) with ``opt``:
+    ``nn.SoftmaxLoss`` (on the logits when the model returns (logits, state)),
+    ``backward(create_graph=False)``, the optimizer; with ``fast`` the opt-in fast path
+    (``needle.fast.fuse`` on the model and the loss, ``needle.fast.backward``)."""
+    import needle as ndl
+
     x = ndl.Tensor(x_np.astype(np.float32), device=device, requires_grad=False)
     y = ndl.Tensor(y_np.astype(np.float32), device=device, requires_grad=False)
     loss_fn = ndl.nn.SoftmaxLoss()
