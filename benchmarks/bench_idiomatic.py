@@ -33,7 +33,8 @@ from benchmarks.common import (
     time_step_here,
     with_fast_path,
 )
-from benchmarks.idiomatic import CASES, TITLES
+from benchmarks.idiomatic import TITLES
+from companion.steps import CASES
 
 # largest relative difference of the logits (and absolute of the loss) between the two models
 # with the same weights: float32 sums in another order differ by ~1e-6

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from companion import steps
-from companion.steps import CASES, Step
+from companion.steps import Step, batch, check_case, needle_model
 
 TITLES = {
     "mlp_resnet": "MLP-ResNet step (nn.Linear, nn.BatchNorm1d, batch 100, Adam)",
@@ -35,96 +35,21 @@ TITLES = {
 
 
 @dataclass(frozen=True)
-class Sizes:
-    """The models' sizes; the defaults are :mod:`companion.steps`' (the Transformer's heads
-    aside, see the module's docstring)."""
+class Sizes(steps.Sizes):
+    """:mod:`companion.steps`' sizes, with the Transformer's 4 heads of 32 (see the module's
+    docstring)."""
 
-    mlp_batch: int = steps.MLP_BATCH
-    mlp_dim: int = steps.MLP_DIM
-    mlp_hidden: int = steps.MLP_HIDDEN
-    mlp_blocks: int = steps.MLP_BLOCKS
-    classes: int = steps.MLP_CLASSES
-    drop: float = steps.MLP_DROP
-    image_batch: int = steps.CIFAR_BATCH
-    seq: int = steps.SEQ
-    lm_batch: int = steps.BATCH_LM
-    embed: int = steps.EMBED
-    hidden: int = steps.HIDDEN
-    vocab: int = steps.VOCAB
-    layers: int = steps.LAYERS
     heads: int = 4
     dim_head: int = 32
-
-
-def check_case(case: str) -> None:
-    if case not in CASES:
-        raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
-
-
-def batch(case: str, sizes: Sizes) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, integer targets) for ``case``, fixed by the sizes."""
-    check_case(case)
-    rng = np.random.RandomState(0)
-    if case == "mlp_resnet":
-        x = rng.standard_normal((sizes.mlp_batch, sizes.mlp_dim)).astype(np.float32)
-        return x, rng.randint(0, sizes.classes, sizes.mlp_batch)
-    if case == "resnet9":
-        x = rng.standard_normal((sizes.image_batch, 3, 32, 32)).astype(np.float32)
-        return x, rng.randint(0, 10, sizes.image_batch)
-    ids = rng.randint(0, sizes.vocab, (sizes.seq, sizes.lm_batch))
-    return ids, rng.randint(0, sizes.vocab, sizes.seq * sizes.lm_batch)
 
 
 # ---- needle's side: the course's modules -------------------------------------------------------
 
 
-def needle_model(case: str, sizes: Sizes, device) -> Any:
-    """The course's model of ``case`` on ``device``, seeded, in training mode."""
-    check_case(case)
-    np.random.seed(0)
-    if case == "mlp_resnet":
-        from companion.apps import mlp_resnet
-
-        # the course's MLPResNet takes no device: its layers live on the default device, cpu()
-        model = mlp_resnet.MLPResNet(
-            sizes.mlp_dim, sizes.mlp_hidden, sizes.mlp_blocks, sizes.classes, drop_prob=sizes.drop
-        )
-    elif case == "resnet9":
-        from companion.apps.models import ResNet9
-
-        model = ResNet9(device=device)
-    else:
-        from companion.apps.models import LanguageModel
-
-        extra = {} if case == "lstm_lm" else {"num_head": sizes.heads, "dim_head": sizes.dim_head}
-        model = LanguageModel(
-            sizes.embed,
-            sizes.vocab,
-            sizes.hidden,
-            num_layers=sizes.layers,
-            seq_model="lstm" if case == "lstm_lm" else "transformer",
-            seq_len=sizes.seq,
-            device=device,
-            **extra,
-        )
-    model.train()
-    return model
-
-
 def needle_step(case: str, device, fast: bool = False, sizes: Sizes = Sizes()) -> Step:
-    """needle's training step of ``case``: the course's model, ``nn.SoftmaxLoss``,
-    ``backward(create_graph=False)`` (PyTorch's backward records no graph either) and the
-    optimizer; with ``fast`` through ``needle.fast`` (fused modules and loss, its backward)."""
-    import needle as ndl
-
-    model = needle_model(case, sizes, device)
-    params = model.parameters()
-    if case == "mlp_resnet":
-        opt = ndl.optim.Adam(params, lr=0.001, weight_decay=0.001)
-    else:
-        opt = ndl.optim.SGD(params, lr=0.01 if case == "resnet9" else 0.1)
-    x_np, y_np = batch(case, sizes)
-    return steps.training_step(model, opt, x_np, y_np, device, fast)
+    """needle's training step of ``case`` (:func:`companion.steps.needle_step`) at these sizes:
+    ``backward(create_graph=False)``, as PyTorch's backward records no graph either."""
+    return steps.needle_step(case, device, fast, sizes)
 
 
 # ---- PyTorch's side: its standard modules ------------------------------------------------------

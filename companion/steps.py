@@ -77,59 +77,97 @@ def peak_bytes(device, fn: Callable[[], object]) -> Tuple[int, int]:
         gc.enable()
 
 
-def _data(case: str):
-    """(inputs, integer targets) as numpy arrays, fixed by the case name."""
+@dataclass(frozen=True)
+class Sizes:
+    """The models' sizes (the defaults are the cases described above); ``heads`` and
+    ``dim_head`` None keep the Transformer layer's own defaults."""
+
+    mlp_batch: int = MLP_BATCH
+    mlp_dim: int = MLP_DIM
+    mlp_hidden: int = MLP_HIDDEN
+    mlp_blocks: int = MLP_BLOCKS
+    classes: int = MLP_CLASSES
+    drop: float = MLP_DROP
+    image_batch: int = CIFAR_BATCH
+    seq: int = SEQ
+    lm_batch: int = BATCH_LM
+    embed: int = EMBED
+    hidden: int = HIDDEN
+    vocab: int = VOCAB
+    layers: int = LAYERS
+    heads: Optional[int] = None
+    dim_head: Optional[int] = None
+
+
+def check_case(case: str) -> None:
+    """ValueError naming the cases when ``case`` is not one of them."""
+    if case not in CASES:
+        raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
+
+
+def batch(case: str, sizes: Sizes = Sizes()) -> Tuple[np.ndarray, np.ndarray]:
+    """(inputs, integer targets) of ``case`` as numpy arrays, fixed by the case and sizes."""
+    check_case(case)
     rng = np.random.RandomState(0)
     if case == "mlp_resnet":
-        return (
-            rng.standard_normal((MLP_BATCH, MLP_DIM)).astype(np.float32),
-            rng.randint(0, MLP_CLASSES, MLP_BATCH),
-        )
+        x = rng.standard_normal((sizes.mlp_batch, sizes.mlp_dim)).astype(np.float32)
+        return x, rng.randint(0, sizes.classes, sizes.mlp_batch)
     if case == "resnet9":
-        return (
-            rng.standard_normal((CIFAR_BATCH, 3, 32, 32)).astype(np.float32),
-            rng.randint(0, 10, CIFAR_BATCH),
+        x = rng.standard_normal((sizes.image_batch, 3, 32, 32)).astype(np.float32)
+        return x, rng.randint(0, 10, sizes.image_batch)
+    ids = rng.randint(0, sizes.vocab, (sizes.seq, sizes.lm_batch))
+    return ids, rng.randint(0, sizes.vocab, sizes.seq * sizes.lm_batch)
+
+
+def needle_model(case: str, sizes: Sizes, device):
+    """The course's model of ``case`` on ``device`` (MLPResNet on the default device: the
+    course's takes none), seeded, in training mode."""
+    check_case(case)
+    np.random.seed(0)
+    if case == "mlp_resnet":
+        from companion.apps import mlp_resnet
+
+        model = mlp_resnet.MLPResNet(
+            sizes.mlp_dim, sizes.mlp_hidden, sizes.mlp_blocks, sizes.classes, drop_prob=sizes.drop
         )
-    if case in ("lstm_lm", "transformer_lm"):
-        return rng.randint(0, VOCAB, (SEQ, BATCH_LM)), rng.randint(0, VOCAB, SEQ * BATCH_LM)
-    raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
+    elif case == "resnet9":
+        from companion.apps.models import ResNet9
+
+        model = ResNet9(device=device)
+    else:
+        from companion.apps.models import LanguageModel
+
+        heads = {}  # the Transformer's; None keeps its layer's defaults
+        if case == "transformer_lm" and sizes.heads is not None:
+            heads["num_head"] = sizes.heads
+        if case == "transformer_lm" and sizes.dim_head is not None:
+            heads["dim_head"] = sizes.dim_head
+        model = LanguageModel(
+            sizes.embed,
+            sizes.vocab,
+            sizes.hidden,
+            num_layers=sizes.layers,
+            seq_model="lstm" if case == "lstm_lm" else "transformer",
+            seq_len=sizes.seq,
+            device=device,
+            **heads,
+        )
+    model.train()
+    return model
 
 
-def needle_step(case: str, device, fast: bool = False) -> Step:
+def needle_step(case: str, device, fast: bool = False, sizes: Sizes = Sizes()) -> Step:
     """The needle step of ``case`` on ``device`` (a needle device such as ``ndl.cpu()``): the
     course's modules and backward, or with ``fast`` the opt-in fast path
     (``needle.fast.fuse`` on the model and the loss, ``needle.fast.backward``)."""
     import needle as ndl
 
-    x_np, y_np = _data(case)
-    np.random.seed(0)
+    x_np, y_np = batch(case, sizes)
+    model = needle_model(case, sizes, device)
     if case == "mlp_resnet":
-        from companion.apps import mlp_resnet
-
-        # The course's MLPResNet takes no device: its layers live on the default device.
-        model = mlp_resnet.MLPResNet(
-            MLP_DIM, MLP_HIDDEN, MLP_BLOCKS, MLP_CLASSES, drop_prob=MLP_DROP
-        )
         opt = ndl.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)
-    elif case == "resnet9":
-        from companion.apps.models import ResNet9
-
-        model = ResNet9(device=device)
-        opt = ndl.optim.SGD(model.parameters(), lr=0.01)
     else:
-        from companion.apps.models import LanguageModel
-
-        model = LanguageModel(
-            EMBED,
-            VOCAB,
-            HIDDEN,
-            num_layers=LAYERS,
-            seq_model="lstm" if case == "lstm_lm" else "transformer",
-            seq_len=SEQ,
-            device=device,
-        )
-        opt = ndl.optim.SGD(model.parameters(), lr=0.1)
-    model.train()
+        opt = ndl.optim.SGD(model.parameters(), lr=0.01 if case == "resnet9" else 0.1)
     param_device = model.parameters()[0].device
     if param_device != device:
         raise RuntimeError(f"{case}: the model's parameters are on {param_device}, not {device}")
@@ -174,7 +212,7 @@ def torch_step(case: str) -> Optional[Step]:
         return None
     nn = torch.nn
     torch.manual_seed(0)
-    x_np, y_np = _data(case)
+    x_np, y_np = batch(case)
     if case == "mlp_resnet":
         model = torch_mlp_resnet()
         opt = torch.optim.Adam(model.parameters(), lr=0.001, weight_decay=0.001)

@@ -12,6 +12,7 @@ import pytest
 
 import needle as ndl
 from benchmarks import bench_idiomatic, bench_overhead, common, idiomatic
+from companion.steps import CASES
 
 needs_cpu = pytest.mark.skipif(not ndl.cpu().enabled(), reason="needs the compiled cpu()")
 TINY = idiomatic.Sizes(
@@ -36,7 +37,7 @@ TINY = idiomatic.Sizes(
 
 
 @needs_cpu
-@pytest.mark.parametrize("case", idiomatic.CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_both_sides_are_the_same_model_on_tiny_shapes(case):
     pytest.importorskip("torch")
     r = idiomatic.compare(case, TINY)
@@ -144,7 +145,7 @@ def test_the_same_model_passes_and_is_reported(monkeypatch):
 
 def test_idiomatic_arguments():
     args = bench_idiomatic.parse_args([])
-    assert args.runs == common.CHILD_RUNS and args.cases == list(idiomatic.CASES)
+    assert args.runs == common.CHILD_RUNS and args.cases == list(CASES)
     args = bench_idiomatic.parse_args(["--runs", "2", "--cases", "resnet9", "lstm_lm"])
     assert args.runs == 2 and args.cases == ["resnet9", "lstm_lm"]
 
