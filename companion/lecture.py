@@ -116,18 +116,14 @@ def raised_at(error: BaseException) -> str:
     import traceback
 
     from companion.impl import active_folder
+    from companion.report_card import student_site
 
     folder = active_folder()
-    if folder is None:
-        return ""
-    root = folder.parent
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if path.is_relative_to(root):
-            return (
-                f"{path.relative_to(root).as_posix()}:{frame.lineno} `{(frame.line or '').strip()}`"
-            )
-    return ""
+    frames = traceback.extract_tb(error.__traceback__)
+    return student_site(
+        ((f.filename, f.lineno, (f.line or "").strip()) for f in frames),
+        folder.parent if folder is not None else None,
+    )
 
 
 def report_card() -> None:

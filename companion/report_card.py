@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from companion.lecture import CHECKOUT, SKIP_PREFIX
 
@@ -97,14 +98,24 @@ def failing_line(traceback: list[str], student: Path | None) -> str:
     frames = _frames(traceback)
     if not frames:
         return ""
-    if student is not None:
-        for path, number, code in reversed(frames):
-            if path is not None and Path(path).resolve().is_relative_to(student):
-                relative = Path(path).resolve().relative_to(student).as_posix()
-                return f"{relative}:{number} `{code}`"
+    in_student = student_site(frames, student)
+    if in_student:
+        return in_student
     cell = next((f for f in frames if f[0] is None), frames[0])
     where = _site(cell)
     return where if frames[-1] is cell else f"{where} (raised at {_site(frames[-1])})"
+
+
+def student_site(frames: Iterable[tuple[str | None, object, str]], student: Path | None) -> str:
+    """``path:line `code``` of the deepest of ``frames`` ((path, line, code), outermost first)
+    inside the folder ``student`` (the path relative to it); "" when none is, or no folder."""
+    if student is None:
+        return ""
+    for path, number, code in reversed(list(frames)):
+        if path is not None and Path(path).resolve().is_relative_to(student):
+            relative = Path(path).resolve().relative_to(student).as_posix()
+            return f"{relative}:{number} `{code}`"
+    return ""
 
 
 def _homework_root() -> Path | None:
