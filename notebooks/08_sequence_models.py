@@ -524,9 +524,10 @@ print(f"clipping at {CLIP} acted in {sum(history['clipped'])} of {len(opt.norms)
 #
 # **Clipping under Adam is not a smaller learning rate.** With SGD, a threshold below the
 # typical norm (the course's `clip_grad_norm` defaults to 0.25) shortens most steps, which
-# acts like a smaller learning rate. Adam's step is $\mathrm{lr} \cdot \hat m / (\sqrt{\hat v}
-# + \epsilon)$: multiply every gradient by the same constant and $\hat m$ and $\sqrt{\hat v}$
-# both scale with it, so the step does not change. Clipping under Adam scales each step's
+# acts like a smaller learning rate. Adam's step is
+# $\mathrm{lr} \cdot \hat m / (\sqrt{\hat v} + \epsilon)$: multiply every gradient by the
+# same constant and $\hat m$ and $\sqrt{\hat v}$ both scale with it, so the step does not
+# change. Clipping under Adam scales each step's
 # gradient by its own factor, so what it changes is how much each step's gradient weighs in
 # the running averages, not the length of the steps. The cell below checks the invariance:
 # one step of each optimizer from the same small model, with its gradients as computed and
