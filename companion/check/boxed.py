@@ -85,9 +85,10 @@ def describe_box(limits: Limits, timeout: float) -> str:
     return (
         f"each worker: memory {limits.memory / GIB:g} GiB (RLIMIT_DATA), CPU {cpu} "
         f"(RLIMIT_CPU), at most {limits.processes} processes, all ended with it; {files}. "
-        "Verdicts are the judge's: it compares the values your code produced with expected "
+        "Verdicts are the judge's: the process beside your code computes no expected value "
+        "(it only sends the values your code produced); the judge compares them with expected "
         "values computed in a process that never runs your code, so patching numpy or the "
-        "checker, or writing forged results, does not pass."
+        "checker, writing forged results, or reading the checker's memory does not pass."
     )
 
 

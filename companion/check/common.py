@@ -12,13 +12,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .diagnose import (
-    CheckFailure,
     NotImplementedYet,
     check_adjoints,
     check_close,
+    compare,
     mismatch,
     numerical_vjp,
-    record,
     require,
     to_numpy,
 )
@@ -29,7 +28,8 @@ class OpCase:
     """One call of an op: ``label`` as the student would write it, the needle call on Tensors,
     the numpy reference on arrays, and the named inputs. ``variants(arrays, out_grad, correct)``
     optionally returns op-specific wrong adjoints (``mistakes.Variant``), one list per input;
-    ``forward_variants(arrays)`` wrong forward results."""
+    ``forward_variants(arrays)`` wrong forward results; ``outputs`` is how many Tensors the op
+    returns when it returns a tuple (0: one Tensor)."""
 
     label: str
     call: Callable
@@ -37,10 +37,15 @@ class OpCase:
     inputs: dict
     variants: Callable | None = None
     forward_variants: Callable | None = None
+    outputs: int = 0
 
     @property
     def arrays(self) -> list[np.ndarray]:
         return [np.asarray(v, dtype=np.float32) for v in self.inputs.values()]
+
+    def reference(self):
+        """The numpy reference on the inputs in float64 (never called in a blind worker)."""
+        return self.ref(*[a.astype(np.float64) for a in self.arrays])
 
 
 def tensors(arrays: Sequence[np.ndarray], requires_grad: bool = True) -> list:
@@ -51,21 +56,31 @@ def tensors(arrays: Sequence[np.ndarray], requires_grad: bool = True) -> list:
 
 
 def require_unchanged(
-    what: str, xs: Sequence, arrays: Sequence[np.ndarray], names: Sequence[str]
+    what: str,
+    xs: Sequence,
+    arrays: Sequence[np.ndarray],
+    names: Sequence[str],
+    *,
+    judged: bool = True,
 ) -> None:
     """Each Tensor in ``xs`` still holds its ``arrays`` value after ``what`` ran: an op must
     not write into its inputs (the course's composite expressions, e.g. add_scalar(x, 1) * x,
-    would then see the changed x)."""
+    would then see the changed x). The values compared are the inputs themselves, which the
+    student's code is given anyway, so this is decided here as well as by the judge
+    (``judged`` False: here only, for values of the student's own, such as its output)."""
     for x, a, name in zip(xs, arrays, names):
         now = to_numpy(x)
-        record(f"{what}: {name} afterwards", now, a, 0.0, 0.0)
-        if mismatch(now, a, rtol=0.0, atol=0.0) is not None:
-            raise CheckFailure(
-                f"{what} changed {name} in place: it must return a "
-                "new array and leave its arguments alone (an `a += ...` or "
-                "`a[...] = ...` on the input writes into the caller's Tensor, so "
-                "an expression such as add_scalar(x, 1) * x would use the changed "
-                "x)"
+        message = (
+            f"{what} changed {name} in place: it must return a "
+            "new array and leave its arguments alone (an `a += ...` or "
+            "`a[...] = ...` on the input writes into the caller's Tensor, so "
+            "an expression such as add_scalar(x, 1) * x would use the changed "
+            "x)"
+        )
+        require(mismatch(now, a, rtol=0.0, atol=0.0) is None, message)
+        if judged:  # and by the judge, in case numpy was made to say so here
+            compare(
+                f"{what}: {name} afterwards", now, lambda a=a: a, rtol=0.0, atol=0.0, hint=message
             )
 
 
@@ -77,32 +92,34 @@ def check_forward(case: OpCase, *, rtol: float = 1e-5, atol: float = 1e-5) -> No
     require_unchanged(
         f"{case.label} (forward)", xs, case.arrays, [f"its input {n!r}" for n in case.inputs]
     )
-    expected = case.ref(*[a.astype(np.float64) for a in case.arrays])
-    if isinstance(expected, (tuple, list)):
+    if case.outputs:
         outs = list(out)
         require(
-            len(outs) == len(expected),
-            f"{case.label}: expected {len(expected)} outputs, got {len(outs)}",
+            len(outs) == case.outputs,
+            f"{case.label}: expected {case.outputs} outputs, got {len(outs)}",
         )
-        for i, (o, e) in enumerate(zip(outs, expected)):
+        for i, o in enumerate(outs):
             check_close(
                 f"{case.label}[{i}] (forward)",
                 o,
-                e,
+                lambda i=i: case.reference()[i],
                 inputs=case.inputs,
                 rtol=rtol,
-                atol=atol * max(1.0, float(np.abs(e).max(initial=0))),
+                atol=atol,
+                scale_atol=True,
             )
         return
+    forward_variants = case.forward_variants
     check_close(
         f"{case.label} (forward)",
         out,
-        expected,
+        case.reference,
         inputs=case.inputs,
         rtol=rtol,
-        atol=atol * max(1.0, float(np.abs(expected).max(initial=0))),
-        variants=case.forward_variants([a.astype(np.float64) for a in case.arrays])
-        if case.forward_variants
+        atol=atol,
+        scale_atol=True,
+        variants=(lambda: forward_variants([a.astype(np.float64) for a in case.arrays]))
+        if forward_variants
         else None,
     )
 
@@ -116,19 +133,18 @@ def check_backward(
     By default the op's own ``gradient_as_tuple(out_grad, node)`` is called, as the course's
     gradient check does, so this question does not depend on the reverse-mode question;
     ``via_backward`` runs ``out.backward(out_grad)`` instead (for ops returning tuples, modules).
+    The out_grad has the shape of the student's output, which is compared with the
+    reference's first (a wrong shape is the cause of whatever follows).
     """
     arrays = case.arrays
     xs = tensors(arrays)
     out = case.call(*xs)
     ref64 = [a.astype(np.float64) for a in arrays]
-    expected = case.ref(*ref64)
     rng = np.random.default_rng(7)
-    if isinstance(expected, (tuple, list)):
-        numeric, analytic, shown_w = _adjoints_of_tuple(case, xs, out, ref64, expected, rng)
+    if case.outputs:
+        numeric, analytic, shown_w = _adjoints_of_tuple(case, xs, out, ref64, rng)
     else:
-        numeric, analytic, shown_w = _adjoints_of_one(
-            case, xs, out, ref64, expected, rng, via_backward
-        )
+        numeric, analytic, shown_w = _adjoints_of_one(case, xs, out, ref64, rng, via_backward)
     require_unchanged(
         f"{case.label} (forward and backward)",
         xs,
@@ -155,41 +171,54 @@ def check_backward(
     )
 
 
-def _adjoints_of_tuple(case: OpCase, xs: list, out, ref64: list, expected, rng) -> tuple:
+def _check_shapes(what: str, shapes: list[tuple], expected: Callable[[], list[tuple]]) -> None:
+    """The student's output shapes against the reference's (a count, then each shape's
+    length and sizes, as one array of numbers for the judge)."""
+
+    def flat(found: list[tuple]) -> np.ndarray:
+        return np.array([len(found)] + [d for s in found for d in (len(s), *s)], np.float64)
+
+    check_close(
+        f"{what}: the output's shape",
+        flat(shapes),
+        lambda: flat(expected()),
+        rtol=0.0,
+        atol=0.0,
+        hint="fix the forward first (the output shape is wrong, so out_grad cannot match)",
+    )
+
+
+def _adjoints_of_tuple(case: OpCase, xs: list, out, ref64: list, rng) -> tuple:
     """For an op returning several outputs: (numeric, analytic, out_grad shown) of
     ``sum_i <out_i, w_i>`` for random weights, the analytic adjoints from ``backward``."""
     import needle as ndl
 
-    weights = [rng.standard_normal(np.shape(e)) for e in expected]
+    outs = list(out)
+    shapes = [tuple(o.shape) for o in outs]
+    _check_shapes(case.label, shapes, lambda: [np.shape(e) for e in case.reference()])
+    weights = [rng.standard_normal(s) for s in shapes]
 
     def objective(*a):
         return np.concatenate([np.ravel(o) for o in case.ref(*a)])
 
     flat_w = np.concatenate([w.ravel() for w in weights])
-    numeric = numerical_vjp(objective, ref64, flat_w)
     loss = None
-    for o, w in zip(out, weights):
+    for o, w in zip(outs, weights):
         term = (o * ndl.Tensor(w.astype(np.float32), requires_grad=False)).sum()
         loss = term if loss is None else loss + term
     loss.backward()
-    return numeric, [x.grad for x in xs], flat_w
+    return (lambda: numerical_vjp(objective, ref64, flat_w)), [x.grad for x in xs], flat_w
 
 
-def _adjoints_of_one(
-    case: OpCase, xs: list, out, ref64: list, expected, rng, via_backward: bool
-) -> tuple:
+def _adjoints_of_one(case: OpCase, xs: list, out, ref64: list, rng, via_backward: bool) -> tuple:
     """For an op returning one output: (numeric, analytic, out_grad) for a random out_grad,
     the analytic adjoints from ``gradient_as_tuple`` (or ``backward`` when ``via_backward``);
     out_grad and the output node must be unchanged afterwards."""
     import needle as ndl
 
-    w = rng.standard_normal(np.shape(expected))
-    numeric = numerical_vjp(case.ref, ref64, w)
-    require(
-        tuple(out.shape) == tuple(np.shape(expected)),
-        f"{case.label}: output shape "
-        f"{tuple(out.shape)}, expected {np.shape(expected)} (fix the forward first)",
-    )
+    shape = tuple(out.shape)
+    _check_shapes(case.label, [shape], lambda: [np.shape(case.reference())])
+    w = rng.standard_normal(shape)
     out_grad = ndl.Tensor(w.astype(np.float32), requires_grad=False)
     before = to_numpy(out).copy()
     if via_backward:
@@ -202,8 +231,9 @@ def _adjoints_of_one(
         [out_grad, out],
         [w.astype(np.float32), before],
         ["out_grad", "the op's output (node)"],
+        judged=False,
     )
-    return numeric, analytic, w
+    return (lambda: numerical_vjp(case.ref, ref64, w)), analytic, w
 
 
 def randn(*shape, seed: int = 0, scale: float = 1.0) -> np.ndarray:

@@ -2,11 +2,15 @@
 
 This module runs inside the checker's worker process next to the *student's* ``needle``, so it
 imports only numpy and the standard library (never ``needle``): tensors are converted through
-their ``numpy()`` method. Because student code shares that process, nothing decided here is
-believed: every comparison is also recorded (``Recorder``: the values copied out as bytes), and
-the runner's judge (``judge.py``) decides a pass from the student's values against expected
-values of its own. ``NumpyGuard`` notices student code replacing numpy's functions, which
-this process's diagnoses are computed with.
+their ``numpy()`` method. The checks pass every expected value as a function (``lambda: ...``)
+and its mode (``set_mode``) decides what happens to it: in a worker beside student code
+("blind") it is never called and only the student's values are recorded (``Recorder``: copied
+out as bytes), so the student's process never holds an expected value to read; the judge's
+reference run (this project's needle) records the expected values, tolerances and what a
+diagnosis needs, and the runner's judge (``judge.py``) compares and explains, outside the
+student's process (``explain_close``, ``explain_adjoints``). In plain mode (tests, in-process
+use) a mismatch raises ``CheckFailure`` here. ``NumpyGuard`` notices student code replacing
+numpy's or the checker's functions.
 """
 
 from __future__ import annotations
@@ -101,6 +105,124 @@ def mismatch(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | 
     return "\n".join(lines)
 
 
+# ---- where expected values are computed -----------------------------------------------------
+# "plain": the checks compute expected values and raise on a mismatch (in-process use, tests);
+# "reference": the judge's reference run (this project's needle): the same, and each
+# comparison's expected value, tolerances and diagnosis material are recorded; "blind": the
+# worker beside the student's code: expected values are never computed (the checks pass them
+# as functions this mode never calls), only the student's values are recorded, and a wrong
+# value is found by the judge, outside the student's process.
+PLAIN, REFERENCE, BLIND = "plain", "reference", "blind"
+_MODE = PLAIN
+
+
+def set_mode(mode: str) -> None:
+    """Switch this process to ``mode`` (the worker does, once, before any student code runs)."""
+    global _MODE
+    if mode not in (PLAIN, REFERENCE, BLIND):
+        raise ValueError(f"unknown mode {mode!r}: expected plain, reference or blind")
+    _MODE = mode
+
+
+def mode() -> str:
+    """The current mode (plain, reference or blind)."""
+    return _MODE
+
+
+def is_blind() -> bool:
+    """True in a worker beside student code: no expected value may be computed here."""
+    return _MODE == BLIND
+
+
+def expect(compute: Callable[[], object]) -> object:
+    """``compute()`` (an expected value, or what one is made of), or None in blind mode, where
+    nothing expected is computed."""
+    if _MODE == BLIND:
+        return None
+    return compute()
+
+
+def _evaluate(expected, what: str):
+    """An expected value from ``expected`` (a function of no arguments; a plain value only in
+    plain mode, where tests call the comparisons directly)."""
+    if callable(expected):
+        return expected()
+    if _MODE == REFERENCE:
+        raise TypeError(
+            f"checker bug: the expected value of {what!r} is passed as a value; pass a "
+            "function (lambda: ...) so that a worker beside student code never computes it"
+        )
+    return expected
+
+
+def explain_close(
+    what: str,
+    got,
+    expected,
+    *,
+    rtol: float,
+    atol: float,
+    inputs_text: str = "",
+    hint: str = "",
+    variants: Sequence = (),
+) -> str | None:
+    """None when ``got`` matches ``expected``; else the diagnosis: what, the named mistake,
+    the inputs, both values, the first differences and the hint."""
+    problem = mismatch(got, expected, rtol=rtol, atol=atol)
+    if problem is None:
+        return None
+    text = f"{what} is wrong.\n"
+    named = name_mistake(got, variants, rtol=rtol, atol=atol)
+    if named:
+        text += f"  {named}\n"
+    text += inputs_text
+    text += "  expected: " + show(np.asarray(expected)) + "\n"
+    text += "  got:      " + show(to_numpy(got)) + "\n  " + problem.replace("\n", "\n  ")
+    if hint:
+        text += "\n  hint: " + hint
+    return text
+
+
+def compare(
+    what: str,
+    got,
+    expected,
+    *,
+    inputs: Mapping[str, object] | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    hint: str | Callable[[], str] = "",
+    variants: Callable[[], Sequence] | Sequence | None = None,
+    scale_atol: bool = False,
+    warning: str | None = None,
+) -> str | None:
+    """Record one comparison and return its diagnosis (None when it matches, and always in
+    blind mode, where only ``got`` is recorded and ``expected``, ``hint`` and ``variants``,
+    functions, are never called). ``scale_atol`` multiplies ``atol`` by max(1, |expected|);
+    ``warning`` marks a robustness comparison whose mismatch is a warning, not a failure."""
+    if _MODE == BLIND:
+        _record_got(what, got)
+        return None
+    exp = np.asarray(_evaluate(expected, what))
+    if scale_atol:
+        atol = atol * max(1.0, float(np.abs(exp.astype(np.float64)).max(initial=0)))
+    found = list((variants() if callable(variants) else variants) or ())
+    hint = hint() if callable(hint) else hint
+    inputs_text = show_inputs(inputs)
+    if _MODE == REFERENCE:
+        _record_reference(
+            what,
+            exp,
+            rtol,
+            atol,
+            {"hint": hint, "inputs": inputs_text, "variants": [_pack(v) for v in found]},
+            warning,
+        )
+    return explain_close(
+        what, got, exp, rtol=rtol, atol=atol, inputs_text=inputs_text, hint=hint, variants=found
+    )
+
+
 def check_close(
     what: str,
     got,
@@ -109,32 +231,35 @@ def check_close(
     inputs: Mapping[str, object] | None = None,
     rtol: float = 1e-5,
     atol: float = 1e-6,
-    hint: str = "",
-    variants: Sequence | None = None,
+    hint: str | Callable[[], str] = "",
+    variants: Callable[[], Sequence] | Sequence | None = None,
+    scale_atol: bool = False,
 ) -> None:
-    """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch.
+    """Raise ``CheckFailure`` naming ``what``, the inputs and the first differences on mismatch
+    (``compare``: in blind mode the value is only recorded, for the judge).
 
-    ``variants`` are known wrong answers (``mistakes.Variant``); the first that ``got`` matches
-    is named in one line before the numbers.
+    ``expected`` is a function of no arguments that computes the expected value (never called
+    in blind mode); ``variants`` (a function returning them) are known wrong answers
+    (``mistakes.Variant``): the first that ``got`` matches is named in one line before the
+    numbers.
     """
     if got is None:
         raise NotImplementedYet(
             f"{what} is None where a value is due (a body still `pass`, or a missing `return`)"
         )
-    record(what, got, expected, rtol, atol)
-    problem = mismatch(got, expected, rtol=rtol, atol=atol)
-    if problem is None:
-        return
-    text = f"{what} is wrong.\n"
-    named = name_mistake(got, variants or (), rtol=rtol, atol=atol)
-    if named:
-        text += f"  {named}\n"
-    text += show_inputs(inputs)
-    text += "  expected: " + show(np.asarray(expected)) + "\n"
-    text += "  got:      " + show(to_numpy(got)) + "\n  " + problem.replace("\n", "\n  ")
-    if hint:
-        text += "\n  hint: " + hint
-    raise CheckFailure(text)
+    text = compare(
+        what,
+        got,
+        expected,
+        inputs=inputs,
+        rtol=rtol,
+        atol=atol,
+        hint=hint,
+        variants=variants,
+        scale_atol=scale_atol,
+    )
+    if text is not None:
+        raise CheckFailure(text)
 
 
 def present(value, message: str) -> None:
@@ -179,7 +304,7 @@ def numerical_vjp(
 def check_adjoints(
     what: str,
     analytic: Sequence,
-    numeric: Sequence[np.ndarray],
+    numeric: Callable[[], Sequence[np.ndarray]] | Sequence[np.ndarray],
     names: Sequence[str],
     *,
     inputs: Mapping[str, object],
@@ -189,7 +314,8 @@ def check_adjoints(
     op: str | None = None,
     variants: Callable[..., list[list]] | None = None,
 ) -> None:
-    """Compare each input's adjoint with its finite-difference value; name every wrong one.
+    """Compare each input's adjoint with its finite-difference value (``numeric``, a function
+    computing them, never called in blind mode); name every wrong one.
 
     ``atol`` scales with the largest finite-difference entry so tiny gradients are not waved
     through and large ones are not failed for float32 rounding. A wrong adjoint is compared
@@ -197,35 +323,49 @@ def check_adjoints(
     ``variants(arrays, out_grad, correct)`` returns, one list per input) and the one it matches
     is named in one line before the numbers; ``op`` is how the op is written in that line.
     """
-    wrong = []
-    if len(analytic) != len(numeric):
+    if len(analytic) != len(names):
         raise CheckFailure(
             f"{what}: gradient returned {len(analytic)} adjoint(s), but the op "
-            f"has {len(numeric)} input(s) ({', '.join(names)}); return one "
+            f"has {len(names)} input(s) ({', '.join(names)}); return one "
             "adjoint per input, in input order."
         )
-    tolerances = []
-    for name, got, fd in zip(names, analytic, numeric):
-        scale = max(1.0, float(np.abs(fd).max())) if fd.size else 1.0
-        tolerances.append(atol * scale)
-        record(f"{what}: the adjoint of {name!r}", got, fd, rtol, atol * scale)
-        problem = mismatch(got, fd, rtol=rtol, atol=atol * scale)
-        if problem is not None:
-            wrong.append((name, got, fd, problem))
-    if not wrong:
+    labels = [f"{what}: the adjoint of {name!r}" for name in names]
+    if _MODE == BLIND:
+        for label, got in zip(labels, analytic):
+            _record_got(label, got)
         return
+    fds = [np.asarray(n, dtype=np.float64) for n in _evaluate(numeric, what)]
+    tolerances = [atol * (max(1.0, float(np.abs(fd).max())) if fd.size else 1.0) for fd in fds]
+    found = _known_adjoint_mistakes(names, fds, inputs, out_grad, op, variants)
+    shown = show_inputs(inputs) + "    " + show(out_grad, "out_grad") + "\n"
+    wrong = []
+    for i, (name, got, fd) in enumerate(zip(names, analytic, fds)):
+        if _MODE == REFERENCE:
+            extra = {"group": what, "name": name, "inputs": shown}
+            extra["variants"] = [_pack(v) for v in found[i]]
+            _record_reference(labels[i], fd, rtol, tolerances[i], extra, None)
+        problem = mismatch(got, fd, rtol=rtol, atol=tolerances[i])
+        if problem is not None:
+            wrong.append((name, got, fd, problem, found[i], tolerances[i]))
+    text = explain_adjoints(what, wrong, shown, rtol)
+    if text is not None:
+        raise CheckFailure(text)
+
+
+def explain_adjoints(what: str, wrong: list, inputs_text: str, rtol: float) -> str | None:
+    """The diagnosis of one op's wrong adjoints (``wrong``: name, got, finite difference,
+    problem, known wrong variants, atol for each), or None when there are none."""
+    if not wrong:
+        return None
     text = f"{what} is wrong: the adjoint of {', '.join(repr(w[0]) for w in wrong)} "
     text += "does not match a finite-difference check.\n"
-    found = _known_adjoint_mistakes(names, numeric, inputs, out_grad, op, variants)
-    for name, got, _fd, _problem in wrong:
-        i = list(names).index(name)
-        named = name_mistake(got, found[i], rtol=rtol, atol=tolerances[i])
+    for _name, got, _fd, _problem, found, tol in wrong:
+        named = name_mistake(got, found, rtol=rtol, atol=tol)
         if named:
             text += f"  {named}\n"
-    text += show_inputs(inputs)
-    text += "    " + show(out_grad, "out_grad") + "\n"
-    text += _show_wrong_adjoints(wrong)
-    raise CheckFailure(text.rstrip())
+    text += inputs_text
+    text += _show_wrong_adjoints([w[:4] for w in wrong])
+    return text.rstrip()
 
 
 def _known_adjoint_mistakes(
@@ -299,23 +439,43 @@ def _encode(x) -> dict | None:
     return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
-def record(what: str, got, expected, rtol: float, atol: float) -> None:
-    """Copy one comparison's values out (as float64 bytes) while a ``Recorder`` is active."""
+def _pack(variant) -> dict:
+    """A known wrong answer as plain data for the judge (``mistakes.unpack`` reads it)."""
+    packed = variant.pack()
+    packed["value"] = _encode(packed["value"])
+    return packed
+
+
+def _record_got(what: str, got) -> None:
+    """Copy the student's value out (float64 bytes; None when it is not numbers) while a
+    ``Recorder`` is active: all a blind worker records."""
     if _RECORD is None:
         return
     try:
-        g, e = _encode(got), _encode(expected)
+        g = _encode(got)
     except (TypeError, ValueError):
-        return  # not numbers: the comparison itself reports that
-    if g is not None and e is not None:
-        _RECORD.append(
-            {"what": what, "got": g, "expected": e, "rtol": float(rtol), "atol": float(atol)}
-        )
+        g = None
+    _RECORD.append({"what": what, "got": g})
+
+
+def _record_reference(
+    what: str, expected: np.ndarray, rtol: float, atol: float, extra: dict, warning: str | None
+) -> None:
+    """Copy a reference comparison out: the expected value, tolerances and what the judge's
+    diagnosis needs (hint, inputs shown, known wrong answers)."""
+    if _RECORD is None:
+        return
+    entry = {"what": what, "expected": _encode(expected), "rtol": float(rtol), "atol": float(atol)}
+    entry.update(extra)
+    if warning:
+        entry["warn"] = warning
+    _RECORD.append(entry)
 
 
 class Recorder:
-    """``with Recorder() as log:`` collects every ``check_close``/``check_adjoints`` comparison
-    made inside the block into ``log`` (JSON-ready dicts), for the judge in another process."""
+    """``with Recorder() as log:`` collects every comparison made inside the block into ``log``
+    (JSON-ready dicts), for the judge in another process: the student's values in blind mode,
+    the expected ones in reference mode."""
 
     def __enter__(self) -> list:
         global _RECORD

@@ -70,7 +70,9 @@ def hw3_reshape(ctx):
         for shape in [(2, 3, 4), (24,), (6, 4)]:
             B = A.reshape(shape)
             check_close(
-                f"on {dev}: A.reshape({shape}) for A of shape (4, 6)", B.numpy(), a.reshape(shape)
+                f"on {dev}: A.reshape({shape}) for A of shape (4, 6)",
+                B.numpy(),
+                lambda shape=shape: a.reshape(shape),
             )
             _view(f"reshape{shape}", A, B)
 
@@ -84,9 +86,9 @@ def hw3_permute(ctx):
             check_close(
                 f"on {dev}: A.permute({axes}) for A of shape (2, 3, 4)",
                 B.numpy(),
-                np.transpose(a, axes),
+                lambda axes=axes: np.transpose(a, axes),
                 hint="permute the shape and the strides",
-                variants=permute_variants(a, axes),
+                variants=lambda axes=axes: permute_variants(a, axes),
             )
             _view(f"permute{axes}", A, B)
 
@@ -100,7 +102,7 @@ def hw3_broadcast_to(ctx):
             check_close(
                 f"on {dev}: A.broadcast_to({new}) for A of shape {shape}",
                 B.numpy(),
-                np.broadcast_to(a, new),
+                lambda a=a, new=new: np.broadcast_to(a, new),
                 hint="stride 0 along broadcast axes",
             )
             _view(f"broadcast_to{new}", A, B)
@@ -136,23 +138,29 @@ def hw3_getitem(ctx):
         )
         for base, np_base, _base_text, idx, np_idx, text in views:
             B = base[idx]
-            ranges = [s.indices(n) for s, n in zip(np_idx, np_base.shape)]
             check_close(
                 f"on {dev}: {text} for A of shape (4, 5, 6) (integer indices keep "
                 "their axis with size 1)",
                 B.numpy(),
-                np_base[np_idx],
+                lambda np_base=np_base, np_idx=np_idx: np_base[np_idx],
                 hint="offset = the view's offset + sum(start * stride); "
                 "strides *= step (start from the view's own strides and offset)",
-                variants=getitem_variants(
-                    a,
-                    np_base[np_idx],
-                    [r[0] for r in ranges],
-                    [r[2] for r in ranges],
-                    np_view(a, np_base),
+                variants=lambda np_base=np_base, np_idx=np_idx: _getitem_variants(
+                    a, np_base, np_idx
                 ),
             )
             _view(text, base, B)
+
+
+def _getitem_variants(a, np_base, np_idx):
+    ranges = [s.indices(n) for s, n in zip(np_idx, np_base.shape)]
+    return getitem_variants(
+        a,
+        np_base[np_idx],
+        [r[0] for r in ranges],
+        [r[2] for r in ranges],
+        np_view(a, np_base),
+    )
 
 
 def hw3_compact(ctx):
@@ -160,18 +168,23 @@ def hw3_compact(ctx):
     a = randn(4, 5, 6, seed=74)
     col = np.ascontiguousarray(a[:, :1])
     cases = [
-        (lambda A, C: A.permute((2, 0, 1)), a, np.transpose(a, (2, 0, 1)), "A.permute((2, 0, 1))"),
-        (lambda A, C: A[1:4:2, 1:5, ::3], a, a[1:4:2, 1:5, ::3], "A[1:4:2, 1:5, ::3]"),
+        (
+            lambda A, C: A.permute((2, 0, 1)),
+            a,
+            lambda: np.transpose(a, (2, 0, 1)),
+            "A.permute((2, 0, 1))",
+        ),
+        (lambda A, C: A[1:4:2, 1:5, ::3], a, lambda: a[1:4:2, 1:5, ::3], "A[1:4:2, 1:5, ::3]"),
         (
             lambda A, C: A[2:4, 3:5, 1:6].permute((1, 0, 2)),
             a,
-            np.transpose(a[2:4, 3:5, 1:6], (1, 0, 2)),
+            lambda: np.transpose(a[2:4, 3:5, 1:6], (1, 0, 2)),
             "A[2:4, 3:5, 1:6].permute((1, 0, 2))",
         ),
         (
             lambda A, C: C.broadcast_to((4, 3, 6)),
             col,
-            np.broadcast_to(col, (4, 3, 6)),
+            lambda: np.broadcast_to(col, (4, 3, 6)),
             "A[:, :1].broadcast_to((4, 3, 6))",
         ),
     ]
@@ -187,7 +200,9 @@ def hw3_compact(ctx):
                 expected,
                 hint="compact walks the view's shape in row-major order, reading "
                 "offset + sum(index * stride)",
-                variants=compact_variants(base.ravel(), *np_view(base, expected)),
+                variants=lambda base=base, expected=expected: compact_variants(
+                    base.ravel(), *np_view(base, expected())
+                ),
             )
 
 
@@ -220,13 +235,17 @@ def hw3_setitem(ctx):
             A = arr(a, dev)
             ctx.note(f"on {dev}: {text} for A (5, 6)")
             setter(A)
-            e = a.copy()
-            e[np_index] = value
+
+            def assigned(np_index=np_index, value=value):
+                e = a.copy()
+                e[np_index] = value
+                return e
+
             check_close(
                 f"on {dev}: {text}",
                 A.numpy(),
-                e,
-                variants=setitem_variants(
+                assigned,
+                variants=lambda np_index=np_index, value=value: setitem_variants(
                     a, *np_view(a, a[np_index]), np.asarray(value, dtype=np.float64)
                 ),
             )
@@ -242,16 +261,16 @@ def hw3_ewise_ops(ctx):
         A, B = arr(a, dev), arr(b, dev)
         AT = arr(a.T.copy(), dev).permute((1, 0))  # a non-compact view of the same values
         for text, got, exp in [
-            ("A + B", lambda: A + B, a + b),
-            ("A * B", lambda: A * B, a * b),
-            ("A / B", lambda: A / B, a / b),
-            ("A.maximum(B)", lambda: A.maximum(B), np.maximum(a, b)),
-            ("A == B", lambda: A == B, (a == b).astype(np.float32)),
-            ("A >= B", lambda: A >= B, (a >= b).astype(np.float32)),
-            ("A.log()", lambda: arr(pos, dev).log(), np.log(pos)),
-            ("A.exp()", lambda: A.exp(), np.exp(a)),
-            ("A.tanh()", lambda: A.tanh(), np.tanh(a)),
-            ("A_view + B (A a permuted view)", lambda: AT + B, a + b),
+            ("A + B", lambda: A + B, lambda: a + b),
+            ("A * B", lambda: A * B, lambda: a * b),
+            ("A / B", lambda: A / B, lambda: a / b),
+            ("A.maximum(B)", lambda: A.maximum(B), lambda: np.maximum(a, b)),
+            ("A == B", lambda: A == B, lambda: (a == b).astype(np.float32)),
+            ("A >= B", lambda: A >= B, lambda: (a >= b).astype(np.float32)),
+            ("A.log()", lambda: arr(pos, dev).log(), lambda: np.log(pos)),
+            ("A.exp()", lambda: A.exp(), lambda: np.exp(a)),
+            ("A.tanh()", lambda: A.tanh(), lambda: np.tanh(a)),
+            ("A_view + B (A a permuted view)", lambda: AT + B, lambda: a + b),
         ]:
             ctx.note(f"on {dev}: {text} with A, B of shape (3, 4)")
             check_close(
@@ -271,14 +290,18 @@ def hw3_scalar_ops(ctx):
     for dev in devices():
         A = arr(a, dev)
         for text, got, exp in [
-            ("A + 2.5", lambda: A + 2.5, a + 2.5),
-            ("A * 2.5", lambda: A * 2.5, a * 2.5),
-            ("A / 2.5", lambda: A / 2.5, a / 2.5),
-            ("A ** 3", lambda: A**3, a**3),
-            ("A ** 0.5 (A > 0)", lambda: arr(pos, dev) ** 0.5, pos**0.5),
-            ("A.maximum(0.2)", lambda: A.maximum(0.2), np.maximum(a, 0.2)),
-            ("A == A[0, 0]", lambda: A == float(a[0, 0]), (a == a[0, 0]).astype(np.float32)),
-            ("A >= 0.2", lambda: A >= 0.2, (a >= 0.2).astype(np.float32)),
+            ("A + 2.5", lambda: A + 2.5, lambda: a + 2.5),
+            ("A * 2.5", lambda: A * 2.5, lambda: a * 2.5),
+            ("A / 2.5", lambda: A / 2.5, lambda: a / 2.5),
+            ("A ** 3", lambda: A**3, lambda: a**3),
+            ("A ** 0.5 (A > 0)", lambda: arr(pos, dev) ** 0.5, lambda: pos**0.5),
+            ("A.maximum(0.2)", lambda: A.maximum(0.2), lambda: np.maximum(a, 0.2)),
+            (
+                "A == A[0, 0]",
+                lambda: A == float(a[0, 0]),
+                lambda: (a == a[0, 0]).astype(np.float32),
+            ),
+            ("A >= 0.2", lambda: A >= 0.2, lambda: (a >= 0.2).astype(np.float32)),
         ]:
             ctx.note(f"on {dev}: {text} with A of shape (3, 4)")
             check_close(
@@ -286,10 +309,10 @@ def hw3_scalar_ops(ctx):
             )
 
 
-def _reduced(got, expected):
+def _reduced(got, shape: tuple):
     """Course versions differ on keepdims: compare values when only size-1 axes differ."""
     got = np.asarray(got)
-    return got.reshape(expected.shape) if got.size == expected.size else got
+    return got.reshape(shape) if got.size == int(np.prod(shape)) else got
 
 
 def hw3_reductions(ctx):
@@ -298,25 +321,26 @@ def hw3_reductions(ctx):
     for dev in devices():
         A = arr(a, dev)
         for axis in (0, 1, 2):
+            kept = tuple(n for i, n in enumerate(a.shape) if i != axis)
             ctx.note(f"on {dev}: A.sum(axis={axis}) / A.max(axis={axis}), A (3, 4, 5)")
             check_close(
                 f"on {dev}: A.sum(axis={axis}) for A of shape (3, 4, 5)",
-                _reduced(A.sum(axis=axis).numpy(), a.sum(axis)),
-                a.sum(axis),
+                _reduced(A.sum(axis=axis).numpy(), kept),
+                lambda axis=axis: a.sum(axis),
                 rtol=1e-5,
                 atol=1e-5,
-                variants=reduction_variants(a, axis, "sum"),
+                variants=lambda axis=axis: reduction_variants(a, axis, "sum"),
             )
             check_close(
                 f"on {dev}: A.max(axis={axis}) for A of shape (3, 4, 5)",
-                _reduced(A.max(axis=axis).numpy(), a.max(axis)),
-                a.max(axis),
-                variants=reduction_variants(a, axis, "max"),
+                _reduced(A.max(axis=axis).numpy(), kept),
+                lambda axis=axis: a.max(axis),
+                variants=lambda axis=axis: reduction_variants(a, axis, "max"),
             )
         check_close(
             f"on {dev}: A.sum() (all axes)",
-            _reduced(A.sum().numpy(), np.asarray(a.sum())),
-            np.asarray(a.sum()),
+            _reduced(A.sum().numpy(), ()),
+            lambda: np.asarray(a.sum()),
             rtol=1e-5,
             atol=1e-4,
         )
@@ -343,8 +367,10 @@ def hw3_matmul(ctx):
                     else ""
                 ),
                 (arr(a, dev) @ arr(b, dev)).numpy(),
-                a @ b,
+                lambda a=a, b=b: a @ b,
                 rtol=1e-4,
                 atol=1e-4,
-                variants=tile_variants(a.astype(np.float64) @ b, tiles),
+                variants=lambda a=a, b=b, tiles=tiles: tile_variants(
+                    a.astype(np.float64) @ b, tiles
+                ),
             )

@@ -1,20 +1,27 @@
-"""The checker's judge: every pass is decided here, from values, never from the worker's claim.
+"""The checker's judge: every verdict on a value is reached here, never in the student's process.
 
-The worker runs the student's code and sends, for each question it passed, the values each
-comparison compared (``diagnose.record``: a label, the student's value as float64 bytes with
-its shape). Nothing it sends is believed: the expected values and tolerances come from a
-*reference run*, the same checks run on this project's own needle and apps
-(``reference_folder``) in a worker that never imports the student's code, and the comparison
-is made here, in the runner's process. A question passes only if the student's worker sent a
-well-formed value for every comparison the reference run made, and each value matches the
-reference's expected value within the reference's tolerance.
+The worker beside the student's code is *blind*: its checks pass every expected value as a
+function it never calls (``diagnose``'s blind mode), so it computes no expected value, no
+finite difference and no known wrong answer, and sends, for each question, only the values
+the student's code produced (a label and float64 bytes with their shape), in order. The
+expected values, tolerances and what a diagnosis needs (hint, the inputs shown, the known
+wrong answers' values by name) come from a *reference run*: the same checks on this project's
+own needle and apps (``reference_folder``) in a worker that never imports the student's code.
+The comparison and the diagnosis are made here, in the runner's process, with the same
+functions a check uses in-process (``explain_close``, ``explain_adjoints``).
 
-So patching numpy, ``numpy.testing`` or the checker's own functions inside the worker, and
-writing forged result lines into the worker's pipe, cannot make a wrong answer pass: the
-expected values are not computed there. What the worker still does is compute its own copy
-of the expected values for the diagnosis of a failure (the hints, the named mistakes), beside
-the student's code: code written to read those values out of the worker's memory (its stack
-frames) and hand them back as its answers is the one attack this does not stop.
+A question passes only if the student's worker sent a well-formed value for every comparison
+the reference run made, and each matches the reference's expected value within the
+reference's tolerance. A blind worker goes on after a wrong value (it cannot notice one); when
+it then fails or raises, the values it sent so far are judged too, and the first wrong one is
+the cause reported. Robustness comparisons (``warn``) give a warning beside a pass.
+
+So patching numpy, ``numpy.testing`` or the checker's functions inside the worker, writing
+forged result lines into its pipe, or reading the checker's stack frames, records or memory
+cannot make a wrong answer pass: no expected value exists in that process. What stays
+possible is for student code to *compute* the answer with the checker's own numpy reference
+functions (they are importable there, as numpy is); that is writing the answer, not reading
+the checker's.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .diagnose import mismatch, show
+from .diagnose import explain_adjoints, explain_close, mismatch
+from .mistakes import unpack
 
 # The apps a homework imports (``from mlp_resnet import ...``), provided to the reference run
 # by this project's versions; hw0's C++ question by the numpy function it must agree with.
@@ -126,81 +134,144 @@ def _expected_by_label(reference: list[dict]) -> tuple[dict[str, list[dict]], di
     return by_label, device
 
 
-def _group(claims: object) -> dict[tuple[str, str], list[dict]]:
-    """The worker's values by (device, label), checked to be a list of labelled records."""
+def _labelled(claims: object) -> list[tuple[str, str, dict]]:
+    """The worker's values in the order sent, as (device, label, record); each checked to be
+    a labelled record."""
     if not isinstance(claims, list):
         raise Malformed("the record of values is not a list")
-    groups: dict[tuple[str, str], list[dict]] = {}
+    out = []
     for c in claims:
         if not isinstance(c, dict) or not isinstance(c.get("what"), str):
             raise Malformed("a record has no label")
-        groups.setdefault(_split(c["what"]), []).append(c)
-    return groups
+        out.append((*_split(c["what"]), c))
+    return out
 
 
-def _lacking(groups: dict, device: dict[str, str]) -> list[str]:
-    """Labels the reference compared that the worker sent no value for (on each device the
-    worker used, for the per-device ones)."""
-    sent_plain = {label for dev, label in groups if dev == ""}
-    lacking = [label for label, dev in device.items() if dev == "" and label not in sent_plain]
-    per_device = [label for label, dev in device.items() if dev != ""]
-    devices = {dev for dev, _ in groups if dev} or ({"?"} if per_device else set())
-    for d in sorted(devices):
-        lacking += [label for label in per_device if (d, label) not in groups]
+def _lacking(sent: dict[tuple[str, str], int], by_label: dict, device: dict[str, str]) -> list:
+    """Labels the reference compared that the worker sent fewer values for (on each device the
+    worker used, for the per-device ones); robustness (warning) comparisons are not due."""
+    due = {label: sum(1 for r in refs if not r.get("warn")) for label, refs in by_label.items()}
+    devices = {dev for dev, _ in sent if dev} or {"?"}
+    lacking = []
+    for label, n in due.items():
+        for dev in sorted(devices) if device[label] else [""]:
+            if n and sent.get((dev, label), 0) < n:
+                lacking.append(label)
     return lacking
 
 
-def judge(claims: object, reference: list[dict]) -> str | None:
-    """None when the worker's values (``claims``) answer every comparison of the reference run
-    correctly; otherwise what is wrong, for the report."""
+def judge(
+    claims: object, reference: list[dict], *, complete: bool = True
+) -> tuple[str | None, list[str]]:
+    """(None, warnings) when the worker's values (``claims``) answer every comparison of the
+    reference run correctly, else (the diagnosis of the first wrong one, []). With
+    ``complete`` False (the worker stopped at a failure of its own) only the values it sent
+    are judged: a wrong one among them is the cause, and None means there is none."""
     by_label, device = _expected_by_label(reference)
-    groups = _group(claims)
-    if not groups:
-        return "your process sent no values for this question's comparisons"
-    for (dev, label), sent in groups.items():
+    labelled = _labelled(claims)
+    if complete and not labelled:
+        return "your process sent no values for this question's comparisons", []
+    pairs, sent = _paired(labelled, by_label)
+    warnings: list[str] = []
+    for i, (dev, label, claim, ref) in enumerate(pairs):
+        if isinstance(ref, str):
+            return ref, []
+        problem = _compare(dev + label, claim, ref, pairs[i:])
+        if problem is not None and ref.get("warn"):
+            warnings.append(f"{ref['warn']}:\n  " + problem.replace("\n", "\n  "))
+        elif problem is not None:
+            return problem, []
+    lacking = _lacking(sent, by_label, device) if complete else []
+    if lacking:
+        more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+        return (
+            f"your process sent no value for {lacking[0]!r}{more}, which this question compares"
+        ), []
+    return None, warnings[:1]
+
+
+def _paired(labelled: list, by_label: dict) -> tuple[list, dict]:
+    """Each value sent with the reference comparison it answers (the k-th value sent for a
+    label answers the reference's k-th comparison of that label), or why none; and how many
+    values were sent per (device, label)."""
+    sent: dict[tuple[str, str], int] = {}
+    pairs: list = []
+    for dev, label, claim in labelled:
         refs = by_label.get(label)
+        k = sent[(dev, label)] = sent.get((dev, label), 0) + 1
         if refs is None:
-            return (
+            ref: dict | str = (
                 f"your process sent a value for {dev + label!r}, which this question does "
                 "not compare"
             )
-        if len(sent) != len(refs):
-            return (
-                f"your process sent {len(sent)} value(s) for {dev + label!r}; this question "
-                f"compares {len(refs)}"
-            )
-        for c, r in zip(sent, refs):
-            problem = _compare(dev + label, c, r)
-            if problem is not None:
-                return problem
-    lacking = _lacking(groups, device)
-    if lacking:
-        more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
-        return f"your process sent no value for {lacking[0]!r}{more}, which this question compares"
-    return None
+        elif k > len(refs):
+            ref = f"your process sent {k} value(s) for {dev + label!r}; this question compares "
+            ref += str(len(refs))
+        else:
+            ref = refs[k - 1]
+        pairs.append((dev, label, claim, ref))
+    return pairs, sent
 
 
-def _compare(what: str, claim: dict, ref: dict) -> str | None:
-    """One value against the reference's expected value, with the reference's tolerance."""
-    got, expected = decode(claim.get("got")), decode(ref["expected"])
-    problem = mismatch(got, expected, rtol=ref["rtol"], atol=ref["atol"])
-    if problem is None:
+def _got(what: str, claim: dict) -> np.ndarray | str:
+    """The student's value, or why there is none (not numbers)."""
+    if "expected" in claim:
+        return (
+            f"your process sent an expected value for {what!r}: the checker beside your code "
+            "never computes one (your code switched its mode, or wrote this record)"
+        )
+    if claim.get("got") is None:
+        return f"{what} is wrong: your value is not an array of numbers"
+    return decode(claim["got"])
+
+
+def _compare(what: str, claim: dict, ref: dict, rest: list) -> str | None:
+    """One value against the reference's expected value, with the reference's tolerance; the
+    diagnosis as the check itself would write it (an op's wrong adjoints together)."""
+    got = _got(what, claim)
+    if isinstance(got, str):
+        return got
+    expected = decode(ref["expected"])
+    if mismatch(got, expected, rtol=ref["rtol"], atol=ref["atol"]) is None:
         return None
-    try:  # what the worker computed beside the student's code, for the explanation only
-        beside = decode(claim.get("expected"))
-        same = mismatch(beside, expected, rtol=ref["rtol"], atol=ref["atol"]) is None
-    except Malformed:
-        same = False
-    why = (
-        "so your code changes how numpy or the checker compares"
-        if same
-        else "and the expected value computed beside your code differs from the judge's: your "
-        "code changes numpy or the checker's functions, or this value depends on your earlier "
-        "answers (parameters that are not the course's seeded initialisation, say: the "
-        "course's tests compare with fixed numbers too)"
+    if "group" in ref:
+        return _adjoints(ref, rest)
+    return explain_close(
+        what,
+        got,
+        expected,
+        rtol=ref["rtol"],
+        atol=ref["atol"],
+        inputs_text=str(ref.get("inputs", "")),
+        hint=str(ref.get("hint", "")),
+        variants=_variants(ref),
     )
-    return (
-        f"{what} is wrong (judged outside your process, against expected values computed "
-        f"where your code never runs; inside your process it looked right, {why}).\n"
-        f"  expected: {show(expected)}\n  got:      {show(got)}\n  " + problem.replace("\n", "\n  ")
-    )
+
+
+def _variants(ref: dict) -> list:
+    """The known wrong answers the reference run recorded for this comparison."""
+    found = []
+    for v in ref.get("variants", []):
+        if isinstance(v, dict):
+            found.append(unpack(v, decode(v.get("value"))))
+    return found
+
+
+def _adjoints(first: dict, rest: list) -> str | None:
+    """The diagnosis of one op's adjoints (``first``'s group): every wrong one among the
+    values sent from ``first`` on for the same call, named and shown beside its finite
+    difference."""
+    names: set = set()
+    wrong = []
+    for _dev, label, claim, ref in rest:
+        if not isinstance(ref, dict) or ref.get("group") != first["group"] or ref["name"] in names:
+            break
+        names.add(ref["name"])
+        got = _got(label, claim)
+        if isinstance(got, str):
+            break
+        fd = decode(ref["expected"])
+        problem = mismatch(got, fd, rtol=ref["rtol"], atol=ref["atol"])
+        if problem is not None:
+            wrong.append((ref["name"], got, fd, problem, _variants(ref), ref["atol"]))
+    return explain_adjoints(first["group"], wrong, str(first.get("inputs", "")), first["rtol"])

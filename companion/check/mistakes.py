@@ -37,6 +37,15 @@ class Variant:
             np.isclose(got, value, rtol=rtol, atol=atol, equal_nan=True).all()
         )
 
+    def pack(self) -> dict:
+        """This wrong answer as plain data (``unpack`` rebuilds it), for the judge."""
+        return {
+            "kind": type(self).__name__,
+            "value": self.value,
+            "message": self.message,
+            "reshape_ok": self.reshape_ok,
+        }
+
 
 class SumsTo(Variant):
     """Matches a result of shape ``shape`` that, summed down to the correct answer's shape
@@ -45,6 +54,9 @@ class SumsTo(Variant):
     def __init__(self, correct, shape: tuple, message: str):
         super().__init__(correct, message)
         self.shape = tuple(shape)
+
+    def pack(self) -> dict:
+        return {**super().pack(), "shape": list(self.shape)}
 
     def matches(self, got: np.ndarray, rtol: float, atol: float) -> bool:
         if got.shape != self.shape or got.shape == self.value.shape:
@@ -64,6 +76,19 @@ class Reshaped(Variant):
 
     def matches(self, got: np.ndarray, rtol: float, atol: float) -> bool:
         return got.shape != self.value.shape and super().matches(got, rtol, atol)
+
+
+def unpack(data: dict, value: np.ndarray) -> Variant:
+    """The ``Variant`` that ``pack`` wrote (``value`` already decoded); only the kinds defined
+    here, so plain data cannot name anything else."""
+    kind, message = data.get("kind"), str(data.get("message", ""))
+    if kind == "SumsTo":
+        return SumsTo(value, tuple(int(n) for n in data.get("shape", ())), message)
+    if kind == "Reshaped":
+        return Reshaped(value, message)
+    if kind == "Variant":
+        return Variant(value, message, bool(data.get("reshape_ok")))
+    raise ValueError(f"unknown kind of known wrong answer {kind!r}")
 
 
 def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:

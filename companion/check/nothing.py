@@ -85,41 +85,51 @@ def _stubs_on_line(frame, lineno: int) -> list[str]:
     return found
 
 
-def stub_codes(roots) -> dict:
+def stub_codes(roots, cache: dict | None = None) -> dict:
     """code object -> "name (file:line)" of every function with an empty body in the student's
-    loaded modules (those whose file is under ``roots``)."""
+    loaded modules (those whose file is under ``roots``); ``cache`` keeps each module's, so a
+    worker looks at a module once."""
     import sys
 
-    found = {}
-    for module in list(sys.modules.values()):
+    found: dict = {}
+    for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not path or not any(os.path.abspath(path).startswith(r) for r in roots):
             continue
-        for value in list(vars(module).values()):
-            members = vars(value).values() if isinstance(value, type) else [value]
-            for fn in members:
-                fn = getattr(fn, "__func__", fn)
-                if (
-                    isinstance(fn, types.FunctionType)
-                    and os.path.abspath(fn.__code__.co_filename) == os.path.abspath(path)
-                    and is_stub(fn)
-                ):
-                    where = (
-                        f"{os.path.relpath(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
-                    )
-                    found[fn.__code__] = f"{fn.__qualname__} ({where})"
+        if cache is not None and name in cache:
+            found.update(cache[name])
+            continue
+        mine = _module_stubs(module, path)
+        if cache is not None:
+            cache[name] = mine
+        found.update(mine)
     return found
 
 
-def stubs_returning_none(call, roots) -> list[str]:
-    """Run ``call()`` again, noting each empty-bodied student function that returned None (in
-    the order they did); whatever ``call`` raises is ignored."""
+def _module_stubs(module, path: str) -> dict:
+    """The empty-bodied functions (and methods) defined in ``module``'s own file."""
+    found = {}
+    for value in list(vars(module).values()):
+        members = vars(value).values() if isinstance(value, type) else [value]
+        for fn in members:
+            fn = getattr(fn, "__func__", fn)
+            if (
+                isinstance(fn, types.FunctionType)
+                and os.path.abspath(fn.__code__.co_filename) == os.path.abspath(path)
+                and is_stub(fn)
+            ):
+                where = f"{os.path.relpath(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
+                found[fn.__code__] = f"{fn.__qualname__} ({where})"
+    return found
+
+
+def watch_stubs(call, codes: dict, seen: list[str]):
+    """``call()``, appending to ``seen`` each function of ``codes`` (``stub_codes``) that
+    returned None, in the order they did; no watching (no cost) when ``codes`` is empty."""
     import sys
 
-    codes = stub_codes(roots)
     if not codes:
-        return []
-    seen: list[str] = []
+        return call()
 
     def hook(frame, event, arg):
         if event == "return" and arg is None and frame.f_code in codes:
@@ -129,11 +139,19 @@ def stubs_returning_none(call, roots) -> list[str]:
 
     sys.setprofile(hook)
     try:
-        call()
-    except BaseException:  # the failure already reported; only the names are wanted
-        pass
+        return call()
     finally:
         sys.setprofile(None)
+
+
+def stubs_returning_none(call, roots) -> list[str]:
+    """Run ``call()`` again, noting each empty-bodied student function that returned None (in
+    the order they did); whatever ``call`` raises is ignored."""
+    seen: list[str] = []
+    try:
+        watch_stubs(call, stub_codes(roots), seen)
+    except BaseException:  # the failure already reported; only the names are wanted
+        pass
     return seen
 
 

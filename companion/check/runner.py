@@ -13,11 +13,11 @@ Each worker runs in a box (``sandbox.py``, started through ``boxed.py``): memory
 process-count limits that the report names when hit; every process it starts, ``setsid`` or
 not, ended with it; on Linux with Landlock, no file changed outside the homework folder and a
 scratch folder, and no signal sent outside the box. Its answers come over a pipe (no results
-file it could append to), and a pass is only a claim: the judge (``judge.py``) decides it here,
-from the values the worker sent, against expected values computed by the same checks run on
-this project's own needle in a worker that never imports the student's code. The worker still
-computes its own copy of the expected values (for the diagnosis of a failure), so code written
-to read them out of the worker's memory and return them as answers is not stopped.
+file it could append to), and it is blind: it computes no expected value and sends only the
+student's values. A pass is only a claim: the judge (``judge.py``) decides it here, from the
+values the worker sent, against expected values computed by the same checks run on this
+project's own needle in a worker that never imports the student's code; for a question that
+failed, the values sent before the failure are judged too, and the first wrong one is the cause.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .boxed import GIB, Boxed, Limits, describe_box
 from .judge import Malformed, judge, references
+from .nothing import named_stubs
 from .questions import HOMEWORKS, Question, questions_for
 
 IMPORT_PROBE = "__import__"  # the worker's first step (worker.IMPORT_PROBE)
@@ -50,8 +51,10 @@ class Result:
     status: str
     detail: str = ""
     warnings: list[str] = field(default_factory=list)
-    # the values a worker that claims a pass sent; judge.py decides whether it is one
+    # the values its worker sent; judge.py decides a claimed pass, and finds a failure's cause
     claims: list = field(default_factory=list, repr=False, compare=False)
+    # empty-bodied student functions that returned None while it ran (a claimed pass)
+    stubs: list = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass
@@ -418,6 +421,7 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
         "questions": batch,
         "scratch": str(scratch),
         "probe": True,
+        "reference": ctx["reference"],  # else blind: the worker computes no expected value
     }
     cpu = limits.cpu if limits.cpu is not None else timeout * (len(batch) + 1)
     env = _worker_env(root, hw, scratch, limits, ctx["reference"])
@@ -549,28 +553,42 @@ def _after_round(tmp: Path, round_: int, remaining: list[str], ctx: dict) -> lis
     return left
 
 
+_JUDGED = ("pass", "fail", "error")  # a "not implemented" stays one (blank skeletons)
+
+
 def _judge_passes(results: list[Result], hw: str, timeout: float) -> None:
-    """Decide every claimed pass from the values its worker sent (``judge.judge``)."""
-    claimed = [r for r in results if r.status == "pass"]
-    if not claimed:
+    """Decide every claimed pass, and find the cause of every failure, from the values its
+    worker sent (``judge.judge``): a blind worker cannot notice a wrong value, so a question
+    that failed after one reports that value, not what followed from it."""
+    judged = [r for r in results if r.status in _JUDGED and (r.status == "pass" or r.claims)]
+    if not judged:
         return
-    expected = references(hw, [r.question.id for r in claimed], timeout)
-    for r in claimed:
+    expected = references(hw, [r.question.id for r in judged], timeout)
+    for r in judged:
         reference = expected[r.question.id]
+        complete = r.status == "pass"
         if isinstance(reference, str):
-            problem = (
-                "the checker's judge could not compute this question's expected values with "
-                f"this project's own needle, so it cannot pass here ({reference.splitlines()[0]})"
-            )
-            status = "error"
-        else:
-            try:
-                problem = judge(r.claims, reference)
-            except Malformed as exc:
-                problem = f"what your process sent is not well-formed values ({exc})"
-            status = "fail"
-        if problem is not None:
-            r.status, r.detail, r.warnings = status, problem, []
+            if complete:
+                r.status, r.warnings = "error", []
+                r.detail = (
+                    "the checker's judge could not compute this question's expected values "
+                    f"with this project's own needle, so it cannot pass here "
+                    f"({reference.splitlines()[0]})"
+                )
+            r.claims = []
+            continue
+        try:
+            problem, warnings = judge(r.claims, reference, complete=complete)
+        except Malformed as exc:
+            problem = f"what your process sent is not well-formed values ({exc})"
+            problem, warnings = (problem if complete else None), []
+        if problem is not None and r.stubs:  # wrong because a blank function ran
+            first = problem.strip().splitlines()[0]
+            r.status, r.detail, r.warnings = "not implemented", named_stubs(r.stubs, first), []
+        elif problem is not None:
+            r.status, r.detail, r.warnings = "fail", problem, []
+        elif complete:
+            r.warnings = r.warnings + warnings
         r.claims = []
 
 
@@ -605,9 +623,11 @@ def _result(
             ),
             [],
         )
-    elif result.status == "pass":
-        comparisons = event.get("comparisons")
+    elif result.status in _JUDGED:
+        comparisons = event.get("comparisons") or []
         result.claims = comparisons if isinstance(comparisons, list) else [comparisons]
+        stubs = event.get("stubs")
+        result.stubs = [str(n) for n in stubs] if isinstance(stubs, list) else []
     return result
 
 

@@ -13,12 +13,15 @@ and scratch folders where Landlock is available): ``{"start": "__import__"}`` an
 ``{"imported": path}`` or ``{"import_error": text}`` for the import probe (the student's package
 imported once, before any question, so a hang, an exit or a syntax error at import is reported
 once); ``{"start": id}`` before a question and ``{"id", "status", "detail", "needle",
-"comparisons"}`` after it. ``comparisons`` carries every value a check compared (see
-``diagnose.Recorder``): a pass is only a claim, which the runner's judge (``judge.py``)
-decides from those values against expected values computed where the student's code never
-runs. The worker is also how the judge computes them: the same checks run on this project's
-needle (the runner's ``reference`` run). A crash (segfault) or an exit leaves a start without
-an end, which the runner reports for that question alone.
+"comparisons"}`` after it. Beside student code the worker is blind (``diagnose``'s blind
+mode): the checks never compute an expected value here, and ``comparisons`` carries the
+student's value for every comparison made (``diagnose.Recorder``), whatever the status: a pass
+is only a claim, and a failure may follow an earlier wrong value, which the runner's judge
+(``judge.py``) finds from those values against expected values computed where the student's
+code never runs. The worker is also how the judge computes them: the same checks in reference
+mode on this project's needle (the runner's ``reference`` run, ``"reference": true`` in the
+config). A crash (segfault) or an exit leaves a start without an end, which the runner reports
+for that question alone.
 """
 
 import faulthandler
@@ -29,9 +32,16 @@ import sys
 import traceback
 
 from companion import impl
-from companion.check.nothing import named_stubs, none_culprit, stubs_returning_none
+from companion.check.nothing import (
+    named_stubs,
+    none_culprit,
+    stub_codes,
+    stubs_returning_none,
+    watch_stubs,
+)
 
 IMPORT_PROBE = "__import__"
+_STUB_CACHE: dict = {}  # module name -> its empty-bodied functions (looked at once)
 
 
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")  # mugrade
@@ -81,19 +91,27 @@ def _base_exception(exc: BaseException, roots) -> str:
     return f"raised {type(exc).__name__}: {exc} at {where}"
 
 
-def _run_one(qid, hw_module, ctx, roots):
+def _run_one(qid, hw_module, ctx, roots, recorded, stubs):
     """(status, detail) of one question; a failure in a question that ran an empty-bodied
-    student function (a blank skeleton's ``pass``) is "not implemented", naming it."""
-    status, detail, exc = _outcome(qid, hw_module, ctx, roots)
+    student function (a blank skeleton's ``pass``) is "not implemented", naming it. What the
+    second run (the stub search) records is dropped: ``recorded`` keeps the first run's.
+    ``stubs`` gets the empty-bodied functions the question ran that returned None (for the
+    judge: this blind worker cannot tell whether the values they led to are wrong)."""
+    codes = stub_codes(roots, _STUB_CACHE)
+    status, detail, exc = watch_stubs(lambda: _outcome(qid, hw_module, ctx, roots), codes, stubs)
     if status in ("fail", "not implemented") and exc is not None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        named = _name_the_stub(
-            qid,
-            hw_module,
-            ctx,
-            roots,
-            f"{type(exc).__name__}: {first}" if not isinstance(exc, AssertionError) else first,
-        )
+        kept = len(recorded)
+        try:
+            named = _name_the_stub(
+                qid,
+                hw_module,
+                ctx,
+                roots,
+                f"{type(exc).__name__}: {first}" if not isinstance(exc, AssertionError) else first,
+            )
+        finally:
+            del recorded[kept:]
         if named:
             return "not implemented", named
     return status, detail
@@ -220,6 +238,17 @@ def _probe(hw: str, roots) -> str | None:
     return None
 
 
+def _tampered_state(diagnose, mode: str, swapped: bool) -> str | None:
+    """What student code changed in the checker's state (the record, the mode), put back."""
+    if diagnose._MODE != mode:
+        diagnose.set_mode(mode)
+        return (
+            "your code switched the checker's mode (it must not compute expected values "
+            "beside your code)"
+        )
+    return "your code replaced the checker's record of comparisons" if swapped else None
+
+
 def main(config_path: str, fd: int) -> None:
     with open(config_path) as f:
         config = json.load(f)
@@ -231,6 +260,9 @@ def main(config_path: str, fd: int) -> None:
     import companion.check.diagnose as diagnose
     from companion.check.diagnose import NumpyGuard, Recorder
 
+    # blind beside student code: no expected value is ever computed in this process
+    mode = diagnose.REFERENCE if config.get("reference") else diagnose.BLIND
+    diagnose.set_mode(mode)
     guard = NumpyGuard()  # before any student code runs
     with os.fdopen(fd, "w", buffering=1) as out:
         if config.get("probe"):
@@ -249,14 +281,13 @@ def main(config_path: str, fd: int) -> None:
             out.write(json.dumps({"start": qid}) + "\n")
             out.flush()
             ctx.warnings = []
+            stubs: list[str] = []
             with Recorder() as recorded:
-                status, detail = _run_one(qid, hw_module, ctx, roots)
+                status, detail = _run_one(qid, hw_module, ctx, roots, recorded, stubs)
                 swapped = diagnose._RECORD is not recorded
-            tampered = guard.tampered() or (
-                "your code replaced the checker's record of comparisons" if swapped else None
-            )
-            if tampered:
-                status, detail = "fail", tampered
+            tampered = guard.tampered() or _tampered_state(diagnose, mode, swapped)
+            if tampered:  # and what it recorded cannot be believed: the verdict is this
+                status, detail, recorded = "fail", tampered, []
             needle = sys.modules.get("needle")
             where = getattr(needle, "__file__", None) if needle is not None else None
             out.write(
@@ -267,7 +298,8 @@ def main(config_path: str, fd: int) -> None:
                         "detail": detail,
                         "needle": where,
                         "warnings": ctx.warnings if status == "pass" else [],
-                        "comparisons": recorded,
+                        "comparisons": recorded,  # every status: the judge looks for the cause
+                        "stubs": stubs if status == "pass" else [],
                     }
                 )
                 + "\n"

@@ -449,29 +449,46 @@ def test_the_guard_names_and_undoes_a_rewritten_checker_function():
         diagnose.mismatch.__code__ = original
 
 
+def _logged(mode: str, comparisons: list[tuple]) -> list:
+    """What a worker in ``mode`` records for ``comparisons`` (what, got, expected, atol)."""
+    from companion.check import diagnose
+
+    diagnose.set_mode(mode)
+    try:
+        with diagnose.Recorder() as log:
+            for what, got, expected, atol in comparisons:
+                diagnose.compare(what, got, lambda e=expected: e, rtol=0.0, atol=atol)
+    finally:
+        diagnose.set_mode(diagnose.PLAIN)
+    return log
+
+
 def test_the_judge_decides_a_claimed_pass_from_its_own_expected_values():
-    """A worker that claims a pass is judged against the reference run's expected values, not
-    the ones it sent; anything that is not well-formed values is named as such."""
-    from companion.check.diagnose import Recorder, record
+    """A worker that claims a pass is judged against the reference run's expected values (a
+    blind worker sends none); anything that is not well-formed values is named as such."""
+    from companion.check.diagnose import BLIND, REFERENCE
     from companion.check.judge import Malformed, judge
     from companion.check.runner import _result
 
     what = "multiply(a, b) (forward)"
-    with Recorder() as reference:
-        record(what, np.array([1.0, 3.0]), np.array([1.0, 3.0]), 1e-5, 1e-6)
-    with Recorder() as claims:  # the worker's: its expected agrees with its wrong answer
-        record(what, np.array([1.0, 2.0]), np.array([1.0, 2.0]), 1e-5, 1e-6)
+    reference = _logged(REFERENCE, [(what, np.array([1.0, 3.0]), np.array([1.0, 3.0]), 1e-6)])
+    claims = _logged(BLIND, [(what, np.array([1.0, 2.0]), None, 0.0)])
+    assert set(claims[0]) == {"what", "got"}  # no expected value beside the student's code
     event = {"id": "hw1_multiply_forward", "status": "pass", "detail": "", "comparisons": claims}
     result = _result(BY_ID["hw1_multiply_forward"], event, "hw1", [], [])
     assert result.status == "pass" and result.claims == claims  # not decided by the worker
-    assert judge(claims, reference).startswith(f"{what} is wrong (judged outside your process")
-    with Recorder() as right:
-        record(what, np.array([1.0, 3.0]), np.array([0.0, 0.0]), 1e-5, 1e-6)
-    assert judge(right, reference) is None
-    assert "sent no value for 'other'" in judge(
-        right, reference + [dict(reference[0], what="other")]
+    problem, _ = judge(claims, reference)
+    assert problem.startswith(f"{what} is wrong.\n  expected: shape (2,) float64 = [1., 3.]")
+    assert "at (1,): expected 3, got 2" in problem
+    right = _logged(BLIND, [(what, np.array([1.0, 3.0]), None, 0.0)])
+    assert judge(right, reference) == (None, [])
+    assert (
+        "sent no value for 'other'"
+        in judge(right, reference + [dict(reference[0], what="other")])[0]
     )
-    assert "does not compare" in judge(right + [dict(right[0], what="other")], reference)
+    assert "does not compare" in judge(right + [dict(right[0], what="other")], reference)[0]
+    forged = [dict(right[0], expected=right[0]["got"])]
+    assert "sent an expected value" in judge(forged, reference)[0]
     for bad in (
         {"shape": [2], "data": "not base64!"},
         {"shape": [3], "data": right[0]["got"]["data"]},
@@ -484,29 +501,47 @@ def test_the_judge_decides_a_claimed_pass_from_its_own_expected_values():
         judge("pass", reference)
 
 
+def test_the_judge_finds_the_first_wrong_value_of_a_question_that_stopped():
+    """A blind worker goes on after a wrong value; when the question then fails, the values it
+    sent so far are judged (``complete=False``): the first wrong one is the cause, and a
+    missing value is not one."""
+    from companion.check.diagnose import BLIND, REFERENCE
+    from companion.check.judge import judge
+
+    one, two = np.array([1.0]), np.array([2.0])
+    reference = _logged(REFERENCE, [("first", one, one, 0.0), ("second", two, two, 0.0)])
+    wrong_first = _logged(BLIND, [("first", two, None, 0.0)])
+    assert judge(wrong_first, reference, complete=False)[0].startswith("first is wrong.")
+    right_first = _logged(BLIND, [("first", one, None, 0.0)])
+    assert judge(right_first, reference, complete=False) == (None, [])
+    assert "sent no value for 'second'" in judge(right_first, reference)[0]
+
+
 def test_the_judge_takes_each_device_the_student_has_against_the_same_expected_values():
     """Checks repeat on every device the student enabled ("on cpu(): ...", "on cuda(): ..."):
     each device's values are judged against the reference's, and each must be complete."""
-    from companion.check.diagnose import Recorder, record
+    from companion.check.diagnose import BLIND, REFERENCE
     from companion.check.judge import judge
 
     a, b = np.array([1.0, 2.0]), np.array([3.0])
-    with Recorder() as reference:  # the reference run had one device
-        record("on cpu(): A.sum()", a, a, 0.0, 0.0)
-        record("on cpu(): A.max()", b, b, 0.0, 0.0)
-    with Recorder() as two_devices:
-        for dev in ("cpu_numpy()", "cuda()"):
-            record(f"on {dev}: A.sum()", a, a, 0.0, 0.0)
-            record(f"on {dev}: A.max()", b, b, 0.0, 0.0)
-    assert judge(two_devices, reference) is None
-    assert judge(two_devices[:3], reference) == (
+    reference = _logged(  # the reference run had one device
+        REFERENCE, [("on cpu(): A.sum()", a, a, 0.0), ("on cpu(): A.max()", b, b, 0.0)]
+    )
+    two_devices = _logged(
+        BLIND,
+        [
+            (f"on {dev}: {what}", value, None, 0.0)
+            for dev in ("cpu_numpy()", "cuda()")
+            for what, value in (("A.sum()", a), ("A.max()", b))
+        ],
+    )
+    assert judge(two_devices, reference) == (None, [])
+    assert judge(two_devices[:3], reference)[0] == (
         "your process sent no value for 'A.max()', which this question compares"
     )
     wrong = [dict(c) for c in two_devices]
-    with Recorder() as bad:
-        record("on cuda(): A.max()", np.array([4.0]), b, 0.0, 0.0)
-    wrong[3] = bad[0]
-    assert judge(wrong, reference).startswith("on cuda(): A.max() is wrong (judged outside")
+    wrong[3] = _logged(BLIND, [("on cuda(): A.max()", np.array([4.0]), None, 0.0)])[0]
+    assert judge(wrong, reference)[0].startswith("on cuda(): A.max() is wrong.\n")
 
 
 # ---- never hang or mislead ---------------------------------------------------------------------
