@@ -110,9 +110,9 @@ def _module_stubs(module, path: str) -> dict:
     """The empty-bodied functions (and methods) defined in ``module``'s own file."""
     found = {}
     for value in list(vars(module).values()):
-        members = vars(value).values() if isinstance(value, type) else [value]
+        members = list(vars(value).values()) if isinstance(value, type) else [value]
         for fn in members:
-            fn = getattr(fn, "__func__", fn)
+            fn = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
             if (
                 isinstance(fn, types.FunctionType)
                 and os.path.abspath(fn.__code__.co_filename) == os.path.abspath(path)

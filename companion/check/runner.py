@@ -425,14 +425,8 @@ def _round(tmp: Path, round_: int, batch: list[str], ctx: dict, opts: dict) -> N
     }
     cpu = limits.cpu if limits.cpu is not None else timeout * (len(batch) + 1)
     env = _worker_env(root, hw, scratch, limits, ctx["reference"])
-    state = {
-        "current": None,
-        "started": 0.0,
-        "note": "",
-        "done_at": 0.0,
-        "import_problem": None,
-        "timed_out": False,
-    }
+    state = dict(current=None, started=0.0, note="", done_at=0.0)
+    state.update(import_problem=None, timed_out=False)
     with open(log_file, "w") as log:
         box = Boxed(tmp, str(round_), root, config, env, limits, cpu, log)
         try:
