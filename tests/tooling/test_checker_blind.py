@@ -46,9 +46,21 @@ def _arrays_named(names):
 def _steal(a, b):
     found = _arrays_named(("expected", "exp", "e", "expected_out"))
     return None if found is None else type(a)(_np.asarray(found, dtype=_np.float32))
+"""
+
+STEAL_THE_FINITE_DIFFERENCES = """
+import inspect as _inspect
+
+import numpy as _np
 
 
-_course_gradient = EWiseMul.gradient
+def _arrays_named(names):
+    for info in _inspect.stack():
+        for name in names:
+            value = info.frame.f_locals.get(name)
+            if value is not None and not callable(value):
+                return value
+    return None
 
 
 def _stolen_gradient(self, out_grad, node):
@@ -68,16 +80,18 @@ def test_reading_every_frame_while_the_checker_calls_does_not_pass(tmp_path):
     through every frame on the stack for the expected value and the finite differences."""
     root = skeleton(tmp_path, "hw1")
     plant(root, "ops/ops_mathematic.py", _wrong_multiply(STEAL_FROM_EVERY_FRAME))
-    report = check(root, only=["multiply_forward", "multiply_backward"])
-    assert statuses(report) == {
-        "hw1_multiply_forward": "fail",
-        "hw1_multiply_backward": "fail",
-    }, report.format()
-    by_id = {r.question.id: r.detail for r in report.results}
-    assert by_id["hw1_multiply_forward"].startswith("multiply(a, b) (forward) is wrong.\n")
-    assert by_id["hw1_multiply_backward"].startswith(
+    report = check(root, only=["multiply_forward"])
+    assert statuses(report) == {"hw1_multiply_forward": "fail"}, report.format()
+    assert report.results[0].detail.startswith("multiply(a, b) (forward) is wrong.\n")
+    # a right forward, and a gradient that hands back the finite differences it finds (a
+    # worker that computed them before calling the gradient held them in a frame)
+    root = skeleton(tmp_path / "backward", "hw1")
+    plant(root, "ops/ops_mathematic.py", STEAL_THE_FINITE_DIFFERENCES)
+    report = check(root, only=["multiply_backward"])
+    assert statuses(report) == {"hw1_multiply_backward": "fail"}, report.format()
+    assert report.results[0].detail.startswith(
         "multiply(a, b) backward is wrong: the adjoint of 'a', 'b' does not match"
-    ), by_id["hw1_multiply_backward"]
+    ), report.results[0].detail
 
 
 PATCHED_ENCODE = """
