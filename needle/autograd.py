@@ -199,14 +199,7 @@ class Value:
     @classmethod
     def make_const(cls, data: Any, *, requires_grad: bool = False) -> Self:
         """A leaf holding ``data`` (an array), with no history."""
-        global TENSOR_COUNTER
-        value = object.__new__(cls)
-        value.inputs = []
-        value.cached_data = data
-        value.requires_grad = requires_grad
-        TENSOR_COUNTER += 1
-        value.op = None  # set last, as in _init
-        return value
+        return _make_leaf(cls, data, requires_grad)
 
     @classmethod
     def make_from_op(cls, op: Op[Any], inputs: Sequence["Value"]) -> Self:
@@ -250,6 +243,19 @@ class Value:
             value.inputs = []
             value.op = None
         return value
+
+
+def _make_leaf(cls: type, data: Any, requires_grad: bool) -> Any:
+    """``cls.make_const(data)``'s node, written out (no ``_init`` keywords, no ``super()``):
+    every backward pass makes one for its ones out_grad."""
+    global TENSOR_COUNTER
+    value = object.__new__(cls)
+    value.inputs = []
+    value.cached_data = data
+    value.requires_grad = requires_grad
+    TENSOR_COUNTER += 1
+    value.op = None  # set last, as in _init
+    return value
 
 
 class TensorTuple(Value):
@@ -380,7 +386,7 @@ class Tensor(Value):
         """A leaf tensor holding ``data`` (an array, or the array of a Tensor), sharing it."""
         if isinstance(data, Tensor):
             data = data.realize_cached_data()
-        return super().make_const(data, requires_grad=requires_grad)
+        return _make_leaf(cls, data, requires_grad)
 
     @property
     def data(self) -> "Tensor":

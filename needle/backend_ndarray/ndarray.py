@@ -584,15 +584,15 @@ class NDArray:
     def _reduce(self, op: int, axis: Axes, keepdims: bool) -> "NDArray":
         if isinstance(axis, list):
             axis = tuple(axis)
-        view_shape, view_strides, keep, out_shape, empty = _reduce_plan(
+        view_shape, view_strides, keep, out_shape, empty, no_output = _reduce_plan(
             self._shape, self._strides, axis, keepdims
         )
-        if op == _MAX and empty:
+        if empty and op == _MAX:
             raise ValueError(
                 f"max of an empty axis has no identity (shape {self.shape}, axis {axis})"
             )
         out = _new(out_shape, self._device)
-        if 0 not in view_shape[:keep]:
+        if not no_output:
             self._device.reduce(
                 op, self._handle, view_shape, view_strides, self._offset, keep, out._handle
             )

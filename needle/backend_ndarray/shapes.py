@@ -95,10 +95,11 @@ def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[
 @functools.lru_cache(maxsize=4096)
 def _reduce_plan(
     shape: Shape, strides: Shape, axis: Axes, keepdims: bool
-) -> Tuple[Shape, Shape, int, Shape, bool]:
+) -> Tuple[Shape, Shape, int, Shape, bool, bool]:
     """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
-    last) as (shape, strides), the number of kept axes, the output shape, and whether a
-    non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
+    last) as (shape, strides), the number of kept axes, the output shape, whether a non-empty
+    output would reduce over an empty extent, and whether the output has no elements to
+    compute (cached: the same reductions recur)."""
     ndim = len(shape)
     if axis is None or axis == ():
         axes = set(range(ndim))
@@ -112,8 +113,9 @@ def _reduce_plan(
     order = [a for a in range(ndim) if a not in axes] + sorted(axes)
     keep = ndim - len(axes)
     view_shape = tuple(shape[a] for a in order)
-    empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
-    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
+    no_output = 0 in view_shape[:keep]
+    empty = 0 in view_shape[keep:] and not no_output
+    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty, no_output
 
 
 def _batched_matmul_plan(
