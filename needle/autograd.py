@@ -245,7 +245,7 @@ class Value:
         return value
 
 
-def _make_leaf(cls: type, data: Any, requires_grad: bool) -> Any:
+def _make_leaf(cls: type[V], data: Any, requires_grad: bool) -> V:
     """``cls.make_const(data)``'s node, written out (no ``_init`` keywords, no ``super()``):
     every backward pass makes one for its ones out_grad."""
     global TENSOR_COUNTER
