@@ -14,14 +14,17 @@ of getting to the kernel: Python dispatch, building the result, autograd bookkee
   ``NDArray`` cases (needle's array layer against plain PyTorch tensors).
 
 The ratio is PyTorch's time over needle's (higher is better; 1.0 = parity).
-Run ``python -m benchmarks.bench_overhead [--runs N] [--repeats R]``; ``make bench`` runs it
-with the others.
+Run ``python -m benchmarks.bench_overhead [--runs N] [--repeats R] [--clock cpu]``; ``make
+bench`` runs it with the others (``--clock cpu`` times the first table by each process's CPU
+time, which a machine shared with other work does not inflate the way it does elapsed time).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from typing import Callable
 
 import numpy as np
@@ -135,23 +138,49 @@ def check_gradients(grad_a: np.ndarray, grad_b: np.ndarray, case: str) -> None:
     np.testing.assert_allclose(grad_b, want_b, rtol=1e-4, atol=1e-4, err_msg=f"{case}: d/db")
 
 
-def time_ops_here(library: str, repeats: int) -> dict[str, float]:
+def time_ops_here(library: str, repeats: int, clock: str = "wall") -> dict[str, float]:
     """{case: seconds per call} of ``OPS`` by ``library`` ("needle" or "torch"), timed in
-    this process: the median of ``repeats`` samples, each a block of calls of at least 20 ms."""
+    this process: the median of ``repeats`` samples, each a block of calls of at least 20 ms
+    (``clock`` "wall", elapsed time), or of ``CPU_BLOCK`` calls timed by the process's CPU
+    time (``clock`` "cpu")."""
     builders = {"needle": needle_ops, "torch": torch_ops}
     if library not in builders:
         raise ValueError(f"library must be 'needle' or 'torch', got {library!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     ops = builders[library]()
+    if clock == "cpu":
+        return {case: cpu_seconds_per_call(fn, repeats) for case, fn in ops.items()}
     return {
         case: measure(fn, repeats=repeats, min_sample_s=0.02, settle_s=0.05)
         for case, fn in ops.items()
     }
 
 
-def ops_table(times: dict[str, dict[str, float]], runs: int) -> Table:
+CLOCKS = ("wall", "cpu")
+CPU_BLOCK = 2000  # calls per sample with --clock cpu (at least ~4 ms of CPU time each)
+
+
+def cpu_seconds_per_call(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU seconds per call of ``fn`` (all threads of this process, ``process_time``)
+    over ``repeats`` blocks of ``CPU_BLOCK`` calls, after a warm-up block. On a shared machine
+    the time a process waits for a CPU is not counted, which wall time would add."""
+    for _ in range(CPU_BLOCK // 10):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for _ in range(CPU_BLOCK):
+            fn()
+        samples.append((time.process_time() - t0) / CPU_BLOCK)
+    return statistics.median(samples)
+
+
+def ops_table(times: dict[str, dict[str, float]], runs: int, clock: str = "wall") -> Table:
     """The µs per call of each library and case (``times``: {library: {case: seconds}})."""
+    what = "CPU µs" if clock == "cpu" else "µs"
     table = Table(
-        f"per-op cost on {N}x{N} float32 tensors, µs per call, each library in its own "
+        f"per-op cost on {N}x{N} float32 tensors, {what} per call, each library in its own "
         f"processes, median of {runs}; ratio = PyTorch time / needle time",
         "µs",
         reference="PyTorch",
@@ -162,12 +191,13 @@ def ops_table(times: dict[str, dict[str, float]], runs: int) -> Table:
     return table
 
 
-def bench_ops_in_children(repeats: int, runs: int) -> dict:
+def bench_ops_in_children(repeats: int, runs: int, clock: str = "wall") -> dict:
     """Print the per-op table timed in children; return {case: ratio} ({} without PyTorch)."""
     libs = libraries()
     times = time_libraries_in_children(
         "benchmarks.bench_overhead:time_ops_here",
         repeats,
+        clock,
         what="per-op overhead",
         libraries=libs,
         runs=runs,
@@ -177,7 +207,7 @@ def bench_ops_in_children(repeats: int, runs: int) -> dict:
         for case in OPS:
             print(f"  {case:<64}{1e6 * times['needle'][case]:8.2f}")
         return {}
-    table = ops_table(times, runs)
+    table = ops_table(times, runs, clock)
     table.print()
     return {f"per op: {case}": table.ratio(n, r) for case, n, r in table.rows}
 
@@ -239,6 +269,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="samples per case (median)")
     parser.add_argument("--runs", type=int, default=CHILD_RUNS, help="children per library")
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="wall",
+        help="the first table's clock: elapsed time, or the process's CPU time (steadier on "
+        "a shared machine)",
+    )
     args = parser.parse_args([] if argv is None else argv)
     for name in ("repeats", "runs"):
         if getattr(args, name) < 1:
@@ -253,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not device.enabled():
         print("cpu() is not built: nothing to benchmark (run `make build`)")
         return {}
-    ratios = bench_ops_in_children(args.repeats, args.runs)
+    ratios = bench_ops_in_children(args.repeats, args.runs, args.clock)
     print()
     bench_same_process(device, args.repeats)
     return ratios

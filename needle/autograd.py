@@ -123,6 +123,9 @@ class TensorTupleOp(Op["TensorTuple"]):
 class Value:
     """A node of the computational graph."""
 
+    # The fields every node sets live in slots (cheaper to make, set and free than a dict
+    # entry each); anything else, such as ``grad`` once set, goes to the instance __dict__.
+    __slots__ = ("op", "inputs", "cached_data", "requires_grad", "__dict__", "__weakref__")
     op: Optional[Op[Any]]
     inputs: Sequence["Value"]
     # The node's array(s): an NDArray for a Tensor, a tuple of them for a TensorTuple; None until
@@ -169,7 +172,7 @@ class Value:
 
     def __del__(self) -> None:
         global TENSOR_COUNTER
-        if "op" in self.__dict__:  # only initialised Values were counted
+        if hasattr(self, "op"):  # only initialised Values were counted (op is set last)
             TENSOR_COUNTER -= 1
 
     def _init(
@@ -196,9 +199,7 @@ class Value:
     @classmethod
     def make_const(cls, data: Any, *, requires_grad: bool = False) -> Self:
         """A leaf holding ``data`` (an array), with no history."""
-        value = object.__new__(cls)
-        value._init(None, [], cached_data=data, requires_grad=requires_grad)
-        return value
+        return _make_leaf(cls, data, requires_grad)
 
     @classmethod
     def make_from_op(cls, op: Op[Any], inputs: Sequence["Value"]) -> Self:
@@ -242,6 +243,19 @@ class Value:
             value.inputs = []
             value.op = None
         return value
+
+
+def _make_leaf(cls: type[V], data: Any, requires_grad: bool) -> V:
+    """``cls.make_const(data)``'s node, written out (no ``_init`` keywords, no ``super()``):
+    every backward pass makes one for its ones out_grad."""
+    global TENSOR_COUNTER
+    value = object.__new__(cls)
+    value.inputs = []
+    value.cached_data = data
+    value.requires_grad = requires_grad
+    TENSOR_COUNTER += 1
+    value.op = None  # set last, as in _init
+    return value
 
 
 class TensorTuple(Value):
@@ -372,7 +386,7 @@ class Tensor(Value):
         """A leaf tensor holding ``data`` (an array, or the array of a Tensor), sharing it."""
         if isinstance(data, Tensor):
             data = data.realize_cached_data()
-        return super().make_const(data, requires_grad=requires_grad)
+        return _make_leaf(cls, data, requires_grad)
 
     @property
     def data(self) -> "Tensor":
@@ -412,15 +426,18 @@ class Tensor(Value):
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return self.realize_cached_data().shape
+        data = self.cached_data  # the realized array, without a call when it is there
+        return (self.realize_cached_data() if data is None else data).shape
 
     @property
     def dtype(self) -> Any:
-        return self.realize_cached_data().dtype
+        data = self.cached_data  # the realized array, without a call when it is there
+        return (self.realize_cached_data() if data is None else data).dtype
 
     @property
     def device(self) -> Device:
-        return self.realize_cached_data().device
+        data = self.cached_data  # the realized array, without a call when it is there
+        return (self.realize_cached_data() if data is None else data).device
 
     def backward(self, out_grad: Optional["Tensor"] = None, *, create_graph: bool = True) -> None:
         """Reverse mode from this tensor: sets ``.grad`` on every leaf it depends on.
@@ -448,7 +465,8 @@ class Tensor(Value):
         """``out_grad`` for a backward from this tensor (ones when None), after checking that it
         is a Tensor of this tensor's shape and device."""
         if out_grad is None:
-            return Tensor.make_const(_full(self.shape, 1.0, self.dtype, self.device))
+            data = self.realize_cached_data()
+            return Tensor.make_const(_full(data.shape, 1.0, data.dtype, data.device))
         if not isinstance(out_grad, Tensor):
             raise TypeError(f"backward's out_grad must be a Tensor, got {type(out_grad).__name__}")
         if tuple(out_grad.shape) != tuple(self.shape):
@@ -562,7 +580,7 @@ def compute_gradient_of_variables(
     computed in a pass that records no graph (the opt-in fast backward frees arrays there).
     """
     record = create_graph and _grad_mode.enabled
-    with set_grad_enabled(record):
+    with _GradModeAs(record):
         node_to_output_grads_list: Dict[Value, List[Value]] = {output_tensor: [out_grad]}
         # TensorTuple -> {component index: adjoint contributions} from the ops that picked it
         component_grads: Dict[Value, Dict[int, List[Value]]] = {}
@@ -593,6 +611,24 @@ def compute_gradient_of_variables(
             _pass_on(node_to_output_grads_list, node.inputs, op.gradient_as_tuple(grad, node))
             if not record:
                 _release(node)
+
+
+class _GradModeAs:
+    """``with _GradModeAs(mode):`` records the graph in this thread iff ``mode``, restoring
+    the previous mode on exit: ``set_grad_enabled``'s block, without its decorator and
+    statement machinery (entered once per backward pass)."""
+
+    __slots__ = ("mode", "previous")
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = mode
+
+    def __enter__(self) -> None:
+        self.previous = _grad_mode.enabled
+        _grad_mode.enabled = self.mode
+
+    def __exit__(self, *exc: object) -> None:
+        _grad_mode.enabled = self.previous
 
 
 class _Released(Op[Any]):

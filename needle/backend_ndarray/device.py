@@ -181,14 +181,15 @@ class BackendDevice:
 
     def empty(self, shape: Iterable[int], dtype: str = "float32") -> "NDArray":
         """An uninitialised float32 array of ``shape`` on this device."""
-        from .ndarray import NDArray
-
-        _check_dtype(dtype)
-        return NDArray.make(tuple(shape), device=self)
+        if type(dtype) is not str or dtype != "float32":  # "float32" needs no numpy look-up
+            _check_dtype(dtype)
+        return ndarray.NDArray.make(shape, device=self)
 
     def full(self, shape: Iterable[int], fill_value: float, dtype: str = "float32") -> "NDArray":
         """A float32 array of ``shape`` filled with ``fill_value`` on this device."""
-        arr = self.empty(shape, dtype)
+        if type(dtype) is not str or dtype != "float32":
+            _check_dtype(dtype)
+        arr = ndarray.NDArray.make(shape, device=self)
         arr.fill(fill_value)
         return arr
 
@@ -341,3 +342,8 @@ def _positional(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
         raise TypeError(f"device function {name!r} called with keywords cannot be recorded")
     bound = inspect.signature(spec).bind(None, *args, **kwargs)
     return tuple(bound.arguments.values())[1:]
+
+
+# Last: ndarray imports this module, and empty()/full() build its arrays (a module global, not
+# an import statement run on every call).
+from . import ndarray  # noqa: E402

@@ -58,12 +58,13 @@ from .shapes import (
     _batched_matmul_plan,
     _broadcast_shapes,
     _broadcast_strides,
+    _broadcast_view,
     _check_as_strided,
     _compact_strides,
     _norm_axis,
-    _normalize_shape,
     _permutation,
     _reduce_plan,
+    _reshape_shape,
     _slice_bound,
     prod,
 )
@@ -127,12 +128,12 @@ def _as_float32_numpy(other: object) -> np.ndarray:
 def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     """A fresh compact array (internal: ``shape`` is a tuple of non-negative ints and
     ``device`` is enabled, since an array already lives there)."""
-    size = math.prod(shape)
+    size = _prod(shape)
     if size > MAX_ELEMENTS:
         raise ValueError(
             f"shape {shape} has {size} elements, more than an array may hold ({MAX_ELEMENTS})"
         )
-    array = object.__new__(NDArray)
+    array = _object_new(NDArray)
     array._shape = shape
     array._strides = _compact_strides(shape)
     array._offset = 0
@@ -140,6 +141,9 @@ def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     array._handle = device.Array(size)
     array._compact = True
     return array
+
+
+_prod, _object_new = math.prod, object.__new__  # module globals: _new runs for every result
 
 
 def _view(base: "NDArray", shape: Shape, strides: Shape, offset: int) -> "NDArray":
@@ -212,6 +216,8 @@ class NDArray:
                 raise ValueError(f"negative dimension in shape {shape}")
             device._check()
             array = _new(shape, device)
+            if strides is None and not offset:
+                return array  # a fresh compact buffer, as _new made it
         else:
             array = object.__new__(NDArray)
             array._shape = shape
@@ -340,18 +346,15 @@ class NDArray:
     # question: hw3_reshape
     def reshape(self, new_shape: Union[int, Iterable[int]]) -> "NDArray":
         """A view with ``new_shape`` (one -1 is inferred). The array must be compact."""
-        new_shape = _normalize_shape(new_shape, self.size)
-        if prod(new_shape) != self.size:
-            raise ValueError(
-                f"cannot reshape an array of shape {self.shape} ({self.size} elements) "
-                f"into shape {new_shape}"
-            )
-        if not self.is_compact():
+        shape = _reshape_shape(new_shape, self._shape)
+        if not (self._compact or self.is_compact()):
             raise ValueError(
                 f"cannot reshape a non-compact array (shape {self.shape}, strides {self.strides}) "
                 "without copying: call .compact() first"
             )
-        return _view(self, new_shape, _compact_strides(new_shape), 0)
+        view = _view(self, shape, _compact_strides(shape), 0)
+        view._compact = True  # a compact array's buffer, read in its own order
+        return view
 
     # question: hw3_permute
     def permute(self, new_axes: Iterable[int]) -> "NDArray":
@@ -370,16 +373,8 @@ class NDArray:
     # question: hw3_broadcast_to
     def broadcast_to(self, new_shape: Iterable[int]) -> "NDArray":
         """A view repeating size-1 dimensions with stride 0 (numpy rules, new leading dims too)."""
-        new_shape = tuple(int(s) for s in new_shape)
-        if new_shape == self._shape:
-            return _view(self, new_shape, self._strides, self._offset)
-        if any(s < 0 for s in new_shape):
-            raise ValueError(
-                f"cannot broadcast shape {self.shape} to {new_shape}: negative dimension"
-            )
-        if len(new_shape) < self.ndim:
-            raise ValueError(f"cannot broadcast shape {self.shape} to fewer dimensions {new_shape}")
-        return _view(self, new_shape, _broadcast_strides(self, new_shape), self._offset)
+        shape, strides = _broadcast_view(new_shape, self._shape, self._strides)
+        return _view(self, shape, strides, self._offset)
 
     def process_slice(self, sl: slice, dim: int) -> slice:
         """Normalise a slice of dimension ``dim``: non-negative start/stop, positive step.
@@ -457,54 +452,9 @@ class NDArray:
         if other._device != self._device:
             raise ValueError(f"arrays are on different devices: {self.device} and {other.device}")
 
-    def _binary(self, other: Union["NDArray", Scalar], op: int, reverse: bool = False) -> "NDArray":
-        """BINARY_OPS[op](self, other) for an NDArray (broadcast with numpy's rules) or a
-        scalar ``other``; (other, self) when ``reverse``."""
-        dev = self._device
-        if isinstance(other, NDArray):
-            if other._device is not dev:
-                self._check_device(other)
-            shape = self._shape
-            if other._shape == shape:
-                a_strides, b_strides = self._strides, other._strides
-            else:
-                shape = _broadcast_shapes(self._shape, other._shape, "operands")
-                a_strides = _broadcast_strides(self, shape)
-                b_strides = _broadcast_strides(other, shape)
-            out = _new(shape, dev)
-            if 0 not in shape:
-                dev.ewise_binary(
-                    op,
-                    self._handle,
-                    a_strides,
-                    self._offset,
-                    other._handle,
-                    b_strides,
-                    other._offset,
-                    out._handle,
-                    shape,
-                )
-            return out
-        value = _scalar(other)
-        shape = self._shape
-        out = _new(shape, dev)
-        if 0 not in shape:
-            dev.ewise_scalar(
-                op, self._handle, self._strides, self._offset, value, out._handle, shape, reverse
-            )
-        return out
-
-    def _unary(self, op: int) -> "NDArray":
-        shape = self._shape
-        out = _new(shape, self._device)
-        if 0 not in shape:
-            self._device.ewise_unary(
-                op, self._handle, self._strides, self._offset, out._handle, shape
-            )
-        return out
-
     # The element-wise methods (__add__, __radd__, ..., maximum, exp, relu, ...) are generated
-    # below the class from protocol.OP_METHODS: one _binary / _unary call each.
+    # below the class from protocol.OP_METHODS (_binary_method / _unary_method): each holds its
+    # op code, so that a call is one Python frame before the kernel.
     if TYPE_CHECKING:  # their signatures, for the type checker
         Operand = Union["NDArray", Scalar]
 
@@ -634,15 +584,15 @@ class NDArray:
     def _reduce(self, op: int, axis: Axes, keepdims: bool) -> "NDArray":
         if isinstance(axis, list):
             axis = tuple(axis)
-        view_shape, view_strides, keep, out_shape, empty = _reduce_plan(
+        view_shape, view_strides, keep, out_shape, empty, no_output = _reduce_plan(
             self._shape, self._strides, axis, keepdims
         )
-        if op == _MAX and empty:
+        if empty and op == _MAX:
             raise ValueError(
                 f"max of an empty axis has no identity (shape {self.shape}, axis {axis})"
             )
         out = _new(out_shape, self._device)
-        if 0 not in view_shape[:keep]:
+        if not no_output:
             self._device.reduce(
                 op, self._handle, view_shape, view_strides, self._offset, keep, out._handle
             )
@@ -692,8 +642,43 @@ class NDArray:
 
 
 def _binary_method(name: str, code: int, reverse: bool) -> Callable[[NDArray, Any], NDArray]:
+    """The method BINARY_OPS[code](self, other) for an NDArray ``other`` (broadcast with
+    numpy's rules) or a scalar; (other, self) when ``reverse``."""
+
     def method(self: NDArray, other: Union[NDArray, Scalar]) -> NDArray:
-        return self._binary(other, code, reverse)
+        dev = self._device
+        if isinstance(other, NDArray):
+            if other._device is not dev:
+                self._check_device(other)
+            shape = self._shape
+            if other._shape == shape:
+                a_strides, b_strides = self._strides, other._strides
+            else:
+                shape = _broadcast_shapes(self._shape, other._shape, "operands")
+                a_strides = _broadcast_strides(self, shape)
+                b_strides = _broadcast_strides(other, shape)
+            out = _new(shape, dev)
+            if 0 not in shape:
+                dev.ewise_binary(
+                    code,
+                    self._handle,
+                    a_strides,
+                    self._offset,
+                    other._handle,
+                    b_strides,
+                    other._offset,
+                    out._handle,
+                    shape,
+                )
+            return out
+        value = _scalar(other)
+        shape = self._shape
+        out = _new(shape, dev)
+        if 0 not in shape:
+            dev.ewise_scalar(
+                code, self._handle, self._strides, self._offset, value, out._handle, shape, reverse
+            )
+        return out
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = (
@@ -704,8 +689,16 @@ def _binary_method(name: str, code: int, reverse: bool) -> Callable[[NDArray, An
 
 
 def _unary_method(name: str, code: int) -> Callable[[NDArray], NDArray]:
+    """The method UNARY_OPS[code](self)."""
+
     def method(self: NDArray) -> NDArray:
-        return self._unary(code)
+        shape = self._shape
+        out = _new(shape, self._device)
+        if 0 not in shape:
+            self._device.ewise_unary(
+                code, self._handle, self._strides, self._offset, out._handle, shape
+            )
+        return out
 
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"Element-wise ``{UNARY_OPS[code]}``."

@@ -95,10 +95,11 @@ def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[
 @functools.lru_cache(maxsize=4096)
 def _reduce_plan(
     shape: Shape, strides: Shape, axis: Axes, keepdims: bool
-) -> Tuple[Shape, Shape, int, Shape, bool]:
+) -> Tuple[Shape, Shape, int, Shape, bool, bool]:
     """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
-    last) as (shape, strides), the number of kept axes, the output shape, and whether a
-    non-empty output would reduce over an empty extent (cached: the same reductions recur)."""
+    last) as (shape, strides), the number of kept axes, the output shape, whether a non-empty
+    output would reduce over an empty extent, and whether the output has no elements to
+    compute (cached: the same reductions recur)."""
     ndim = len(shape)
     if axis is None or axis == ():
         axes = set(range(ndim))
@@ -112,8 +113,9 @@ def _reduce_plan(
     order = [a for a in range(ndim) if a not in axes] + sorted(axes)
     keep = ndim - len(axes)
     view_shape = tuple(shape[a] for a in order)
-    empty = 0 in view_shape[keep:] and 0 not in view_shape[:keep]
-    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty
+    no_output = 0 in view_shape[:keep]
+    empty = 0 in view_shape[keep:] and not no_output
+    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty, no_output
 
 
 def _batched_matmul_plan(
@@ -156,19 +158,52 @@ def _broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:
 
 def _broadcast_strides(x: NDArray, shape: Shape) -> Shape:
     """Strides of ``x`` viewed with the (broadcast) ``shape``: 0 along new and stretched axes."""
-    lead = len(shape) - len(x._shape)
+    return _stretched_strides(x._shape, x._strides, shape)
+
+
+def _stretched_strides(old_shape: Shape, old_strides: Shape, shape: Shape) -> Shape:
+    """Strides of a view (``old_shape``, ``old_strides``) broadcast to ``shape``."""
+    lead = len(shape) - len(old_shape)
     strides = [0] * lead
-    for old, new, stride in zip(x._shape, shape[lead:], x._strides):
+    for old, new, stride in zip(old_shape, shape[lead:], old_strides):
         if old == new:
             strides.append(stride)
         elif old == 1:
             strides.append(0)
         else:
             raise ValueError(
-                f"cannot broadcast shape {x.shape} to {shape}: "
+                f"cannot broadcast shape {old_shape} to {shape}: "
                 f"dimension of size {old} is not 1 and differs from {new}"
             )
     return tuple(strides)
+
+
+def _broadcast_view(new_shape: Iterable[int], shape: Shape, strides: Shape) -> Tuple[Shape, Shape]:
+    """(shape, strides) of the view (``shape``, ``strides``) broadcast to ``new_shape``
+    (numpy's rules, new leading dimensions too); ValueError when it does not broadcast.
+    Cached for a tuple ``new_shape`` (the same broadcasts recur every step)."""
+    if type(new_shape) is tuple:
+        try:
+            return _broadcast_view_cached(new_shape, shape, strides)
+        except TypeError:  # unhashable entries: the uncached checks name the problem
+            pass
+    return _broadcast_view_checked(new_shape, shape, strides)
+
+
+def _broadcast_view_checked(
+    new_shape: Iterable[int], shape: Shape, strides: Shape
+) -> Tuple[Shape, Shape]:
+    target = tuple(int(s) for s in new_shape)
+    if target == shape:
+        return target, strides
+    if any(s < 0 for s in target):
+        raise ValueError(f"cannot broadcast shape {shape} to {target}: negative dimension")
+    if len(target) < len(shape):
+        raise ValueError(f"cannot broadcast shape {shape} to fewer dimensions {target}")
+    return target, _stretched_strides(shape, strides, target)
+
+
+_broadcast_view_cached = functools.lru_cache(maxsize=4096)(_broadcast_view_checked)
 
 
 def _normalize_shape(shape: Union[int, Iterable[int]], size: int) -> Shape:
@@ -185,3 +220,28 @@ def _normalize_shape(shape: Union[int, Iterable[int]], size: int) -> Shape:
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimension in shape {shape}")
     return shape
+
+
+def _reshape_shape(new_shape: Union[int, Iterable[int]], shape: Shape) -> Shape:
+    """``new_shape`` normalised (one -1 inferred) for reshaping an array of ``shape``;
+    ValueError when the element counts differ. Cached for hashable arguments (the same
+    reshapes recur every step); anything else takes the same checks uncached."""
+    if type(new_shape) is tuple:
+        try:
+            return _reshape_shape_cached(new_shape, shape)
+        except TypeError:  # unhashable entries: the uncached checks name the problem
+            pass
+    return _reshape_shape_checked(new_shape, shape)
+
+
+def _reshape_shape_checked(new_shape: Union[int, Iterable[int]], shape: Shape) -> Shape:
+    size = prod(shape)
+    out = _normalize_shape(new_shape, size)
+    if prod(out) != size:
+        raise ValueError(
+            f"cannot reshape an array of shape {shape} ({size} elements) into shape {out}"
+        )
+    return out
+
+
+_reshape_shape_cached = functools.lru_cache(maxsize=4096)(_reshape_shape_checked)

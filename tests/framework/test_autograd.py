@@ -455,6 +455,26 @@ def test_failed_construction_does_not_change_the_counter():
     assert autograd.TENSOR_COUNTER == start
 
 
+def test_nodes_take_weakrefs_and_other_attributes():
+    """A node's own fields are slots, yet a Tensor still takes weak references and any other
+    attribute (as a plain Python object would), and every kind of node starts with no grad."""
+    import weakref
+
+    x = ndl.Tensor([1.0, 2.0])
+    y = x * 2.0
+    ref = weakref.ref(y)
+    y.note = "kept"
+    assert ref() is y and y.note == "kept" and x.grad is None and y.grad is None
+    gc.collect()
+    start = autograd.TENSOR_COUNTER
+    z, c = x + x, ndl.Tensor.make_const(x.realize_cached_data())
+    assert c.grad is None and c.is_leaf() and not c.requires_grad
+    assert autograd.TENSOR_COUNTER == start + 2  # an op's node and a constant: one each
+    del y, z, c
+    gc.collect()
+    assert ref() is None and autograd.TENSOR_COUNTER == start - 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_detach_cuts_history(device):
     """z = detach(2x)·x: the detached factor is a constant, so dz/dx = 2x (not 4x)."""

@@ -358,3 +358,57 @@ def test_binary_into_checks_its_output(device):
         binary_into("pow!", out, row, out)
     with pytest.raises(ValueError, match="out must be a compact array"):
         binary_into("add", out.permute((1, 0)), row.reshape((3, 1)), out.permute((1, 0)))
+
+
+# ---- the cached checks: reshape's and broadcast_to's shapes, device.empty/full's dtype -------
+# Those checks are memoised per argument (the same shapes recur every step); a cached success
+# must never let a different bad argument through, and a failure is never cached.
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_reshape_checks_every_call(device):
+    a = arange((2, 3), device)
+    assert a.reshape((3, 2)).shape == (3, 2)  # cached now
+    for _ in range(2):  # the error is raised again, not remembered as a result
+        with pytest.raises(ValueError, match=r"cannot reshape .*\(2, 4\).*8 elements.*\(3, 2\)"):
+            arange((2, 4), device).reshape((3, 2))
+        with pytest.raises(ValueError, match="non-compact"):
+            a.permute((1, 0)).reshape((3, 2))  # same target, a view that is not compact
+    assert a.reshape((np.int64(3), -1)).shape == (3, 2)  # numpy ints hash like ints
+    with pytest.raises(TypeError):
+        a.reshape(([3], 2))  # an unhashable entry takes the uncached checks
+    with pytest.raises(ValueError, match="negative dimension"):
+        a.reshape((-2, -3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_broadcast_checks_every_call(device):
+    a = arange((2, 1), device)
+    assert a.broadcast_to((2, 3)).strides == (1, 0)  # cached now
+    b = arange((2, 3), device)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"cannot broadcast shape \(3, 1\) to \(2, 3\)"):
+            arange((3, 1), device).broadcast_to((2, 3))
+        with pytest.raises(ValueError, match="negative dimension"):
+            a.broadcast_to((2, -3))
+        with pytest.raises(ValueError, match="fewer dimensions"):
+            b.broadcast_to((3,))
+    view = b[:, 1:2].broadcast_to((2, 3))  # same source shape, other strides: its own entry
+    np.testing.assert_array_equal(view.numpy(), np.repeat(b.numpy()[:, 1:2], 3, axis=1))
+    with pytest.raises(TypeError):
+        a.broadcast_to(([2], 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_empty_and_full_check_dtype_and_shape(device):
+    assert device.full((2,), 3.0, dtype=np.float32).numpy().tolist() == [3.0, 3.0]
+    assert device.empty((2, 2), dtype=np.dtype("float32")).shape == (2, 2)
+    for dtype in ("float64", np.float64, np.int32, "f8"):
+        with pytest.raises(TypeError, match="only float32"):
+            device.full((2,), 1.0, dtype=dtype)
+        with pytest.raises(TypeError, match="only float32"):
+            device.empty((2,), dtype=dtype)
+    with pytest.raises(ValueError, match="negative dimension"):
+        device.full((2, -1), 1.0)
+    with pytest.raises(ValueError, match="more than an array may hold"):
+        device.empty((2**40, 2**40))
+    fresh = nd.NDArray.make((2, 3), device=device)
+    assert fresh.is_compact() and fresh.strides == (3, 1)

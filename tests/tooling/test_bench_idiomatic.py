@@ -168,6 +168,7 @@ def test_bad_idiomatic_arguments_are_named(capsys, argv, message):
     [
         (["--runs", "0"], "--runs must be at least 1, got 0"),
         (["--repeats", "-1"], "--repeats must be at least 1, got -1"),
+        (["--clock", "gpu"], "invalid choice: 'gpu'"),
     ],
 )
 def test_bad_overhead_arguments_are_named(capsys, argv, message):
@@ -274,6 +275,40 @@ def test_torchs_per_op_cases_compute_what_they_say():
 def test_per_op_timing_names_an_unknown_library():
     with pytest.raises(ValueError, match="library must be 'needle' or 'torch', got 'jax'"):
         bench_overhead.time_ops_here("jax", 1)
+
+
+def test_per_op_timing_names_an_unknown_clock():
+    with pytest.raises(ValueError, match="clock must be one of wall, cpu, got 'tsc'"):
+        bench_overhead.time_ops_here("needle", 1, "tsc")
+
+
+def test_cpu_clock_counts_cpu_time_not_waiting(monkeypatch):
+    """A call that sleeps 2 ms costs almost no CPU time; one that spins 2 ms costs about 2 ms."""
+    import time
+
+    def spin():
+        end = time.perf_counter() + 2e-3
+        while time.perf_counter() < end:
+            pass
+
+    monkeypatch.setattr(bench_overhead, "CPU_BLOCK", 20)
+    slept = bench_overhead.cpu_seconds_per_call(lambda: time.sleep(2e-3), 3)
+    spun = bench_overhead.cpu_seconds_per_call(spin, 3)
+    assert slept < 0.5e-3 and 1e-3 < spun < 10e-3
+
+
+@needs_cpu
+def test_needles_per_op_child_runs_with_the_cpu_clock():
+    t = common.time_libraries_in_children(
+        "benchmarks.bench_overhead:time_ops_here",
+        1,
+        "cpu",
+        what="per-op overhead",
+        libraries=("needle",),
+        runs=1,
+    )
+    assert list(t["needle"]) == list(bench_overhead.OPS)
+    assert all(0 < s < 0.01 for s in t["needle"].values())
 
 
 @needs_cpu
