@@ -28,6 +28,7 @@ _TWINS: Dict[type, type] = {
     nn_sequence.LSTM: fnn.FastLSTM,
     nn_sequence.Embedding: fnn.FastEmbedding,
     nn_transformer.MultiHeadAttention: fnn.FastMultiHeadAttention,
+    nn_transformer.AttentionLayer: fnn.FastAttentionLayer,
     nn_transformer.TransformerLayer: fnn.FastTransformerLayer,
 }
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from needle import ops
 from needle.autograd import Tensor
+from needle.backend_selection import BACKEND
 from needle.nn import nn_basic, nn_conv, nn_sequence, nn_transformer
 from needle.nn.nn_basic import BatchNorm1d, BatchNorm2d, Linear, Module, ReLU, check_features
 from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
@@ -32,6 +33,7 @@ __all__ = [
     "FastLSTM",
     "FastEmbedding",
     "FastMultiHeadAttention",
+    "FastAttentionLayer",
     "FastTransformerLayer",
     "course_forward",
     "linear",
@@ -298,6 +300,57 @@ class FastMultiHeadAttention(nn_transformer.MultiHeadAttention):
         )
         probs = self.dropout(weights) if self.dropout.p else weights
         return fops.attention_values(probs, v), probs
+
+
+class FastAttentionLayer(nn_transformer.AttentionLayer):
+    """:class:`needle.nn.AttentionLayer` whose self-attention (k and v omitted, or q itself)
+    makes its three pre-norms and projections one node (``fast.ops.self_attention_qkv``: one
+    product of width 3·H·D, equal to the course's to float32 rounding); other calls, and layers
+    whose norms or projections are not the course's, run the course's forward."""
+
+    _course_class = nn_transformer.AttentionLayer
+
+    def forward(self, q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None) -> Tensor:
+        if not self._packs_qkv(q, k, v):
+            return super().forward(q, k, v)
+        b, t, _ = q.shape
+        norms = (self.prenorm_q, self.prenorm_k, self.prenorm_v)
+        projections = (self.q_projection, self.k_projection, self.v_projection)
+        qh, kh, vh = fops.self_attention_qkv(
+            q,
+            [(n.weight, n.bias) for n in norms],
+            [p.weight for p in projections],
+            self.num_head,
+            self.prenorm_q.eps,
+        )
+        out, probs = self.attn(qh, kh, vh)
+        self.probs = probs.detach()  # the course's extension: the last weights, for heat maps
+        out = ops.transpose(out, (1, 2)).reshape((b * t, self.num_head * self.dim_head))
+        return self.out_projection(out).reshape((b, t, self.out_features))
+
+    def _packs_qkv(self, q: Tensor, k: Optional[Tensor], v: Optional[Tensor]) -> bool:
+        """True when this call is self-attention on a float32 (B, T, q_features) Tensor of the
+        NDArray backend through course LayerNorm1d's of one eps and bias-free course Linear's
+        of width num_head·dim_head."""
+        norms = (self.prenorm_q, self.prenorm_k, self.prenorm_v)
+        projections = (self.q_projection, self.k_projection, self.v_projection)
+        inner = self.num_head * self.dim_head
+        return (
+            BACKEND == "nd"
+            and (k is None or k is q)
+            and (v is None or v is q)
+            and isinstance(q, Tensor)
+            and q.dtype == "float32"
+            and len(q.shape) == 3
+            and q.shape[2] == self.q_features == self.k_features == self.v_features
+            and all(course_forward(n, nn_basic.LayerNorm1d) for n in norms)
+            and len({n.eps for n in norms}) == 1
+            and all(n.dim == self.q_features for n in norms)
+            and all(course_forward(p, Linear) and p.bias is None for p in projections)
+            and all(
+                p.in_features == self.q_features and p.out_features == inner for p in projections
+            )
+        )
 
 
 class FastTransformerLayer(nn_transformer.TransformerLayer):

@@ -23,7 +23,6 @@ from ..ops import ops_conv
 from ..ops.ops_mathematic import (
     NCHW_TO_NHWC,
     NHWC_TO_NCHW,
-    MatMul,
     ReLU,
     SumToShape,
     _relu_mask,
@@ -53,6 +52,8 @@ __all__ = [
     "attention_weights",
     "AttentionValues",
     "attention_values",
+    "SelfAttentionQKV",
+    "self_attention_qkv",
     "SoftmaxLastAxis",
     "SoftmaxLastAxisBackward",
     "softmax_last_axis",
@@ -664,67 +665,6 @@ def matmul_add_bias(x: Tensor, w: Tensor, b: Tensor, relu: bool = False) -> Tens
     return MatMulAddBias(relu)(x, w, b)
 
 
-# ---- attention ----------------------------------------------------------------------------------
-def _swap_last(a):
-    """The view of raw array ``a`` with its last two axes swapped."""
-    axes = list(range(a.ndim))
-    axes[-2], axes[-1] = axes[-1], axes[-2]
-    return a.permute(tuple(axes))
-
-
-class AttentionWeights(TensorOp):
-    """softmax(scale · q kᵀ) over the keys, the attention weights (..., Tq, Tk) of queries q
-    (..., Tq, D) and keys k (..., Tk, D) (same leading axes), causally masked as
-    :class:`SoftmaxLastAxis` with ``causal=True``: the product and the softmax as one node.
-
-    The logits q kᵀ are a temporary of the forward pass: the softmax's gradient reads only its
-    output, so the graph keeps the weights alone, where the two ops kept the logits too. The
-    gradient is written with needle ops (the softmax's backward op, then the products'
-    gradients), so it differentiates again."""
-
-    def __init__(self, scale: float = 1.0, causal: bool = False):
-        self.softmax = SoftmaxLastAxis(scale, causal)
-
-    def compute(self, q, k):
-        # the batched product reads the swapped view of k in place, as ops.matmul does
-        return self.softmax.compute(q @ _swap_last(k))
-
-    def gradient(self, out_grad: Tensor, node: Tensor):
-        q, k = node.inputs
-        d_logits = SoftmaxLastAxisBackward(self.softmax.scale)(out_grad, node)
-        return matmul(d_logits, k), matmul(transpose(d_logits), q)
-
-
-def attention_weights(q: Tensor, k: Tensor, scale: float = 1.0, causal: bool = False) -> Tensor:
-    """softmax(``scale`` · q kᵀ) over the last axis for q (..., Tq, D) and k (..., Tk, D):
-    (..., Tq, Tk), with the causal mask of :class:`SoftmaxLastAxis` when ``causal``."""
-    return AttentionWeights(scale, causal)(q, k)
-
-
-class AttentionValues(MatMul):
-    """probs @ v for attention weights (B, H, Tq, Tk) and values (B, H, Tk, D): the product of
-    :class:`~needle.ops.ops_mathematic.MatMul` (same values, same gradient), its result
-    (B, H, Tq, D) stored as a view of a row-major (B, Tq, H, D) array. The heads are merged
-    by transposing axes 1 and 2 and reshaping to (B, Tq, H·D) (``nn.AttentionLayer``): on
-    this layout that is a view, where on the product's own layout it was a copy, kept beside
-    the product until backward."""
-
-    def compute(self, probs, v):
-        heads_inner = (0, 2, 1, 3)
-        return super().compute(probs, v).permute(heads_inner).compact().permute(heads_inner)
-
-
-def attention_values(probs: Tensor, v: Tensor) -> Tensor:
-    """probs (B, H, Tq, Tk) @ v (B, H, Tk, D) → (B, H, Tq, D), laid out as (B, Tq, H, D) in
-    memory (see :class:`AttentionValues`)."""
-    if len(probs.shape) != 4 or len(v.shape) != 4:
-        raise ValueError(
-            f"attention_values needs 4-D probs (B, H, Tq, Tk) and v (B, H, Tk, D), got shapes "
-            f"{tuple(probs.shape)} and {tuple(v.shape)}"
-        )
-    return AttentionValues()(probs, v)
-
-
 # ---- embedding lookup ---------------------------------------------------------------------------
 def _flat(ids):
     """The raw ids array as one compact row (N,)."""
@@ -778,3 +718,14 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     if ids.device != weight.device:
         raw = Tensor(ids.numpy(), device=weight.device, dtype=weight.dtype).realize_cached_data()
     return EmbeddingLookup(raw)(weight)
+
+
+# The attention ops live in their own module (they use the softmax ops and _BackwardOp above).
+from .attention import (  # noqa: E402
+    AttentionValues,
+    AttentionWeights,
+    SelfAttentionQKV,
+    attention_values,
+    attention_weights,
+    self_attention_qkv,
+)
