@@ -2,39 +2,50 @@
 and reductions, each timed through the NDArray API (so NDArray's own Python work and copies
 count), as the median of repeats.
 
-Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` (each library timed in
-processes of its own, so neither meets the other's spinning BLAS threads) and, separately, as
-the device kernel called on prepared buffers (one process, in blocks); the rest in billions of
-elements per second. The last column is needle's throughput over numpy's. On a machine with
-AVX-512 the matmul table is printed a second time from a subprocess that plays a machine without
-AVX-512: needle runs its AVX2 kernels (``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell
-(AVX2) kernels (``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set.
-Then, unless the portable kernels are already in use, every table is printed again from a
-subprocess on the portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside
-numpy's OpenBLAS on its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
+Matmul is reported in GFLOP/s (2·m·n·p per product), through ``A @ B`` timed per call (each call
+alone, its output allocated and freed inside the timed span; the median of many calls, less the
+timer's own cost; each library in processes of its own, so neither meets the other's spinning
+BLAS threads) and, separately, as the device kernel called on prepared buffers (one process, in
+blocks); the rest in billions of elements per second. The last column is needle's throughput
+over numpy's. On a machine with AVX-512 the matmul table is printed a second time from a
+subprocess that plays a machine without AVX-512: needle runs its AVX2 kernels
+(``NEEDLE_CPU_ISA=avx2``) and numpy's OpenBLAS its Haswell (AVX2) kernels
+(``OPENBLAS_CORETYPE=Haswell``), so both libraries use the same instruction set. Then, unless
+the portable kernels are already in use, every table is printed again from a subprocess on the
+portable kernels (``NEEDLE_CPU_ISA=portable``: what ARM machines run) beside numpy's OpenBLAS on
+its SSE kernels (``OPENBLAS_CORETYPE=Nehalem``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
+import time
+from typing import Callable
 
 import numpy as np
 
 import needle.backend_ndarray as nd
 from benchmarks.common import CHILD_RUNS, ROOT, Table, time_libraries_in_children
 from companion.machine import cpu_flags
-from companion.timing import measure
+from companion.timing import SETTLE_S, measure
 
 MATMUL_SIZES = [
-    (1024, 1024, 1024),
-    (1000, 1023, 997),
-    (72, 73, 74),
+    (64, 64, 64),
+    (128, 128, 128),
     (256, 256, 256),
+    (512, 512, 512),
+    (1024, 1024, 1024),
     (2048, 2048, 2048),
+    (72, 73, 74),
+    (1000, 1023, 997),
 ]
+# Per-call timing of a product: at least PER_CALL_MIN calls (at most PER_CALL_MAX), as many
+# as fill about PER_CALL_S seconds.
+PER_CALL_MIN, PER_CALL_MAX, PER_CALL_S = 15, 20000, 0.3
 ELEMENTS = 1 << 22  # 4M float32: 16 MiB per array
 REPEATS = 7
 
@@ -47,11 +58,43 @@ def kernel_isa(device) -> str:
     return str(getattr(device.mod, "__matmul_kernel__", "unknown"))
 
 
+def _call_times(fn: Callable[[], object], calls: int) -> list[int]:
+    """Nanoseconds of each of ``calls`` calls of ``fn``, each timed alone (its result is
+    dropped inside the timed span, so freeing it counts)."""
+    clock = time.perf_counter_ns
+    out = []
+    for _ in range(calls):
+        t0 = clock()
+        fn()
+        out.append(clock() - t0)
+    return out
+
+
+def median_per_call(fn: Callable[[], object]) -> float:
+    """Median seconds of one call of ``fn``, each call timed alone, less the median time of
+    timing a call of a function that does nothing (the clock's and the call's own cost, about
+    0.1 us: a few percent of a 64^3 product).
+
+    Per call rather than in blocks: a block's mean takes in every call that a preemption or a
+    page fault slowed (on a shared 2-core machine, most blocks hold one), where the median of
+    single calls is the time a product takes when nothing else intervenes."""
+    time.sleep(SETTLE_S)  # other libraries' spinning threads go idle first
+    for _ in range(3):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    calls = int(min(PER_CALL_MAX, max(PER_CALL_MIN, PER_CALL_S / max(once, 1e-9))))
+    baseline = statistics.median(_call_times(lambda: None, min(calls, 1000)))
+    return max(statistics.median(_call_times(fn, calls)) - baseline, 1.0) * 1e-9
+
+
 def time_matmul_here(library: str, sizes: list) -> dict[str, float]:
-    """{"MxNxP": median seconds of one (m, n) @ (n, p) float32 product} by ``library``
-    ("needle": NDArrays on cpu(), "numpy") for each (m, n, p) in ``sizes``, timed in this
-    process (``bench_matmul`` calls it with one size per child process; children inherit the
-    environment, so NEEDLE_CPU_ISA and OPENBLAS_CORETYPE apply)."""
+    """{"MxNxP": median seconds of one (m, n) @ (n, p) float32 product, output allocated each
+    call} by ``library`` ("needle": NDArrays on cpu(), "numpy") for each (m, n, p) in
+    ``sizes``, timed per call in this process (``median_per_call``; ``bench_matmul`` calls it
+    with one size per child process; children inherit the environment, so NEEDLE_CPU_ISA and
+    OPENBLAS_CORETYPE apply)."""
     if library not in ("needle", "numpy"):
         raise ValueError(f"library must be 'needle' or 'numpy', got {library!r}")
     rng = np.random.default_rng(0)
@@ -59,13 +102,12 @@ def time_matmul_here(library: str, sizes: list) -> dict[str, float]:
     for m, n, p in sizes:
         a = rng.standard_normal((m, n), dtype=np.float32)
         b = rng.standard_normal((n, p), dtype=np.float32)
-        repeats = REPEATS if m * n * p < 2e9 else 5
         if library == "numpy":
-            seconds[f"{m}x{n}x{p}"] = measure(lambda: a @ b, repeats=repeats)
+            seconds[f"{m}x{n}x{p}"] = median_per_call(lambda: a @ b)
             continue
         A, B = nd.NDArray(a, device=nd.cpu()), nd.NDArray(b, device=nd.cpu())
         np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(n))
-        seconds[f"{m}x{n}x{p}"] = measure(lambda: A @ B, repeats=repeats)
+        seconds[f"{m}x{n}x{p}"] = median_per_call(lambda: A @ B)
     return seconds
 
 
@@ -74,8 +116,8 @@ def bench_matmul(device) -> Table:
     in its own processes (one size per child; the median of CHILD_RUNS alternating children
     each): in one process the BLAS threads of the library timed before slow the one after."""
     table = Table(
-        f"matmul (float32), cpu() kernels: {kernel_isa(device)}; each library in its own "
-        f"processes, median of {CHILD_RUNS}",
+        f"matmul (float32) per call, output allocated each call, cpu() kernels: "
+        f"{kernel_isa(device)}; each library in its own processes, median of {CHILD_RUNS}",
         "GFLOP/s",
     )
     for m, n, p in MATMUL_SIZES:

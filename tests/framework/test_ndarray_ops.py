@@ -295,6 +295,46 @@ def test_matmul_shapes(device, m, n, p):
     np.testing.assert_allclose(out.numpy(), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
 
 
+# The sizes `make bench` times (benchmarks/bench_ndarray.py): on cpu() they take every path of
+# the product (the one-thread and shared unpacked kernels, the packed engine with one and
+# several K panels, edge rows and columns); the transposed and sliced operands take the packed
+# engine's strided packing.
+BENCH_SIZES = [
+    (64, 64, 64),
+    (128, 128, 128),
+    (256, 256, 256),
+    (512, 512, 512),
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (72, 73, 74),
+    (1000, 1023, 997),
+]
+BENCH_LAYOUTS = [
+    ("compact", "compact"),
+    ("permuted", "compact"),
+    ("compact", "permuted"),
+    ("sliced", "permuted"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,p", BENCH_SIZES, ids=lambda v: str(v))
+@pytest.mark.parametrize("layouts", BENCH_LAYOUTS, ids="-".join)
+def test_matmul_benchmark_sizes(device, m, n, p, layouts):
+    """The benchmark's products, with compact, transposed and sliced operands, against a
+    float64 product: within float32 rounding of a length-n sum."""
+    if layouts[0] == "sliced" and m * n > 1 << 20:
+        layouts = ("permuted", "permuted")  # a 2x-strided 2048^2 view would need 64 MB
+    rng = np.random.default_rng(m + n + p)
+    x = rng.standard_normal((m, n)).astype(np.float32)
+    y = rng.standard_normal((n, p)).astype(np.float32)
+    out = make(x, device, layouts[0]) @ make(y, device, layouts[1])
+    assert out.shape == (m, p) and out.is_compact()
+    expected = x.astype(np.float64) @ y.astype(np.float64)
+    # terms about 1: float32 rounding of the sum is ~1e-7 * n, one term wrong is ~1
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=2e-6 * n)
+
+
 class RecordingModule:
     """Forwards to a device module, recording the name and arguments of every kernel call.
 
