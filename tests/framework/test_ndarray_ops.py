@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 
 import needle as ndl
+from benchmarks.bench_ndarray import MATMUL_SIZES
 from needle import backend_ndarray as nd
 
 pytestmark = pytest.mark.ndarray
@@ -299,16 +300,7 @@ def test_matmul_shapes(device, m, n, p):
 # the product (the one-thread and shared unpacked kernels, the packed engine with one and
 # several K panels, edge rows and columns); the transposed and sliced operands take the packed
 # engine's strided packing.
-BENCH_SIZES = [
-    (64, 64, 64),
-    (128, 128, 128),
-    (256, 256, 256),
-    (512, 512, 512),
-    (1024, 1024, 1024),
-    (2048, 2048, 2048),
-    (72, 73, 74),
-    (1000, 1023, 997),
-]
+BENCH_SIZES = MATMUL_SIZES  # one list: the test covers exactly what the benchmark times
 BENCH_LAYOUTS = [
     ("compact", "compact"),
     ("permuted", "compact"),
