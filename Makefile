@@ -190,7 +190,8 @@ DRIFT_REPORT := build/notebook-drift-$(PYVER)$(if $(UNLOCKED),-newest).txt
 notebook-drift: $(BUILT)
 	@$(NBVAL) -q -rf $(NOTEBOOKS) > $(DRIFT_REPORT) 2>&1; \
 	  echo "notebook drift: with $$($(PY) -m pip freeze | grep -iE '^(numpy|matplotlib|scikit-learn|nbval|jupyter_client|ipykernel)==' | tr '\n' ' ')"; \
-	  grep -E '^FAILED ' $(DRIFT_REPORT) | sed 's/^FAILED /notebook drift: /' || echo "notebook drift: none (every notebook's outputs match here)"; \
+	  if grep -qE '^FAILED ' $(DRIFT_REPORT); then grep -E '^FAILED ' $(DRIFT_REPORT) | sed 's/^FAILED /notebook drift: /'; \
+	  else echo "notebook drift: none (every notebook's outputs match here)"; fi; \
 	  echo "notebook drift: full nbval output in $(DRIFT_REPORT)"
 
 notebooks: $(BUILT)
