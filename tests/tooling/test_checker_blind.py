@@ -27,7 +27,8 @@ def _wrong_multiply(attack: str) -> str:
     )
 
 
-STEAL_FROM_EVERY_FRAME = """
+# Planted code's search of every frame on the stack, shared by the two thefts below.
+FRAME_SEARCH = """
 import inspect as _inspect
 
 import numpy as _np
@@ -41,27 +42,21 @@ def _arrays_named(names):
             if value is not None and not callable(value):
                 return value
     return None
+"""
 
+STEAL_FROM_EVERY_FRAME = (
+    FRAME_SEARCH
+    + """
 
 def _steal(a, b):
     found = _arrays_named(("expected", "exp", "e", "expected_out"))
     return None if found is None else type(a)(_np.asarray(found, dtype=_np.float32))
 """
+)
 
-STEAL_THE_FINITE_DIFFERENCES = """
-import inspect as _inspect
-
-import numpy as _np
-
-
-def _arrays_named(names):
-    for info in _inspect.stack():
-        for name in names:
-            value = info.frame.f_locals.get(name)
-            if value is not None and not callable(value):
-                return value
-    return None
-
+STEAL_THE_FINITE_DIFFERENCES = (
+    FRAME_SEARCH
+    + """
 
 def _stolen_gradient(self, out_grad, node):
     # the gradient runs after the checker set up the comparison: take its finite differences
@@ -73,6 +68,7 @@ def _stolen_gradient(self, out_grad, node):
 
 EWiseMul.gradient = _stolen_gradient
 """
+)
 
 
 def test_reading_every_frame_while_the_checker_calls_does_not_pass(tmp_path):

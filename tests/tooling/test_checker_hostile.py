@@ -135,16 +135,22 @@ EWiseMul.compute = _wrong_multiply
 """
 
 
-def test_patches_of_numpy_and_the_checker_that_undo_themselves_do_not_pass(tmp_path):
-    """The worker's own comparison says pass and its guard sees nothing; the judge's does not."""
+def _wrong_multiply_judged(tmp_path, attack: str) -> str:
+    """The multiply failure's detail after planting ``attack`` (a wrong multiply that also
+    attacks the checker), with add checked beside it to show an honest answer still passes."""
     root = skeleton(tmp_path, "hw1")
-    plant(root, "ops/ops_mathematic.py", SELF_RESTORING_PATCH)
+    plant(root, "ops/ops_mathematic.py", attack)
     report = check(root, only=["multiply_forward", "add_forward"])
     assert statuses(report) == {
         "hw1_add_forward": "pass",
         "hw1_multiply_forward": "fail",
     }, report.format()
-    detail = next(r.detail for r in report.results if r.question.id == "hw1_multiply_forward")
+    return next(r.detail for r in report.results if r.question.id == "hw1_multiply_forward")
+
+
+def test_patches_of_numpy_and_the_checker_that_undo_themselves_do_not_pass(tmp_path):
+    """The worker's own comparison says pass and its guard sees nothing; the judge's does not."""
+    detail = _wrong_multiply_judged(tmp_path, SELF_RESTORING_PATCH)
     assert detail.startswith("multiply(a, b) (forward) is wrong.\n  input:"), detail
     assert "12 of 12 elements differ" in detail
 
@@ -168,14 +174,7 @@ EWiseMul.compute = _wrong_multiply
 
 
 def test_patching_numpy_internals_and_the_record_does_not_pass(tmp_path):
-    root = skeleton(tmp_path, "hw1")
-    plant(root, "ops/ops_mathematic.py", PATCHED_INTERNALS)
-    report = check(root, only=["multiply_forward", "add_forward"])
-    assert statuses(report) == {
-        "hw1_add_forward": "pass",
-        "hw1_multiply_forward": "fail",
-    }, report.format()
-    detail = next(r.detail for r in report.results if r.question.id == "hw1_multiply_forward")
+    detail = _wrong_multiply_judged(tmp_path, PATCHED_INTERNALS)
     assert "numpy._core.numeric.less_equal" in detail or "record of comparisons" in detail
 
 
