@@ -44,7 +44,18 @@ def _workers_of(root: Path) -> list[int]:
     return found
 
 
-FORGED_RESULTS = """
+# A forger's last step: its lines into every descriptor the worker may hold, then leave.
+WRITE_TO_EVERY_DESCRIPTOR = """
+for _fd in range(3, 64):
+    try:
+        _os.write(_fd, _lines.encode())
+    except OSError:
+        pass
+_os._exit(0)
+"""
+
+FORGED_RESULTS = (
+    """
 import json as _json, os as _os, sys as _sys
 
 # G13's reproducer: append a pass for every question to the results file named in the config,
@@ -56,13 +67,9 @@ for _q in _cfg["questions"]:
         {"id": _q, "status": "pass", "detail": "", "needle": __file__, "comparisons": []}) + "\\n"
 if "results" in _cfg:
     open(_cfg["results"], "a").write(_lines)
-for _fd in range(3, 64):
-    try:
-        _os.write(_fd, _lines.encode())
-    except OSError:
-        pass
-_os._exit(0)
 """
+    + WRITE_TO_EVERY_DESCRIPTOR
+)
 
 
 def test_forged_result_lines_do_not_pass(tmp_path):
@@ -73,7 +80,8 @@ def test_forged_result_lines_do_not_pass(tmp_path):
     assert "without a single comparison" in report.results[0].detail, report.format()
 
 
-FORGED_VALUES = """
+FORGED_VALUES = (
+    """
 import base64 as _b64, json as _json, os as _os, sys as _sys
 
 # A forger that knows the protocol: for every question a pass carrying a comparison whose
@@ -87,13 +95,9 @@ for _q in _cfg["questions"]:
     _lines += _json.dumps({"start": _q}) + "\\n" + _json.dumps(
         {"id": _q, "status": "pass", "detail": "", "needle": __file__,
          "comparisons": [_claim]}) + "\\n"
-for _fd in range(3, 64):
-    try:
-        _os.write(_fd, _lines.encode())
-    except OSError:
-        pass
-_os._exit(0)
 """
+    + WRITE_TO_EVERY_DESCRIPTOR
+)
 
 
 def test_forged_records_that_carry_values_do_not_pass(tmp_path):
