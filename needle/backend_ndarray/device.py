@@ -293,8 +293,10 @@ def is_recording() -> bool:
 
 
 def _recorded_names(mod: ModuleType) -> frozenset[str]:
-    """The module functions a recording reports: the protocol's plus the module's builtins."""
+    """The module functions a recording reports: the protocol's, the course's compact entry
+    points (Python functions in the numpy module) and the module's builtins."""
     names = {n for n in vars(protocol.DeviceModule) if not n.startswith("_")}
+    names |= set(protocol.COURSE_PARAMS)
     names |= {
         n
         for n in dir(mod)

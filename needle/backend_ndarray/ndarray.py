@@ -7,9 +7,11 @@ copies a view into row-major order.
 
 The kernels take strided operands (``protocol.py``): element-wise ops read broadcast (stride 0),
 permuted and sliced views directly, reductions run over a permuted view, and ``@`` passes
-transposed and batched operands as strides. What stays in Python is the bookkeeping — shapes,
-broadcasting, axis normalisation (their helpers are in ``shapes.py``) and the argument checks
-that give a Python user a precise message — done once per call, before a device module runs.
+transposed and batched operands as strides; compact operands take the course's compact entry
+points, which need no strides (``elementwise.py``, ``_reduce``). What stays in Python is the
+bookkeeping — shapes, broadcasting, axis normalisation (their helpers are in ``shapes.py``) and
+the argument checks that give a Python user a precise message — done once per call, before a
+device module runs.
 The device modules check again at their border (the compiled bindings with
 ``src/common/ndarray_checks.h``, the numpy module in Python), since they can be called
 directly: a bad buffer, size or view is a ValueError there, never a crash.
@@ -21,7 +23,6 @@ import math
 from typing import (
     TYPE_CHECKING,
     Any,
-    Callable,
     ClassVar,
     Iterable,
     Optional,
@@ -43,11 +44,8 @@ from .device import (
     default_tensor_device,
 )
 from .protocol import (
-    BINARY_OPS,
     MAX_ELEMENTS,
-    OP_METHODS,
     REDUCE_OPS,
-    UNARY_OPS,
     Array,
     module_functions,
 )
@@ -56,8 +54,6 @@ from .shapes import (
     Index,
     Shape,
     _batched_matmul_plan,
-    _broadcast_shapes,
-    _broadcast_strides,
     _broadcast_view,
     _check_as_strided,
     _compact_strides,
@@ -123,6 +119,15 @@ def _as_float32_numpy(other: object) -> np.ndarray:
         )
     # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
     return np.asarray(arr, dtype=np.float32, order="C")
+
+
+def _scalar(value: object) -> float:
+    """A scalar operand (Python or numpy number) as a float; TypeError for anything else."""
+    if type(value) is float or type(value) is int:
+        return float(value)
+    if isinstance(value, (bool, np.bool_, int, float, np.integer, np.floating)):
+        return float(value)
+    raise TypeError(f"expected a number or an NDArray, got {type(value).__name__}")
 
 
 def _new(shape: Shape, device: BackendDevice) -> "NDArray":
@@ -592,7 +597,20 @@ class NDArray:
                 f"max of an empty axis has no identity (shape {self.shape}, axis {axis})"
             )
         out = _new(out_shape, self._device)
-        if not no_output:
+        if no_output:
+            return out
+        if (
+            self._compact
+            and not empty
+            and view_shape == self._shape
+            and view_strides == self._strides
+        ):
+            # Trailing axes of a compact array (the view is the array itself): the course's
+            # reduce_sum/reduce_max, which take no strides (the same runs, summed in the same
+            # order as by ``reduce``).
+            reduce_compact = self._device.reduce_max if op == _MAX else self._device.reduce_sum
+            reduce_compact(self._handle, out._handle, _prod(view_shape[keep:]))
+        else:
             self._device.reduce(
                 op, self._handle, view_shape, view_strides, self._offset, keep, out._handle
             )
@@ -641,86 +659,10 @@ class NDArray:
         return out
 
 
-def _binary_method(name: str, code: int, reverse: bool) -> Callable[[NDArray, Any], NDArray]:
-    """The method BINARY_OPS[code](self, other) for an NDArray ``other`` (broadcast with
-    numpy's rules) or a scalar; (other, self) when ``reverse``."""
+# The element-wise operator methods (__add__, exp, maximum, ...), made from the op tables.
+from . import elementwise  # noqa: E402  (it needs NDArray and _new defined above)
 
-    def method(self: NDArray, other: Union[NDArray, Scalar]) -> NDArray:
-        dev = self._device
-        if isinstance(other, NDArray):
-            if other._device is not dev:
-                self._check_device(other)
-            shape = self._shape
-            if other._shape == shape:
-                a_strides, b_strides = self._strides, other._strides
-            else:
-                shape = _broadcast_shapes(self._shape, other._shape, "operands")
-                a_strides = _broadcast_strides(self, shape)
-                b_strides = _broadcast_strides(other, shape)
-            out = _new(shape, dev)
-            if 0 not in shape:
-                dev.ewise_binary(
-                    code,
-                    self._handle,
-                    a_strides,
-                    self._offset,
-                    other._handle,
-                    b_strides,
-                    other._offset,
-                    out._handle,
-                    shape,
-                )
-            return out
-        value = _scalar(other)
-        shape = self._shape
-        out = _new(shape, dev)
-        if 0 not in shape:
-            dev.ewise_scalar(
-                code, self._handle, self._strides, self._offset, value, out._handle, shape, reverse
-            )
-        return out
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = (
-        f"Element-wise ``{BINARY_OPS[code]}`` with an NDArray (broadcast with "
-        f"numpy's rules) or a scalar{', reflected' if reverse else ''}."
-    )
-    return method
-
-
-def _unary_method(name: str, code: int) -> Callable[[NDArray], NDArray]:
-    """The method UNARY_OPS[code](self)."""
-
-    def method(self: NDArray) -> NDArray:
-        shape = self._shape
-        out = _new(shape, self._device)
-        if 0 not in shape:
-            self._device.ewise_unary(
-                code, self._handle, self._strides, self._offset, out._handle, shape
-            )
-        return out
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"Element-wise ``{UNARY_OPS[code]}``."
-    return method
-
-
-for _op, _methods in OP_METHODS.items():
-    if _op in BINARY_OPS:
-        for _i, _name in enumerate(_methods):
-            setattr(NDArray, _name, _binary_method(_name, BINARY_OPS.index(_op), _i == 1))
-    elif _op in UNARY_OPS:
-        for _name in _methods:
-            setattr(NDArray, _name, _unary_method(_name, UNARY_OPS.index(_op)))
-    # the reductions (sum, max) are written in the class: they take axes
-
-
-def _scalar(value: object) -> float:
-    if type(value) is float or type(value) is int:
-        return float(value)
-    if isinstance(value, (bool, np.bool_, int, float, np.integer, np.floating)):
-        return float(value)
-    raise TypeError(f"expected a number or an NDArray, got {type(value).__name__}")
+elementwise.install(NDArray)
 
 
 # ---- module functions (the course's array_api, plus the methods added above) -------------------

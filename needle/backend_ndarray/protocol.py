@@ -75,6 +75,22 @@ REDUCE_METHODS: Dict[str, Tuple[str, ...]] = {
     "sum": ("sum",),
     "max": ("max",),
 }
+# The ops of the course's compact entry points (src/common/ndarray_bindings.h lists the same):
+# ewise_<op>(a, b, out) and scalar_<op>(a, val, out) for COURSE_BINARY, scalar_<op> for
+# COURSE_SCALAR as well, ewise_<op>(a, out) for COURSE_UNARY, reduce_sum/reduce_max(a, out,
+# reduce_size). They take no strides, so the NDArray calls them for compact operands: a kernel
+# call with four plain arguments costs a third of one with strides and shapes to convert.
+COURSE_BINARY: Tuple[str, ...] = ("add", "mul", "div", "maximum", "eq", "ge")
+COURSE_SCALAR: Tuple[str, ...] = COURSE_BINARY + ("power",)
+COURSE_UNARY: Tuple[str, ...] = ("log", "exp", "tanh")
+# {course entry point: its parameters}; each writes only ``out``.
+COURSE_PARAMS: Dict[str, Tuple[str, ...]] = {
+    **{f"ewise_{op}": ("a", "b", "out") for op in COURSE_BINARY},
+    **{f"scalar_{op}": ("a", "val", "out") for op in COURSE_SCALAR},
+    **{f"ewise_{op}": ("a", "out") for op in COURSE_UNARY},
+    **{f"reduce_{op}": ("a", "out", "reduce_size") for op in ("sum", "max")},
+}
+
 BINARY_OPS: Tuple[str, ...] = tuple(BINARY_METHODS)
 UNARY_OPS: Tuple[str, ...] = tuple(UNARY_METHODS)
 REDUCE_OPS: Tuple[str, ...] = tuple(REDUCE_METHODS)
@@ -577,6 +593,10 @@ __all__ = [
     "UNARY_OPS",
     "REDUCE_OPS",
     "OP_METHODS",
+    "COURSE_BINARY",
+    "COURSE_SCALAR",
+    "COURSE_UNARY",
+    "COURSE_PARAMS",
     "MAX_ELEMENTS",
     "module_functions",
 ]

@@ -15,8 +15,9 @@ import numpy as np
 from ..backend_ndarray import fused_spec, protocol
 
 # Buffer arguments each kernel writes (unknown kernels: every buffer argument counts as written):
-# the protocol's array functions write their ``out``; each fused kernel its declared outputs and
-# the inputs it updates in place (fused_spec, where the kernels are specified).
+# the protocol's array functions and the course's compact entry points write their ``out``;
+# each fused kernel its declared outputs and the inputs it updates in place (fused_spec, where
+# the kernels are specified).
 WRITES: Dict[str, Tuple[str, ...]] = {
     **dict.fromkeys(
         (
@@ -34,6 +35,7 @@ WRITES: Dict[str, Tuple[str, ...]] = {
         ),
         ("out",),
     ),
+    **dict.fromkeys(protocol.COURSE_PARAMS, ("out",)),
     **{
         k.name: tuple(o.name for o in k.outputs) + k.updates
         for k in fused_spec.KERNELS.values()
@@ -133,6 +135,9 @@ def param_names(name: str) -> List[str]:
     """The parameter names of the protocol's device function ``name``."""
     names = _PARAMS.get(name)
     if names is None:
-        names = list(inspect.signature(getattr(protocol.DeviceModule, name)).parameters)[1:]
+        if name in protocol.COURSE_PARAMS:  # declared by name only (compact operands)
+            names = list(protocol.COURSE_PARAMS[name])
+        else:
+            names = list(inspect.signature(getattr(protocol.DeviceModule, name)).parameters)[1:]
         _PARAMS[name] = names
     return names

@@ -4,6 +4,10 @@ Inputs come in three memory layouts (compact, a permuted view, a strided slice w
 so every op is also checked on the ``compact()`` path it takes before calling a kernel.
 """
 
+import inspect
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import DEVICES
@@ -14,6 +18,8 @@ from ndarray_strategies import SEEDS, SETTINGS, SHAPES, SHAPES_NONEMPTY, rand
 import needle as ndl
 from benchmarks.bench_ndarray import MATMUL_SIZES
 from needle import backend_ndarray as nd
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.ndarray
 if ndl.BACKEND != "nd":  # under NEEDLE_BACKEND=np the array is numpy's, not this NDArray
@@ -472,6 +478,108 @@ def test_reductions_are_one_kernel_call_on_the_buffer(device, axis, keepdims):
             expected = expected.reshape(1)
         assert out.shape == expected.shape
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- compact operands go to the course's entry points, with the strided kernels' answers ------
+# Shapes: tiny, 0-d, empty, and above the compiled module's thread thresholds (2**16, 2**18).
+COMPACT_SHAPES = [(8, 8), (), (3,), (0, 4), (2, 3, 5), (300, 1000)]
+
+
+def _strided(dev, kernel, code, arrays, shape, *extra):
+    """The strided kernel's result over the compact ``arrays`` (the general path)."""
+    out = nd.NDArray.make(shape, device=dev)
+    views = [x for a in arrays for x in (a._handle, a.strides, 0)]
+    if kernel == "ewise_binary":
+        getattr(dev, kernel)(code, *views, out._handle, shape)
+    elif kernel == "ewise_scalar":
+        getattr(dev, kernel)(code, *views, extra[0], out._handle, shape, False)
+    else:
+        getattr(dev, kernel)(code, *views, out._handle, shape)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", COMPACT_SHAPES)
+def test_compact_elementwise_ops_equal_the_strided_kernels_bit_for_bit(device, shape):
+    from needle.backend_ndarray import protocol
+
+    x, y = rand(20, shape), rand(21, shape)
+    x_pos = np.abs(x) + 0.5  # log, power: defined everywhere
+    spy, dev = spy_device(device)
+    for op in protocol.COURSE_BINARY:
+        a, b = nd.array(x, device=dev), nd.array(y, device=dev)
+        code = protocol.BINARY_OPS.index(op)
+        method = protocol.BINARY_METHODS[op][0]
+        spy.calls.clear()
+        got = getattr(a, method)(b)
+        assert [n for n, _ in spy.calls] == [f"ewise_{op}"]
+        got = got.numpy()
+        np.testing.assert_array_equal(got, _strided(dev, "ewise_binary", code, (a, b), shape))
+    for op in protocol.COURSE_SCALAR:
+        a = nd.array(x_pos, device=dev)
+        code = protocol.BINARY_OPS.index(op)
+        for value in (2.0, 0.5, -1.3):
+            spy.calls.clear()
+            got = getattr(a, protocol.BINARY_METHODS[op][0])(value)
+            assert [n for n, _ in spy.calls] == [f"scalar_{op}"]
+            got = got.numpy()
+            want = _strided(dev, "ewise_scalar", code, (a,), shape, value)
+            np.testing.assert_array_equal(got, want)
+    for op in protocol.COURSE_UNARY:
+        a = nd.array(x_pos, device=dev)
+        spy.calls.clear()
+        got = getattr(a, op)()
+        assert [n for n, _ in spy.calls] == [f"ewise_{op}"]
+        got = got.numpy()
+        want = _strided(dev, "ewise_unary", protocol.UNARY_OPS.index(op), (a,), shape)
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", COMPACT_SHAPES[:3] + COMPACT_SHAPES[4:])
+def test_compact_trailing_reductions_equal_the_strided_kernel_bit_for_bit(device, shape):
+    x = rand(22, shape)
+    spy, dev = spy_device(device)
+    a = nd.array(x, device=dev)
+    ndim = len(shape)
+    for axis in [None] + [tuple(range(k, ndim)) for k in range(1, ndim)]:
+        for op, code in (("sum", 0), ("max", 1)):
+            spy.calls.clear()
+            got = getattr(a, op)(axis=axis)
+            assert [n for n, _ in spy.calls] == [f"reduce_{op}"], (axis, op)
+            keep = 0 if axis is None else axis[0]
+            want = nd.NDArray.make(got.shape, device=dev)
+            dev.reduce(code, a._handle, shape, a.strides, 0, keep, want._handle)
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+            np.testing.assert_allclose(
+                got.numpy().reshape(-1),
+                getattr(x.astype(np.float64), op)(axis=axis).reshape(-1),
+                rtol=1e-4,
+                atol=1e-3,
+            )
+    if ndim >= 2:  # a leading axis, and a permuted (non-compact) array: the strided kernel
+        for b, axis in ((a, 0), (a.permute(tuple(range(ndim))[::-1]), ndim - 1)):
+            spy.calls.clear()
+            b.sum(axis=axis)
+            assert [n for n, _ in spy.calls] == ["reduce"]
+
+
+def test_the_course_entry_point_tables_match_the_compiled_bindings():
+    from needle.backend_ndarray import protocol
+
+    header = (ROOT / "src" / "common" / "ndarray_bindings.h").read_text()
+    for macro, names in (
+        ("NEEDLE_COURSE_BINARY", protocol.COURSE_BINARY),
+        ("NEEDLE_COURSE_SCALAR", protocol.COURSE_SCALAR[len(protocol.COURSE_BINARY) :]),
+        ("NEEDLE_COURSE_UNARY", protocol.COURSE_UNARY),
+    ):
+        line = re.search(rf"#define {macro}\(X\)(.*)", header).group(1)
+        assert tuple(re.findall(r"X\((\w+)\)", line)) == names, macro
+    numpy_module = nd.ndarray_backend_numpy
+    for name, params in protocol.COURSE_PARAMS.items():
+        assert tuple(inspect.signature(getattr(numpy_module, name)).parameters) == params
+        if nd.cpu().enabled():
+            assert callable(getattr(nd.cpu().mod, name))
 
 
 @pytest.mark.parametrize("device", DEVICES)
