@@ -589,7 +589,7 @@ class NDArray:
     def _reduce(self, op: int, axis: Axes, keepdims: bool) -> "NDArray":
         if isinstance(axis, list):
             axis = tuple(axis)
-        view_shape, view_strides, keep, out_shape, empty, no_output = _reduce_plan(
+        view_shape, view_strides, keep, out_shape, empty, no_output, run = _reduce_plan(
             self._shape, self._strides, axis, keepdims
         )
         if empty and op == _MAX:
@@ -597,20 +597,14 @@ class NDArray:
                 f"max of an empty axis has no identity (shape {self.shape}, axis {axis})"
             )
         out = _new(out_shape, self._device)
-        if no_output:
-            return out
-        if (
-            self._compact
-            and not empty
-            and view_shape == self._shape
-            and view_strides == self._strides
-        ):
-            # Trailing axes of a compact array (the view is the array itself): the course's
-            # reduce_sum/reduce_max, which take no strides (the same runs, summed in the same
-            # order as by ``reduce``).
-            reduce_compact = self._device.reduce_max if op == _MAX else self._device.reduce_sum
-            reduce_compact(self._handle, out._handle, _prod(view_shape[keep:]))
-        else:
+        if run and self._compact:
+            # Trailing axes of a compact array: the course's reduce_sum/reduce_max, which take
+            # no strides (the same runs, summed in the same order as by ``reduce``).
+            if op == _MAX:
+                self._device.reduce_max(self._handle, out._handle, run)
+            else:
+                self._device.reduce_sum(self._handle, out._handle, run)
+        elif not no_output:
             self._device.reduce(
                 op, self._handle, view_shape, view_strides, self._offset, keep, out._handle
             )

@@ -95,11 +95,13 @@ def _norm_axes(axis: Union[int, Sequence[int]], ndim: int, shape: Shape) -> set[
 @functools.lru_cache(maxsize=4096)
 def _reduce_plan(
     shape: Shape, strides: Shape, axis: Axes, keepdims: bool
-) -> Tuple[Shape, Shape, int, Shape, bool, bool]:
+) -> Tuple[Shape, Shape, int, Shape, bool, bool, int]:
     """How to reduce a view over ``axis``: the permuted view (kept axes first, reduced axes
     last) as (shape, strides), the number of kept axes, the output shape, whether a non-empty
-    output would reduce over an empty extent, and whether the output has no elements to
-    compute (cached: the same reductions recur)."""
+    output would reduce over an empty extent, whether the output has no elements to compute,
+    and the run length (the reduced elements per output) when the reduced axes are the trailing
+    ones of a row-major view with something to reduce, else 0 (cached: the same reductions
+    recur)."""
     ndim = len(shape)
     if axis is None or axis == ():
         axes = set(range(ndim))
@@ -115,7 +117,10 @@ def _reduce_plan(
     view_shape = tuple(shape[a] for a in order)
     no_output = 0 in view_shape[:keep]
     empty = 0 in view_shape[keep:] and not no_output
-    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty, no_output
+    trailing = order == list(range(ndim)) and strides == _compact_strides(shape)
+    run = prod(view_shape[keep:]) if trailing and not (empty or no_output) else 0
+    view_strides = tuple(strides[a] for a in order)
+    return view_shape, view_strides, keep, out_shape, empty, no_output, run
 
 
 def _batched_matmul_plan(

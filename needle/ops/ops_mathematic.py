@@ -39,8 +39,13 @@ def _norm_axes_cached(axes, ndim: int, what: str) -> Tuple[int, ...]:
     return tuple(sorted(out))
 
 
+_EVERY_AXIS = tuple(tuple(range(n)) for n in range(33))  # axes=None, without a call
+
+
 def _norm_axes(axes, ndim: int, what: str) -> Tuple[int, ...]:
     """``axes`` (None: all, int or sequence) as sorted non-negative ints, validated."""
+    if axes is None and ndim < 33:
+        return _EVERY_AXIS[ndim]
     if isinstance(axes, list):
         axes = tuple(axes)
     try:
