@@ -135,10 +135,7 @@ from needle.backend_ndarray import protocol
 
 PROTOCOL = sorted(n for n, v in vars(protocol.DeviceModule).items()
                   if not n.startswith("_") and callable(v))
-COURSE = ["ewise_add", "ewise_mul", "ewise_div", "ewise_maximum", "ewise_eq", "ewise_ge",
-          "scalar_add", "scalar_mul", "scalar_div", "scalar_power", "scalar_maximum",
-          "scalar_eq", "scalar_ge", "ewise_log", "ewise_exp", "ewise_tanh",
-          "reduce_sum", "reduce_max", "matmul"]  # hw3's names, listed in protocol.py's comments
+COURSE = list(protocol.COURSE_PARAMS) + ["matmul"]  # hw3's names, as protocol.py lists them
 
 
 def functions(module) -> list[str]:
@@ -171,16 +168,26 @@ print("__device_name__:", mod.__device_name__, "/", numpy_mod.__device_name__)
 assert (mod.__device_name__, numpy_mod.__device_name__) == ("cpu", "cpu_numpy")
 
 # %% [markdown]
-# The protocol is what `NDArray` needs. Reading `ndarray.py` and collecting every
-# `device.NAME` it calls (leaving out `BackendDevice`'s own methods such as `enabled`) finds
-# only protocol functions and the tiled exhibit, nothing else:
+# The protocol is what `NDArray` needs. Reading `ndarray.py` and `elementwise.py` (its
+# operator methods) and collecting every `device.NAME` they call (leaving out
+# `BackendDevice`'s own methods such as `enabled`) finds only protocol functions, course
+# functions and the tiled exhibit, nothing else. The element-wise methods call the course's
+# compact functions by name (`getattr(dev, "ewise_add")`) when both operands are compact: they
+# compute the same values as the strided forms (a test checks every one bit for bit) and take
+# no strides, which makes a call on a small array a third as dear.
 
 # %%
 # companion-only: the device protocol (protocol.py)
-used = set(re.findall(r"device\.(\w+)\(", inspect.getsource(ndarray_module)))
+import needle.backend_ndarray.elementwise as elementwise_module
+
+sources = inspect.getsource(ndarray_module) + inspect.getsource(elementwise_module)
+used = set(re.findall(r"(?:device|dev)\.(\w+)\(", sources))
 used = {n for n in used if not hasattr(nd.BackendDevice, n)}
-print(len(used), "device functions called by NDArray:", ", ".join(sorted(used)))
-assert used and used <= set(PROTOCOL) | {"matmul_tiled"}, used - set(PROTOCOL)
+print(len(used), "device functions called by name:", ", ".join(sorted(used)))
+print("and by getattr, for compact operands:", ", ".join(f"ewise_{op}" for op in
+                                                        protocol.COURSE_BINARY), "...")
+assert used and used <= set(PROTOCOL) | set(COURSE) | {"matmul_tiled"}, used - set(PROTOCOL)
+assert set(protocol.COURSE_PARAMS) <= set(COURSE)
 
 # %% [markdown]
 # `cuda()` always exists: `enabled()` says whether its module was compiled (nvcc present at
