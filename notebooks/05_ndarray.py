@@ -359,15 +359,20 @@ assert np.array_equal(flat_.reshape(3, 4), expected_)
 #
 # 1. `NDArray.__add__` checks the operand (device, shapes, broadcasting) and allocates a
 #    compact output;
-# 2. it calls the device's strided kernel `ewise_binary` with the op code of `"add"` (its
+# 2. it calls one kernel of the device — a `BackendDevice` forwards attribute access to its
+#    **device module**. Here both operands are compact and of one shape, so it calls the
+#    course's compact kernel `ewise_add(a, b, out)`; for any other view (broadcast, transposed,
+#    sliced) it calls the strided kernel `ewise_binary` with the op code of `"add"` (its
 #    position in the shared op table), each operand's buffer, strides and offset, the output
-#    and the shape — a `BackendDevice` forwards attribute access to its **device module**;
+#    and the shape. Both compute the same numbers (a test checks every op bit for bit); the
+#    compact one is cheaper to call, having no strides or shape to convert;
 # 3. for `cpu()` that module is `ndarray_backend_cpu`, a compiled extension built with
 #    **pybind11** from `src/cpu/ndarray_backend_cpu*.cc`; pybind11 converts the Python arguments
 #    (the `Array` handles, tuples of ints) to C++ values;
 # 4. the C++ function runs a loop over the buffers and writes the output buffer.
 #
-# The module also has the course's compact-only kernels (`ewise_add(a, b, out)` and friends).
+# The module has both kinds: the course's compact-only kernels (`ewise_add(a, b, out)` and
+# friends) and the strided ones.
 
 # %%
 # companion-only: this project's compiled module: its strided kernel ewise_binary
@@ -390,8 +395,8 @@ print(mod.matmul.__doc__.strip())
 assert mod.matmul.__doc__.startswith("matmul(a: needle.backend_ndarray.ndarray_backend_cpu.Array")
 
 # %% [markdown]
-# Calling the module directly does exactly what `a + a` does, through the strided kernel and
-# through the course's compact one:
+# Calling the module directly does what `a + a` does, through the strided kernel and through
+# the course's compact one (the one `a + a` calls, `a` being compact):
 
 # %%
 # companion-only: the device protocol (protocol.py, ewise_binary)
