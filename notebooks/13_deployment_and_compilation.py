@@ -883,8 +883,9 @@ print(f"{len(kernels)} device calls per step; the first 8:")
 for line in kernels[:8]:
     print("  " + line)
 names = [line.split("(")[0].split(".")[1] for line in kernels]
+# most used first, ties by name (a set's order changes with Python's string hashing)
 print("most used:", ", ".join(f"{n} x{names.count(n)}"
-                                for n in sorted(set(names), key=names.count, reverse=True)[:5]))
+                                for n in sorted(set(names), key=lambda n: (-names.count(n), n))[:5]))
 
 # %% [markdown]
 # Each line is one call into the compiled CPU module, with the buffers named by their role:
