@@ -598,8 +598,9 @@ class NDArray:
             )
         out = _new(out_shape, self._device)
         if run and self._compact:
-            # Trailing axes of a compact array: the course's reduce_sum/reduce_max, which take
-            # no strides (the same runs, summed in the same order as by ``reduce``).
+            # Trailing axes of a compact array (its strides are row-major): the course's
+            # reduce_sum/reduce_max, which take no strides (the same runs, summed in the same
+            # order as by ``reduce``).
             if op == _MAX:
                 self._device.reduce_max(self._handle, out._handle, run)
             else:

@@ -100,8 +100,8 @@ def _reduce_plan(
     last) as (shape, strides), the number of kept axes, the output shape, whether a non-empty
     output would reduce over an empty extent, whether the output has no elements to compute,
     and the run length (the reduced elements per output) when the reduced axes are the trailing
-    ones of a row-major view with something to reduce, else 0 (cached: the same reductions
-    recur)."""
+    ones, in order, with something to reduce, else 0: over a compact array, the course's
+    reduce_sum(a, out, run) (cached: the same reductions recur)."""
     ndim = len(shape)
     if axis is None or axis == ():
         axes = set(range(ndim))
@@ -117,10 +117,9 @@ def _reduce_plan(
     view_shape = tuple(shape[a] for a in order)
     no_output = 0 in view_shape[:keep]
     empty = 0 in view_shape[keep:] and not no_output
-    trailing = order == list(range(ndim)) and strides == _compact_strides(shape)
+    trailing = order == list(range(ndim))
     run = prod(view_shape[keep:]) if trailing and not (empty or no_output) else 0
-    view_strides = tuple(strides[a] for a in order)
-    return view_shape, view_strides, keep, out_shape, empty, no_output, run
+    return view_shape, tuple(strides[a] for a in order), keep, out_shape, empty, no_output, run
 
 
 def _batched_matmul_plan(

@@ -128,16 +128,14 @@ def written(op: tuple) -> List[int]:
     return [a[1] for p, a in zip(params, args) if a[0] == "slot" and p in names]
 
 
-_PARAMS: Dict[str, List[str]] = {}
+# The course's entry points are declared by name in the protocol (their operands are compact).
+_PARAMS: Dict[str, List[str]] = {n: list(p) for n, p in protocol.COURSE_PARAMS.items()}
 
 
 def param_names(name: str) -> List[str]:
     """The parameter names of the protocol's device function ``name``."""
     names = _PARAMS.get(name)
     if names is None:
-        if name in protocol.COURSE_PARAMS:  # declared by name only (compact operands)
-            names = list(protocol.COURSE_PARAMS[name])
-        else:
-            names = list(inspect.signature(getattr(protocol.DeviceModule, name)).parameters)[1:]
+        names = list(inspect.signature(getattr(protocol.DeviceModule, name)).parameters)[1:]
         _PARAMS[name] = names
     return names
