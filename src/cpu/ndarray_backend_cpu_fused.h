@@ -66,11 +66,13 @@ inline float max_float(const float* x, idx_t n) {
   return m;
 }
 
-// body(r) for every row r < rows; the rows are shared among threads in tasks of about 64K
-// elements when there is more than one such task.
+// body(r) for every row r < rows; the rows are shared among threads in tasks of about 16K
+// elements when there is more than one such task. (Each element costs several operations
+// here, an exp or a normalisation: the softmax of 2048 rows of 32 took 125 us on one thread,
+// 64 us on two, measured on a 2-core AMD EPYC VM.)
 template <class F>
 inline void for_rows(idx_t rows, idx_t cols, F&& body) {
-  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 16) / std::max<idx_t>(cols, 1));
+  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 14) / std::max<idx_t>(cols, 1));
   parallel_ranges(rows, per + 1, per, [&](idx_t r0, idx_t r1) {
     for (idx_t r = r0; r < r1; ++r) body(r);
   });

@@ -61,9 +61,13 @@ constexpr double kSplitStallNs = 1e6;
 constexpr double kSplitSlowRate = 20.0;
 constexpr double kSplitBackoffNs = 50e6;
 constexpr double kSplitBackoffMaxNs = 2e9;
-// From kGemmParallelFlops on, and for strided operands, the packed engine shares one product
-// among every thread (packing B together); below it the unpacked split ran 1.2-1.4x the packed
-// engine at 256^3 on two threads.
+// From kGemmParallelFlops on the packed engine shares one product among every thread (packing
+// B together); below it the unpacked split ran 1.2-1.4x the packed engine at 256^3 on two
+// threads. Products with a transposed (or otherwise strided) operand take the packed engine
+// at every size above the direct path, shared from kGemmSplitFlops while sharing is not
+// paused (a linear layer's gradients, 128x512x128 with A transposed: 161 us on one thread,
+// 104 us shared); so do batches of products below kGemmSplitFlops each, a product per thread
+// (64 heads of 32^3: 41 against 23 us). The same stall watch pauses all three.
 constexpr double kGemmParallelFlops = 24.0 * (1 << 20);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).

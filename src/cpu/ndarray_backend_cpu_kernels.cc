@@ -201,6 +201,47 @@ inline void pack_b(const float* b, idx_t rs, idx_t cs, idx_t k0, idx_t kc, idx_t
       for (idx_t c = nr; c < NR; ++c) dst[k * NR + c] = 0.0f;
 }
 
+// Sharing a mid-sized product is off until split_off_until (steady clock, ns) after a stall,
+// for split_backoff ns (see kSplitStallNs).
+std::atomic<int64_t> split_off_until{0}, split_backoff{int64_t(kSplitBackoffNs)};
+
+int64_t steady_ns() {  // clock_gettime, not <chrono>: no inline library code in this file
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+bool split_allowed() { return steady_ns() >= split_off_until.load(std::memory_order_relaxed); }
+
+// A stall at time `now`: sharing goes off, twice as long as last time when the stall came
+// within that long of the last pause's end (the machine is still busy), else for the base time.
+void split_stalled(int64_t now) {
+  const int64_t last = split_off_until.load(std::memory_order_relaxed);
+  int64_t pause = split_backoff.load(std::memory_order_relaxed);
+  pause = now - last < pause ? std::min(2 * pause, int64_t(kSplitBackoffMaxNs))
+                             : int64_t(kSplitBackoffNs);
+  split_backoff.store(pause, std::memory_order_relaxed);
+  split_off_until.store(now + pause, std::memory_order_relaxed);
+}
+
+// Runs f(i) for i < n on the pool (the caller takes part) and watches for a worker preempted
+// while it holds an item: when the caller, done with its own items, then waits longer than
+// kSplitStallNs plus an item's multiply-adds at kSplitSlowRate, sharing is paused
+// (split_stalled).
+template <class F>
+void run_shared(const Runner& run, idx_t n, double item_flops, F& f) {
+  const pthread_t caller = pthread_self();
+  int64_t own_end = 0;  // when the caller finished its last item (written by the caller)
+  auto item = [&](int64_t i) {
+    f(i);
+    if (pthread_equal(pthread_self(), caller)) own_end = steady_ns();
+  };
+  run_parallel(run, n, item);
+  const int64_t end = steady_ns();
+  if (own_end && double(end - own_end) > kSplitStallNs + item_flops / kSplitSlowRate)
+    split_stalled(end);
+}
+
 // ---- the blocked driver for one product -----------------------------------------------------
 // Work split: B is packed once, whole, in units of (KC rows, column group); C is computed in
 // tasks of (row block, column group), each packing its own A block. Items are numbered units
@@ -218,10 +259,18 @@ struct Plan {
 };
 
 // Waits for a B unit another thread is packing; yields after a short spin, since on a busy
-// machine that thread may be waiting for this very core.
+// machine that thread may be waiting for this very core. A wait longer than kSplitStallNs
+// means that thread was preempted: sharing is paused (split_stalled).
 inline void wait_ready(const std::atomic<int>& flag) {
+  int64_t since = 0;
   for (int spin = 0; !flag.load(std::memory_order_acquire); ++spin) {
     if (spin > 64) {
+      const int64_t now = steady_ns();
+      if (!since) since = now;
+      if (since > 0 && double(now - since) > kSplitStallNs) {
+        split_stalled(now);
+        since = -1;  // once per wait
+      }
       sched_yield();
     } else {
 #if defined(__x86_64__) || defined(__i386__)
@@ -308,7 +357,8 @@ void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t br
         run_task(P, a, ars, acs, C, Bp, ready.get(), i - P.units());
       }
     };
-    run_parallel(run, P.units() + P.tasks(), item);
+    run_shared(run, P.units() + P.tasks(), double(m) * double(n) * double(p) / double(P.tasks()),
+               item);
   }
   bbuf.trim(kKeepPacked);
 }
@@ -382,29 +432,6 @@ inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const 
     for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
 }
 
-// Sharing a mid-sized product is off until split_off_until (steady clock, ns) after a stall,
-// for split_backoff ns (see kSplitStallNs).
-std::atomic<int64_t> split_off_until{0}, split_backoff{int64_t(kSplitBackoffNs)};
-
-int64_t steady_ns() {  // clock_gettime, not <chrono>: no inline library code in this file
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
-}
-
-bool split_allowed() { return steady_ns() >= split_off_until.load(std::memory_order_relaxed); }
-
-// A stall at time `now`: sharing goes off, twice as long as last time when the stall came
-// within that long of the last pause's end (the machine is still busy), else for the base time.
-void split_stalled(int64_t now) {
-  const int64_t last = split_off_until.load(std::memory_order_relaxed);
-  int64_t pause = split_backoff.load(std::memory_order_relaxed);
-  pause = now - last < pause ? std::min(2 * pause, int64_t(kSplitBackoffMaxNs))
-                             : int64_t(kSplitBackoffNs);
-  split_backoff.store(pause, std::memory_order_relaxed);
-  split_off_until.store(now + pause, std::memory_order_relaxed);
-}
-
 // C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, without packing
 // (small and mid-sized products, where packing would cost a third of the time): the last,
 // narrow sliver of B alone is copied, zero-padded to NR columns. Threaded, the work is cut
@@ -458,20 +485,11 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
     const idx_t want = idx_t(kSplitChunks) * run.threads;
     const idx_t fit = std::max<idx_t>(1, idx_t(flops / (kSplitChunkFlops * double(slivers))));
     const idx_t groups = std::min({blocks, (want + slivers - 1) / slivers, fit});
-    const pthread_t caller = pthread_self();
-    int64_t own_end = 0;  // when the caller finished its last chunk (written by the caller)
     auto chunk = [&](int64_t t) {
       const idx_t g = t % groups;
       part(t / groups, blocks * g / groups, blocks * (g + 1) / groups);
-      if (pthread_equal(pthread_self(), caller)) own_end = steady_ns();
     };
-    run_parallel(run, slivers * groups, chunk);
-    // How long the caller then waited for chunks that workers held: longer than a chunk takes
-    // means a worker was preempted with one (see kSplitStallNs).
-    const int64_t end = steady_ns();
-    const double chunk_flops = flops / double(slivers * groups);
-    if (own_end && double(end - own_end) > kSplitStallNs + chunk_flops / kSplitSlowRate)
-      split_stalled(end);
+    run_shared(run, slivers * groups, flops / double(slivers * groups), chunk);
   }
   ebuf.trim(kKeepPacked);
 }
@@ -539,7 +557,11 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
     return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run,
                          may_thread && flops >= kGemmSplitFlops && split_allowed());
-  gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
+  // Strided operands: the packed engine, shared from kGemmSplitFlops on as the unpacked split
+  // is (packing each task's A block costs little beside its share of the product).
+  gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run,
+               threaded || (may_thread && run.threads > 1 && flops >= kGemmSplitFlops &&
+                            split_allowed()));
 }
 
 void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t m, int64_t n,
@@ -550,11 +572,14 @@ void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t
     gemm_one(A.at(k), A.rs, A.cs, B.at(k), B.rs, B.cs, out + k * m * p, m, n,
              p, run, may_thread);
   };
-  // A batch of products too small to share one product among threads: a product per thread.
+  // A batch of products too small to share one product among threads: a product per thread
+  // (each is the same chain of multiply-adds whichever thread computes it), from
+  // kGemmSplitFlops in all while sharing is not paused, and always from kGemmParallelFlops.
+  const double total = flops * double(batch);
   if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops &&
-      flops * double(batch) >= kGemmParallelFlops) {
+      (total >= kGemmParallelFlops || (total >= kGemmSplitFlops && split_allowed()))) {
     auto item = [&](int64_t k) { one(k, false); };
-    run_parallel(run, batch, item);
+    run_shared(run, batch, flops, item);
     return;
   }
   for (int64_t k = 0; k < batch; ++k) one(k, true);

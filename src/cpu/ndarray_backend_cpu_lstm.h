@@ -16,12 +16,14 @@
 //
 // Threads: each step's products are (batch x hidden) @ (hidden x 4·hidden) and back, 2^20
 // multiply-adds at the course LSTM LM's sizes (16 x 128 x 512), each waiting for the previous
-// step's result. The engine would split such a product between two threads; here they run on
-// the calling thread (kStepThreads): measured alternating in one process on the 2-core machine
-// under load (about 3.6), forward + backward of that layer (T = 32) took a median 1.9-2.1 ms on
-// one thread against 4.3-5.0 ms split (best cases 1.5 and 1.4 ms): a split product waits for a
-// worker that the load often has descheduled. The final weight-gradient product is shared
-// among the pool's threads as any other. Results do not depend on the thread count.
+// step's result. They are shared among the pool's threads as any product of that size (the
+// engine's chunked split, which pauses sharing after a worker stalls): measured on the 2-core
+// AMD EPYC VM, forward and backward of that layer (T = 32) took 0.68 and 1.09 ms shared against
+// 0.99 and 1.33 ms on the calling thread alone; with two busy processes beside it, the shared
+// layer took the one-thread time (0.90 and 1.54 ms, as one thread did then), where before the
+// pause existed a split product waited for descheduled workers (4.3-5.0 ms against 1.9-2.1 ms).
+// Results do not depend on the thread count (the split keeps each element's chain of
+// multiply-adds).
 #pragma once
 
 #include <algorithm>
@@ -47,14 +49,9 @@ namespace fused {
 using needle::checks::check_lstm_layer_bwd;
 using needle::checks::check_lstm_layer_fwd;
 
-// Threads for each step's products (see the header comment).
-constexpr int kStepThreads = 1;
-
-// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0; on kStepThreads threads.
+// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0 (see the header comment).
 inline void step_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
-  Runner run = runner();
-  run.threads = std::min(run.threads, kStepThreads);
-  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, run);
+  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, runner());
 }
 
 inline void copy_floats(float* dst, const float* src, idx_t n) {

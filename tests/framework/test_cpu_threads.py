@@ -1,8 +1,10 @@
 """The compiled CPU module's thread pool under the matrix products that share it.
 
 Products from the module's ``split_flops`` up to ``parallel_flops`` are cut into chunks that the
-calling thread and the pool's workers claim, so which thread computes which part of the result
-changes from call to call. These tests check that this never shows: every product gives the
+calling thread and the pool's workers claim (row-major operands without packing, transposed
+ones through the packed engine), and batches of smaller products from ``split_flops`` in all
+run one product per thread, so which thread computes which part of the result changes from
+call to call. These tests check that this never shows: every product gives the
 same bits with one thread, with the default threads and with more threads than CPUs (the
 1-thread result is the oracle for the bits, numpy's float64 product for the values); every
 chunk is written exactly once (outputs start as NaN); and products issued from several Python
@@ -26,18 +28,26 @@ pytestmark = [
     pytest.mark.skipif(not nd.cpu().enabled(), reason="cpu() is not built here"),
 ]
 
-# (m, n, p): below and across the split range, a narrow last sliver of B, fewer row blocks
-# than chunks, and one just under the packed engine's threshold.
+# (batch, m, n, p, layout): below and across the split range, a narrow last sliver of B, fewer
+# row blocks than chunks, one just under the packed engine's threshold; transposed operands
+# ("tn": A stored (n, m), "nt": B stored (p, n), as a linear layer's weight and input gradients
+# read them); batches of products below the split size (per-head attention's 32^3).
 SIZES = [
-    (40, 40, 40),
-    (48, 48, 48),
-    (64, 64, 64),
-    (72, 73, 74),
-    (37, 130, 90),
-    (13, 200, 150),
-    (100, 101, 102),
-    (5, 300, 700),
-    (250, 260, 270),
+    (1, 40, 40, 40, "nn"),
+    (1, 48, 48, 48, "nn"),
+    (1, 64, 64, 64, "nn"),
+    (1, 72, 73, 74, "nn"),
+    (1, 37, 130, 90, "nn"),
+    (1, 13, 200, 150, "nn"),
+    (1, 100, 101, 102, "nn"),
+    (1, 5, 300, 700, "nn"),
+    (1, 250, 260, 270, "nn"),
+    (1, 128, 512, 128, "tn"),
+    (1, 512, 128, 128, "nt"),
+    (1, 72, 73, 74, "tn"),
+    (64, 32, 32, 32, "nn"),
+    (64, 32, 32, 32, "tn"),
+    (12, 20, 30, 40, "nt"),
 ]
 CALLS = 30  # repeated products per size: the worker joins some calls and misses others
 
@@ -53,19 +63,27 @@ CHILD = textwrap.dedent(
     mod = nd.ndarray_backend_cpu
     sizes, calls = json.loads(sys.argv[1]), int(sys.argv[2])
     out = {"threads": mod.num_threads(), "products": []}
-    for m, n, p in sizes:
-        rng = np.random.default_rng(m * n * p)
-        a = rng.standard_normal((m, n)).astype(np.float32)
-        b = rng.standard_normal((n, p)).astype(np.float32)
+    for k, m, n, p, layout in sizes:
+        rng = np.random.default_rng(k * m * n * p)
+        a = rng.standard_normal((k, m, n)).astype(np.float32)
+        b = rng.standard_normal((k, n, p)).astype(np.float32)
+        # stored as the layout says; the strides read them back as (m, n) and (n, p)
+        a_mem = a.transpose(0, 2, 1).copy() if layout == "tn" else a
+        b_mem = b.transpose(0, 2, 1).copy() if layout == "nt" else b
+        a_st = (m * n, 1, m) if layout == "tn" else (m * n, n, 1)
+        b_st = (n * p, 1, n) if layout == "nt" else (n * p, p, 1)
+        batch = (k,) if k > 1 else ()
+        if k == 1:
+            a_st, b_st = a_st[1:], b_st[1:]
         A, B = mod.Array(a.size), mod.Array(b.size)
-        mod.from_numpy(a.ravel(), A)
-        mod.from_numpy(b.ravel(), B)
+        mod.from_numpy(a_mem.ravel(), A)
+        mod.from_numpy(b_mem.ravel(), B)
         digests = []
         for _ in range(calls):
-            C = mod.Array(m * p)
+            C = mod.Array(k * m * p)
             mod.fill(C, float("nan"))
-            mod.matmul_strided(A, (n, 1), 0, B, (p, 1), 0, C, (), m, n, p)
-            got = mod.to_numpy(C, (m, p), (p, 1), 0)
+            mod.matmul_strided(A, a_st, 0, B, b_st, 0, C, batch, m, n, p)
+            got = mod.to_numpy(C, (k, m, p), (m * p, p, 1), 0)
             digests.append(hashlib.sha256(got.tobytes()).hexdigest())
         exact = a.astype(np.float64) @ b.astype(np.float64)
         err = float(np.abs(got - exact).max() / (np.abs(exact).max() + 1))
@@ -95,12 +113,16 @@ def run_child(threads: int | None) -> dict:
 
 
 def test_split_range_covers_the_sizes():
-    """The sizes above reach into the shared range, and the largest stays below the packed
-    engine (so every one of them takes the chunked path)."""
+    """The sizes above reach into the shared range, the largest stays below the packed
+    engine's own threshold (so every one of them takes a path shared from split_flops), and
+    the batches' products are below split_flops each but above it together."""
     g = nd.ndarray_backend_cpu.__gemm__
-    flops = [m * n * p for m, n, p in SIZES]
+    flops = [m * n * p for _, m, n, p, _ in SIZES]
     assert min(flops) < g["split_flops"] <= max(flops) < g["parallel_flops"]
     assert sum(g["split_flops"] <= f for f in flops) >= 6
+    assert sum(layout != "nn" and g["split_flops"] <= m * n * p for _, m, n, p, layout in SIZES) >= 3
+    batches = [(k, m * n * p) for k, m, n, p, _ in SIZES if k > 1]
+    assert batches and all(f < g["split_flops"] <= k * f for k, f in batches)
 
 
 def test_shared_products_give_the_one_thread_bits():
@@ -109,8 +131,10 @@ def test_shared_products_give_the_one_thread_bits():
     every element written, within float32 rounding of numpy's float64 product."""
     one, default, four = run_child(1), run_child(None), run_child(4)
     assert one["threads"] == 1 and four["threads"] == 4
-    for (m, n, p), r1, rd, r4 in zip(SIZES, one["products"], default["products"], four["products"]):
-        label = f"{m}x{n}x{p}"
+    for (k, m, n, p, layout), r1, rd, r4 in zip(
+        SIZES, one["products"], default["products"], four["products"]
+    ):
+        label = f"{k} x {m}x{n}x{p} {layout}"
         for r in (r1, rd, r4):
             assert not r["nan"], f"{label}: an element was never written"
             assert r["stable"], f"{label}: repeated calls gave different bytes"
