@@ -349,6 +349,25 @@ def softmax_bwd(y: numpy.ndarray, dy: numpy.ndarray, scale: float = 1.0) -> nump
     return _run(spec.SOFTMAX_BWD, kernels.softmax_bwd, (y, dy), scale)
 
 
+def attention_fwd(
+    q: numpy.ndarray, k: numpy.ndarray, v: numpy.ndarray, scale: float = 1.0, causal: bool = False
+) -> tuple:
+    """Attention per head: ``(out (H, Tq, D), probs (H, Tq, Tk))`` for q (H, Tq, D), k and v
+    (H, Tk, D) (see ``needle.backend_ndarray.fused.attention_fwd``)."""
+    given = (spec.attention_keys("attention_fwd", k),)
+    return _run(
+        spec.ATTENTION_FWD, kernels.attention_fwd, (q, k, v), scale, int(causal), given=given
+    )
+
+
+def attention_bwd(d_out, d_probs, probs, q, k, v, scale: float = 1.0) -> tuple:
+    """``(dq, dk, dv)``, the gradients of :func:`attention_fwd` given the adjoints of out and
+    probs and its saved probs."""
+    given = (spec.attention_keys("attention_bwd", k),)
+    arrays = (d_out, d_probs, probs, q, k, v)
+    return _run(spec.ATTENTION_BWD, kernels.attention_bwd, arrays, scale, given=given)
+
+
 def layernorm_fwd(x: numpy.ndarray, w: numpy.ndarray, b: numpy.ndarray, eps: float) -> tuple:
     """Layer norm of each row of ``x`` (R, C): ``(y, xhat, rstd (R,))`` (see fused.py)."""
     return _run(spec.LAYERNORM_FWD, kernels.layernorm_fwd, (x, w, b), eps)

@@ -184,11 +184,14 @@ assert np.allclose(batched, broadcast, atol=1e-5)
 # a huge negative number above it (the course uses $-$`finfo(float32).max`, a finite stand-in for
 # $-\infty$), so those weights become exactly 0 after the softmax. needle's `MultiHeadAttention`
 # does exactly this. Its fused twin on the fast path (`needle.fast`, used for the training runs
-# below) gives the same weights without building the mask: $QK^\top$, the division by
-# $\sqrt{d}$ and the masked softmax are one node of the graph
-# (`needle.fast.ops.attention_weights(q, k, scale, causal=True)`), whose kernel skips the keys
-# above the diagonal (weight exactly 0). The logits are never kept, only the weights, which are
-# all that the softmax's gradient needs.
+# below) gives the same weights without building the mask. Where no dropout acts on the
+# weights (evaluation, or dropout 0), the whole attention, $QK^\top$, the division by
+# $\sqrt{d}$, the masked softmax and the product with $V$, is one node of the graph and one
+# kernel call each way (`needle.fast.ops.attention(q, k, v, scale, causal=True)`), which keeps
+# each head's logits in cache; with dropout in training, $QK^\top$, the division and the
+# masked softmax are one node (`needle.fast.ops.attention_weights`). Either kernel skips the
+# keys above the diagonal (weight exactly 0) and keeps only the weights, which are all that
+# the softmax's gradient needs.
 
 # %%
 mask = attn.create_causal_mask(5, 5, device)

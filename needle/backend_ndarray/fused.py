@@ -143,6 +143,40 @@ def softmax_bwd(y: NDArray, dy: NDArray, scale: float = 1.0) -> NDArray:
     return dx
 
 
+def attention_fwd(
+    q: NDArray, k: NDArray, v: NDArray, scale: float = 1.0, causal: bool = False
+) -> Tuple[NDArray, NDArray]:
+    """Attention per head for q (H, Tq, D), k and v (H, Tk, D): ``(out (H, Tq, D), probs
+    (H, Tq, Tk))`` with probs = :func:`softmax_fwd` of ``scale · q kᵀ`` (``causal``: query i
+    sees keys j <= i + Tk - Tq) and out = probs v, in one kernel call."""
+    given = (spec.attention_keys("attention_fwd", k),)
+    device, dims = _check(spec.ATTENTION_FWD, (q, k, v), given, scale=scale, causal=int(causal))
+    out, probs = _new(device, spec.ATTENTION_FWD, dims)
+    if out.size or probs.size:
+        device.attention_fwd(*_h(q, k, v), *dims, float(scale), int(causal), *_out(out, probs))
+    return out, probs
+
+
+def attention_bwd(
+    d_out: NDArray,
+    d_probs: NDArray,
+    probs: NDArray,
+    q: NDArray,
+    k: NDArray,
+    v: NDArray,
+    scale: float = 1.0,
+) -> Tuple[NDArray, NDArray, NDArray]:
+    """``(dq, dk, dv)``: the gradients of :func:`attention_fwd` given the adjoints ``d_out``
+    (H, Tq, D) of out and ``d_probs`` (H, Tq, Tk) of probs, and its saved ``probs``."""
+    given = (spec.attention_keys("attention_bwd", k),)
+    arrays = (d_out, d_probs, probs, q, k, v)
+    device, dims = _check(spec.ATTENTION_BWD, arrays, given, scale=scale)
+    dq, dk, dv = _new(device, spec.ATTENTION_BWD, dims)
+    if dq.size or dk.size:
+        device.attention_bwd(*_h(*arrays), *dims, float(scale), *_out(dq, dk, dv))
+    return dq, dk, dv
+
+
 def layernorm_fwd(
     x: NDArray, w: NDArray, b: NDArray, eps: float
 ) -> Tuple[NDArray, NDArray, NDArray]:

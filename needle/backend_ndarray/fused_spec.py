@@ -443,6 +443,71 @@ SOFTMAX_BWD = _kernel(
     outputs=(Operand("dx", _rows_cols),),
 )
 
+# attention per head: q (heads, queries, dim), k and v (heads, keys, dim); keys given
+_HQDK = ("heads", "queries", "dim", "keys")
+
+
+def _queries(heads: int, queries: int, dim: int, keys: int) -> Dims:
+    return (heads, queries, dim)
+
+
+def _keys(heads: int, queries: int, dim: int, keys: int) -> Dims:
+    return (heads, keys, dim)
+
+
+def _weights(heads: int, queries: int, dim: int, keys: int) -> Dims:
+    return (heads, queries, keys)
+
+
+def attention_keys(fn: str, k: Any) -> int:
+    """The number of keys of attention's ``k`` (heads, keys, dim), the kernels' given size:
+    ValueError unless k is 3-D (an object without a shape is left to the kernel's type check,
+    which names it)."""
+    shape = tuple(getattr(k, "shape", (0, 0, 0)))
+    if len(shape) != 3:
+        raise ValueError(f"{fn}: k must be 3-D (heads, keys, dim), got shape {shape}")
+    return int(shape[1])
+
+
+def _causal_flag(fn: str, dims: Dims, scalars: Mapping[str, float]) -> None:
+    """attention_fwd's ``causal``: 0 (no mask) or 1."""
+    causal = scalars["causal"]
+    if isinstance(causal, (str, bytes)) or not hasattr(causal, "__float__"):
+        raise TypeError(f"{fn}: causal must be 0 or 1, got {type(causal).__name__}")
+    if causal not in (0, 1):
+        raise ValueError(f"{fn}: causal must be 0 or 1, got {causal}")
+
+
+ATTENTION_FWD = _kernel(
+    "attention_fwd",
+    "attention_fwd",
+    "q",
+    _HQDK,
+    inputs=(Operand("q", _queries), Operand("k", _keys), Operand("v", _keys)),
+    scalars=("scale", "causal"),
+    outputs=(Operand("out", _queries), Operand("probs", _weights)),
+    check_sizes=_causal_flag,
+    given=("keys",),
+)
+
+ATTENTION_BWD = _kernel(
+    "attention_bwd",
+    "attention_bwd",
+    "q",
+    _HQDK,
+    inputs=(
+        Operand("d_out", _queries),
+        Operand("d_probs", _weights),
+        Operand("probs", _weights),
+        Operand("q", _queries),
+        Operand("k", _keys),
+        Operand("v", _keys),
+    ),
+    scalars=("scale",),
+    outputs=(Operand("dq", _queries), Operand("dk", _keys), Operand("dv", _keys)),
+    given=("keys",),
+)
+
 LAYERNORM_FWD = _kernel(
     "layernorm_fwd",
     "layernorm_fwd",
@@ -677,6 +742,8 @@ __all__ = ["Operand", "FusedKernel", "KERNELS", "conv_out_hw"] + [
     "LSTM_CELL_BWD",
     "LSTM_LAYER_FWD",
     "LSTM_LAYER_BWD",
+    "ATTENTION_FWD",
+    "ATTENTION_BWD",
     "SGD_UPDATE",
     "ADAM_UPDATE",
     "EMBEDDING_GATHER",

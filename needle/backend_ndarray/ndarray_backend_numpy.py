@@ -568,6 +568,8 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
 softmax_xent = _fused(fused_spec.SOFTMAX_XENT, kernels.softmax_xent)
 softmax_fwd = _fused(fused_spec.SOFTMAX_FWD, kernels.softmax_fwd)
 softmax_bwd = _fused(fused_spec.SOFTMAX_BWD, kernels.softmax_bwd)
+attention_fwd = _fused(fused_spec.ATTENTION_FWD, kernels.attention_fwd)
+attention_bwd = _fused(fused_spec.ATTENTION_BWD, kernels.attention_bwd)
 layernorm_fwd = _fused(fused_spec.LAYERNORM_FWD, kernels.layernorm_fwd)
 layernorm_bwd = _fused(fused_spec.LAYERNORM_BWD, kernels.layernorm_bwd)
 batchnorm_fwd = _fused(fused_spec.BATCHNORM_FWD, kernels.batchnorm_fwd)

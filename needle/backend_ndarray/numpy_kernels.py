@@ -178,6 +178,46 @@ def softmax_bwd(y: np.ndarray, dy: np.ndarray, scale: float) -> np.ndarray:
     return dx
 
 
+def attention_fwd(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, keys: int, scale: float, causal: float
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Attention per head for q (H, Tq, D), k and v (H, Tk, D): ``(out, probs)`` with probs
+    (H, Tq, Tk) = :func:`softmax_fwd` of ``scale · q kᵀ`` (causal: query i sees keys
+    j <= i + Tk - Tq) and out (H, Tq, D) = probs v."""
+    heads, queries, _ = q.shape
+    logits = np.matmul(q, np.swapaxes(k, 1, 2)).reshape(heads * queries, int(keys))
+    probs = softmax_fwd(logits, scale, queries if causal else 0).reshape(heads, queries, int(keys))
+    return np.matmul(probs, v).astype(q.dtype, copy=False), probs
+
+
+def attention_bwd(
+    d_out: np.ndarray,
+    d_probs: np.ndarray,
+    probs: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    keys: int,
+    scale: float,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dq, dk, dv)``, the gradients of :func:`attention_fwd` given the adjoints ``d_out`` of
+    out and ``d_probs`` of probs: dp = d_out vᵀ + d_probs, ds = :func:`softmax_bwd`,
+    dq = ds k, dk = dsᵀ q, dv = probsᵀ d_out."""
+    heads, queries, _ = q.shape
+    dp = np.matmul(d_out, np.swapaxes(v, 1, 2)) + d_probs
+    rows = heads * queries
+    ds = softmax_bwd(probs.reshape(rows, int(keys)), dp.reshape(rows, int(keys)), scale)
+    ds = ds.reshape(heads, queries, int(keys))
+    dq = np.matmul(ds, k)
+    dk = np.matmul(np.swapaxes(ds, 1, 2), q)
+    dv = np.matmul(np.swapaxes(probs, 1, 2), d_out)
+    return (
+        dq.astype(q.dtype, copy=False),
+        dk.astype(q.dtype, copy=False),
+        dv.astype(q.dtype, copy=False),
+    )
+
+
 def softmax_xent_bwd(
     probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray, scale: float = 1.0
 ) -> np.ndarray:

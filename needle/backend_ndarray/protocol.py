@@ -337,6 +337,49 @@ class DeviceModule(Protocol):
         """The gradient of :meth:`softmax_fwd` from its result ``y`` and the adjoint ``dy``
         (rows × cols each): ``dx[r] = scale * y[r] * (dy[r] - Σ_j dy[r, j] * y[r, j])``."""
 
+    def attention_fwd(
+        self,
+        q: Buffer,
+        k: Buffer,
+        v: Buffer,
+        heads: int,
+        queries: int,
+        dim: int,
+        keys: int,
+        scale: float,
+        causal: int,
+        out: Buffer,
+        probs: Buffer,
+    ) -> None:
+        """Attention per head for compact q (heads × queries × dim), k and v (heads × keys ×
+        dim): ``probs[h]`` (queries × keys) = :meth:`softmax_fwd` of ``scale * q[h] k[h]ᵀ``,
+        with the causal mask (query i sees keys j <= i + keys - queries) when ``causal`` is 1
+        (0: no mask; ValueError otherwise), and ``out[h]`` (queries × dim) =
+        ``probs[h] v[h]``. The values of the three separate kernels, in one call: the CPU
+        module keeps each head's logits in cache."""
+
+    def attention_bwd(
+        self,
+        d_out: Buffer,
+        d_probs: Buffer,
+        probs: Buffer,
+        q: Buffer,
+        k: Buffer,
+        v: Buffer,
+        heads: int,
+        queries: int,
+        dim: int,
+        keys: int,
+        scale: float,
+        dq: Buffer,
+        dk: Buffer,
+        dv: Buffer,
+    ) -> None:
+        """The gradients of :meth:`attention_fwd` from the adjoints ``d_out`` of out and
+        ``d_probs`` of probs (zeros when only out is used) and its saved ``probs``:
+        ``dp = d_out vᵀ + d_probs``, ``ds`` = :meth:`softmax_bwd` of (probs, dp, scale),
+        ``dq = ds k``, ``dk = dsᵀ q``, ``dv = probsᵀ d_out`` per head."""
+
     def layernorm_fwd(
         self,
         x: Buffer,

@@ -1,6 +1,8 @@
-"""needle.fast's attention ops: the attention weights softmax(scale · q kᵀ) as one node, the
-weights' product with the values, and self-attention's three pre-norms and q, k, v projections
-as one node (:class:`SelfAttentionQKV`). Re-exported by :mod:`needle.fast.ops`."""
+"""needle.fast's attention ops: a whole attention softmax(scale · q kᵀ) v as one node and one
+kernel call each way (:class:`Attention`), the attention weights as one node and their product
+with the values (the two ops it replaces where the weights go through dropout), and
+self-attention's three pre-norms and q, k, v projections as one node
+(:class:`SelfAttentionQKV`). Re-exported by :mod:`needle.fast.ops`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from ..ops.ops_mathematic import MatMul, matmul, transpose
 from .ops import SoftmaxLastAxis, SoftmaxLastAxisBackward, _add_over, _BackwardOp
 
 __all__ = [
+    "Attention",
+    "attention",
     "AttentionWeights",
     "attention_weights",
     "AttentionValues",
@@ -108,6 +112,85 @@ def attention_values(probs: Tensor, v: Tensor) -> Tensor:
             f"{tuple(probs.shape)} and {tuple(v.shape)}"
         )
     return AttentionValues()(probs, v)
+
+
+class Attention(TensorTupleOp):
+    """Attention per head as one node: for q (B, H, Tq, D), k and v (B, H, Tk, D), the tuple
+    (out (B, H, Tq, D), probs (B, H, Tq, Tk)) with probs = softmax(scale · q kᵀ) over the keys
+    (causally masked as :class:`SoftmaxLastAxis` with ``causal=True``) and out = probs v: what
+    :func:`attention_weights` then :func:`attention_values` compute, in one ``attention_fwd``
+    call, whose CPU kernel keeps each head's logits in cache instead of passing them through
+    memory between a batched product, a softmax and another product. The products sum in
+    another order, so values and gradients equal the two ops' to float32 rounding (tested),
+    not bit for bit. out is laid out (B, Tq, H, D) in memory, as :class:`AttentionValues`
+    lays it out (merging the heads is then a view).
+
+    The gradient is one ``attention_bwd`` call, which takes the adjoint of probs as well (zeros
+    when only out is used): a node whose second derivative is not implemented (it says so by
+    name); the two-op path differentiates any number of times."""
+
+    def __init__(self, scale: float = 1.0, causal: bool = False):
+        self.scale, self.causal = float(scale), bool(causal)
+        self.probs = None
+
+    def compute(self, q, k, v):
+        b, h, tq, d = q.shape
+        tk = k.shape[2]
+        out, self.probs = array_api.attention_fwd(
+            _heads_flat(q), _heads_flat(k), _heads_flat(v), self.scale, self.causal
+        )
+        heads_inner = (0, 2, 1, 3)
+        out = out.reshape((b, h, tq, d)).permute(heads_inner).compact().permute(heads_inner)
+        return out, self.probs.reshape((b, h, tq, tk))
+
+    def gradient(self, out_grad: TensorTuple, node: TensorTuple):
+        grads = AttentionBackward(self)(out_grad, *node.inputs)
+        return grads[0], grads[1], grads[2]
+
+
+def _heads_flat(a):
+    """A raw (B, H, T, D) array as a compact (B·H, T, D) one."""
+    b, h, t, d = a.shape
+    return a.compact().reshape((b * h, t, d))
+
+
+class AttentionBackward(_BackwardOp, TensorTupleOp):
+    """The adjoints (dq, dk, dv) of :class:`Attention`'s inputs from the tuple adjoint of its
+    (out, probs) and the forward op's saved weights: one ``attention_bwd`` call."""
+
+    forward_name = "attention"
+
+    def __init__(self, forward: Attention):
+        self.probs, self.scale = forward.probs, forward.scale
+
+    def compute(self, adjoint, q, k, v):
+        d_out, d_probs = adjoint
+        b, h, tq, tk = d_probs.shape
+        grads = array_api.attention_bwd(
+            _heads_flat(d_out),
+            d_probs.compact().reshape((b * h, tq, tk)),
+            self.probs,
+            _heads_flat(q),
+            _heads_flat(k),
+            _heads_flat(v),
+            self.scale,
+        )
+        return tuple(g.reshape(tuple(x.shape)) for g, x in zip(grads, (q, k, v)))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, causal: bool = False):
+    """(out, probs) of softmax(``scale`` · q kᵀ) v for q (B, H, Tq, D), k and v (B, H, Tk, D),
+    with the causal mask when ``causal``: one node (see :class:`Attention`)."""
+    shapes = [tuple(t.shape) for t in (q, k, v)]
+    if any(len(s) != 4 for s in shapes):
+        raise ValueError(f"attention needs 4-D q, k, v (B, H, T, D), got shapes {shapes}")
+    (b, h, _, d), kv = shapes[0], shapes[1]
+    if kv != shapes[2] or kv[:2] != (b, h) or kv[3] != d:
+        raise ValueError(
+            f"attention needs q (B, H, Tq, D) and k, v (B, H, Tk, D) alike, got shapes {shapes}"
+        )
+    out = Attention(scale, causal)(q, k, v)
+    return out[0], out[1]
 
 
 # ---- self-attention's q, k, v projections ------------------------------------------------------

@@ -288,17 +288,19 @@ def linear(module: Module, x: Tensor, relu: Optional[Module] = None) -> Tensor:
 
 
 class FastMultiHeadAttention(nn_transformer.MultiHeadAttention):
-    """:class:`needle.nn.MultiHeadAttention` with the scaled, masked softmax of the logits as one
-    node and the batched products reading the per-head views in place."""
+    """:class:`needle.nn.MultiHeadAttention` as one node (``fast.ops.attention``: the weights
+    and their product with the values in one kernel call each way) when no dropout acts on the
+    weights; with dropout (p > 0 in training), the scaled, masked softmax of the logits as one
+    node, dropout, then the batched product."""
 
     _course_class = nn_transformer.MultiHeadAttention
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         q_dim = nn_transformer.check_attention_inputs(q, k, v)
-        weights = fops.attention_weights(
-            q, k, scale=1.0 / float(np.sqrt(q_dim)), causal=self.causal
-        )
-        probs = self.dropout(weights) if self.dropout.p else weights
+        scale = 1.0 / float(np.sqrt(q_dim))
+        if not (self.dropout.p and self.dropout.training):
+            return fops.attention(q, k, v, scale=scale, causal=self.causal)
+        probs = self.dropout(fops.attention_weights(q, k, scale=scale, causal=self.causal))
         return fops.attention_values(probs, v), probs
 
 

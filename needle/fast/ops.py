@@ -48,6 +48,8 @@ __all__ = [
     "lstm_layer",
     "MatMulAddBias",
     "matmul_add_bias",
+    "Attention",
+    "attention",
     "AttentionWeights",
     "attention_weights",
     "AttentionValues",
@@ -722,9 +724,11 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
 
 # The attention ops live in their own module (they use the softmax ops and _BackwardOp above).
 from .attention import (  # noqa: E402
+    Attention,
     AttentionValues,
     AttentionWeights,
     SelfAttentionQKV,
+    attention,
     attention_values,
     attention_weights,
     self_attention_qkv,

@@ -115,6 +115,48 @@ void check_softmax_bwd(const char* fn, const A& y, const A& dy, idx_t rows, idx_
   check_size(fn, "dx", dx.size, n);
 }
 
+// attention_fwd / attention_bwd: q (heads, queries, dim), k and v (heads, keys, dim), out and
+// the adjoints of q, k, v shaped as their operands, probs (heads, queries, keys); causal is 0 or
+// 1.
+struct AttentionSizes {
+  idx_t q, kv, probs;
+};
+
+inline AttentionSizes attention_sizes(const char* fn, idx_t heads, idx_t queries, idx_t dim,
+                                      idx_t keys, idx_t causal) {
+  if (causal != 0 && causal != 1) fail(fn, "causal must be 0 or 1, got " + std::to_string(causal));
+  return {shape_size(fn, {heads, queries, dim}), shape_size(fn, {heads, keys, dim}),
+          shape_size(fn, {heads, queries, keys})};
+}
+
+template <class A>
+void check_attention_fwd(const char* fn, const A& q, const A& k, const A& v, idx_t heads,
+                         idx_t queries, idx_t dim, idx_t keys, idx_t causal, const A& out,
+                         const A& probs) {
+  const AttentionSizes n = attention_sizes(fn, heads, queries, dim, keys, causal);
+  check_size(fn, "q", q.size, n.q);
+  check_size(fn, "k", k.size, n.kv);
+  check_size(fn, "v", v.size, n.kv);
+  check_size(fn, "out", out.size, n.q);
+  check_size(fn, "probs", probs.size, n.probs);
+}
+
+template <class A>
+void check_attention_bwd(const char* fn, const A& d_out, const A& d_probs, const A& probs,
+                         const A& q, const A& k, const A& v, idx_t heads, idx_t queries,
+                         idx_t dim, idx_t keys, const A& dq, const A& dk, const A& dv) {
+  const AttentionSizes n = attention_sizes(fn, heads, queries, dim, keys, 0);
+  check_size(fn, "d_out", d_out.size, n.q);
+  check_size(fn, "d_probs", d_probs.size, n.probs);
+  check_size(fn, "probs", probs.size, n.probs);
+  check_size(fn, "q", q.size, n.q);
+  check_size(fn, "k", k.size, n.kv);
+  check_size(fn, "v", v.size, n.kv);
+  check_size(fn, "dq", dq.size, n.q);
+  check_size(fn, "dk", dk.size, n.kv);
+  check_size(fn, "dv", dv.size, n.kv);
+}
+
 // The keys row r of a masked softmax may attend to: all `cols` without a mask; with a causal
 // mask over blocks of `queries` rows, query i = r % queries sees keys j <= i + cols - queries
 // (0 when it sees none: such a row is uniform, as the course's finite mask makes it).

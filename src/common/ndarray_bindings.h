@@ -40,6 +40,16 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "x", "rows", "cols", "scale", "queries", "y")                                                   \
   X(softmax_bwd, "dx = scale * y * (dy - sum(dy * y)) per row: the gradient of softmax_fwd.",       \
     "y", "dy", "rows", "cols", "scale", "dx")                                                       \
+  X(attention_fwd,                                                                                  \
+    "Per head: probs (queries x keys) = softmax of scale * q k^T (causal = 1: query i sees keys "    \
+    "j <= i + keys - queries), out (queries x dim) = probs v; q (heads, queries, dim), k and v "    \
+    "(heads, keys, dim).",                                                                          \
+    "q", "k", "v", "heads", "queries", "dim", "keys", "scale", "causal", "out", "probs")            \
+  X(attention_bwd,                                                                                  \
+    "The exact gradients dq, dk, dv of attention_fwd given the adjoints d_out of out and d_probs "  \
+    "of probs, and its saved probs.",                                                               \
+    "d_out", "d_probs", "probs", "q", "k", "v", "heads", "queries", "dim", "keys", "scale", "dq",   \
+    "dk", "dv")                                                                                     \
   X(layernorm_fwd,                                                                                  \
     "Row-wise LayerNorm of x (rows x cols): xhat, rstd (rows) and y = xhat * w + b.",               \
     "x", "w", "b", "rows", "cols", "eps", "y", "xhat", "rstd")                                      \

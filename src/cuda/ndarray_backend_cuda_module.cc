@@ -480,6 +480,71 @@ void softmax_bwd(const CudaArray& y, const CudaArray& dy, idx_t rows, idx_t cols
   needle::cuda::softmax_bwd(y, dy, rows, cols, static_cast<float>(scale), &dx);
 }
 
+// A compact iteration over n elements (every operand contiguous from 0).
+Strided contiguous(idx_t n) {
+  Strided v;
+  v.ndim = 1;
+  v.size = n;
+  v.shape[0] = n;
+  v.strides[0][0] = v.strides[1][0] = 1;
+  return v;
+}
+
+// attention_fwd on the GPU: the batched product q kᵀ into a logits buffer, softmax_fwd's
+// kernel, the batched product with v (the kernels the separate ops run, in one call).
+void attention_fwd(const CudaArray& q, const CudaArray& k, const CudaArray& v, idx_t heads,
+                   idx_t queries, idx_t dim, idx_t keys, double scale, idx_t causal,
+                   CudaArray& out, CudaArray& probs) {
+  needle::checks::check_attention_fwd("attention_fwd", q, k, v, heads, queries, dim, keys, causal,
+                                      out, probs);
+  check_matmul_sizes("attention_fwd", queries, dim, keys);
+  if (heads * queries == 0) return;
+  if (keys == 0) return needle::cuda::fill(&out, 0.0f);  // no key: a sum of nothing
+  CudaArray logits(heads * queries * keys);
+  if (dim == 0) {
+    needle::cuda::fill(&logits, 0.0f);
+  } else {
+    needle::cuda::matmul(q, MatrixView{0, queries * dim, dim, 1}, k,
+                         MatrixView{0, keys * dim, 1, dim}, &logits, heads, queries, dim, keys);
+  }
+  needle::cuda::softmax_fwd(logits, heads * queries, keys, static_cast<float>(scale),
+                            causal ? queries : 0, &probs);
+  if (dim == 0) return;
+  needle::cuda::matmul(probs, MatrixView{0, queries * keys, keys, 1}, v,
+                       MatrixView{0, keys * dim, dim, 1}, &out, heads, queries, keys, dim);
+}
+
+// attention_bwd on the GPU: dp = d_out vᵀ + d_probs, softmax_bwd's kernel, then dq = ds k,
+// dk = dsᵀ q and dv = probsᵀ d_out as batched products.
+void attention_bwd(const CudaArray& d_out, const CudaArray& d_probs, const CudaArray& probs,
+                   const CudaArray& q, const CudaArray& k, const CudaArray& v, idx_t heads,
+                   idx_t queries, idx_t dim, idx_t keys, double scale, CudaArray& dq,
+                   CudaArray& dk, CudaArray& dv) {
+  needle::checks::check_attention_bwd("attention_bwd", d_out, d_probs, probs, q, k, v, heads,
+                                      queries, dim, keys, dq, dk, dv);
+  check_matmul_sizes("attention_bwd", queries, dim, keys);
+  const idx_t n = heads * queries * keys;
+  if (dim == 0) return;  // dq, dk, dv have no element
+  if (n == 0) {  // no query or no key: every product is a sum of nothing
+    if (dq.size) needle::cuda::fill(&dq, 0.0f);
+    if (dk.size) needle::cuda::fill(&dk, 0.0f);
+    if (dv.size) needle::cuda::fill(&dv, 0.0f);
+    return;
+  }
+  CudaArray dp(n), ds(n);
+  needle::cuda::matmul(d_out, MatrixView{0, queries * dim, dim, 1}, v,
+                       MatrixView{0, keys * dim, 1, dim}, &dp, heads, queries, dim, keys);
+  needle::cuda::ewise_binary(static_cast<int>(needle::ops::BinaryOp::add), dp, d_probs, &dp,
+                             contiguous(n));
+  needle::cuda::softmax_bwd(probs, dp, heads * queries, keys, static_cast<float>(scale), &ds);
+  needle::cuda::matmul(ds, MatrixView{0, queries * keys, keys, 1}, k,
+                       MatrixView{0, keys * dim, dim, 1}, &dq, heads, queries, keys, dim);
+  needle::cuda::matmul(ds, MatrixView{0, queries * keys, 1, keys}, q,
+                       MatrixView{0, queries * dim, dim, 1}, &dk, heads, keys, queries, dim);
+  needle::cuda::matmul(probs, MatrixView{0, queries * keys, 1, keys}, d_out,
+                       MatrixView{0, queries * dim, dim, 1}, &dv, heads, keys, queries, dim);
+}
+
 void embedding_gather(const CudaArray& weight, const CudaArray& ids, idx_t vocab, idx_t cols,
                       idx_t rows, CudaArray& out) {
   const char* fn = "embedding_gather";

@@ -189,6 +189,7 @@ SCALARS = {
     "beta2": 0.999,
     "step": 1,
     "queries": 3,
+    "causal": 1,
 }
 
 
@@ -199,17 +200,20 @@ CONV_SIZES.update(stride=2, padding=1)
 
 def _dims(kernel):
     """Sizes for ``kernel``: (3, 2) for the matrix kernels, (3, 2, 4) for the embeddings',
-    CONV_SIZES for the convolutions'."""
+    (3, 2, 4, 5) for attention's, CONV_SIZES for the convolutions'."""
     if set(kernel.dims) == set(CONV_SIZES):
         return tuple(CONV_SIZES[d] for d in kernel.dims)
-    return (3, 2, 4)[: max(2, len(kernel.dims))]
+    return (3, 2, 4, 5)[: max(2, len(kernel.dims))]
 
 
 # The array-level arguments after the arrays of the kernels that are not given their sizes as
 # such (from the sizes by name), and the name of the first: the convolutions take the input's
 # (h, w) or the kernel's (kh, kw) as a pair, then stride and padding, and read the other sizes
 # off their arrays.
+# Attention's array-level functions read their given size (keys) off k, so they take none.
 API_SIZES = {
+    "attention_fwd": (lambda d: (), None),
+    "attention_bwd": (lambda d: (), None),
     "conv_fwd": (lambda d: (d["stride"], d["padding"]), "stride"),
     "conv_input_grad": (lambda d: ((d["h"], d["w"]), d["stride"], d["padding"]), "h"),
     "conv_weight_grad": (lambda d: ((d["kh"], d["kw"]), d["stride"], d["padding"]), "kh"),
@@ -260,7 +264,7 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
     function = getattr(module, kernel.api_name)
     scalars = [SCALARS[s] for s in kernel.scalars]
     dims = _dims(kernel)
-    given = _api_sizes(kernel, dims)[0] if kernel.given else ()
+    given, first_given = _api_sizes(kernel, dims) if kernel.given else ((), None)
     arrays = _inputs(kernel, dims)
     result = function(*(make(a) for a in arrays), *given, *scalars)
     if kernel.outputs:
@@ -273,7 +277,7 @@ def test_every_fused_kernel_checks_each_operand_against_the_specification(api, n
         bad[i] = np.zeros(np.asarray(arrays[i]).size + 1, F32)
         with pytest.raises(ValueError, match=f"{kernel.api_name}: {op.name} must"):
             function(*(make(a) for a in bad), *given, *scalars)
-    if kernel.given:
+    if first_given is not None:
         for bad, error in ((-1, ValueError), (2.0, TypeError)):
             args, first = _api_sizes(kernel, dims, replace=bad)
             with pytest.raises(error, match=f"{kernel.api_name}: {first} must"):

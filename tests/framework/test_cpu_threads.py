@@ -120,7 +120,9 @@ def test_split_range_covers_the_sizes():
     flops = [m * n * p for _, m, n, p, _ in SIZES]
     assert min(flops) < g["split_flops"] <= max(flops) < g["parallel_flops"]
     assert sum(g["split_flops"] <= f for f in flops) >= 6
-    assert sum(layout != "nn" and g["split_flops"] <= m * n * p for _, m, n, p, layout in SIZES) >= 3
+    assert (
+        sum(layout != "nn" and g["split_flops"] <= m * n * p for _, m, n, p, layout in SIZES) >= 3
+    )
     batches = [(k, m * n * p) for k, m, n, p, _ in SIZES if k > 1]
     assert batches and all(f < g["split_flops"] <= k * f for k, f in batches)
 

@@ -252,3 +252,110 @@ def test_softmax_kernels_check_their_arguments(mod):
         with pytest.raises(TypeError):
             call()
             pytest.fail(f"{what} did not raise")
+
+
+# ---- attention_fwd / attention_bwd -------------------------------------------------------------
+
+
+def attention_oracle(q, k, v, scale, causal):
+    """(out, probs) in float64 per head: the course's masked softmax of scale·q kᵀ, then @ v."""
+    heads, tq, _ = q.shape
+    tk = k.shape[1]
+    logits = np.einsum("hqd,hkd->hqk", q.astype(np.float64), k.astype(np.float64))
+    if tk == 0:  # no key: no weight, and out is a sum of nothing
+        return np.zeros((heads, tq, v.shape[2])), logits
+    probs = softmax_oracle(logits.reshape(heads * tq, tk), scale, tq if causal else 0)
+    probs = probs.reshape(heads, tq, tk)
+    return probs @ v.astype(np.float64), probs
+
+
+def attention_grad_oracle(d_out, d_probs, probs, q, k, v, scale):
+    """(dq, dk, dv) in float64 from the chain rule through out = P v, P = softmax(scale·S)."""
+    g, p = d_out.astype(np.float64), probs.astype(np.float64)
+    dp = g @ np.swapaxes(v, 1, 2).astype(np.float64) + d_probs
+    ds = scale * p * (dp - (dp * p).sum(axis=2, keepdims=True))
+    return ds @ k.astype(np.float64), np.swapaxes(ds, 1, 2) @ q, np.swapaxes(p, 1, 2) @ g
+
+
+ATTENTION_CASES = [  # (heads, queries, keys, dim, causal)
+    (3, 5, 5, 4, 1),
+    (2, 4, 7, 3, 1),  # fewer queries than keys
+    (2, 7, 4, 3, 1),  # more queries than keys: the first see no key (uniform)
+    (4, 17, 17, 40, 0),  # a partial block of queries, dim past a vector
+    (64, 32, 32, 32, 1),  # the course Transformer LM's heads (B = 16, H = 4)
+    (2, 3, 3, 0, 0),  # dim 0: logits 0, uniform weights
+    (2, 0, 3, 2, 1),
+    (2, 3, 0, 2, 0),
+    (0, 3, 3, 2, 1),
+]
+
+
+@pytest.mark.parametrize("mod", MODULES)
+@pytest.mark.parametrize("heads,tq,tk,dim,causal", ATTENTION_CASES)
+def test_attention_kernels_match_the_course_attention(mod, heads, tq, tk, dim, causal):
+    rng = np.random.default_rng(heads * 100 + tq * 10 + tk + dim)
+    q, k, v = ((rng.standard_normal((heads, t, dim)) * 2).astype(np.float32) for t in (tq, tk, tk))
+    scale = 0.4
+    out, probs = mod.Array(heads * tq * dim), mod.Array(heads * tq * tk)
+    for buf in (out, probs):
+        mod.fill(buf, np.nan)
+    mod.attention_fwd(
+        *(buffer(mod, a.ravel()) for a in (q, k, v)), heads, tq, dim, tk, scale, causal, out, probs
+    )
+    want_out, want_probs = attention_oracle(q, k, v, scale, causal)
+    got_probs = read(mod, probs, (heads, tq, tk))
+    np.testing.assert_allclose(got_probs, want_probs, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(read(mod, out, (heads, tq, dim)), want_out, rtol=1e-4, atol=1e-5)
+    if causal and tk:  # masked weights are exactly 0
+        hidden = np.arange(tk)[None, :] > np.arange(tq)[:, None] + tk - tq
+        sees = (np.arange(tq) + tk - tq >= 0)[:, None]
+        assert np.all(got_probs[:, hidden & sees] == 0)
+    d_out = rng.standard_normal((heads, tq, dim)).astype(np.float32)
+    d_probs = rng.standard_normal((heads, tq, tk)).astype(np.float32)
+    grads = [mod.Array(heads * t * dim) for t in (tq, tk, tk)]
+    for buf in grads:
+        mod.fill(buf, np.nan)
+    inputs = (d_out, d_probs, got_probs.astype(np.float32), q, k, v)
+    mod.attention_bwd(*(buffer(mod, a.ravel()) for a in inputs), heads, tq, dim, tk, scale, *grads)
+    want = attention_grad_oracle(d_out, d_probs, got_probs, q, k, v, scale)
+    for name, buf, t, w in zip(("dq", "dk", "dv"), grads, (tq, tk, tk), want):
+        np.testing.assert_allclose(
+            read(mod, buf, (heads, t, dim)), w, rtol=1e-4, atol=1e-5, err_msg=name
+        )
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_attention_kernels_check_their_arguments(mod):
+    q, kv, p = mod.Array(2 * 3 * 4), mod.Array(2 * 5 * 4), mod.Array(2 * 3 * 5)
+    out = mod.Array(2 * 3 * 4)
+
+    def fwd(*, q=q, k=kv, v=kv, sizes=(2, 3, 4, 5), causal=1, out=out, probs=p):
+        return lambda: mod.attention_fwd(q, k, v, *sizes, 0.5, causal, out, probs)
+
+    def bwd(*, d_out=out, dk=mod.Array(2 * 5 * 4), sizes=(2, 3, 4, 5)):
+        return lambda: mod.attention_bwd(d_out, p, p, q, kv, kv, *sizes, 0.5, out, dk, kv)
+
+    value_errors = {
+        "k too small": (fwd(k=mod.Array(39)), "k"),
+        "v too large": (fwd(v=mod.Array(41)), "v"),
+        "probs too small": (fwd(probs=mod.Array(29)), "probs"),
+        "causal 2": (fwd(causal=2), "causal"),
+        "negative heads": (fwd(sizes=(-2, -3, 4, 5)), "negative"),
+        "bwd d_out": (bwd(d_out=mod.Array(5)), "d_out"),
+        "bwd dk": (bwd(dk=mod.Array(7)), "dk"),
+    }
+    for what, (call, message) in value_errors.items():
+        with pytest.raises(ValueError, match=f"attention_(fwd|bwd): .*{message}"):
+            call()
+            pytest.fail(f"{what} did not raise")
+    type_errors = {
+        "str scale": lambda: mod.attention_fwd(q, kv, kv, 2, 3, 4, 5, "1", 1, out, p),
+        "None as v": lambda: mod.attention_fwd(q, kv, None, 2, 3, 4, 5, 0.5, 1, out, p),
+        "float heads": lambda: mod.attention_bwd(
+            out, p, p, q, kv, kv, 2.0, 3, 4, 5, 0.5, out, kv, kv
+        ),
+    }
+    for what, call in type_errors.items():
+        with pytest.raises(TypeError):
+            call()
+            pytest.fail(f"{what} did not raise")

@@ -155,3 +155,81 @@ def test_packed_op_is_not_differentiated_twice():
     with pytest.raises(NotImplementedError, match="self_attention_qkv"):
         q.sum().backward()
         x.grad.sum().backward()
+
+
+# ---- the attention op: one node, one kernel call each way ---------------------------------------
+def _heads_views(rng, b, h, t, d):
+    """A (B, H, T, D) Tensor viewed from a (B, T, H, D) array, as the layer splits its heads."""
+    x = rng.standard_normal((b, t, h, d)).astype(np.float32)
+    return ndl.ops.transpose(ndl.Tensor(x, requires_grad=True), (1, 2))
+
+
+@pytest.mark.parametrize(
+    "b, h, tq, tk, d, causal",
+    [(2, 3, 5, 5, 4, True), (1, 2, 3, 6, 5, True), (2, 1, 6, 3, 4, True), (3, 2, 4, 7, 8, False)],
+)
+@pytest.mark.parametrize("use_probs", [False, True])
+def test_attention_op_matches_the_weights_and_values_ops(b, h, tq, tk, d, causal, use_probs):
+    """fast.ops.attention against attention_weights then attention_values (the two nodes it
+    replaces, themselves tested against the course's MultiHeadAttention): out, probs and the
+    gradients of q, k, v, with a loss on out alone or on out and probs (the probs adjoint)."""
+    rng = np.random.default_rng(b * 100 + tq * 10 + tk)
+    w_out = rng.standard_normal((b, h, tq, d)).astype(np.float32)
+    w_probs = rng.standard_normal((b, h, tq, tk)).astype(np.float32)
+    arrays = [rng.standard_normal((b, t, h, d)).astype(np.float32) * 2 for t in (tq, tk, tk)]
+    results = []
+    for fused in (True, False):
+        leaves = [ndl.Tensor(a, requires_grad=True) for a in arrays]
+        q, k, v = (ndl.ops.transpose(t, (1, 2)) for t in leaves)
+        if fused:
+            out, probs = fops.attention(q, k, v, scale=0.3, causal=causal)
+        else:
+            probs = fops.attention_weights(q, k, scale=0.3, causal=causal)
+            out = fops.attention_values(probs, v)
+        loss = (out * ndl.Tensor(w_out)).sum()
+        if use_probs:
+            loss = loss + (probs * ndl.Tensor(w_probs)).sum()
+        fast.backward(loss)
+        results.append([out.numpy(), probs.numpy()] + [t.grad.numpy() for t in leaves])
+    for got, want in zip(*results):
+        _close(got, want)
+
+
+def test_attention_op_is_not_differentiated_twice():
+    rng = np.random.default_rng(3)
+    q, k, v = (_heads_views(rng, 2, 2, 4, 3) for _ in range(3))
+    out, _ = fops.attention(q, k, v, scale=0.5, causal=True)
+    out.sum().backward()
+    with pytest.raises(NotImplementedError, match="second derivative of attention"):
+        q.inputs[0].grad.sum().backward()
+
+
+def test_attention_op_rejects_bad_shapes():
+    rng = np.random.default_rng(4)
+    q = _heads_views(rng, 2, 2, 4, 3)
+    with pytest.raises(ValueError, match="4-D"):
+        fops.attention(q, q.reshape((4, 4, 3)), q)
+    with pytest.raises(ValueError, match="alike"):
+        fops.attention(q, _heads_views(rng, 2, 2, 5, 3), _heads_views(rng, 2, 2, 6, 3))
+
+
+def test_fast_attention_keeps_the_two_ops_where_dropout_acts(monkeypatch):
+    """A fused MultiHeadAttention is one attention node unless dropout acts on the weights (p > 0
+    in training): then the weights, dropout and the product, and the probs it returns are the
+    dropped weights, as the course's are."""
+    calls = []
+    real = fops.attention
+    monkeypatch.setattr(fops, "attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    rng = np.random.default_rng(5)
+    q, k, v = (_heads_views(rng, 2, 2, 4, 3) for _ in range(3))
+    for p, training, fused in [(0.0, True, True), (0.5, False, True), (0.5, True, False)]:
+        attn = nn.MultiHeadAttention(dropout=p, causal=True)
+        attn.train() if training else attn.eval()
+        fast.fuse(attn)
+        calls.clear()
+        np.random.seed(0)
+        _, probs = attn(q, k, v)
+        assert len(calls) == int(fused), (p, training)
+        if not fused:  # dropped weights are 0, the others scaled by 1 / (1 - p)
+            got = probs.numpy()
+            assert (got == 0).any()
