@@ -224,6 +224,62 @@ void split_stalled(int64_t now) {
   split_off_until.store(now + pause, std::memory_order_relaxed);
 }
 
+// Whether sharing a mid-sized product (kGemmSplitFlops up to kGemmParallelFlops) pays on this
+// machine, learned as it runs: on a VM the second vCPU can run at a fraction of the first's
+// speed for seconds at a time, which no stall shows (measured on the 2-core AMD EPYC VM:
+// 72x73x74 took 15 us shared against 8.6 us on one thread for 1.6 s, then 7.3 us shared). Per
+// power-of-two class of multiply-adds, a running mean of ns per multiply-add of the calls run
+// shared and of those run alone; a call is shared when the shared mean is the lower, and every
+// kShareProbe-th call of a class goes the other way so that both means stay current. Either
+// way gives the same bits (each element's chain of multiply-adds does not depend on which
+// thread computes it).
+constexpr int kShareClasses = 12;  // 2^17 .. 2^28 and above
+constexpr uint32_t kShareProbe = 16;
+struct ShareStats {
+  std::atomic<float> ns_per_flop[2] = {0.0f, 0.0f};  // [alone, shared]; 0: not measured yet
+  std::atomic<uint32_t> calls{0};
+};
+ShareStats share_stats[kShareClasses];
+
+struct ShareChoice {
+  int cls;  // -1: sharing is paused (nothing to learn from this call)
+  bool shared;
+  int64_t start;
+};
+
+ShareChoice choose_sharing(double flops) {
+  if (!split_allowed()) return {-1, false, 0};
+  const int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(flops) | 1);
+  const int cls = std::min(kShareClasses - 1, std::max(0, log2 - 17));
+  ShareStats& s = share_stats[cls];
+  const uint32_t n = s.calls.fetch_add(1, std::memory_order_relaxed);
+  const float alone = s.ns_per_flop[0].load(std::memory_order_relaxed);
+  const float shared = s.ns_per_flop[1].load(std::memory_order_relaxed);
+  bool share = alone == 0.0f ? n % 2 == 0 : shared == 0.0f || shared <= alone;
+  if (n % kShareProbe == kShareProbe / 2) share = !share;
+  return {cls, share, steady_ns()};
+}
+
+void report_sharing(const ShareChoice& c, double flops) {
+  if (c.cls < 0) return;
+  const float rate = float(double(steady_ns() - c.start) / flops);
+  std::atomic<float>& mean = share_stats[c.cls].ns_per_flop[c.shared];
+  const float old = mean.load(std::memory_order_relaxed);
+  // a call preempted by another process counts at most 4x the mean
+  mean.store(old == 0.0f ? rate : old + (std::min(rate, 4 * old) - old) / 8,
+             std::memory_order_relaxed);
+}
+
+// body(shared) for a mid-sized product or batch of ``flops`` multiply-adds: shared among the
+// threads as choose_sharing decides (never with one thread).
+template <class F>
+void mid_sized(double flops, const Runner& run, F body) {
+  if (run.threads <= 1) return body(false);
+  const ShareChoice c = choose_sharing(flops);
+  body(c.shared);
+  report_sharing(c, flops);
+}
+
 // Runs f(i) for i < n on the pool (the caller takes part) and watches for a worker preempted
 // while it holds an item: when the caller, done with its own items, then waits longer than
 // kSplitStallNs plus an item's multiply-adds at kSplitSlowRate, sharing is paused
@@ -553,15 +609,20 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
   // Small and mid-sized products of rows-contiguous operands: no packing (shared among the
-  // threads in chunks from kGemmSplitFlops on).
-  if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
-    return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run,
-                         may_thread && flops >= kGemmSplitFlops && split_allowed());
+  // threads in chunks from kGemmSplitFlops on, when that pays: mid_sized).
+  const bool mid = may_thread && flops >= kGemmSplitFlops;
+  if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops) {
+    if (!mid) return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, false);
+    return mid_sized(flops, run, [&](bool shared) {
+      gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, shared);
+    });
+  }
   // Strided operands: the packed engine, shared from kGemmSplitFlops on as the unpacked split
   // is (packing each task's A block costs little beside its share of the product).
-  gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run,
-               threaded || (may_thread && run.threads > 1 && flops >= kGemmSplitFlops &&
-                            split_allowed()));
+  if (threaded || !mid) return gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
+  mid_sized(flops, run, [&](bool shared) {
+    gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, shared);
+  });
 }
 
 void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t m, int64_t n,
@@ -574,13 +635,15 @@ void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t
   };
   // A batch of products too small to share one product among threads: a product per thread
   // (each is the same chain of multiply-adds whichever thread computes it), from
-  // kGemmSplitFlops in all while sharing is not paused, and always from kGemmParallelFlops.
+  // kGemmSplitFlops in all when that pays (mid_sized), always from kGemmParallelFlops.
   const double total = flops * double(batch);
-  if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops &&
-      (total >= kGemmParallelFlops || (total >= kGemmSplitFlops && split_allowed()))) {
-    auto item = [&](int64_t k) { one(k, false); };
-    run_shared(run, batch, flops, item);
-    return;
+  auto item = [&](int64_t k) { one(k, false); };
+  if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops && total >= kGemmSplitFlops) {
+    if (total >= kGemmParallelFlops) return run_shared(run, batch, flops, item);
+    return mid_sized(total, run, [&](bool shared) {
+      if (shared) return run_shared(run, batch, flops, item);
+      for (int64_t k = 0; k < batch; ++k) one(k, true);
+    });
   }
   for (int64_t k = 0; k < batch; ++k) one(k, true);
 }
