@@ -224,78 +224,45 @@ void split_stalled(int64_t now) {
   split_off_until.store(now + pause, std::memory_order_relaxed);
 }
 
-// Whether sharing a mid-sized product (kGemmSplitFlops up to kGemmParallelFlops) pays on this
-// machine, learned as it runs: on a VM the second vCPU can run at a fraction of the first's
-// speed for seconds at a time, which no stall shows (measured on the 2-core AMD EPYC VM:
-// 72x73x74 took 15 us shared against 8.6 us on one thread for 1.6 s, then 7.3 us shared). Per
-// power-of-two class of multiply-adds, a running mean of ns per multiply-add of the calls run
-// shared and of those run alone; a call is shared when the shared mean is the lower, and every
-// kShareProbe-th call of a class goes the other way so that both means stay current. Either
-// way gives the same bits (each element's chain of multiply-adds does not depend on which
-// thread computes it).
-constexpr int kShareClasses = 12;  // 2^17 .. 2^28 and above
-constexpr uint32_t kShareProbe = 16;
-struct ShareStats {
-  std::atomic<float> ns_per_flop[2] = {0.0f, 0.0f};  // [alone, shared]; 0: not measured yet
-  std::atomic<uint32_t> calls{0};
-};
-ShareStats share_stats[kShareClasses];
+// Calls that a slow worker made slower than the caller alone would have been, net of those it
+// made faster (0 .. kSlowLimit); at kSlowLimit sharing is paused (split_stalled). On a VM the
+// second vCPU can run at a fraction of the first's speed for seconds at a time, which no stall
+// shows: measured on the 2-core AMD EPYC VM, 72x73x74 took 15 us shared against 8.6 us on one
+// thread for 1.6 s at a time, then 7.3 us shared.
+constexpr int kSlowLimit = 8;
+std::atomic<int> slow_calls{0};
 
-struct ShareChoice {
-  int cls;  // -1: sharing is paused (nothing to learn from this call)
-  bool shared;
-  int64_t start;
-};
-
-ShareChoice choose_sharing(double flops) {
-  if (!split_allowed()) return {-1, false, 0};
-  const int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(flops) | 1);
-  const int cls = std::min(kShareClasses - 1, std::max(0, log2 - 17));
-  ShareStats& s = share_stats[cls];
-  const uint32_t n = s.calls.fetch_add(1, std::memory_order_relaxed);
-  const float alone = s.ns_per_flop[0].load(std::memory_order_relaxed);
-  const float shared = s.ns_per_flop[1].load(std::memory_order_relaxed);
-  bool share = alone == 0.0f ? n % 2 == 0 : shared == 0.0f || shared <= alone;
-  if (n % kShareProbe == kShareProbe / 2) share = !share;
-  return {cls, share, steady_ns()};
-}
-
-void report_sharing(const ShareChoice& c, double flops) {
-  if (c.cls < 0) return;
-  const float rate = float(double(steady_ns() - c.start) / flops);
-  std::atomic<float>& mean = share_stats[c.cls].ns_per_flop[c.shared];
-  const float old = mean.load(std::memory_order_relaxed);
-  // a call preempted by another process counts at most 4x the mean
-  mean.store(old == 0.0f ? rate : old + (std::min(rate, 4 * old) - old) / 8,
-             std::memory_order_relaxed);
-}
-
-// body(shared) for a mid-sized product or batch of ``flops`` multiply-adds: shared among the
-// threads as choose_sharing decides (never with one thread).
-template <class F>
-void mid_sized(double flops, const Runner& run, F body) {
-  if (run.threads <= 1) return body(false);
-  const ShareChoice c = choose_sharing(flops);
-  body(c.shared);
-  report_sharing(c, flops);
-}
-
-// Runs f(i) for i < n on the pool (the caller takes part) and watches for a worker preempted
-// while it holds an item: when the caller, done with its own items, then waits longer than
-// kSplitStallNs plus an item's multiply-adds at kSplitSlowRate, sharing is paused
-// (split_stalled).
+// Runs f(i) for i < n on the pool (the caller takes part) and watches the workers: when the
+// caller, done with its own items, then waits longer than kSplitStallNs plus an item's
+// multiply-adds at kSplitSlowRate (a worker preempted while it held an item), sharing is paused
+// (split_stalled); so it is when calls keep taking longer than the caller's own pace says it
+// would have taken alone (items it ran, times all items: slow_calls). A call whose items the
+// caller ran all (a worker that woke late) says nothing either way.
 template <class F>
 void run_shared(const Runner& run, idx_t n, double item_flops, F& f) {
   const pthread_t caller = pthread_self();
-  int64_t own_end = 0;  // when the caller finished its last item (written by the caller)
+  const int64_t start = steady_ns();
+  int64_t own_end = 0, mine = 0;  // written by the caller only
   auto item = [&](int64_t i) {
     f(i);
-    if (pthread_equal(pthread_self(), caller)) own_end = steady_ns();
+    if (pthread_equal(pthread_self(), caller)) {
+      own_end = steady_ns();
+      ++mine;
+    }
   };
   run_parallel(run, n, item);
   const int64_t end = steady_ns();
   if (own_end && double(end - own_end) > kSplitStallNs + item_flops / kSplitSlowRate)
+    return split_stalled(end);
+  if (mine == 0 || mine >= n) return;
+  const bool slower = double(end - start) * double(mine) > 1.1 * double(own_end - start) * double(n);
+  int s = slow_calls.load(std::memory_order_relaxed);
+  s = std::max(0, std::min(kSlowLimit, s + (slower ? 1 : -1)));
+  if (s == kSlowLimit) {
+    s = 0;
     split_stalled(end);
+  }
+  slow_calls.store(s, std::memory_order_relaxed);
 }
 
 // ---- the blocked driver for one product -----------------------------------------------------
@@ -609,20 +576,13 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   if (m == 1 && bcs == 1) return gemv_row(a, acs, b, brs, C, n, p, run, threaded);
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
   // Small and mid-sized products of rows-contiguous operands: no packing (shared among the
-  // threads in chunks from kGemmSplitFlops on, when that pays: mid_sized).
-  const bool mid = may_thread && flops >= kGemmSplitFlops;
-  if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops) {
-    if (!mid) return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, false);
-    return mid_sized(flops, run, [&](bool shared) {
-      gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, shared);
-    });
-  }
+  // threads in chunks from kGemmSplitFlops on while sharing is not paused).
+  const bool mid = may_thread && flops >= kGemmSplitFlops && split_allowed();
+  if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
+    return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, mid);
   // Strided operands: the packed engine, shared from kGemmSplitFlops on as the unpacked split
   // is (packing each task's A block costs little beside its share of the product).
-  if (threaded || !mid) return gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded);
-  mid_sized(flops, run, [&](bool shared) {
-    gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, shared);
-  });
+  gemm_blocked(a, ars, acs, b, brs, bcs, C, m, n, p, run, threaded || (mid && run.threads > 1));
 }
 
 void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t m, int64_t n,
@@ -635,15 +595,13 @@ void gemm(const MatView& A, const MatView& B, float* out, int64_t batch, int64_t
   };
   // A batch of products too small to share one product among threads: a product per thread
   // (each is the same chain of multiply-adds whichever thread computes it), from
-  // kGemmSplitFlops in all when that pays (mid_sized), always from kGemmParallelFlops.
+  // kGemmSplitFlops in all while sharing is not paused, and always from kGemmParallelFlops.
   const double total = flops * double(batch);
-  auto item = [&](int64_t k) { one(k, false); };
-  if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops && total >= kGemmSplitFlops) {
-    if (total >= kGemmParallelFlops) return run_shared(run, batch, flops, item);
-    return mid_sized(total, run, [&](bool shared) {
-      if (shared) return run_shared(run, batch, flops, item);
-      for (int64_t k = 0; k < batch; ++k) one(k, true);
-    });
+  if (batch > 1 && run.threads > 1 && flops < kGemmParallelFlops &&
+      (total >= kGemmParallelFlops || (total >= kGemmSplitFlops && split_allowed()))) {
+    auto item = [&](int64_t k) { one(k, false); };
+    run_shared(run, batch, flops, item);
+    return;
   }
   for (int64_t k = 0; k < batch; ++k) one(k, true);
 }
