@@ -96,6 +96,10 @@ struct IsaKernels {
   // Sum (accumulated in double) and NaN-propagating maximum of x[0:n], n >= 1 for max.
   double (*sum_contig)(const float* x, int64_t n);
   float (*max_contig)(const float* x, int64_t n);
+  // Whether sharing mid-sized work among the threads is on (it pauses after a worker stalled
+  // or kept a call waiting: kSplitStallNs), and the report of such a stall by other kernels.
+  bool (*sharing_allowed)();
+  void (*sharing_stalled)();
 };
 
 // The variants compiled into this build (nullptr when not compiled for this architecture).

@@ -665,7 +665,10 @@ float max_contig(const float* x, int64_t n) {
   return nan ? __builtin_nanf("") : m;
 }
 
-const IsaKernels kKernels{CFG, &gemm, &sum_contig, &max_contig};
+bool sharing_allowed() { return split_allowed(); }
+void sharing_stalled() { split_stalled(steady_ns()); }
+
+const IsaKernels kKernels{CFG, &gemm, &sum_contig, &max_contig, &sharing_allowed, &sharing_stalled};
 
 }  // namespace
 

@@ -14,19 +14,21 @@
 // per call); at the end dw_hh = h_prevᵀ @ dxw as one product over the stacked states h_prev =
 // (h0, out[0], ..., out[T-2]).
 //
-// Threads: each step's products are (batch x hidden) @ (hidden x 4·hidden) and back, 2^20
-// multiply-adds at the course LSTM LM's sizes (16 x 128 x 512), each waiting for the previous
-// step's result. They are shared among the pool's threads as any product of that size (the
-// engine's chunked split, which pauses sharing after a worker stalls): measured on the 2-core
-// AMD EPYC VM, forward and backward of that layer (T = 32) took 0.68 and 1.09 ms shared against
-// 0.99 and 1.33 ms on the calling thread alone; with two busy processes beside it, the shared
-// layer took the one-thread time (0.90 and 1.54 ms, as one thread did then), where before the
-// pause existed a split product waited for descheduled workers (4.3-5.0 ms against 1.9-2.1 ms).
-// Results do not depend on the thread count (the split keeps each element's chain of
-// multiply-adds).
+// Threads: a batch row's recurrence involves that row alone (row r of h_t @ w_hh reads row r of
+// h_t only), so the rows are split among the pool's threads for the whole sequence, each thread
+// running every step of its rows with no wait between steps: at the course LSTM LM's sizes
+// (T = 32, batch 16, hidden 128) two threads run 8 rows each. Each step's product runs on its
+// row block's thread, the same chain of multiply-adds per element as a product of all rows
+// (results do not depend on the thread count or the split). Measured on the 2-core AMD EPYC VM,
+// forward and backward of that layer: 0.68 and 1.09 ms with each step's product shared between
+// the threads and the cell on one, 0.99 and 1.33 ms on one thread. The final weight-gradient
+// product is shared among the pool's threads as any other.
 #pragma once
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -49,9 +51,33 @@ namespace fused {
 using needle::checks::check_lstm_layer_bwd;
 using needle::checks::check_lstm_layer_fwd;
 
-// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0 (see the header comment).
+// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0, on the calling thread (its
+// rows are this thread's share: see the header comment).
 inline void step_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
-  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, runner());
+  Runner one = runner();
+  one.threads = 1;
+  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, one);
+}
+
+// body(r0, r1) for blocks of the batch rows [0, batch), one block per thread, while sharing is
+// not paused; a worker that keeps the caller waiting longer than kSplitStallNs after its own
+// block (preempted by another process) pauses it, as it pauses the engine's shared products.
+template <class F>
+inline void for_row_blocks(idx_t batch, F&& body) {
+  const idx_t threads = g_isa->sharing_allowed() ? max_threads() : 1;
+  const idx_t blocks = std::max<idx_t>(1, std::min<idx_t>(batch, threads));
+  if (blocks == 1) return body(0, batch);
+  using clock = std::chrono::steady_clock;
+  const pthread_t caller = pthread_self();
+  clock::time_point own_end{};  // written by the caller only
+  auto block = [&](int64_t k) {
+    body(batch * k / blocks, batch * (k + 1) / blocks);
+    if (pthread_equal(pthread_self(), caller)) own_end = clock::now();
+  };
+  parallel_for(blocks, block);
+  if (own_end != clock::time_point{} &&
+      std::chrono::duration<double, std::nano>(clock::now() - own_end).count() > kSplitStallNs)
+    g_isa->sharing_stalled();
 }
 
 inline void copy_floats(float* dst, const float* src, idx_t n) {
@@ -65,19 +91,23 @@ void lstm_layer_fwd(const AlignedArray& xw, const AlignedArray& h0, const Aligne
                        *act);
   const idx_t H = hidden, n = batch * hidden, n4 = 4 * n;
   if (n == 0) return;  // every output is empty
-  AlignedArray tanh_c(n);
-  copy_floats(c->ptr, c0.ptr, n);  // c carries c_t from step to step
-  const float* hp = h0.ptr;
-  for (idx_t t = 0; t < steps; ++t) {
-    float* g = act->ptr + t * n4;
-    step_product(hp, w_hh.ptr, g, batch, H, 4 * H);
-    const float* x = xw.ptr + t * n4;
-    for (idx_t i = 0; i < n4; ++i) g[i] += x[i];
-    float* ht = out->ptr + t * n;
-    cell_fwd(g, c->ptr, batch, H, ht, c->ptr, g, tanh_c.ptr);
-    hp = ht;
-  }
-  copy_floats(h->ptr, hp, n);
+  for_row_blocks(batch, [&](idx_t r0, idx_t r1) {
+    const idx_t rows = r1 - r0, at = r0 * H, at4 = r0 * 4 * H;
+    AlignedArray tanh_c(rows * H);
+    float* cr = c->ptr + at;  // c carries c_t of these rows from step to step
+    copy_floats(cr, c0.ptr + at, rows * H);
+    const float* hp = h0.ptr + at;
+    for (idx_t t = 0; t < steps; ++t) {
+      float* g = act->ptr + t * n4 + at4;
+      step_product(hp, w_hh.ptr, g, rows, H, 4 * H);
+      const float* x = xw.ptr + t * n4 + at4;
+      for (idx_t i = 0; i < rows * 4 * H; ++i) g[i] += x[i];
+      float* ht = out->ptr + t * n + at;
+      cell_fwd(g, cr, rows, H, ht, cr, g, tanh_c.ptr);
+      hp = ht;
+    }
+    copy_floats(h->ptr + at, hp, rows * H);
+  });
 }
 
 void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const AlignedArray& dc,
@@ -96,21 +126,26 @@ void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const Ali
     return;
   }
   AlignedArray c_all(steps * n);  // c_t of every step, as the forward pass computed them
-  for (idx_t t = 0; t < steps; ++t)
-    cell_state(act.ptr + t * n4, t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr, batch, H,
-               c_all.ptr + t * n);
-  AlignedArray w_t(4 * H * H), work(2 * n);  // w_t = w_hhᵀ, by compact's blocked transpose
+  AlignedArray w_t(4 * H * H);      // w_t = w_hhᵀ, by compact's blocked transpose
   compact_into(w_hh.ptr, w_t.ptr, simplified({4 * H, H}, {1, 4 * H}, 0, 4 * H * H));
-  float *dh_t = work.ptr, *tanh_c = work.ptr + n;
-  for (idx_t t = steps - 1; t >= 0; --t) {
-    const float* d = d_out.ptr + t * n;
-    for (idx_t i = 0; i < n; ++i) dh_t[i] = dh0->ptr[i] + d[i];
-    vmath::tanh_array(c_all.ptr + t * n, tanh_c, n);
-    const float* cp = t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr;
-    float* dg = dxw->ptr + t * n4;
-    cell_bwd(dh_t, dc0->ptr, act.ptr + t * n4, cp, tanh_c, batch, H, dg, dc0->ptr);
-    step_product(dg, w_t.ptr, dh0->ptr, batch, 4 * H, H);
-  }
+  for_row_blocks(batch, [&](idx_t r0, idx_t r1) {
+    const idx_t rows = r1 - r0, at = r0 * H, at4 = r0 * 4 * H;
+    for (idx_t t = 0; t < steps; ++t)
+      cell_state(act.ptr + t * n4 + at4, (t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr) + at, rows, H,
+                 c_all.ptr + t * n + at);
+    AlignedArray work(2 * rows * H);
+    float *dh_t = work.ptr, *tanh_c = work.ptr + rows * H;
+    float *dh = dh0->ptr + at, *dc = dc0->ptr + at;
+    for (idx_t t = steps - 1; t >= 0; --t) {
+      const float* d = d_out.ptr + t * n + at;
+      for (idx_t i = 0; i < rows * H; ++i) dh_t[i] = dh[i] + d[i];
+      vmath::tanh_array(c_all.ptr + t * n + at, tanh_c, rows * H);
+      const float* cp = (t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr) + at;
+      float* dg = dxw->ptr + t * n4 + at4;
+      cell_bwd(dh_t, dc, act.ptr + t * n4 + at4, cp, tanh_c, rows, H, dg, dc);
+      step_product(dg, w_t.ptr, dh, rows, 4 * H, H);
+    }
+  });
   // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H); c_all's buffer is
   // free now and holds h_prev
   float* h_prev = c_all.ptr;

@@ -179,3 +179,58 @@ def test_products_from_several_python_threads_at_once():
     for t in threads:
         t.join()
     assert not errors, f"products differing from their bytes alone: {errors[:5]}"
+
+
+# An LSTM layer forward and backward (the course LSTM LM's sizes and an odd batch): the hex
+# digest of every output. The layer splits its batch rows among the threads for the whole
+# sequence, so the thread count decides which thread runs which rows.
+LSTM_CHILD = textwrap.dedent(
+    """
+    import hashlib, json
+    import numpy as np
+    from needle import backend_ndarray as nd
+
+    mod = nd.ndarray_backend_cpu
+    out = {"threads": mod.num_threads(), "digests": []}
+    for steps, batch, hidden in [(32, 16, 128), (5, 7, 9)]:
+        rng = np.random.default_rng(steps + batch + hidden)
+
+        def buf(*shape, scale=1.0):
+            b = mod.Array(int(np.prod(shape)))
+            mod.from_numpy((rng.standard_normal(shape) * scale).astype(np.float32).ravel(), b)
+            return b
+
+        xw, h0, c0 = buf(steps, batch, 4 * hidden), buf(batch, hidden), buf(batch, hidden)
+        w = buf(hidden, 4 * hidden, scale=hidden ** -0.5)
+        fwd = [mod.Array(n) for n in (steps * batch * hidden, batch * hidden, batch * hidden,
+                                      steps * batch * 4 * hidden)]
+        mod.lstm_layer_fwd(xw, h0, c0, w, batch, hidden, steps, *fwd)
+        d_out, dh, dc = buf(steps, batch, hidden), buf(batch, hidden), buf(batch, hidden)
+        bwd = [mod.Array(n) for n in (steps * batch * 4 * hidden, batch * hidden,
+                                      batch * hidden, hidden * 4 * hidden)]
+        mod.lstm_layer_bwd(d_out, dh, dc, fwd[3], fwd[0], h0, c0, w, batch, hidden, steps, *bwd)
+        for b in fwd + bwd:
+            data = mod.to_numpy(b, (b.size,), (1,), 0).tobytes()
+            out["digests"].append(hashlib.sha256(data).hexdigest())
+    print(json.dumps(out))
+    """
+)
+
+
+def test_lstm_layer_gives_the_one_thread_bits():
+    """The LSTM layer kernels give the same bytes with one thread, the default count and 3
+    threads (row blocks of 16 rows: 16; 8 + 8; 5 + 5 + 6)."""
+    results = {}
+    for threads in (1, None, 3):
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
+        done = subprocess.run(
+            [sys.executable, "-c", LSTM_CHILD], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[threads] = json.loads(done.stdout.splitlines()[-1])
+    assert results[1]["threads"] == 1 and results[3]["threads"] == 3
+    assert results[None]["digests"] == results[1]["digests"], "default threads differ"
+    assert results[3]["digests"] == results[1]["digests"], "3 threads differ"
