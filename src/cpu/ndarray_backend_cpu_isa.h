@@ -67,7 +67,8 @@ constexpr double kSplitBackoffMaxNs = 2e9;
 // at every size above the direct path, shared from kGemmSplitFlops while sharing is not
 // paused (a linear layer's gradients, 128x512x128 with A transposed: 161 us on one thread,
 // 104 us shared); so do batches of products below kGemmSplitFlops each, a product per thread
-// (64 heads of 32^3: 41 against 23 us). The same stall watch pauses all three.
+// (64 heads of 32^3: 41 against 23 us). The same watch pauses all three: a stall, or calls
+// that a slow worker made slower than the caller alone (run_shared in the kernels' source).
 constexpr double kGemmParallelFlops = 24.0 * (1 << 20);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).
