@@ -90,8 +90,7 @@ class AttentionValues(MatMul):
     the product until backward."""
 
     def compute(self, probs, v):
-        heads_inner = (0, 2, 1, 3)
-        return super().compute(probs, v).permute(heads_inner).compact().permute(heads_inner)
+        return _heads_inner(super().compute(probs, v))
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         probs, v = node.inputs
@@ -101,6 +100,13 @@ class AttentionValues(MatMul):
         d_probs = MatMulTransposed()(out_grad, v) if probs.requires_grad else None
         d_v = matmul(transpose(probs), out_grad) if v.requires_grad else None
         return d_probs, d_v
+
+
+def _heads_inner(out):
+    """A raw (B, H, T, D) array copied into a row-major (B, T, H, D) buffer and viewed as
+    (B, H, T, D) again: merging the heads (transpose axes 1 and 2, reshape) is then a view."""
+    heads_inner = (0, 2, 1, 3)
+    return out.permute(heads_inner).compact().permute(heads_inner)
 
 
 def attention_values(probs: Tensor, v: Tensor) -> Tensor:
@@ -139,9 +145,7 @@ class Attention(TensorTupleOp):
         out, self.probs = array_api.attention_fwd(
             _heads_flat(q), _heads_flat(k), _heads_flat(v), self.scale, self.causal
         )
-        heads_inner = (0, 2, 1, 3)
-        out = out.reshape((b, h, tq, d)).permute(heads_inner).compact().permute(heads_inner)
-        return out, self.probs.reshape((b, h, tq, tk))
+        return _heads_inner(out.reshape((b, h, tq, d))), self.probs.reshape((b, h, tq, tk))
 
     def gradient(self, out_grad: TensorTuple, node: TensorTuple):
         grads = AttentionBackward(self)(out_grad, *node.inputs)

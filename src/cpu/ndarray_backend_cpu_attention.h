@@ -17,15 +17,9 @@
 #include "common/ndarray_attention.h"
 #include "cpu/ndarray_backend_cpu_alloc.h"
 #include "cpu/ndarray_backend_cpu_fused.h"
-#include "cpu/ndarray_backend_cpu_isa.h"
 #include "cpu/ndarray_backend_cpu_math.h"
 
 namespace needle::cpu {
-
-// Defined in ndarray_backend_cpu.cc: the instruction-set variant in use and the thread pool.
-extern const IsaKernels* g_isa;
-Runner runner();
-
 namespace fused {
 
 using needle::checks::check_attention_bwd;
@@ -115,16 +109,6 @@ inline void transpose_into(const float* src, idx_t rows, idx_t cols, float* __re
     for (idx_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
 
-// C (m x p) = A (m x n) @ B (n x p), row-major and compact, on the calling thread (the heads
-// are what the threads share); n == 0 gives zeros.
-inline void head_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
-  if (m == 0 || p == 0) return;
-  if (n == 0) return std::fill(c, c + m * p, 0.0f);
-  Runner one = runner();
-  one.threads = 1;
-  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, one);
-}
-
 // A scratch buffer per thread that grows on demand (per-head transposes).
 inline float* head_scratch(size_t n) {
   thread_local std::vector<float> buf;
@@ -148,7 +132,7 @@ void attention_fwd(const AlignedArray& q, const AlignedArray& k, const AlignedAr
     float* qt = head_scratch(size_t(D * Tq + Tk * Tq + Tk * W));
     float *st = qt + D * Tq, *zt = st + Tk * Tq;
     transpose_into(q.ptr + h * Tq * D, Tq, D, qt);
-    head_product(k.ptr + h * Tk * D, qt, st, Tk, D, Tq);  // st[j][i] = q[i] . k[j]
+    product_on_this_thread(k.ptr + h * Tk * D, qt, st, Tk, D, Tq);  // st[j][i] = q[i] . k[j]
     for (idx_t b = 0; b < blocks; ++b) {
       const idx_t i0 = b * W, lanes = std::min(W, Tq - i0);
       vmath::vi visible;
@@ -169,7 +153,7 @@ void attention_fwd(const AlignedArray& q, const AlignedArray& k, const AlignedAr
     for (idx_t i = 0; i < Tq; ++i)  // a query that sees no key: uniform, as the course's mask
       if (softmax_visible(i, Tk, causal ? Tq : 0) == 0)
         for (idx_t j = 0; j < Tk; ++j) ph[i * Tk + j] = 1.0f / float(Tk);
-    head_product(ph, v.ptr + h * Tk * D, out->ptr + h * Tq * D, Tq, Tk, D);
+    product_on_this_thread(ph, v.ptr + h * Tk * D, out->ptr + h * Tq * D, Tq, Tk, D);
   });
 }
 
@@ -191,14 +175,14 @@ void attention_bwd(const AlignedArray& d_out, const AlignedArray& d_probs,
     float* ds = head_scratch(size_t(3 * Tq * Tk + D * Tk));
     float *ts = ds + Tq * Tk, *pt = ts + Tq * Tk, *vt = pt + Tq * Tk;
     transpose_into(v.ptr + ko, Tk, D, vt);
-    head_product(gh, vt, ds, Tq, D, Tk);
+    product_on_this_thread(gh, vt, ds, Tq, D, Tk);
     for (idx_t i = 0; i < Tq * Tk; ++i) ds[i] += d_probs.ptr[po + i];
     for (idx_t i = 0; i < Tq; ++i) softmax_row_bwd(ph + i * Tk, ds + i * Tk, ds + i * Tk, Tk, s);
-    head_product(ds, k.ptr + ko, dq->ptr + qo, Tq, Tk, D);
+    product_on_this_thread(ds, k.ptr + ko, dq->ptr + qo, Tq, Tk, D);
     transpose_into(ds, Tq, Tk, ts);
-    head_product(ts, q.ptr + qo, dk->ptr + ko, Tk, Tq, D);
+    product_on_this_thread(ts, q.ptr + qo, dk->ptr + ko, Tk, Tq, D);
     transpose_into(ph, Tq, Tk, pt);
-    head_product(pt, gh, dv->ptr + ko, Tk, Tq, D);
+    product_on_this_thread(pt, gh, dv->ptr + ko, Tk, Tq, D);
   });
 }
 

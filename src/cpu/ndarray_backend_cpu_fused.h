@@ -16,14 +16,32 @@
 #include <vector>
 
 #include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_isa.h"
 #include "cpu/ndarray_backend_cpu_math.h"
 #include "cpu/ndarray_backend_cpu_strided.h"
 #include "common/ndarray_checks.h"
 
 namespace needle::cpu {
+
+// Defined in ndarray_backend_cpu.cc: the instruction-set variant in use and the thread pool.
+extern const IsaKernels* g_isa;
+Runner runner();
+
 namespace fused {
 
 using idx_t = int64_t;
+
+// C (m x p) = A (m x n) @ B (n x p), row-major and compact, by the matrix engine on the calling
+// thread alone (for kernels that share their own work among the threads: attention's heads,
+// the LSTM layer's rows); n == 0 gives zeros.
+inline void product_on_this_thread(const float* a, const float* b, float* c, idx_t m, idx_t n,
+                                   idx_t p) {
+  if (m == 0 || p == 0) return;
+  if (n == 0) return std::fill(c, c + m * p, 0.0f);
+  Runner one = runner();
+  one.threads = 1;
+  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, one);
+}
 
 using needle::checks::check_batchnorm_fwd;
 using needle::checks::check_embedding_gather;

@@ -577,7 +577,8 @@ void gemm_one(const float* a, idx_t ars, idx_t acs, const float* b, idx_t brs, i
   if (p == 1 && acs == 1) return gemv_col(a, ars, b, brs, C, m, n, run, threaded);
   // Small and mid-sized products of rows-contiguous operands: no packing (shared among the
   // threads in chunks from kGemmSplitFlops on while sharing is not paused).
-  const bool mid = may_thread && flops >= kGemmSplitFlops && split_allowed();
+  const bool mid = may_thread && flops >= kGemmSplitFlops && flops < kGemmParallelFlops &&
+                   split_allowed();
   if (acs == 1 && bcs == 1 && flops < kGemmParallelFlops)
     return gemm_unpacked(a, ars, b, brs, C, p, m, n, p, run, mid);
   // Strided operands: the packed engine, shared from kGemmSplitFlops on as the unpacked split

@@ -42,22 +42,10 @@
 
 namespace needle::cpu {
 
-// Defined in ndarray_backend_cpu.cc: the instruction-set variant in use and the thread pool.
-extern const IsaKernels* g_isa;
-Runner runner();
-
 namespace fused {
 
 using needle::checks::check_lstm_layer_bwd;
 using needle::checks::check_lstm_layer_fwd;
-
-// C (m x p) = A (m x n) @ B (n x p), row-major and compact, n > 0, on the calling thread (its
-// rows are this thread's share: see the header comment).
-inline void step_product(const float* a, const float* b, float* c, idx_t m, idx_t n, idx_t p) {
-  Runner one = runner();
-  one.threads = 1;
-  g_isa->gemm(MatView{a, 0, n, 1}, MatView{b, 0, p, 1}, c, 1, m, n, p, one);
-}
 
 // body(r0, r1) for blocks of the batch rows [0, batch), one block per thread, while sharing is
 // not paused; a worker that keeps the caller waiting longer than kSplitStallNs after its own
@@ -99,7 +87,7 @@ void lstm_layer_fwd(const AlignedArray& xw, const AlignedArray& h0, const Aligne
     const float* hp = h0.ptr + at;
     for (idx_t t = 0; t < steps; ++t) {
       float* g = act->ptr + t * n4 + at4;
-      step_product(hp, w_hh.ptr, g, rows, H, 4 * H);
+      product_on_this_thread(hp, w_hh.ptr, g, rows, H, 4 * H);
       const float* x = xw.ptr + t * n4 + at4;
       for (idx_t i = 0; i < rows * 4 * H; ++i) g[i] += x[i];
       float* ht = out->ptr + t * n + at;
@@ -143,7 +131,7 @@ void lstm_layer_bwd(const AlignedArray& d_out, const AlignedArray& dh, const Ali
       const float* cp = (t > 0 ? c_all.ptr + (t - 1) * n : c0.ptr) + at;
       float* dg = dxw->ptr + t * n4 + at4;
       cell_bwd(dh_t, dc, act.ptr + t * n4 + at4, cp, tanh_c, rows, H, dg, dc);
-      step_product(dg, w_t.ptr, dh, rows, 4 * H, H);
+      product_on_this_thread(dg, w_t.ptr, dh, rows, 4 * H, H);
     }
   });
   // dw_hh (H x 4H) = h_prevᵀ (H x steps·batch) @ dxw (steps·batch x 4H); c_all's buffer is
