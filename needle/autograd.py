@@ -40,6 +40,7 @@ from .backend_selection import NDArray as NDArray
 from .backend_selection import array_api as array_api
 
 # Grad mode (per thread) lives in its own module, re-exported here; every op reads _grad_mode.
+from .grad_mode import MODES_CHANGED as _MODES_CHANGED
 from .grad_mode import _grad_mode as _grad_mode
 from .grad_mode import enable_grad as enable_grad
 from .grad_mode import is_grad_enabled as is_grad_enabled
@@ -109,14 +110,14 @@ class Op(Generic[V]):
 class TensorOp(Op["Tensor"]):
     """An op whose output is a Tensor."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "Tensor":
+    def __call__(self, *args: Any) -> "Tensor":
         return Tensor.make_from_op(self, args)
 
 
 class TensorTupleOp(Op["TensorTuple"]):
     """An op whose output is a TensorTuple."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "TensorTuple":
+    def __call__(self, *args: Any) -> "TensorTuple":
         return TensorTuple.make_from_op(self, args)
 
 
@@ -209,30 +210,33 @@ class Value:
         """
         global TENSOR_COUNTER
         value = object.__new__(cls)
-        requires_grad = False
-        if _grad_mode.enabled:
+        if _MODES_CHANGED[0]:  # some thread left the default modes: read this thread's
+            requires_grad = _grad_mode.enabled and any(x.requires_grad for x in inputs)
+            if _grad_mode.lazy:
+                value.requires_grad = requires_grad
+                value.cached_data = None
+                value.inputs = inputs
+                TENSOR_COUNTER += 1
+                value.op = op
+                return value
+        else:  # recording and eager, as every thread is by default
+            requires_grad = False
             for x in inputs:
                 if x.requires_grad:
                     requires_grad = True
                     break
         value.requires_grad = requires_grad
-        if _grad_mode.lazy:
-            value.cached_data = None
-            value.inputs = inputs
-            TENSOR_COUNTER += 1
-            value.op = op
-            return value
-        if len(inputs) == 1:
-            x = inputs[0]
-            data = x.cached_data
-            value.cached_data = op.compute(x.realize_cached_data() if data is None else data)
-        elif len(inputs) == 2:
+        if len(inputs) == 2:
             x, y = inputs
             data, other = x.cached_data, y.cached_data
             value.cached_data = op.compute(
                 x.realize_cached_data() if data is None else data,
                 y.realize_cached_data() if other is None else other,
             )
+        elif len(inputs) == 1:
+            x = inputs[0]
+            data = x.cached_data
+            value.cached_data = op.compute(x.realize_cached_data() if data is None else data)
         else:
             value.cached_data = op.compute(*[x.realize_cached_data() for x in inputs])
         TENSOR_COUNTER += 1

@@ -11,14 +11,42 @@ from typing import Any, Callable, List, TypeVar, cast
 
 
 class _GradMode(threading.local):
-    """Whether ops record the graph, per thread (a class default, so every new thread starts
-    with recording on): one thread's ``no_grad()`` or fast backward pass never stops another
-    thread's ops from recording theirs."""
+    """Whether ops record the graph (``enabled``) and whether they defer their computation
+    (``lazy``, the course's ``LAZY_MODE``), per thread (class defaults, so every new thread
+    starts recording and eager): one thread's ``no_grad()`` or fast backward pass never stops
+    another thread's ops from recording theirs.
 
-    enabled = True
-    lazy = False
+    ``MODES_CHANGED[0]`` counts the threads whose modes are not the defaults, so that an op
+    can skip reading this thread's two modes (a per-thread lookup each) while it is 0."""
+
+    _enabled = True
+    _lazy = False
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._set(bool(value), self._lazy)
+
+    @property
+    def lazy(self) -> bool:
+        return self._lazy
+
+    @lazy.setter
+    def lazy(self, value: bool) -> None:
+        self._set(self._enabled, bool(value))
+
+    def _set(self, enabled: bool, lazy: bool) -> None:
+        with _COUNT_LOCK:
+            was_changed = not self._enabled or self._lazy
+            self._enabled, self._lazy = enabled, lazy
+            MODES_CHANGED[0] += (not enabled or lazy) - was_changed
 
 
+MODES_CHANGED = [0]  # threads whose grad mode or lazy mode is not the default (see _GradMode)
+_COUNT_LOCK = threading.Lock()
 _grad_mode = _GradMode()
 
 

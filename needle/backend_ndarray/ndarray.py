@@ -133,22 +133,35 @@ def _scalar(value: object) -> float:
 def _new(shape: Shape, device: BackendDevice) -> "NDArray":
     """A fresh compact array (internal: ``shape`` is a tuple of non-negative ints and
     ``device`` is enabled, since an array already lives there)."""
-    size = _prod(shape)
-    if size > MAX_ELEMENTS:
-        raise ValueError(
-            f"shape {shape} has {size} elements, more than an array may hold ({MAX_ELEMENTS})"
-        )
+    layout = _LAYOUTS.get(shape)
+    if layout is None:
+        layout = _compact_layout(shape)
     array = _object_new(NDArray)
     array._shape = shape
-    array._strides = _compact_strides(shape)
+    array._strides = layout[0]
     array._offset = 0
     array._device = device
-    array._handle = device.Array(size)
+    array._handle = device.Array(layout[1])
     array._compact = True
     return array
 
 
-_prod, _object_new = math.prod, object.__new__  # module globals: _new runs for every result
+def _compact_layout(shape: Shape) -> tuple[Shape, int]:
+    """(row-major strides, size) of ``shape``, checked against MAX_ELEMENTS and remembered in
+    _LAYOUTS: _new runs for every result, and a program uses few shapes over and over."""
+    size = math.prod(shape)
+    if size > MAX_ELEMENTS:
+        raise ValueError(
+            f"shape {shape} has {size} elements, more than an array may hold ({MAX_ELEMENTS})"
+        )
+    if len(_LAYOUTS) >= 4096:  # a bound for programs that do not repeat their shapes
+        _LAYOUTS.clear()
+    layout = _LAYOUTS[shape] = (tuple(map(int, _compact_strides(shape))), int(size))
+    return layout
+
+
+_LAYOUTS: dict[Shape, tuple[Shape, int]] = {}
+_object_new = object.__new__  # a module global: _new runs for every result
 
 
 def _view(base: "NDArray", shape: Shape, strides: Shape, offset: int) -> "NDArray":

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/ndarray_backend_cpu_alloc.h"
+#include "cpu/ndarray_backend_cpu_array_type.h"
 #include "cpu/ndarray_backend_cpu_attention.h"
 #include "cpu/ndarray_backend_cpu_conv.h"
 #include "cpu/ndarray_backend_cpu_ewise.h"
@@ -287,9 +288,11 @@ void check_same_size(const char* fn, const AlignedArray& a, const AlignedArray& 
 }
 
 // Plain loops over [b, e) that the compiler vectorises; threads take chunks above
-// kParallelEwise elements (kParallelMath for the compute-bound ones).
+// kParallelEwise elements (kParallelMath for the compute-bound ones). Called with the GIL
+// held (the course's entry points keep it for small arrays, as the strided kernels do).
 template <class F>
 void map1(const AlignedArray& a, AlignedArray* out, F f, idx_t threshold = kParallelEwise) {
+  MaybeNoGil nogil{double(out->size)};
   const float* x = a.ptr;
   float* o = out->ptr;
   parallel_ranges(out->size, threshold, kEwiseGrain, [=](idx_t b, idx_t e) {
@@ -299,6 +302,7 @@ void map1(const AlignedArray& a, AlignedArray* out, F f, idx_t threshold = kPara
 
 template <class F>
 void map2(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, F f) {
+  MaybeNoGil nogil{double(out->size)};
   const float* x = a.ptr;
   const float* y = b.ptr;
   float* o = out->ptr;
@@ -314,7 +318,7 @@ template <class Op>
 void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
   const std::string ewise = std::string("ewise_") + name, scalar = std::string("scalar_") + name;
   if (with_ewise)
-    needle::bind::def_nogil(
+    needle::bind::def_gil(
         m, ewise.c_str(),
         [ewise](const AlignedArray& a, const AlignedArray& b, AlignedArray* out) {
           check_same_size(ewise.c_str(), a, b, *out);
@@ -322,7 +326,7 @@ void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
         },
         ("out[i] = " + std::string(name) + "(a[i], b[i]) over compact buffers of one size.").c_str(),
         "a", "b", "out");
-  needle::bind::def_nogil(
+  needle::bind::def_gil(
       m, scalar.c_str(),
       [scalar](const AlignedArray& a, float val, AlignedArray* out) {
         check_same_size(scalar.c_str(), a, *out);
@@ -343,6 +347,7 @@ void scalar_power(const AlignedArray& a, float val, AlignedArray* out) {
 // question: hw3_ewise_ops
 void ewise_math(const char* fn, ArrayFn F, const AlignedArray& a, AlignedArray* out) {
   check_same_size(fn, a, *out);
+  MaybeNoGil nogil{double(out->size)};
   const float* x = a.ptr;
   float* o = out->ptr;
   parallel_ranges(out->size, kParallelMath, kEwiseGrain,
@@ -352,7 +357,7 @@ void ewise_math(const char* fn, ArrayFn F, const AlignedArray& a, AlignedArray* 
 template <ArrayFn F>
 void bind_course_unary(py::module_& m, const char* name) {
   const std::string fn = std::string("ewise_") + name;
-  needle::bind::def_nogil(
+  needle::bind::def_gil(
       m, fn.c_str(), [fn](const AlignedArray& a, AlignedArray* out) { ewise_math(fn.c_str(), F, a, out); },
       ("out[i] = " + std::string(name) + "(a[i]) over compact buffers of one size.").c_str(), "a",
       "out");
@@ -745,10 +750,7 @@ helper that has not started. In a child created by fork() everything runs on the
   m.attr("__unary_ops__") = names(needle::ops::kUnaryOpNames);
   m.attr("__reduce_ops__") = names(needle::ops::kReduceOpNames);
 
-  py::class_<AlignedArray>(m, "Array", "A flat float32 buffer of `size` elements.")
-      .def(py::init<idx_t>(), py::arg("size"))
-      .def("ptr", &AlignedArray::ptr_as_int, "Address of the first element.")
-      .def_readonly("size", &AlignedArray::size);
+  add_array_type(m);
 
   // No argument may be None (a None Array would reach the kernels as a null pointer).
   auto arg = [](const char* name) { return py::arg(name).none(false); };
@@ -781,7 +783,7 @@ helper that has not started. In a child created by fork() everything runs on the
   // The course's compact entry points, from the list both modules share (ndarray_bindings.h).
 #define NEEDLE_BIND_BINARY(name) bind_course_binary<needle::ops::Binary_##name>(m, #name, true);
 #define NEEDLE_BIND_SCALAR(name)                                                             \
-  needle::bind::def_nogil(m, "scalar_" #name, &scalar_##name,                                 \
+  needle::bind::def_gil(m, "scalar_" #name, &scalar_##name,                                   \
                          "out[i] = " #name "(a[i], val) over compact buffers of one size.", \
                          "a", "val", "out");
 #define NEEDLE_BIND_UNARY(name) bind_course_unary<vmath::name##_array>(m, #name);

@@ -412,9 +412,41 @@ def test_labels_are_checked_before_anything_is_written(mod):
     np.testing.assert_array_equal(mod.to_numpy(loss, (2,), (1,), 0), [7.0, 7.0])
 
 
+def test_array_is_a_sized_aligned_buffer_with_checked_sizes(mod):
+    """Array(size): a buffer of ``size`` float32 elements, 64-byte aligned; the size may be
+    given by keyword or as any integer (numpy's too); other kinds are TypeErrors, negative and
+    too large sizes ValueErrors naming the size."""
+    for size in (0, 1, 17, np.int64(5)):
+        a = mod.Array(size)
+        assert a.size == int(size) and a.ptr() % 64 == 0
+    assert mod.Array(size=3).size == 3
+    for bad in (1.5, None, "4", np.float32(2.0)):
+        with pytest.raises(TypeError):
+            mod.Array(bad)
+    with pytest.raises(TypeError):
+        mod.Array()
+    with pytest.raises(TypeError):
+        mod.Array(4, 5)
+    for huge in (1 << 61, 1 << 70, -(1 << 70)):
+        with pytest.raises(ValueError, match="Array size"):
+            mod.Array(huge)
+    with pytest.raises(ValueError, match="non-negative, got -1"):
+        mod.Array(-1)
+    del a
+    before = mod.memory_stats()["live_bytes"]
+    a = mod.Array(1000)  # 4000 bytes, rounded up to 64
+    assert mod.memory_stats()["live_bytes"] == before + 4032
+    del a  # a dropped Array gives its bytes back
+    assert mod.memory_stats()["live_bytes"] == before
+
+
 def test_none_and_wrong_kinds_are_type_errors(mod):
     a = mod.Array(4)
     for call in (
+        lambda: mod.ewise_add(a, None, a),
+        lambda: mod.ewise_add(a, a, np.zeros(4, np.float32)),
+        lambda: mod.fill(a.ptr(), 1.0),
+        lambda: mod.ewise_exp(a, "out"),
         lambda: mod.matmul(a, None, a, 2, 2, 1),
         lambda: mod.reduce(0, a, (4,), (1,), 0, 0, None),
         lambda: mod.softmax_xent(a, a, 2, 2, None, a),
@@ -438,6 +470,16 @@ def test_small_calls_keep_working_from_threads(mod):
 
     def work():
         for _ in range(5):
+            total = mod.Array(x.size)  # a course entry point above the size that frees the GIL
+            mod.ewise_add(X, X, total)
+            pair = mod.Array(2)
+            mod.ewise_add(put(mod, x[0, :2]), put(mod, x[1, :2]), pair)
+            try:
+                np.testing.assert_array_equal(mod.to_numpy(total, x.shape, (256, 1), 0), x + x)
+                first_two = mod.to_numpy(pair, (2,), (1,), 0)
+                np.testing.assert_array_equal(first_two, x[0, :2] + x[1, :2])
+            except AssertionError as e:  # pragma: no cover - reported below
+                errors.append(e)
             out = mod.Array(x.size)
             mod.matmul_strided(X, (0, 256, 1), 0, X, (0, 256, 1), 0, out, 1, 256, 256, 256)
             small = mod.Array(4)
