@@ -211,8 +211,8 @@ class Value:
         global TENSOR_COUNTER
         value = object.__new__(cls)
         if _MODES_CHANGED[0]:  # some thread left the default modes: read this thread's
-            requires_grad = _grad_mode.enabled and any(x.requires_grad for x in inputs)
-            if _grad_mode.lazy:
+            requires_grad = _grad_mode._enabled and any(x.requires_grad for x in inputs)
+            if _grad_mode._lazy:
                 value.requires_grad = requires_grad
                 value.cached_data = None
                 value.inputs = inputs
