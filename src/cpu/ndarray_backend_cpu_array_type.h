@@ -118,7 +118,7 @@ inline PyTypeObject& array_type() {
   static PyTypeObject type = [] {
     PyTypeObject t{};  // zero: PyType_Ready fills in the rest
     Py_SET_REFCNT(reinterpret_cast<PyObject*>(&t), 1);  // never freed: the module holds it
-    t.tp_name = "ndarray_backend_cpu.Array";
+    t.tp_name = "needle.backend_ndarray.ndarray_backend_cpu.Array";  // where the package puts it
     t.tp_basicsize = sizeof(ArrayObject);
     t.tp_dealloc = array_dealloc;
     t.tp_flags = Py_TPFLAGS_DEFAULT;
@@ -147,7 +147,8 @@ namespace pybind11::detail {
 template <>
 class type_caster<needle::cpu::AlignedArray> {
  public:
-  static constexpr auto name = const_name("Array");
+  // the name pybind11 gave the class: signatures read `matmul(a: needle....Array, ...)`
+  static constexpr auto name = const_name("needle.backend_ndarray.ndarray_backend_cpu.Array");
   bool load(handle src, bool /*convert*/) {
     if (Py_TYPE(src.ptr()) != &needle::cpu::array_type()) return false;
     value_ = &reinterpret_cast<needle::cpu::ArrayObject*>(src.ptr())->array;
