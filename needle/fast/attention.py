@@ -213,10 +213,15 @@ _ONES: dict = {}
 
 
 def _head_views(out, b: int, t: int, heads: int):
-    """The three (B, H, T, D) views of the (B·T, 3·H·D) array ``out`` laid out (B, T, 3, H, D)."""
+    """The three (B, H, T, D) views of the (B·T, 3·H·D) array ``out`` laid out (B, T, 3, H, D)
+    (views of either backend's array: an NDArray's integer index keeps its axis, numpy's drops
+    it)."""
     dim = out.shape[1] // (3 * heads)
     split = out.reshape((b, t, 3, heads, dim)).permute(HEADS_FIRST)
-    return tuple(split[i].as_strided(split.shape[1:], split.strides[1:]) for i in range(3))
+    views = [split[i] for i in range(3)]
+    if len(views[0].shape) == 5:  # the NDArray's (1, B, H, T, D): drop the first axis
+        views = [v.as_strided(split.shape[1:], split.strides[1:]) for v in views]
+    return tuple(views)
 
 
 class SelfAttentionQKV(TensorTupleOp):

@@ -16,7 +16,6 @@ import numpy as np
 
 from needle import ops
 from needle.autograd import Tensor
-from needle.backend_selection import BACKEND
 from needle.nn import nn_basic, nn_conv, nn_sequence, nn_transformer
 from needle.nn.nn_basic import BatchNorm1d, BatchNorm2d, Linear, Module, ReLU, check_features
 from needle.ops.ops_mathematic import NCHW_TO_NHWC, NHWC_TO_NCHW
@@ -331,15 +330,14 @@ class FastAttentionLayer(nn_transformer.AttentionLayer):
         return self.out_projection(out).reshape((b, t, self.out_features))
 
     def _packs_qkv(self, q: Tensor, k: Optional[Tensor], v: Optional[Tensor]) -> bool:
-        """True when this call is self-attention on a float32 (B, T, q_features) Tensor of the
-        NDArray backend through course LayerNorm1d's of one eps and bias-free course Linear's
+        """True when this call is self-attention on a float32 (B, T, q_features) Tensor (of
+        either backend) through course LayerNorm1d's of one eps and bias-free course Linear's
         of width num_head·dim_head."""
         norms = (self.prenorm_q, self.prenorm_k, self.prenorm_v)
         projections = (self.q_projection, self.k_projection, self.v_projection)
         inner = self.num_head * self.dim_head
         return (
-            BACKEND == "nd"
-            and (k is None or k is q)
+            (k is None or k is q)
             and (v is None or v is q)
             and isinstance(q, Tensor)
             and q.dtype == "float32"

@@ -20,7 +20,7 @@ import needle.fast as fast
 from needle import nn
 from needle.fast import ops as fops
 
-pytestmark = pytest.mark.nn
+pytestmark = [pytest.mark.nn, pytest.mark.both_backends]
 
 # relative to the largest magnitude of each compared quantity: float32 reassociation
 SCALED_TOL = 1e-5
