@@ -16,13 +16,6 @@ template <class F, class... Names>
 void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Names... names) {
   m.def(name, f, doc, pybind11::call_guard<pybind11::gil_scoped_release>(), arg(names)...);
 }
-
-// As def_nogil, but f runs with the GIL held: for kernels that release it themselves when their
-// work is large enough to pay for releasing and re-taking it.
-template <class F, class... Names>
-void def_gil(pybind11::module_& m, const char* name, F f, const char* doc, Names... names) {
-  m.def(name, f, doc, arg(names)...);
-}
 }  // namespace needle::bind
 
 // The course's compact entry points (hw3's names) over buffers of one size:

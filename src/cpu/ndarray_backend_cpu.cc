@@ -311,6 +311,13 @@ void map2(const AlignedArray& a, const AlignedArray& b, AlignedArray* out, F f) 
   });
 }
 
+// m.def(name, f, doc, keyword arguments refusing None), f running with the GIL held: the course's
+// compact entry points, which release it themselves (MaybeNoGil) when their work pays for it.
+template <class F, class... Names>
+void def_gil(py::module_& m, const char* name, F f, const char* doc, Names... names) {
+  m.def(name, f, doc, needle::bind::arg(names)...);
+}
+
 // The course's compact entry points (NEEDLE_COURSE_* in ndarray_bindings.h), bound from the
 // shared lists in PYBIND11_MODULE: ewise_<op>(a, b, out) and scalar_<op>(a, val, out) with op's
 // functor (Op = needle::ops::Binary_<op>) inlined into the loop.
@@ -318,7 +325,7 @@ template <class Op>
 void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
   const std::string ewise = std::string("ewise_") + name, scalar = std::string("scalar_") + name;
   if (with_ewise)
-    needle::bind::def_gil(
+    def_gil(
         m, ewise.c_str(),
         [ewise](const AlignedArray& a, const AlignedArray& b, AlignedArray* out) {
           check_same_size(ewise.c_str(), a, b, *out);
@@ -326,7 +333,7 @@ void bind_course_binary(py::module_& m, const char* name, bool with_ewise) {
         },
         ("out[i] = " + std::string(name) + "(a[i], b[i]) over compact buffers of one size.").c_str(),
         "a", "b", "out");
-  needle::bind::def_gil(
+  def_gil(
       m, scalar.c_str(),
       [scalar](const AlignedArray& a, float val, AlignedArray* out) {
         check_same_size(scalar.c_str(), a, *out);
@@ -357,7 +364,7 @@ void ewise_math(const char* fn, ArrayFn F, const AlignedArray& a, AlignedArray* 
 template <ArrayFn F>
 void bind_course_unary(py::module_& m, const char* name) {
   const std::string fn = std::string("ewise_") + name;
-  needle::bind::def_gil(
+  def_gil(
       m, fn.c_str(), [fn](const AlignedArray& a, AlignedArray* out) { ewise_math(fn.c_str(), F, a, out); },
       ("out[i] = " + std::string(name) + "(a[i]) over compact buffers of one size.").c_str(), "a",
       "out");
@@ -782,10 +789,9 @@ helper that has not started. In a child created by fork() everything runs on the
 
   // The course's compact entry points, from the list both modules share (ndarray_bindings.h).
 #define NEEDLE_BIND_BINARY(name) bind_course_binary<needle::ops::Binary_##name>(m, #name, true);
-#define NEEDLE_BIND_SCALAR(name)                                                             \
-  needle::bind::def_gil(m, "scalar_" #name, &scalar_##name,                                   \
-                         "out[i] = " #name "(a[i], val) over compact buffers of one size.", \
-                         "a", "val", "out");
+#define NEEDLE_BIND_SCALAR(name)                                                                 \
+  def_gil(m, "scalar_" #name, &scalar_##name,                                                    \
+          "out[i] = " #name "(a[i], val) over compact buffers of one size.", "a", "val", "out");
 #define NEEDLE_BIND_UNARY(name) bind_course_unary<vmath::name##_array>(m, #name);
   NEEDLE_COURSE_BINARY(NEEDLE_BIND_BINARY)
   NEEDLE_COURSE_SCALAR(NEEDLE_BIND_SCALAR)

@@ -21,7 +21,7 @@ namespace needle::cpu {
 
 struct ArrayObject {
   PyObject_HEAD
-  AlignedArray array;  // constructed in place by array_new, destroyed by array_dealloc
+  AlignedArray array;  // constructed in place by array_of_size, destroyed by array_dealloc
 };
 
 // A new Array of `size` elements, an int or an object with __index__ (or nullptr with the
@@ -61,33 +61,17 @@ inline PyObject* array_new(PyTypeObject* type, PyObject* args, PyObject* kwargs)
   return array_of_size(type, size);
 }
 
-// Array(n) with one positional argument, the call every NDArray result makes, without building an
-// argument tuple; any other call goes through array_new.
+// Array(n) or Array(size=n), the call every NDArray result makes, without the argument tuple
+// and dict that tp_new takes.
 inline PyObject* array_vectorcall(PyObject* type, PyObject* const* args, size_t nargsf,
                                   PyObject* kwnames) {
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (nargs == 1 && !kwnames) return array_of_size(reinterpret_cast<PyTypeObject*>(type), args[0]);
-  PyObject* tuple = PyTuple_New(nargs);
-  if (!tuple) return nullptr;
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    Py_INCREF(args[i]);
-    PyTuple_SET_ITEM(tuple, i, args[i]);
-  }
-  PyObject* kwargs = nullptr;
-  if (kwnames) {
-    kwargs = PyDict_New();
-    for (Py_ssize_t i = 0; kwargs && i < PyTuple_GET_SIZE(kwnames); ++i)
-      if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0)
-        Py_CLEAR(kwargs);
-    if (!kwargs) {
-      Py_DECREF(tuple);
-      return nullptr;
-    }
-  }
-  PyObject* result = array_new(reinterpret_cast<PyTypeObject*>(type), tuple, kwargs);
-  Py_DECREF(tuple);
-  Py_XDECREF(kwargs);
-  return result;
+  const Py_ssize_t given = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+  if (given == 1 &&
+      (nargs == 1 || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "size") == 0))
+    return array_of_size(reinterpret_cast<PyTypeObject*>(type), args[0]);
+  PyErr_SetString(PyExc_TypeError, "Array() takes one argument, size");
+  return nullptr;
 }
 
 inline void array_dealloc(PyObject* self) {
