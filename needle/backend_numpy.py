@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Sequence, cast
+from typing import Optional, Sequence, cast
 
 import numpy
 
@@ -331,11 +331,28 @@ def softmax_xent(logits: numpy.ndarray, labels: numpy.ndarray) -> tuple:
 
 
 def softmax_xent_bwd(
-    probs: numpy.ndarray, labels: numpy.ndarray, dloss: numpy.ndarray, scale: float = 1.0
+    probs: numpy.ndarray,
+    labels: numpy.ndarray,
+    dloss: numpy.ndarray,
+    scale: float = 1.0,
+    out: Optional[numpy.ndarray] = None,
 ) -> numpy.ndarray:
     """``(probs - one_hot(labels)) * dloss[:, None] * scale``: the logits' gradient, shape
-    (N, C); ``dloss`` (N,) or () is the adjoint of the per-row losses."""
-    return _run(spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd, (probs, labels, dloss), scale)
+    (N, C); ``dloss`` (N,) or () is the adjoint of the per-row losses. With ``out`` (an (N, C)
+    float32 array, which may be ``probs`` itself) the gradient is written into it and returned
+    (see ``needle.backend_ndarray.fused.softmax_xent_bwd``)."""
+    grad = _run(spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd, (probs, labels, dloss), scale)
+    if out is None:
+        return grad
+    if not isinstance(out, numpy.ndarray):
+        raise TypeError(f"softmax_xent_bwd: out must be a numpy array, got {type(out).__name__}")
+    if out.shape != grad.shape or out.dtype != grad.dtype:
+        raise ValueError(
+            f"softmax_xent_bwd: out must be a {grad.dtype} array of shape {grad.shape}, "
+            f"got {out.dtype} {out.shape}"
+        )
+    out[...] = grad
+    return out
 
 
 def softmax_fwd(x: numpy.ndarray, scale: float = 1.0, queries: int = 0) -> numpy.ndarray:

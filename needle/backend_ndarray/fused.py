@@ -11,7 +11,7 @@ for numpy arrays.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -76,28 +76,43 @@ def softmax_xent(logits: NDArray, labels: NDArray) -> Tuple[NDArray, NDArray]:
     return loss, probs
 
 
-# (cols, device) -> NDArray [0, 1, ..., cols-1] of shape (1, cols)
-_IOTA: Dict[Tuple[int, BackendDevice], NDArray] = {}
-
-
 def softmax_xent_bwd(
-    probs: NDArray, labels: NDArray, dloss: NDArray, scale: float = 1.0
+    probs: NDArray,
+    labels: NDArray,
+    dloss: NDArray,
+    scale: float = 1.0,
+    out: Optional[NDArray] = None,
 ) -> NDArray:
     """The gradient of :func:`softmax_xent`'s loss with respect to the logits:
     ``(probs - one_hot(labels)) * dloss[:, None] * scale``, shape (N, C); ``dloss`` is the
-    adjoint of the per-row losses, shape (N,) (or () for one value shared by every row)."""
+    adjoint of the per-row losses, shape (N,) (or () for one value shared by every row).
+
+    With ``out`` (a compact (N, C) array on the same device, which may be ``probs`` itself) the
+    gradient is written into it and returned: a language model's backward overwrites the
+    probabilities it reads for the last time instead of allocating a vocabulary-sized array.
+    A label that is not a whole number in [0, C) is a ValueError, raised before ``out`` is
+    written."""
     device, (rows, cols) = _check(spec.SOFTMAX_XENT_BWD, (probs, labels, dloss), scale=scale)
-    key = (cols, device)
-    if key not in _IOTA:
-        _IOTA[key] = NDArray(np.arange(cols, dtype=np.float32).reshape(1, cols), device=device)
-    column = (dloss * float(scale)).compact().reshape((1, 1) if dloss.ndim == 0 else (rows, 1))
-    # element-wise ops broadcast: (1, C) == (N, 1) is the (N, C) one-hot matrix. The two steps
-    # after it write into its buffer, so the gradient costs one (N, C) array, not three (the
-    # vocabulary-sized temporaries made this the peak of a language model's step).
-    out = _IOTA[key] == labels.compact().reshape((rows, 1))
-    binary_into("sub", probs, out, out)
-    binary_into("mul", out, column, out)
+    if out is None:
+        (out,) = _new(device, spec.SOFTMAX_XENT_BWD, (rows, cols))
+    else:
+        _into("softmax_xent_bwd", out, device, (rows, cols))
+    if out.size:
+        device.softmax_xent_bwd(*_h(probs, labels, dloss), rows, cols, float(scale), out._handle)
     return out
+
+
+def _into(fn: str, out: NDArray, device: BackendDevice, shape: Tuple[int, ...]) -> None:
+    """Checks that ``out`` can receive a result of ``shape`` on ``device`` in place: an NDArray
+    (TypeError) of that shape, on that device, compact and whole (ValueError)."""
+    if not isinstance(out, NDArray):
+        raise TypeError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
+    if out._device != device:
+        raise ValueError(f"{fn}: out is on {out.device}, the inputs on {device}")
+    if tuple(out._shape) != tuple(shape):
+        raise ValueError(f"{fn}: out must have shape {tuple(shape)}, got {tuple(out._shape)}")
+    if not out.is_compact():
+        raise ValueError(f"{fn}: out must be a compact array (it is written in place)")
 
 
 def binary_into(op: str, a: NDArray, b: NDArray, out: NDArray) -> None:

@@ -113,8 +113,9 @@ class FusedKernel:
     ) -> Dims:
         """The device-level check: every buffer (name -> an object with ``.size``), inputs and
         outputs, holds exactly the elements its shape needs for the sizes ``dims`` (ValueError
-        naming ``name``, the buffer and both sizes). With no ``dims`` (the in-place updates)
-        the source buffer's size is the size. Returns the sizes."""
+        naming ``name``, the buffer and both sizes); an operand matched as ``"shape or ()"``
+        may also hold one element. With no ``dims`` (the in-place updates) the source buffer's
+        size is the size. Returns the sizes."""
         fn = self.name or self.api_name  # only kernels with a device function get here
         if not self.dims:
             dims = (buffers[self.source].size,)
@@ -127,7 +128,7 @@ class FusedKernel:
         for op in self.inputs + self.outputs:
             want = math.prod(op.shape(*dims))
             have = buffers[op.name].size
-            if have != want:
+            if have != want and not (op.match == "shape or ()" and have == 1):
                 raise ValueError(f"{fn}: {op.name} has {have} elements, expected {want}")
         return dims
 
@@ -407,8 +408,10 @@ SOFTMAX_XENT = _kernel(
     outputs=(Operand("loss", _rows), Operand("probs", _rows_cols)),
 )
 
+# dlogits may be probs' own buffer (each element reads only the same element of probs); dloss
+# holds rows elements or one shared by every row
 SOFTMAX_XENT_BWD = _kernel(
-    None,
+    "softmax_xent_bwd",
     "softmax_xent_bwd",
     "probs",
     _RC,

@@ -528,6 +528,11 @@ def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
 
 
 # ---- fused kernels (protocol.py's last section) -----------------------------------------------
+def _shared(op: fused_spec.Operand, buf: Array) -> bool:
+    """Whether ``buf`` is the one element shared by every row that ``op`` may be."""
+    return op.match == "shape or ()" and buf.size == 1
+
+
 def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable[..., None]:
     """The device function of the fused kernel ``spec``: arguments (inputs..., sizes...,
     scalars..., outputs...) as in ``protocol.py``; checks kinds, then every buffer's size
@@ -553,7 +558,10 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
             for s, v in zip(spec.scalars, args[n_in + n_dims : n_in + n_dims + n_scalars])
         ]
         dims = spec.check_buffers(dict(zip(names, buffers)), dims, dict(zip(spec.scalars, scalars)))
-        inputs = [buf.array.reshape(op.shape(*dims)) for op, buf in zip(spec.inputs, buffers)]
+        inputs = [
+            buf.array.reshape(() if _shared(op, buf) else op.shape(*dims))
+            for op, buf in zip(spec.inputs, buffers)
+        ]
         results = kernel(*inputs, *dims[len(dims) - len(spec.given) :], *scalars)
         if spec.outputs:
             results = results if isinstance(results, tuple) else (results,)
@@ -566,6 +574,7 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
 
 
 softmax_xent = _fused(fused_spec.SOFTMAX_XENT, kernels.softmax_xent)
+softmax_xent_bwd = _fused(fused_spec.SOFTMAX_XENT_BWD, kernels.softmax_xent_bwd)
 softmax_fwd = _fused(fused_spec.SOFTMAX_FWD, kernels.softmax_fwd)
 softmax_bwd = _fused(fused_spec.SOFTMAX_BWD, kernels.softmax_bwd)
 attention_fwd = _fused(fused_spec.ATTENTION_FWD, kernels.attention_fwd)

@@ -222,9 +222,11 @@ def softmax_xent_bwd(
     probs: np.ndarray, labels: np.ndarray, dloss: np.ndarray, scale: float = 1.0
 ) -> np.ndarray:
     """``(probs - one_hot(labels)) * dloss[:, None] * scale`` (N, C): the logits' gradient of
-    :func:`softmax_xent` given the adjoint ``dloss`` (N,) or () of its losses."""
+    :func:`softmax_xent` given the adjoint ``dloss`` (N,) or () of its losses; ValueError for
+    a label that is not a whole number in [0, C)."""
+    rows = check_labels("softmax_xent_bwd", labels, probs.shape[1])
     d = probs.copy()
-    d[np.arange(probs.shape[0]), np.asarray(labels).astype(np.int64)] -= 1
+    d[np.arange(probs.shape[0]), rows] -= 1
     column = np.reshape(dloss, (-1, 1)) * float(scale)
     grad: np.ndarray = d * column.astype(probs.dtype, copy=False)
     return grad

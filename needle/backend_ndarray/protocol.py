@@ -320,6 +320,21 @@ class DeviceModule(Protocol):
         softmax(logits[r])``. A logit of -inf has probability 0 and contributes nothing. A
         label out of range is a ValueError."""
 
+    def softmax_xent_bwd(
+        self,
+        probs: Buffer,
+        labels: Buffer,
+        dloss: Buffer,
+        rows: int,
+        cols: int,
+        scale: float,
+        dlogits: Buffer,
+    ) -> None:
+        """``dlogits[r, c] = (probs[r, c] - (c == labels[r])) * dloss[r] * scale`` (rows ×
+        cols): the logits' gradient of ``softmax_xent`` from its saved ``probs``. ``dloss`` holds
+        ``rows`` elements, or one shared by every row. ``dlogits`` may be ``probs`` itself (each
+        element reads only the same element of probs). A label out of range is a ValueError."""
+
     def softmax_fwd(
         self, x: Buffer, rows: int, cols: int, scale: float, queries: int, y: Buffer
     ) -> None:

@@ -118,19 +118,13 @@ class SoftmaxCrossEntropy(TensorOp):
         return backward(out_grad, node.inputs[0])
 
 
-# Rows of the probabilities turned into the gradient per block when done in place: the
-# one-hot temporary of a block is then at most this many elements (256 KiB of float32).
-_XENT_BLOCK_ELEMENTS = 1 << 16
-
-
 class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
     """d logits (N, C) = (softmax - one_hot(labels))·adjoint·scale, from the scalar adjoint.
 
     Inputs (adjoint, logits): the logits are not read (softmax was saved by the forward pass)
     but make the gradient depend on them in the graph, so that differentiating it again raises
-    instead of silently giving zero. With ``in_place`` the gradient overwrites ``probs`` block
-    of rows by block of rows (the caller's last use of them), so it allocates one block's
-    temporary instead of a new (N, C) array."""
+    instead of silently giving zero. With ``in_place`` the gradient overwrites ``probs`` (the
+    caller's last use of them) in one kernel call, so it allocates no new (N, C) array."""
 
     forward_name = "softmax_cross_entropy"
 
@@ -139,18 +133,8 @@ class SoftmaxCrossEntropyBackward(_BackwardOp, TensorOp):
         self.in_place = in_place
 
     def compute(self, dloss, _logits):
-        probs, labels = self.probs, self.labels
-        rows, cols = probs.shape
-        step = max(1, _XENT_BLOCK_ELEMENTS // max(cols, 1))
-        if not self.in_place or step >= rows:  # one block: its temporary is a whole array
-            return array_api.softmax_xent_bwd(probs, labels, dloss, self.scale)
-        for start in range(0, rows, step):
-            block = slice(start, min(rows, start + step))
-            shared = dloss if len(dloss.shape) == 0 else dloss[block]
-            probs[block] = array_api.softmax_xent_bwd(
-                probs[block], labels[block], shared, self.scale
-            )
-        return probs
+        out = self.probs if self.in_place else None
+        return array_api.softmax_xent_bwd(self.probs, self.labels, dloss, self.scale, out=out)
 
 
 def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:

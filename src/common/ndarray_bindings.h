@@ -34,6 +34,11 @@ void def_nogil(pybind11::module_& m, const char* name, F f, const char* doc, Nam
     "Per row: loss = logsumexp(logits) - logits[label], probs = softmax(logits) (rows x cols); "    \
     "ValueError for a label outside [0, cols).",                                                    \
     "logits", "labels", "rows", "cols", "loss", "probs")                                            \
+  X(softmax_xent_bwd,                                                                               \
+    "dlogits (rows x cols) = (probs - one_hot(labels)) * dloss * scale, dloss per row (rows "       \
+    "elements) or shared (one); dlogits may be probs itself. ValueError for a label outside "      \
+    "[0, cols).",                                                                                   \
+    "probs", "labels", "dloss", "rows", "cols", "scale", "dlogits")                                 \
   X(softmax_fwd,                                                                                    \
     "y (rows x cols) = softmax of each row of scale * x; queries > 0 masks causally: row r sees "   \
     "keys j <= r % queries + cols - queries (the others get 0).",                                   \

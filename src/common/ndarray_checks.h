@@ -114,6 +114,18 @@ void check_softmax_xent(const char* fn, const A& logits, const A& labels, idx_t 
   check_size(fn, "probs", probs.size, n);
 }
 
+// softmax_xent_bwd: probs and dlogits (rows, cols), labels (rows,), dloss (rows,) or one element
+// shared by every row.
+template <class A>
+void check_softmax_xent_bwd(const char* fn, const A& probs, const A& labels, const A& dloss,
+                            idx_t rows, idx_t cols, const A& dlogits) {
+  const idx_t n = shape_size(fn, {rows, cols});
+  check_size(fn, "probs", probs.size, n);
+  check_size(fn, "labels", labels.size, rows);
+  if (dloss.size != 1) check_size(fn, "dloss", dloss.size, rows);
+  check_size(fn, "dlogits", dlogits.size, n);
+}
+
 // layernorm_fwd and batchnorm_fwd: x, y, xhat (rows, cols); w, b (cols,); rstd (stats,) with
 // stats = rows for layer norm and cols for batch norm (see check_batchnorm_fwd).
 template <class A>

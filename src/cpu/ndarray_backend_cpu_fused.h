@@ -53,6 +53,7 @@ using needle::checks::check_norm_bwd;
 using needle::checks::check_norm_fwd;
 using needle::checks::check_size;
 using needle::checks::check_softmax_xent;
+using needle::checks::check_softmax_xent_bwd;
 using needle::checks::fail;
 
 inline float sigmoid(float x) { return 0.5f * (std::tanh(0.5f * x) + 1.0f); }
@@ -96,16 +97,21 @@ inline void for_rows(idx_t rows, idx_t cols, F&& body) {
   });
 }
 
-void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t rows, idx_t cols,
-                  AlignedArray* loss, AlignedArray* probs) {
-  const char* fn = "softmax_xent";
-  check_softmax_xent(fn, logits, labels, rows, cols, *loss, *probs);
+// Every label (rows,) a whole number in [0, cols), or a ValueError naming the first that is not.
+inline void check_labels(const char* fn, const AlignedArray& labels, idx_t rows, idx_t cols) {
   for (idx_t r = 0; r < rows; ++r) {
     const float l = labels.ptr[r];
     if (!(l >= 0.0f && l < float(cols)) || l != std::floor(l))
       fail(fn, "label " + std::to_string(l) + " of row " + std::to_string(r) +
                    " is not a whole number in [0, " + std::to_string(cols) + ")");
   }
+}
+
+void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t rows, idx_t cols,
+                  AlignedArray* loss, AlignedArray* probs) {
+  const char* fn = "softmax_xent";
+  check_softmax_xent(fn, logits, labels, rows, cols, *loss, *probs);
+  check_labels(fn, labels, rows, cols);
   for_rows(rows, cols, [&](idx_t r) {
     const float* x = logits.ptr + r * cols;
     float* e = probs->ptr + r * cols;
@@ -117,6 +123,30 @@ void softmax_xent(const AlignedArray& logits, const AlignedArray& labels, idx_t 
     const float inv = 1.0f / sf;
     for (idx_t j = 0; j < cols; ++j) e[j] *= inv;
     loss->ptr[r] = std::log(sf) - (x[idx_t(labels.ptr[r])] - mx);
+  });
+}
+
+// dlogits may be probs' own buffer: each element is read, then written, by one iteration.
+void softmax_xent_bwd(const AlignedArray& probs, const AlignedArray& labels,
+                      const AlignedArray& dloss, idx_t rows, idx_t cols, double scale,
+                      AlignedArray* dlogits) {
+  const char* fn = "softmax_xent_bwd";
+  check_softmax_xent_bwd(fn, probs, labels, dloss, rows, cols, *dlogits);
+  check_labels(fn, labels, rows, cols);
+  const bool shared = dloss.size == 1;
+  // memory-bound, like a copy: threads from kParallelCopy elements, in tasks of 64K elements
+  const idx_t c = std::max<idx_t>(cols, 1);
+  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 16) / c);
+  parallel_ranges(rows, kParallelCopy / c + 1, per, [&](idx_t r0, idx_t r1) {
+    for (idx_t r = r0; r < r1; ++r) {
+      const float* p = probs.ptr + r * cols;
+      float* d = dlogits->ptr + r * cols;
+      const float k = dloss.ptr[shared ? 0 : r] * float(scale);  // as numpy: float32 times
+      const idx_t label = idx_t(labels.ptr[r]);
+      const float at_label = (p[label] - 1.0f) * k;  // read before d (maybe p) is written
+      for (idx_t j = 0; j < cols; ++j) d[j] = p[j] * k;
+      d[label] = at_label;
+    }
   });
 }
 

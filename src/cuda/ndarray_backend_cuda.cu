@@ -621,6 +621,18 @@ __global__ void check_ids_kernel(const float* ids, int64_t rows, int64_t vocab) 
   }
 }
 
+// softmax_xent_bwd, element-wise: d may be probs itself (each thread reads, then writes, its
+// own element); dloss has one element per row, or one shared (shared = 1).
+__global__ void softmax_xent_bwd_kernel(const float* probs, const float* labels,
+                                        const float* dloss, int64_t rows, int64_t cols,
+                                        int shared, float scale, float* d) {
+  NEEDLE_GRID_LOOP(i, rows * cols) {
+    const int64_t r = i / cols, j = i - r * cols;
+    const float k = dloss[shared ? 0 : r] * scale;
+    d[i] = (j == static_cast<int64_t>(labels[r]) ? probs[i] - 1.f : probs[i]) * k;
+  }
+}
+
 __global__ void embedding_gather_kernel(const float* weight, const float* ids, int64_t cols,
                                         int64_t rows, float* out) {
   NEEDLE_GRID_LOOP(i, rows * cols) {
@@ -1155,6 +1167,17 @@ int64_t first_bad_id(const CudaArray& ids, int64_t rows, int64_t vocab) {
   return bad == none ? -1 : static_cast<int64_t>(bad);
 }
 }  // namespace
+
+int64_t softmax_xent_bwd(const CudaArray& probs, const CudaArray& labels, const CudaArray& dloss,
+                         int64_t rows, int64_t cols, float scale, CudaArray* dlogits) {
+  // the labels are checked before anything is written: dlogits may be probs itself
+  const int64_t bad = first_bad_id(labels, rows, cols);
+  if (bad >= 0 || rows * cols == 0) return bad;
+  softmax_xent_bwd_kernel<<<grid_for(rows * cols), BLOCK>>>(
+      probs.ptr, labels.ptr, dloss.ptr, rows, cols, dloss.size == 1 ? 1 : 0, scale, dlogits->ptr);
+  check_launch("softmax_xent_bwd kernel");
+  return -1;
+}
 
 int64_t embedding_gather(const CudaArray& weight, const CudaArray& ids, int64_t vocab,
                          int64_t cols, int64_t rows, CudaArray* out) {

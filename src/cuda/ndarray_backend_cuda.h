@@ -120,6 +120,10 @@ void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray* out, int64_
 // Returns -1, or the first row whose label is not an integer in [0, cols).
 int64_t softmax_xent(const CudaArray& logits, const CudaArray& labels, int64_t rows,
                      int64_t cols, CudaArray* loss, CudaArray* probs);
+// Returns -1, or the first row whose label is not an integer in [0, cols) (then nothing is
+// written). dlogits may be probs itself; dloss has rows elements or one shared by every row.
+int64_t softmax_xent_bwd(const CudaArray& probs, const CudaArray& labels, const CudaArray& dloss,
+                         int64_t rows, int64_t cols, float scale, CudaArray* dlogits);
 void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, int64_t rows,
                    int64_t cols, float eps, CudaArray* y, CudaArray* xhat, CudaArray* rstd);
 void layernorm_bwd(const CudaArray& dy, const CudaArray& xhat, const CudaArray& rstd,

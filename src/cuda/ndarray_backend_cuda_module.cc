@@ -45,6 +45,7 @@ using needle::checks::check_op;
 using needle::checks::check_size;
 using needle::checks::check_sizes;
 using needle::checks::check_softmax_xent;
+using needle::checks::check_softmax_xent_bwd;
 using needle::checks::check_view;
 using needle::checks::fail;
 using needle::checks::idx_t;
@@ -351,20 +352,32 @@ void matmul_tiled(const CudaArray& a, const CudaArray& b, CudaArray& out, idx_t 
 }
 
 // ---- fused kernels --------------------------------------------------------------------------
+// The ValueError for row `bad` of `labels`, whose label is not an integer in [0, cols).
+[[noreturn]] void fail_label(const char* fn, const CudaArray& labels, idx_t bad, idx_t cols) {
+  Strided one;
+  one.offset[0] = bad;
+  float label = 0.0f;
+  needle::cuda::to_host(labels, one, &label);
+  std::ostringstream s;
+  s << "label " << label << " of row " << bad << " is not an integer in [0, " << cols << ")";
+  fail(fn, s.str());
+}
+
 void softmax_xent(const CudaArray& logits, const CudaArray& labels, idx_t rows, idx_t cols,
                   CudaArray& loss, CudaArray& probs) {
   const char* fn = "softmax_xent";
   check_softmax_xent(fn, logits, labels, rows, cols, loss, probs);
   const idx_t bad = needle::cuda::softmax_xent(logits, labels, rows, cols, &loss, &probs);
-  if (bad >= 0) {
-    Strided one;
-    one.offset[0] = bad;
-    float label = 0.0f;
-    needle::cuda::to_host(labels, one, &label);
-    std::ostringstream s;
-    s << "label " << label << " of row " << bad << " is not an integer in [0, " << cols << ")";
-    fail(fn, s.str());
-  }
+  if (bad >= 0) fail_label(fn, labels, bad, cols);
+}
+
+void softmax_xent_bwd(const CudaArray& probs, const CudaArray& labels, const CudaArray& dloss,
+                      idx_t rows, idx_t cols, float scale, CudaArray& dlogits) {
+  const char* fn = "softmax_xent_bwd";
+  check_softmax_xent_bwd(fn, probs, labels, dloss, rows, cols, dlogits);
+  const idx_t bad =
+      needle::cuda::softmax_xent_bwd(probs, labels, dloss, rows, cols, scale, &dlogits);
+  if (bad >= 0) fail_label(fn, labels, bad, cols);
 }
 
 void layernorm_fwd(const CudaArray& x, const CudaArray& w, const CudaArray& b, idx_t rows,

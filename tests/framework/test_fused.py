@@ -146,6 +146,48 @@ def test_kernel_softmax_xent_rejects_bad_labels_and_sizes(dev):
         kernel(z, _buf(mod, [0, 1, 2]), 3, 3, mod.Array(3), mod.Array(9))
 
 
+def xent_grad64(probs, labels, dloss, scale):
+    """(probs - one_hot(labels)) * dloss[:, None] * scale in float64 (dloss (N,) or ())."""
+    one_hot = np.eye(probs.shape[1])[np.asarray(labels, int)]
+    return (probs.astype(np.float64) - one_hot) * (np.reshape(dloss, (-1, 1)) * scale)
+
+
+@pytest.mark.parametrize("dev", MODULES)
+@pytest.mark.parametrize("rows, cols", [(1, 1), (4, 7), (300, 1000)])  # last: threaded
+@pytest.mark.parametrize("shared", [False, True])
+def test_kernel_softmax_xent_bwd_fresh_and_over_its_probabilities(dev, rows, cols, shared):
+    mod, kernel = _kernel(dev, "softmax_xent_bwd")
+    rng = np.random.default_rng(rows + cols)
+    probs = rng.random((rows, cols)).astype(F32)
+    y = rng.integers(0, cols, rows)
+    dloss = np.array([0.75], F32) if shared else rng.standard_normal(rows).astype(F32)
+    want = xent_grad64(probs, y, dloss, 0.5)
+    pb, yb, db = _buf(mod, probs), _buf(mod, y), _buf(mod, dloss)
+    out = mod.Array(rows * cols)
+    kernel(pb, yb, db, rows, cols, 0.5, out)
+    fresh = _read(mod, out, (rows, cols))
+    np.testing.assert_allclose(fresh, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(_read(mod, pb, (rows, cols)), probs)  # read only
+    kernel(pb, yb, db, rows, cols, 0.5, pb)  # dlogits is probs' own buffer
+    np.testing.assert_array_equal(_read(mod, pb, (rows, cols)), fresh)
+
+
+@pytest.mark.parametrize("dev", MODULES)
+def test_kernel_softmax_xent_bwd_rejects_bad_labels_before_writing(dev):
+    mod, kernel = _kernel(dev, "softmax_xent_bwd")
+    probs = np.full((2, 3), 0.25, F32)
+    for labels in ([0, 3], [0, -1], [0.5, 1]):
+        pb = _buf(mod, probs)
+        with pytest.raises(ValueError, match="softmax_xent_bwd: label"):
+            kernel(pb, _buf(mod, labels), _buf(mod, [1.0, 1.0]), 2, 3, 1.0, pb)
+        np.testing.assert_array_equal(_read(mod, pb, (2, 3)), probs)  # nothing written
+    pb, yb = _buf(mod, probs), _buf(mod, [0, 1])
+    with pytest.raises(ValueError, match="dloss"):  # neither rows elements nor one
+        kernel(pb, yb, _buf(mod, [1.0, 1.0, 1.0]), 2, 3, 1.0, mod.Array(6))
+    with pytest.raises(ValueError, match="dlogits"):
+        kernel(pb, yb, _buf(mod, [1.0]), 2, 3, 1.0, mod.Array(5))
+
+
 @pytest.mark.parametrize("dev", MODULES)
 @pytest.mark.parametrize("kind", ["layernorm", "batchnorm"])
 @pytest.mark.parametrize("rows, cols", [(1, 5), (6, 1), (9, 17)])
@@ -394,6 +436,9 @@ def test_array_functions_match_the_oracles(api):
     )
     shared = fns.softmax_xent_bwd(probs, make(y), make(np.array(0.5)), 0.25)
     np.testing.assert_allclose(host(shared), (want_probs - one_hot) * 0.125, rtol=1e-5, atol=1e-6)
+    written = fns.softmax_xent_bwd(probs, make(y), make(np.array(0.5)), 0.25, out=probs)
+    assert written is probs  # the probabilities are overwritten with the gradient
+    np.testing.assert_array_equal(host(probs), host(shared))
 
     x, w, b = rng.standard_normal((5, 4)), rng.standard_normal(4), rng.standard_normal(4)
     yl, xhat, rstd = fns.layernorm_fwd(make(x), make(w), make(b), 1e-5)
@@ -420,6 +465,14 @@ def test_array_functions_reject_bad_arguments(api):
         fns.softmax_xent(make(np.zeros((2, 3))), make([0, 1, 2]))
     with pytest.raises(ValueError, match="label"):
         fns.softmax_xent(make(np.zeros((2, 3))), make([0, 3]))
+    probs, labels, dloss = make(np.full((2, 3), 0.5)), make([0, 1]), make([1.0, 1.0])
+    with pytest.raises(ValueError, match="softmax_xent_bwd: out must"):
+        fns.softmax_xent_bwd(probs, labels, dloss, out=make(np.zeros((3, 2))))
+    with pytest.raises(TypeError, match="softmax_xent_bwd: out must"):
+        fns.softmax_xent_bwd(probs, labels, dloss, out=[[0.0] * 3] * 2)
+    with pytest.raises(ValueError, match="label"):
+        fns.softmax_xent_bwd(probs, make([0, 3]), dloss, out=probs)
+    np.testing.assert_array_equal(host(probs), np.full((2, 3), 0.5))  # nothing written
     with pytest.raises(ValueError, match="2-D"):
         fns.layernorm_fwd(make(np.zeros(3)), make(np.ones(3)), make(np.zeros(3)), 1e-5)
     with pytest.raises(ValueError, match="w"):
@@ -476,6 +529,13 @@ def test_ndarray_functions_reject_mixed_devices():
     y = nd.array(np.zeros(2, F32), device=nd.cpu_numpy())
     with pytest.raises(ValueError, match="cpu"):
         nd.softmax_xent(z, y)
+    arrays = (np.full((2, 3), 0.5), [0, 1], [1, 1])
+    p, labels, dloss = (nd.array(a, device=nd.cpu()) for a in arrays)
+    with pytest.raises(ValueError, match="out is on cpu_numpy"):
+        nd.softmax_xent_bwd(p, labels, dloss, out=nd.array(p.numpy(), device=nd.cpu_numpy()))
+    transposed = p.permute((1, 0)).compact().permute((1, 0))  # (2, 3), not row-major
+    with pytest.raises(ValueError, match="compact"):
+        nd.softmax_xent_bwd(p, labels, dloss, out=transposed)
 
 
 # ---- fused ops and modules against the course's unfused compositions ----------------------------

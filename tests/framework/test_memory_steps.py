@@ -45,19 +45,24 @@ def _peak(device, fn: Callable[[], object]) -> Tuple[int, object]:
 @pytest.mark.parametrize("device", COUNTED)
 def test_softmax_xent_gradient_allocates_only_its_result(device):
     """(probs - one_hot) * column used to hold the one-hot matrix and the difference beside the
-    result: three (N, C) arrays, the peak of a language model's step. Now one."""
+    result: three (N, C) arrays, the peak of a language model's step. Now one kernel writes the
+    result alone, or into the probabilities (out=probs) with nothing new."""
     rows, cols = 256, 1000
     rng = np.random.default_rng(0)
     logits = ndl.NDArray(rng.standard_normal((rows, cols)).astype(np.float32), device=device)
     labels = ndl.NDArray(rng.integers(0, cols, rows).astype(np.float32), device=device)
     dloss = ndl.NDArray(rng.standard_normal(rows).astype(np.float32), device=device)
     _, probs = fused.softmax_xent(logits, labels)
-    fused.softmax_xent_bwd(probs, labels, dloss, 0.5)  # the one-hot's iota row is cached once
     peak, grad = _peak(device, lambda: fused.softmax_xent_bwd(probs, labels, dloss, 0.5))
     result = rows * cols * F32
     assert result <= peak <= result + SMALL, peak
-    # the values: (softmax - one_hot) * dloss * scale, against numpy
+    # into the probabilities themselves: nothing of their size is allocated
     p = probs.numpy()
+    in_place = lambda: fused.softmax_xent_bwd(probs, labels, dloss, 0.5, out=probs)  # noqa: E731
+    peak, same = _peak(device, in_place)
+    assert same is probs and peak <= SMALL, peak
+    np.testing.assert_array_equal(same.numpy(), grad.numpy())
+    # the values: (softmax - one_hot) * dloss * scale, against numpy
     one_hot = np.eye(cols, dtype=np.float32)[labels.numpy().astype(int)]
     want = (p - one_hot) * (dloss.numpy()[:, None] * np.float32(0.5))
     np.testing.assert_allclose(grad.numpy(), want, rtol=1e-6, atol=1e-7)
@@ -299,9 +304,9 @@ def test_freed_graph_keeps_values_and_refuses_a_second_backward(device):
 @pytest.mark.parametrize("device", COUNTED)
 def test_softmax_loss_fast_backward_overwrites_its_probabilities(device):
     """A backward that records no graph reads softmax_cross_entropy's saved probabilities for
-    the last time: the gradient overwrites them, block of rows by block of rows, so the pass
-    allocates one block's temporary instead of a new (N, C) array. The default backward keeps
-    them (a second backward works) and both give the same gradient."""
+    the last time: the gradient overwrites them in one kernel call, so the pass allocates no
+    (N, C) array at all. The default backward keeps them (a second backward works) and both
+    give the same gradient."""
     from needle.fast import ops as ops_fused
 
     rows, cols = 512, 1000
@@ -319,9 +324,8 @@ def test_softmax_loss_fast_backward_overwrites_its_probabilities(device):
             assert full <= peak <= full + SMALL, peak  # the gradient, a new array
             x.grad = None
             loss.backward()  # the graph and the probabilities are kept
-        else:  # x.grad is the probabilities' buffer: one block's temporary at most
-            block = ops_fused._XENT_BLOCK_ELEMENTS * F32
-            assert peak <= block + SMALL < full, peak
+        else:  # x.grad is the probabilities' buffer: nothing of the logits' size is new
+            assert peak <= SMALL < full, peak
     np.testing.assert_array_equal(grads[True], grads[False])
     e = np.exp(z - z.max(1, keepdims=True))
     want = (e / e.sum(1, keepdims=True) - np.eye(cols)[labels.numpy().astype(int)]) / rows
