@@ -455,28 +455,45 @@ inline void unpacked_kernel(idx_t n, const float* A, idx_t ars, idx_t mr, const 
     for (int v = 0; v < COLV; ++v) store(C + r * ldc + v * VW, c[r][v]);
 }
 
+std::atomic<uint64_t> unpacked_calls{0};  // numbers each gemm_unpacked call (edge_copy)
+
+// The narrow last sliver of B (columns last .. last + tail, n rows) zero-padded to NR columns,
+// in this thread's own buffer, packed once per call (`call`). Each thread packs its own copy:
+// one copy that the caller writes and a worker reads moves between their caches on every
+// call, which in the 2-core AMD EPYC VM's slow phases cost more than sharing saved (72x73x74
+// shared took 15 us, 5.4 us of it repacking the copy the worker had read, against 9.2 us on
+// one thread; with a copy per thread 9.2 us then, and 6.6 against 6.5 us in quiet phases).
+const float* edge_copy(uint64_t call, const float* b, idx_t brs, idx_t n, idx_t last, idx_t tail) {
+  thread_local Scratch buf;
+  thread_local uint64_t packed = 0;
+  const size_t need = size_t(n) * NR;
+  if (buf.n > kKeepPacked && buf.n > need) buf.trim(0);  // a large copy is kept one call only
+  const bool grown = buf.n < need;
+  float* e = buf.get(need);
+  if (grown || packed != call) {
+    pack_b(b, brs, 1, 0, n, last, tail, e);
+    packed = call;
+  }
+  return e;
+}
+
 // C (m x p, row stride ldc) = A (m x n) @ B (n x p), rows of both contiguous, without packing
 // (small and mid-sized products, where packing would cost a third of the time): the last,
-// narrow sliver of B alone is copied, zero-padded to NR columns. Threaded, the work is cut
-// into chunks of one sliver of B by a run of row blocks, which the threads claim in the
-// one-thread order (slivers outer, the narrow one last): a worker that does not come costs
-// nothing but the job's publication, and each element of C is the same chain of
-// multiply-adds in k order whichever thread computes it.
+// narrow sliver of B alone is copied, zero-padded to NR columns, by each thread for itself
+// (edge_copy). Threaded, the work is cut into chunks of one sliver of B by a run of row
+// blocks, which the threads claim in the one-thread order (slivers outer, the narrow one
+// last): a worker that does not come costs nothing but the job's publication, and each
+// element of C is the same chain of multiply-adds in k order whichever thread computes it.
 void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* C, idx_t ldc,
                    idx_t m, idx_t n, idx_t p, const Runner& run, bool threaded) {
   constexpr int R1 = MR / 3, R2 = 2 * MR / 3, C1 = NV / 2;
   const idx_t slivers = (p + NR - 1) / NR, blocks = (m + MR - 1) / MR;
   const idx_t last = (slivers - 1) * NR, tail = p - last;
-  thread_local Scratch ebuf;
-  const float* edge = nullptr;
-  if (tail < NR) {
-    float* e = ebuf.get(size_t(n * NR));
-    pack_b(b, brs, 1, 0, n, last, tail, e);
-    edge = e;
-  }
+  const uint64_t call = unpacked_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   // Row blocks [b0, b1) of C times sliver s of B.
   auto part = [&](idx_t s, idx_t b0, idx_t b1) {
     const idx_t j = s * NR, nr = std::min<idx_t>(NR, p - j);
+    const float* edge = nr < NR ? edge_copy(call, b, brs, n, last, tail) : nullptr;
     const float* bs = nr < NR ? edge : b + j;
     const idx_t bstride = nr < NR ? NR : brs;
     alignas(64) float tmp[MR * NR];
@@ -514,7 +531,6 @@ void gemm_unpacked(const float* a, idx_t ars, const float* b, idx_t brs, float* 
     };
     run_shared(run, slivers * groups, flops / double(slivers * groups), chunk);
   }
-  ebuf.trim(kKeepPacked);
 }
 
 // C (1 x p) = a (1 x n) @ B (n x p), B rows contiguous; threads split the columns.
