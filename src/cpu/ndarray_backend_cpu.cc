@@ -699,6 +699,7 @@ py::dict gemm_info() {
   d["direct_flops"] = kGemmDirectFlops;
   d["parallel_flops"] = kGemmParallelFlops;
   d["split_flops"] = kGemmSplitFlops;
+  d["own_pack_floats"] = kGemmOwnPackFloats;
   py::list avail;
   for (const IsaKernels* k : available_isas()) avail.append(k->config.isa);
   d["available"] = py::tuple(avail);

@@ -62,7 +62,7 @@ constexpr double kSplitSlowRate = 20.0;
 constexpr double kSplitBackoffNs = 50e6;
 constexpr double kSplitBackoffMaxNs = 2e9;
 // From kGemmParallelFlops on the packed engine shares one product among every thread (packing
-// B together); below it the unpacked split ran 1.2-1.4x the packed engine at 256^3 on two
+// B once or each its own share); below it the unpacked split ran 1.2-1.4x the packed engine at 256^3 on two
 // threads. Products with a transposed (or otherwise strided) operand take the packed engine
 // at every size above the direct path, shared from kGemmSplitFlops while sharing is not
 // paused (a linear layer's gradients, 128x512x128 with A transposed: 161 us on one thread,
@@ -70,6 +70,9 @@ constexpr double kSplitBackoffMaxNs = 2e9;
 // (64 heads of 32^3: 41 against 23 us). The same watch pauses all three: a stall, or calls
 // that a slow worker made slower than the caller alone (run_shared in the kernels' source).
 constexpr double kGemmParallelFlops = 24.0 * (1 << 20);
+// B's size in floats (8 MiB) from which the shared packed engine packs B once for every thread;
+// below it each thread packs what it reads itself (gemm_blocked in the kernels' source).
+constexpr double kGemmOwnPackFloats = double(1 << 21);
 
 // Runs fn(ctx, i) for i in [0, n) on the module's thread pool (the caller takes part).
 struct Runner {

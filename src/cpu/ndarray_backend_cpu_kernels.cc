@@ -266,10 +266,21 @@ void run_shared(const Runner& run, idx_t n, double item_flops, F& f) {
 }
 
 // ---- the blocked driver for one product -----------------------------------------------------
-// Work split: B is packed once, whole, in units of (KC rows, column group); C is computed in
-// tasks of (row block, column group), each packing its own A block. Items are numbered units
-// first, then tasks, and threads claim them in that order; a task waits only for the B units
-// it reads (a ready flag each), so nothing waits for a thread that has not started.
+// One thread: B is packed whole up front, in units of (KC rows, column group), then C is
+// computed in tasks of (row block of at most MC rows, column group), each packing its A block.
+// Shared among threads, two ways, chosen by B's size:
+// - Own packing (B under kGemmOwnPackFloats): C is cut into one task per thread (more when the
+//   column groups for L2 require), by rows when A has at least as many rows as B has columns,
+//   else by columns, and each task packs everything it reads itself, B panel by panel and A
+//   block by block. B is packed once per row split, but no packed buffer is written by one
+//   thread and read by another: such a buffer moves between the two cores' caches on every
+//   call, which in the 2-core AMD EPYC VM's slow phases made shared products slower than one
+//   thread (512x128x1000: 1054 us with B shared, 676 us with packing per task, 1190 us on one
+//   thread; 128x512x128 with A transposed: 172, 100 and 162 us).
+// - Shared B (larger B): B is packed once, in units as above, claimed by the threads before
+//   the tasks; a task waits only for the B units it reads (a ready flag each), so nothing waits
+//   for a thread that has not started. Reading a large B once per row split costs more memory
+//   traffic than the cache moves save (2048^3: 50 ms against 45 ms with B shared).
 struct Plan {
   idx_t m, n, p;
   idx_t nsl, npc, nrb, ncg, nsa;  // B slivers, K panels, row blocks, column groups, A slivers
@@ -309,43 +320,73 @@ inline void pack_unit(const Plan& P, const float* b, idx_t rs, idx_t cs, float* 
     pack_b(b, rs, cs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR), P.panel(Bp, pc, s));
 }
 
-inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C, float* Bp,
-                     const std::atomic<int>* ready, idx_t t) {
-  const idx_t rb = t % P.nrb, g = t / P.nrb, ldc = P.p;  // consecutive tasks share B columns
-  const idx_t s0 = P.sa_begin(rb), nsla = P.sa_begin(rb + 1) - s0;
-  const idx_t ic = s0 * MR, mc = std::min(P.m, (s0 + nsla) * MR) - ic;
+// C += (or =, for the first panel) the A slivers [s0, s0 + nsla) times the B slivers [j0, j1) of
+// K panel pc; `panel` holds the packed B slivers from j0 on, kc * NR floats each. Packs the A
+// slivers first (at most MC rows: they stay in L2 while the B slivers pass over them), then
+// waits for `ready`, if given, before reading the panel.
+inline void block_product(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C,
+                          idx_t pc, idx_t s0, idx_t nsla, idx_t j0, idx_t j1, const float* panel,
+                          const std::atomic<int>* ready = nullptr) {
+  const idx_t kc = P.kc(pc), ldc = P.p, ic = s0 * MR;
+  const idx_t mc = std::min(P.m, (s0 + nsla) * MR) - ic;
+  const bool acc = pc > 0;
   thread_local Scratch abuf;
-  float* Ap = abuf.get(size_t(nsla * MR * KC));
+  float* Ap = abuf.get(size_t(nsla * MR * kc));
   alignas(64) float tmp[MR * NR];
-  for (idx_t pc = 0; pc < P.npc; ++pc) {
-    const idx_t kc = P.kc(pc);
-    const bool acc = pc > 0;
-    for (idx_t s = 0; s < nsla; ++s)
-      pack_a(a, ars, acs, ic + s * MR, std::min<idx_t>(MR, mc - s * MR), pc * KC, kc,
-             Ap + s * MR * kc);
-    if (ready) wait_ready(ready[pc * P.ncg + g]);
-    for (idx_t jr = P.sl_begin(g); jr < P.sl_begin(g + 1); ++jr) {
-      const float* bp = P.panel(Bp, pc, jr);
-      const idx_t j = jr * NR, nr = std::min<idx_t>(NR, P.p - j);
-      for (idx_t ir = 0; ir < nsla; ++ir) {
-        const idx_t i = ic + ir * MR, mr = std::min<idx_t>(MR, P.m - i);
-        const float* ap = Ap + ir * MR * kc;
-        if (mr == MR && nr == NR) {
-          micro_kernel<MR, NV>(kc, ap, bp, C + i * ldc + j, ldc, acc);
-        } else {
-          edge_kernel(kc, ap, bp, tmp, mr, nr);
-          for (idx_t r = 0; r < mr; ++r) {
-            float* dst = C + (i + r) * ldc + j;
-            const float* src = tmp + r * NR;
-            if (acc)
-              for (idx_t c = 0; c < nr; ++c) dst[c] += src[c];
-            else
-              for (idx_t c = 0; c < nr; ++c) dst[c] = src[c];
-          }
+  for (idx_t s = 0; s < nsla; ++s)
+    pack_a(a, ars, acs, ic + s * MR, std::min<idx_t>(MR, mc - s * MR), pc * KC, kc,
+           Ap + s * MR * kc);
+  if (ready) wait_ready(*ready);
+  for (idx_t jr = j0; jr < j1; ++jr) {
+    const float* bp = panel + (jr - j0) * kc * NR;
+    const idx_t j = jr * NR, nr = std::min<idx_t>(NR, P.p - j);
+    for (idx_t ir = 0; ir < nsla; ++ir) {
+      const idx_t i = ic + ir * MR, mr = std::min<idx_t>(MR, P.m - i);
+      const float* ap = Ap + ir * MR * kc;
+      if (mr == MR && nr == NR) {
+        micro_kernel<MR, NV>(kc, ap, bp, C + i * ldc + j, ldc, acc);
+      } else {
+        edge_kernel(kc, ap, bp, tmp, mr, nr);
+        for (idx_t r = 0; r < mr; ++r) {
+          float* dst = C + (i + r) * ldc + j;
+          const float* src = tmp + r * NR;
+          if (acc)
+            for (idx_t c = 0; c < nr; ++c) dst[c] += src[c];
+          else
+            for (idx_t c = 0; c < nr; ++c) dst[c] = src[c];
         }
       }
     }
   }
+}
+
+// Task t: its row block by its column group, reading B packed whole in Bp (`ready`: the units'
+// flags when other threads pack them).
+inline void run_task(const Plan& P, const float* a, idx_t ars, idx_t acs, float* C, float* Bp,
+                     const std::atomic<int>* ready, idx_t t) {
+  const idx_t rb = t % P.nrb, g = t / P.nrb;  // consecutive tasks share B columns
+  const idx_t s0 = P.sa_begin(rb), j0 = P.sl_begin(g);
+  for (idx_t pc = 0; pc < P.npc; ++pc)
+    block_product(P, a, ars, acs, C, pc, s0, P.sa_begin(rb + 1) - s0, j0, P.sl_begin(g + 1),
+                  P.panel(Bp, pc, j0), ready ? ready + pc * P.ncg + g : nullptr);
+}
+
+// Task t of a shared plan: its rows by its column group, packing every operand it reads.
+inline void run_own_task(const Plan& P, const float* a, idx_t ars, idx_t acs, const float* b,
+                         idx_t brs, idx_t bcs, float* C, idx_t t) {
+  const idx_t rb = t % P.nrb, g = t / P.nrb;
+  const idx_t j0 = P.sl_begin(g), j1 = P.sl_begin(g + 1), s_end = P.sa_begin(rb + 1);
+  thread_local Scratch own;
+  float* Bp = own.get(size_t((j1 - j0) * KC * NR));
+  for (idx_t pc = 0; pc < P.npc; ++pc) {
+    const idx_t kc = P.kc(pc);
+    for (idx_t s = j0; s < j1; ++s)
+      pack_b(b, brs, bcs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR),
+             Bp + (s - j0) * kc * NR);
+    for (idx_t s0 = P.sa_begin(rb); s0 < s_end; s0 += MC / MR)
+      block_product(P, a, ars, acs, C, pc, s0, std::min<idx_t>(MC / MR, s_end - s0), j0, j1, Bp);
+  }
+  own.trim(kKeepPacked);
 }
 
 // C (m x p, compact) = A (m x n) @ B (n x p) with the packed engine, on up to `threads`.
@@ -354,16 +395,26 @@ void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t br
   const int nt = threaded ? run.threads : 1;
   const idx_t nsa = (m + MR - 1) / MR;
   Plan P{m, n, p, (p + NR - 1) / NR, (n + KC - 1) / KC, (nsa + MC / MR - 1) / (MC / MR), 1, nsa};
-  // Row blocks of at most MC rows, as many as a multiple of the thread count (each block packs
-  // its A panel once and the threads get equal shares); only when there are fewer slivers of A
-  // than threads are the columns split into groups too (each group repacks its A block).
-  if (nt > 1) {
+  const bool own_packing = nt > 1 && double(n) * double(p) < kGemmOwnPackFloats;
+  if (own_packing) {  // one task per thread, by rows or by columns (see above)
+    P.nrb = m >= p ? std::min<idx_t>(nsa, nt) : 1;
+    P.ncg = m >= p ? 1 : std::min<idx_t>(P.nsl, nt);
+  } else if (nt > 1) {
+    // Row blocks of at most MC rows, as many as a multiple of the thread count (each block
+    // packs its A panel once and the threads get equal shares); only when there are fewer
+    // slivers of A than threads are the columns split into groups too.
     P.nrb = std::min(nsa, (P.nrb + nt - 1) / nt * nt);
     if (P.nrb < nt) P.ncg = std::min<idx_t>(P.nsl, (nt + P.nrb - 1) / P.nrb);
   }
   // Column groups narrow enough that a task's K panel of B stays in L2 while its A slivers
   // pass over it (each sliver of B is read once per A sliver; from L3 that is the bottleneck).
   P.ncg = std::max(P.ncg, (P.nsl + kPanelSlivers - 1) / kPanelSlivers);
+  const double task_flops = double(m) * double(n) * double(p) / double(P.tasks());
+  if (own_packing) {
+    auto item = [&](int64_t t) { run_own_task(P, a, ars, acs, b, brs, bcs, C, t); };
+    run_shared(run, P.tasks(), task_flops, item);
+    return;
+  }
   thread_local Scratch bbuf;
   float* Bp = bbuf.get(size_t(P.npc * KC * P.nsl * NR));
   if (nt <= 1) {
@@ -380,8 +431,7 @@ void gemm_blocked(const float* a, idx_t ars, idx_t acs, const float* b, idx_t br
         run_task(P, a, ars, acs, C, Bp, ready.get(), i - P.units());
       }
     };
-    run_shared(run, P.units() + P.tasks(), double(m) * double(n) * double(p) / double(P.tasks()),
-               item);
+    run_shared(run, P.units() + P.tasks(), task_flops, item);
   }
   bbuf.trim(kKeepPacked);
 }

@@ -1,6 +1,6 @@
 """The compiled CPU module's thread pool under the matrix products that share it.
 
-Products from the module's ``split_flops`` up to ``parallel_flops`` are cut into chunks that the
+Products from the module's ``split_flops`` on are cut into chunks that the
 calling thread and the pool's workers claim (row-major operands without packing, transposed
 ones through the packed engine), and batches of smaller products from ``split_flops`` in all
 run one product per thread, so which thread computes which part of the result changes from
@@ -29,7 +29,9 @@ pytestmark = [
 ]
 
 # (batch, m, n, p, layout): below and across the split range, a narrow last sliver of B, fewer
-# row blocks than chunks, one just under the packed engine's threshold; transposed operands
+# row blocks than chunks, one just under the packed engine's threshold and three above it (each
+# thread packing its own B, split by rows and by columns: fewer rows than columns; and one B
+# large enough to be packed once for both threads); transposed operands
 # ("tn": A stored (n, m), "nt": B stored (p, n), as a linear layer's weight and input gradients
 # read them); batches of products below the split size (per-head attention's 32^3).
 SIZES = [
@@ -42,6 +44,9 @@ SIZES = [
     (1, 100, 101, 102, "nn"),
     (1, 5, 300, 700, "nn"),
     (1, 250, 260, 270, "nn"),
+    (1, 330, 310, 300, "nn"),
+    (1, 100, 700, 400, "tn"),
+    (1, 24, 1500, 1450, "nn"),
     (1, 128, 512, 128, "tn"),
     (1, 512, 128, 128, "nt"),
     (1, 72, 73, 74, "tn"),
@@ -113,12 +118,15 @@ def run_child(threads: int | None) -> dict:
 
 
 def test_split_range_covers_the_sizes():
-    """The sizes above reach into the shared range, the largest stays below the packed
-    engine's own threshold (so every one of them takes a path shared from split_flops), and
-    the batches' products are below split_flops each but above it together."""
+    """The sizes above reach into the shared range, three pass the packed engine's own
+    threshold (B packed by each thread, split by rows and by columns, and B packed once for
+    both), and the batches' products are below split_flops each but above it together."""
     g = nd.ndarray_backend_cpu.__gemm__
     flops = [m * n * p for _, m, n, p, _ in SIZES]
-    assert min(flops) < g["split_flops"] <= max(flops) < g["parallel_flops"]
+    assert min(flops) < g["split_flops"] <= max(flops)
+    above = [(m, n, p) for _, m, n, p, _ in SIZES if m * n * p >= g["parallel_flops"]]
+    own = [(m, p) for m, n, p in above if n * p < g["own_pack_floats"]]
+    assert any(m >= p for m, p in own) and any(m < p for m, p in own) and len(own) < len(above)
     assert sum(g["split_flops"] <= f for f in flops) >= 6
     assert (
         sum(layout != "nn" and g["split_flops"] <= m * n * p for _, m, n, p, layout in SIZES) >= 3
