@@ -280,7 +280,8 @@ void run_shared(const Runner& run, idx_t n, double item_flops, F& f) {
 // - Shared B (larger B): B is packed once, in units as above, claimed by the threads before
 //   the tasks; a task waits only for the B units it reads (a ready flag each), so nothing waits
 //   for a thread that has not started. Reading a large B once per row split costs more memory
-//   traffic than the cache moves save (2048^3: 50 ms against 45 ms with B shared).
+//   traffic than the cache moves save (2048^3 on a faster EPYC part: 50 ms against 45 ms
+//   with B shared; below 8 MiB the two ways were within noise there).
 struct Plan {
   idx_t m, n, p;
   idx_t nsl, npc, nrb, ncg, nsa;  // B slivers, K panels, row blocks, column groups, A slivers
