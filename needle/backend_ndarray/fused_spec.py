@@ -51,6 +51,11 @@ class Operand:
     shape: Callable[..., Dims]
     match: str = "shape"
 
+    def shared(self, size: int) -> bool:
+        """Whether a device buffer of ``size`` elements is this operand's 0-d form: one element
+        shared by every row (a ``"shape or ()"`` operand may be either)."""
+        return self.match == "shape or ()" and size == 1
+
 
 # eq=False: compared and hashed by identity (each kernel is one module-level object), so the
 # cached shape checks below hash a kernel in one step, not field by field
@@ -128,7 +133,7 @@ class FusedKernel:
         for op in self.inputs + self.outputs:
             want = math.prod(op.shape(*dims))
             have = buffers[op.name].size
-            if have != want and not (op.match == "shape or ()" and have == 1):
+            if have != want and not op.shared(have):
                 raise ValueError(f"{fn}: {op.name} has {have} elements, expected {want}")
         return dims
 

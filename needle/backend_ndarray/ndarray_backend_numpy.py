@@ -528,11 +528,6 @@ def reduce_sum(a: Array, out: Array, reduce_size: int) -> None:
 
 
 # ---- fused kernels (protocol.py's last section) -----------------------------------------------
-def _shared(op: fused_spec.Operand, buf: Array) -> bool:
-    """Whether ``buf`` is the one element shared by every row that ``op`` may be."""
-    return op.match == "shape or ()" and buf.size == 1
-
-
 def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable[..., None]:
     """The device function of the fused kernel ``spec``: arguments (inputs..., sizes...,
     scalars..., outputs...) as in ``protocol.py``; checks kinds, then every buffer's size
@@ -559,7 +554,7 @@ def _fused(spec: fused_spec.FusedKernel, kernel: Callable[..., Any]) -> Callable
         ]
         dims = spec.check_buffers(dict(zip(names, buffers)), dims, dict(zip(spec.scalars, scalars)))
         inputs = [
-            buf.array.reshape(() if _shared(op, buf) else op.shape(*dims))
+            buf.array.reshape(() if op.shared(buf.size) else op.shape(*dims))
             for op, buf in zip(spec.inputs, buffers)
         ]
         results = kernel(*inputs, *dims[len(dims) - len(spec.given) :], *scalars)

@@ -85,14 +85,16 @@ inline float max_float(const float* x, idx_t n) {
   return m;
 }
 
-// body(r) for every row r < rows; the rows are shared among threads in tasks of about 16K
-// elements when there is more than one such task. (Each element costs several operations
-// here, an exp or a normalisation: the softmax of 2048 rows of 32 took 125 us on one thread,
-// 64 us on two, measured on a 2-core AMD EPYC VM.)
+// body(r) for every row r < rows; the rows are shared among threads in tasks of about `task`
+// elements, from `from` elements on (default: when there is more than one task). The default
+// task suits rows where each element costs several operations, an exp or a normalisation (the
+// softmax of 2048 rows of 32 took 125 us on one thread, 64 us on two, measured on a 2-core AMD
+// EPYC VM); a memory-bound body, like a copy, passes larger ones.
 template <class F>
-inline void for_rows(idx_t rows, idx_t cols, F&& body) {
-  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 14) / std::max<idx_t>(cols, 1));
-  parallel_ranges(rows, per + 1, per, [&](idx_t r0, idx_t r1) {
+inline void for_rows(idx_t rows, idx_t cols, F&& body, idx_t task = idx_t(1) << 14,
+                     idx_t from = 0) {
+  const idx_t c = std::max<idx_t>(cols, 1), per = std::max<idx_t>(1, task / c);
+  parallel_ranges(rows, from ? from / c + 1 : per + 1, per, [&](idx_t r0, idx_t r1) {
     for (idx_t r = r0; r < r1; ++r) body(r);
   });
 }
@@ -135,19 +137,16 @@ void softmax_xent_bwd(const AlignedArray& probs, const AlignedArray& labels,
   check_labels(fn, labels, rows, cols);
   const bool shared = dloss.size == 1;
   // memory-bound, like a copy: threads from kParallelCopy elements, in tasks of 64K elements
-  const idx_t c = std::max<idx_t>(cols, 1);
-  const idx_t per = std::max<idx_t>(1, (idx_t(1) << 16) / c);
-  parallel_ranges(rows, kParallelCopy / c + 1, per, [&](idx_t r0, idx_t r1) {
-    for (idx_t r = r0; r < r1; ++r) {
-      const float* p = probs.ptr + r * cols;
-      float* d = dlogits->ptr + r * cols;
-      const float k = dloss.ptr[shared ? 0 : r] * float(scale);  // as numpy: float32 times
-      const idx_t label = idx_t(labels.ptr[r]);
-      const float at_label = (p[label] - 1.0f) * k;  // read before d (maybe p) is written
-      for (idx_t j = 0; j < cols; ++j) d[j] = p[j] * k;
-      d[label] = at_label;
-    }
-  });
+  const auto row = [&](idx_t r) {
+    const float* p = probs.ptr + r * cols;
+    float* d = dlogits->ptr + r * cols;
+    const float k = dloss.ptr[shared ? 0 : r] * float(scale);  // as numpy: float32 times
+    const idx_t label = idx_t(labels.ptr[r]);
+    const float at_label = (p[label] - 1.0f) * k;  // read before d (maybe p) is written
+    for (idx_t j = 0; j < cols; ++j) d[j] = p[j] * k;
+    d[label] = at_label;
+  };
+  for_rows(rows, cols, row, idx_t(1) << 16, kParallelCopy);
 }
 
 // 1 / sqrt(var + eps) as float. The variance of float data above about 2e19 in magnitude does

@@ -315,10 +315,19 @@ inline void wait_ready(const std::atomic<int>& flag) {
   }
 }
 
+// Packs B's slivers [j0, j1) of K panel pc into dst, kc * NR floats each.
+inline void pack_panel(const Plan& P, const float* b, idx_t rs, idx_t cs, idx_t pc, idx_t j0,
+                       idx_t j1, float* dst) {
+  const idx_t kc = P.kc(pc);
+  for (idx_t s = j0; s < j1; ++s)
+    pack_b(b, rs, cs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR),
+           dst + (s - j0) * kc * NR);
+}
+
+// Unit u of B packed whole: K panel u / ncg, column group u % ncg.
 inline void pack_unit(const Plan& P, const float* b, idx_t rs, idx_t cs, float* Bp, idx_t u) {
-  const idx_t pc = u / P.ncg, g = u % P.ncg, kc = P.kc(pc);
-  for (idx_t s = P.sl_begin(g); s < P.sl_begin(g + 1); ++s)
-    pack_b(b, rs, cs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR), P.panel(Bp, pc, s));
+  const idx_t pc = u / P.ncg, j0 = P.sl_begin(u % P.ncg);
+  pack_panel(P, b, rs, cs, pc, j0, P.sl_begin(u % P.ncg + 1), P.panel(Bp, pc, j0));
 }
 
 // C += (or =, for the first panel) the A slivers [s0, s0 + nsla) times the B slivers [j0, j1) of
@@ -380,10 +389,7 @@ inline void run_own_task(const Plan& P, const float* a, idx_t ars, idx_t acs, co
   thread_local Scratch own;
   float* Bp = own.get(size_t((j1 - j0) * KC * NR));
   for (idx_t pc = 0; pc < P.npc; ++pc) {
-    const idx_t kc = P.kc(pc);
-    for (idx_t s = j0; s < j1; ++s)
-      pack_b(b, brs, bcs, pc * KC, kc, s * NR, std::min<idx_t>(NR, P.p - s * NR),
-             Bp + (s - j0) * kc * NR);
+    pack_panel(P, b, brs, bcs, pc, j0, j1, Bp);
     for (idx_t s0 = P.sa_begin(rb); s0 < s_end; s0 += MC / MR)
       block_product(P, a, ars, acs, C, pc, s0, std::min<idx_t>(MC / MR, s_end - s0), j0, j1, Bp);
   }
