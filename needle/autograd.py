@@ -625,14 +625,16 @@ class _GradModeAs:
     __slots__ = ("mode", "previous")
 
     def __init__(self, mode: bool) -> None:
-        self.mode = mode
+        self.mode = bool(mode)
 
     def __enter__(self) -> None:
-        self.previous = _grad_mode.enabled
-        _grad_mode.enabled = self.mode
+        self.previous = previous = _grad_mode._enabled
+        if previous is not self.mode:  # switching costs a lock and a per-thread write
+            _grad_mode.enabled = self.mode
 
     def __exit__(self, *exc: object) -> None:
-        _grad_mode.enabled = self.previous
+        if _grad_mode._enabled is not self.previous:
+            _grad_mode.enabled = self.previous
 
 
 class _Released(Op[Any]):

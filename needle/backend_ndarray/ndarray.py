@@ -383,9 +383,11 @@ class NDArray:
                 f"permute: {tuple(new_axes)} is not a permutation of the {self.ndim} "
                 f"axes of an array of shape {self.shape}"
             )
-        shape, strides = self._shape, self._strides
         return _view(
-            self, tuple(shape[a] for a in axes), tuple(strides[a] for a in axes), self._offset
+            self,
+            tuple(map(self._shape.__getitem__, axes)),
+            tuple(map(self._strides.__getitem__, axes)),
+            self._offset,
         )
 
     # question: hw3_broadcast_to

@@ -97,6 +97,15 @@ def _sum_to_shape(x: Tensor, shape) -> Tensor:
     return x if x.shape == shape else SumToShape(shape)(x)
 
 
+@functools.lru_cache(maxsize=1024)
+def _summed_axes(a_shape: Tuple[int, ...], shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The axes of ``a_shape`` that broadcasting ``shape`` to it added or stretched (cached)."""
+    lead = len(a_shape) - len(shape)
+    return tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and a_shape[lead + i] != 1
+    )
+
+
 class SumToShape(TensorOp):
     """Sum ``a`` down to ``shape``, the adjoint of broadcasting ``shape`` to ``a.shape``: over
     the leading axes broadcasting added and every axis where ``shape`` has 1 and ``a`` does not.
@@ -107,13 +116,9 @@ class SumToShape(TensorOp):
         self.shape = tuple(shape)
 
     def compute(self, a: NDArray):
-        shape, a_shape = self.shape, a.shape
-        lead = len(a_shape) - len(shape)
-        axes = tuple(range(lead)) + tuple(
-            lead + i for i, d in enumerate(shape) if d == 1 and a_shape[lead + i] != 1
-        )
+        axes = _summed_axes(tuple(a.shape), self.shape)
         out = _reduce_sum(a, axes, keepdims=True) if axes else a
-        return out.compact().reshape(shape)
+        return out.compact().reshape(self.shape)
 
     def gradient(self, out_grad: Tensor, node: Tensor):
         return broadcast_to(out_grad, node.inputs[0].shape)
@@ -421,12 +426,10 @@ class Transpose(TensorOp):
         self.axes = None if axes is None else tuple(axes)
 
     def _perm(self, ndim: int):
-        if ndim < 2:
-            raise ValueError(f"transpose needs at least 2 dimensions, got {ndim}")
-        i, j = (ndim - 2, ndim - 1) if self.axes is None else _unsorted_axes(self.axes, ndim)
-        perm = list(range(ndim))
-        perm[i], perm[j] = perm[j], perm[i]
-        return tuple(perm)
+        try:
+            return _swap_permutation(self.axes, ndim)
+        except TypeError:  # an unhashable axis: the uncached checks name it
+            return _swap_permutation.__wrapped__(self.axes, ndim)
 
     # question: hw1_transpose_forward
     def compute(self, a: NDArray):
@@ -435,6 +438,18 @@ class Transpose(TensorOp):
     # question: hw1_transpose_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return transpose(out_grad, self.axes)
+
+
+@functools.lru_cache(maxsize=256)
+def _swap_permutation(axes: Optional[Tuple[int, int]], ndim: int) -> Tuple[int, ...]:
+    """The axis order of ``ndim`` axes with ``axes`` (default: the last two) swapped (cached:
+    every backward through a product transposes)."""
+    if ndim < 2:
+        raise ValueError(f"transpose needs at least 2 dimensions, got {ndim}")
+    i, j = (ndim - 2, ndim - 1) if axes is None else _unsorted_axes(axes, ndim)
+    perm = list(range(ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return tuple(perm)
 
 
 def _unsorted_axes(axes, ndim):
@@ -488,6 +503,8 @@ def compacted(a: Tensor) -> Tensor:
 
 
 def _shape_arg(shape: ShapeArg) -> Tuple[int, ...]:
+    if type(shape) is tuple:  # the common case, as is
+        return shape
     return (int(shape),) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
 
 
@@ -525,15 +542,25 @@ class BroadcastTo(TensorOp):
 
     # question: hw1_broadcast_to_forward
     def compute(self, a: NDArray):
-        old = a.shape
-        lead = len(self.shape) - len(old)
-        if lead < 0 or any(o != 1 and o != n for o, n in zip(old, self.shape[lead:])):
-            raise ValueError(f"cannot broadcast shape {tuple(old)} to {self.shape}")
+        try:
+            fits = _broadcasts(tuple(a.shape), self.shape)
+        except TypeError:  # an unhashable dimension (a list): not a shape
+            fits = False
+        if not fits:
+            raise ValueError(f"cannot broadcast shape {tuple(a.shape)} to {self.shape}")
         return a.broadcast_to(self.shape)
 
     # question: hw1_broadcast_to_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         return _sum_to_shape(out_grad, node.inputs[0].shape)
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcasts(old: Tuple[int, ...], new: Tuple[int, ...]) -> bool:
+    """Whether numpy's rules broadcast shape ``old`` to ``new`` (cached: the same broadcasts
+    recur every step)."""
+    lead = len(new) - len(old)
+    return lead >= 0 and all(o == 1 or o == n for o, n in zip(old, new[lead:]))
 
 
 def broadcast_to(a: Tensor, shape: ShapeArg) -> Tensor:
@@ -549,6 +576,12 @@ def _reduce_sum(a: NDArray, axes: Tuple[int, ...], keepdims: bool = False) -> ND
     if not keepdims and len(axes) == a.ndim and out.ndim:
         out = out.reshape(())
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _kept_shape(axes: Tuple[int, ...], shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """``shape`` with the dimensions in ``axes`` set to 1 (a sum's result with keepdims)."""
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
 class Summation(TensorOp):
@@ -569,8 +602,7 @@ class Summation(TensorOp):
     # question: hw1_summation_backward
     def gradient(self, out_grad: Tensor, node: Tensor):
         in_shape = node.inputs[0].shape
-        axes = _norm_axes(self.axes, len(in_shape), "summation")
-        kept = tuple(1 if i in axes else d for i, d in enumerate(in_shape))
+        kept = _kept_shape(_norm_axes(self.axes, len(in_shape), "summation"), tuple(in_shape))
         return broadcast_to(reshape(out_grad, kept), in_shape)
 
 

@@ -207,3 +207,20 @@ def test_no_grad_on_a_generator_function_covers_its_body():
         with pytest.raises(StopIteration) as stop:
             next(gen)
     assert stop.value.value == "done"
+
+
+@pytest.mark.parametrize("create_graph", [True, False])
+def test_backward_restores_the_mode_it_found_whatever_a_gradient_did(create_graph):
+    """A gradient that turns recording off and leaves it off (a student's debugging line) does
+    not outlive its backward pass: the pass restores the mode it was called in, whether or not
+    it had to switch it."""
+
+    class Leaky(ndl.ops.EWiseMul):
+        def gradient(self, out_grad, node):
+            ndl.set_grad_enabled(False)
+            return super().gradient(out_grad, node)
+
+    x = ndl.Tensor([1.0, 2.0], requires_grad=True)
+    Leaky()(x, x).sum().backward(create_graph=create_graph)
+    assert ndl.is_grad_enabled()
+    assert x.grad.numpy().tolist() == [2.0, 4.0]

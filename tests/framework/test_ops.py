@@ -564,6 +564,16 @@ def test_bad_inputs_raise_clear_errors(device):
         ndl.stack([a, b], 0)
     with pytest.raises(ValueError, match="exactly two axes"):
         ndl.transpose(a, (0, 1, 2))
+    # the transpose and broadcast checks are cached by their arguments: what cannot be a key
+    # (a list where an int belongs) still gets the check's own message
+    with pytest.raises(ValueError, match=r"axis \[1\] is out of range"):
+        ndl.transpose(a, ([1], 0))
+    with pytest.raises(ValueError, match=r"axis 5 is out of range"):
+        ndl.transpose(a, (5, 0))
+    with pytest.raises(ValueError, match=r"cannot broadcast shape \(2, 3\)"):
+        ndl.broadcast_to(a, (2, [3]))
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        ndl.transpose(tensor(np.ones(3), device))
     with pytest.raises(TypeError, match="number"):
         ndl.add_scalar(a, "1")
     with pytest.raises(ValueError, match="dilation"):
