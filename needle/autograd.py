@@ -210,7 +210,7 @@ class Value:
         """
         global TENSOR_COUNTER
         value = object.__new__(cls)
-        if _MODES_CHANGED[0]:  # some thread left the default modes: read this thread's
+        if _MODES_CHANGED:  # some thread left the default modes: read this thread's
             requires_grad = _grad_mode._enabled and any(x.requires_grad for x in inputs)
             if _grad_mode._lazy:
                 value.requires_grad = requires_grad
@@ -629,12 +629,12 @@ class _GradModeAs:
 
     def __enter__(self) -> None:
         self.previous = previous = _grad_mode._enabled
-        if previous is not self.mode:  # switching costs a lock and a per-thread write
-            _grad_mode.enabled = self.mode
+        if previous is not self.mode:
+            _grad_mode._set(self.mode, _grad_mode._lazy)
 
     def __exit__(self, *exc: object) -> None:
         if _grad_mode._enabled is not self.previous:
-            _grad_mode.enabled = self.previous
+            _grad_mode._set(self.previous, _grad_mode._lazy)
 
 
 class _Released(Op[Any]):

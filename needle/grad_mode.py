@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, List, TypeVar, cast
+from typing import Any, Callable, List, Set, TypeVar, cast
 
 
 class _GradMode(threading.local):
@@ -16,8 +16,11 @@ class _GradMode(threading.local):
     starts recording and eager): one thread's ``no_grad()`` or fast backward pass never stops
     another thread's ops from recording theirs.
 
-    ``MODES_CHANGED[0]`` counts the threads whose modes are not the defaults, so that an op
-    can skip reading this thread's two modes (a per-thread lookup each) while it is 0."""
+    ``MODES_CHANGED`` holds the threads (their idents) whose modes are not the defaults, so
+    that an op can skip reading this thread's two modes (a per-thread lookup each) while it is
+    empty. A set, not a count under a lock: adding and discarding one thread's own ident are
+    single, atomic set operations, and whether an op reads the modes only matters for its own
+    thread, whose ident is in the set whenever its modes are not the defaults."""
 
     _enabled = True
     _lazy = False
@@ -39,14 +42,16 @@ class _GradMode(threading.local):
         self._set(self._enabled, bool(value))
 
     def _set(self, enabled: bool, lazy: bool) -> None:
-        with _COUNT_LOCK:
-            was_changed = not self._enabled or self._lazy
-            self._enabled, self._lazy = enabled, lazy
-            MODES_CHANGED[0] += (not enabled or lazy) - was_changed
+        self._enabled = enabled
+        self._lazy = lazy
+        if enabled and not lazy:
+            MODES_CHANGED.discard(threading.get_ident())
+        else:
+            MODES_CHANGED.add(threading.get_ident())
 
 
-MODES_CHANGED = [0]  # threads whose grad mode or lazy mode is not the default (see _GradMode)
-_COUNT_LOCK = threading.Lock()
+# The threads whose grad mode or lazy mode is not the default (see _GradMode).
+MODES_CHANGED: Set[int] = set()
 _grad_mode = _GradMode()
 
 
