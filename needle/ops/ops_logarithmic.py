@@ -13,7 +13,16 @@ import numpy
 
 from ..autograd import NDArray, Tensor, TensorOp
 from ..backend_selection import array_api
-from .ops_mathematic import _norm_axes, _reduce_sum, broadcast_to, exp, log, reshape, summation
+from .ops_mathematic import (
+    _kept_shape,
+    _norm_axes,
+    _reduce_sum,
+    broadcast_to,
+    exp,
+    log,
+    reshape,
+    summation,
+)
 
 
 def _clamp_to_finite(m):
@@ -47,7 +56,7 @@ def _softmax(Z: Tensor, axes: tuple) -> Tensor:
     analytically, and unlike exp(Z - logsumexp(Z)) it keeps full precision when |Z| is huge
     (1e10 + log 2 rounds to 1e10 in float32).
     """
-    kept = tuple(1 if i in axes else d for i, d in enumerate(Z.shape))
+    kept = _kept_shape(axes, tuple(Z.shape))
     M = Tensor.make_const(_row_max(Z.realize_cached_data(), axes))
     shifted = Z - broadcast_to(M, Z.shape)
     log_sum = reshape(log(summation(exp(shifted), axes)), kept)
@@ -82,7 +91,7 @@ class LogSumExp(TensorOp):
         axes = _norm_axes(self.axes, len(Z.shape), "logsumexp")
         if any(Z.shape[i] == 0 for i in axes):  # Z has no elements: an empty adjoint
             return Tensor.make_const(array_api.empty(Z.shape, dtype=Z.dtype, device=Z.device))
-        kept = tuple(1 if i in axes else d for i, d in enumerate(Z.shape))
+        kept = _kept_shape(axes, tuple(Z.shape))
         return broadcast_to(reshape(out_grad, kept), Z.shape) * _softmax(Z, axes)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from numbers import Integral, Real
-from typing import Iterable, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union, cast
 
 import numpy
 
@@ -89,6 +89,15 @@ def scalar_value(value: object, what: str) -> Union[int, float]:
         f"{what} needs a real number (int, float, numpy scalar or one-element "
         f"array), got {type(value).__name__}"
     )
+
+
+def _cached_or_checked(check: Any, *args: Any) -> Any:
+    """``check(*args)`` through its lru_cache, or uncached when an argument cannot be a cache
+    key (a list where an int belongs): the uncached check then names the problem."""
+    try:
+        return check(*args)
+    except TypeError:
+        return check.__wrapped__(*args)
 
 
 def _sum_to_shape(x: Tensor, shape) -> Tensor:
@@ -426,10 +435,7 @@ class Transpose(TensorOp):
         self.axes = None if axes is None else tuple(axes)
 
     def _perm(self, ndim: int):
-        try:
-            return _swap_permutation(self.axes, ndim)
-        except TypeError:  # an unhashable axis: the uncached checks name it
-            return _swap_permutation.__wrapped__(self.axes, ndim)
+        return _cached_or_checked(_swap_permutation, self.axes, ndim)
 
     # question: hw1_transpose_forward
     def compute(self, a: NDArray):
@@ -542,11 +548,7 @@ class BroadcastTo(TensorOp):
 
     # question: hw1_broadcast_to_forward
     def compute(self, a: NDArray):
-        try:
-            fits = _broadcasts(tuple(a.shape), self.shape)
-        except TypeError:  # an unhashable dimension (a list): not a shape
-            fits = False
-        if not fits:
+        if not _cached_or_checked(_broadcasts, tuple(a.shape), self.shape):
             raise ValueError(f"cannot broadcast shape {tuple(a.shape)} to {self.shape}")
         return a.broadcast_to(self.shape)
 
